@@ -1,0 +1,27 @@
+// The CPU backend: flash-style online softmax over a tile plan, SIMD kernels
+// chosen at run time (AVX-512, AVX2+FMA, scalar), all cores.
+#pragma once
+
+#include <memory>
+#include <string_view>
+
+#include "stsa/attention.hpp"
+
+namespace stsa {
+
+enum class Isa : std::uint8_t { Auto, Scalar, Avx2, Avx512 };
+std::string_view to_string(Isa isa);
+Isa parse_isa(std::string_view name);  // "auto" | "scalar" | "avx2" | "avx512"
+Isa best_isa();                        // what this machine supports (STSA_ISA in the environment caps it)
+
+struct CpuOptions {
+  Isa isa = Isa::Auto;
+  int threads = 0;  // 0: all hardware threads (STSA_THREADS overrides)
+};
+
+std::unique_ptr<Backend> make_cpu_backend(CpuOptions options = {});
+
+// Measured fused-multiply-add peak of this machine with `threads` threads (0: all), GFLOP/s.
+double measure_fma_peak_gflops(int threads = 0, double seconds = 0.2);
+
+}  // namespace stsa

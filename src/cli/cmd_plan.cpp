@@ -1,0 +1,122 @@
+// `stsa plan`: build one head's tile plan and report its statistics.
+#include <cstdio>
+
+#include "cli/commands.hpp"
+#include "cli/options.hpp"
+#include "cli/tile_map_png.hpp"
+#include "stsa/error.hpp"
+#include "stsa/flops.hpp"
+#include "stsa/plan.hpp"
+
+namespace stsa::cli {
+namespace {
+
+struct PlanArgs {
+  GridArgs grid;
+  std::int64_t heads = 40, head_dim = 128;
+  std::string mask = "spatial";
+  double density = 0.25;
+  int tile = 128;
+  int tile_k = 0;
+  std::string align = "exact";
+  bool no_anchor = false;
+  std::string png;
+  bool force = false;
+  bool json = false;
+};
+
+nlohmann::json plan_record(const PlanArgs& args) {
+  const VideoGrid grid = args.grid.grid();
+  VideoLayout layout{grid, 1, args.heads, args.head_dim};
+  layout.validate();
+  const MaskSpec spec = mask_by_name(grid, args.mask, args.density, !args.no_anchor);
+  const TileShape tile{args.tile, args.tile_k > 0 ? args.tile_k : args.tile};
+  tile.validate();
+  const auto plan = TilePlan::build(grid, spec, tile, parse_alignment(args.align));
+  if (!args.png.empty()) write_tile_map_png(*plan, args.png, args.force);
+  const PlanStats& s = plan->stats();
+  return {
+      {"grid", grid.describe()},
+      {"tokens", grid.tokens()},
+      {"heads", args.heads},
+      {"head_dim", args.head_dim},
+      {"mask", spec.describe()},
+      {"requested_density", args.density},
+      {"band", spec.band},
+      {"frame_radius", spec.frame_radius},
+      {"anchor", spec.anchor},
+      {"tile_q", tile.q},
+      {"tile_k", tile.k},
+      {"align", std::string(to_string(plan->alignment()))},
+      {"q_tiles", plan->q_tiles()},
+      {"k_tiles", plan->k_tiles()},
+      {"tiles_full", s.tiles_full},
+      {"tiles_partial", s.tiles_partial},
+      {"tiles_empty", s.tiles_empty},
+      {"tile_density", s.tile_density()},
+      {"kept_pairs", s.kept_pairs},
+      {"exact_kept_pairs", s.exact_kept_pairs},
+      {"total_pairs", s.total_pairs},
+      {"kept_fraction", s.kept_fraction()},
+      {"changed_pairs", s.changed_pairs},
+      {"added_pairs", s.added_pairs},
+      {"removed_pairs", s.removed_pairs},
+      {"distinct_masks", s.distinct_masks},
+      {"plans_for_all_heads", 1},
+      {"build_ms", s.build_ms},
+      {"plan_bytes", s.plan_bytes},
+      {"dense_tflop_per_call", dense_attention_flops(layout) / 1e12},
+      {"kept_tile_tflop_per_call", kept_tile_flops(layout, *plan) / 1e12},
+      {"png", args.png},
+  };
+}
+
+void print_text(const nlohmann::json& r) {
+  const auto i64 = [&](const char* key) { return r[key].get<std::int64_t>(); };
+  const auto f64 = [&](const char* key) { return r[key].get<double>(); };
+  std::printf("grid %s: %lld tokens, %lld heads x %lld dims\n", r["grid"].get<std::string>().c_str(),
+              (long long)i64("tokens"), (long long)i64("heads"), (long long)i64("head_dim"));
+  std::printf("mask %s (asked density %.4f): keeps %lld of %lld pairs = %.4f\n", r["mask"].get<std::string>().c_str(),
+              f64("requested_density"), (long long)i64("kept_pairs"), (long long)i64("total_pairs"),
+              f64("kept_fraction"));
+  std::printf("tiles %lldx%lld (%s): %lld x %lld = full %lld, partial %lld, empty %lld; tile density %.4f\n",
+              (long long)i64("tile_q"), (long long)i64("tile_k"), r["align"].get<std::string>().c_str(),
+              (long long)i64("q_tiles"), (long long)i64("k_tiles"), (long long)i64("tiles_full"),
+              (long long)i64("tiles_partial"), (long long)i64("tiles_empty"), f64("tile_density"));
+  if (r["align"] == "round")
+    std::printf("rounding changed %lld pairs (%lld added, %lld removed) = %.5f of the exact mask\n",
+                (long long)i64("changed_pairs"), (long long)i64("added_pairs"), (long long)i64("removed_pairs"),
+                double(i64("changed_pairs")) / double(std::max<std::int64_t>(1, i64("exact_kept_pairs"))));
+  std::printf("%lld distinct partial masks; one plan serves all heads: %.1f KiB, built in %.1f ms\n",
+              (long long)i64("distinct_masks"), double(i64("plan_bytes")) / 1024.0, f64("build_ms"));
+  std::printf("work per call: %.2f TFLOP dense, %.2f TFLOP on kept tiles (%.2fx less)\n",
+              f64("dense_tflop_per_call"), f64("kept_tile_tflop_per_call"),
+              f64("dense_tflop_per_call") / std::max(1e-30, f64("kept_tile_tflop_per_call")));
+  if (!r["png"].get<std::string>().empty()) std::printf("tile map written to %s\n", r["png"].get<std::string>().c_str());
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand("plan", "build a tile plan and print its statistics");
+  add_grid_options(cmd, args->grid);
+  cmd->add_option("--heads", args->heads, "attention heads (they share one plan)")->capture_default_str();
+  cmd->add_option("--head-dim", args->head_dim, "head dimension")->capture_default_str();
+  cmd->add_option("--mask", args->mask, "dense | spatial | temporal | frames")->capture_default_str();
+  cmd->add_option("--density", args->density, "kept fraction of pairs, in [0, 1]")->capture_default_str();
+  cmd->add_option("--tile", args->tile, "query tile rows (and key tile columns unless --tile-k)")->capture_default_str();
+  cmd->add_option("--tile-k", args->tile_k, "key tile columns (multiple of 64)");
+  cmd->add_option("--align", args->align, "exact | round (partial tiles become full or empty)")->capture_default_str();
+  cmd->add_flag("--no-anchor", args->no_anchor, "drop the symmetric frame-0 anchor");
+  cmd->add_option("--png", args->png, "write a picture of the tile map (refuses to overwrite)");
+  cmd->add_flag("--force", args->force, "allow --png to overwrite an existing file");
+  cmd->add_flag("--json", args->json, "print one JSON object");
+  cmd->callback([args] {
+    const nlohmann::json record = plan_record(*args);
+    if (args->json) std::printf("%s\n", record.dump().c_str());
+    else print_text(record);
+  });
+}
+
+}  // namespace stsa::cli

@@ -1,0 +1,58 @@
+// The `stsa` command's subcommands. main.cpp only dispatches; each command lives
+// in its own file, adds its options to the app and throws stsa::Error (or
+// CLI::Error) on bad input, which main turns into one line on stderr and exit 2.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace stsa::cli {
+
+void add_plan_command(CLI::App& app);   // cmd_plan.cpp
+void add_bench_command(CLI::App& app);  // cmd_bench.cpp (--dist is handled by cmd_bench_dist.cpp)
+void add_route_command(CLI::App& app);  // cmd_route.cpp
+void run_demo();                        // cmd_demo.cpp: `stsa` with no arguments
+
+// Options of `stsa bench`, shared by the single-process and the --dist path.
+struct BenchArgs {
+  std::int64_t frames = 21, height = 16, width = 16, text = 0;
+  std::string text_placement = "after";
+  std::int64_t batch = 1, heads = 8, head_dim = 128;
+  std::string mask = "spatial";  // spatial | temporal | frames | dense
+  double density = 0.25;
+  std::string dtype = "fp32";
+  std::string align = "exact";
+  int tile = 128;
+  int threads = 0;
+  std::string isa = "auto";
+  int repeats = 5;
+  int check_rows = 64;
+  std::uint64_t seed = 1;
+  bool json = false;
+  bool dist = false;
+};
+
+// Runs the single-process CPU benchmark and returns its JSON record (also used by the demo).
+nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress);
+// Runs the distributed benchmark under mpirun (cmd_bench_dist.cpp); returns the process exit code.
+int run_dist_bench(const BenchArgs& args);
+
+// Writes "stsa: <what>... <percent>%" to stderr, rate-limited, only once a task has run > 2 s.
+class Progress {
+ public:
+  explicit Progress(std::string what, bool enabled = true);
+  void update(double fraction);
+  ~Progress();
+
+ private:
+  std::string what_;
+  bool enabled_;
+  double start_s_;
+  double last_print_s_ = -1.0;
+  bool printed_ = false;
+};
+
+}  // namespace stsa::cli

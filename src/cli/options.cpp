@@ -1,0 +1,37 @@
+#include "cli/options.hpp"
+
+#include "stsa/error.hpp"
+
+namespace stsa::cli {
+
+VideoGrid GridArgs::grid() const {
+  VideoGrid g;
+  g.frames = frames;
+  g.height = height;
+  g.width = width;
+  g.text_tokens = text;
+  STSA_CHECK(text_placement == "before" || text_placement == "after", InvalidArgument,
+             "--text-placement must be before or after, got '", text_placement, "'");
+  g.text_placement = text_placement == "before" ? TextPlacement::Before : TextPlacement::After;
+  g.validate();
+  return g;
+}
+
+void add_grid_options(CLI::App* command, GridArgs& args) {
+  command->add_option("--frames", args.frames, "latent frames F (>= 1)")->capture_default_str();
+  command->add_option("--height", args.height, "tokens per frame, vertically (>= 1)")->capture_default_str();
+  command->add_option("--width", args.width, "tokens per frame, horizontally (>= 1)")->capture_default_str();
+  command->add_option("--text", args.text, "text tokens in joint self-attention (>= 0)")->capture_default_str();
+  command->add_option("--text-placement", args.text_placement, "text tokens before or after the video")
+      ->capture_default_str();
+}
+
+MaskSpec mask_by_name(const VideoGrid& grid, const std::string& name, double density, bool anchor) {
+  if (name == "dense") return MaskSpec::dense();
+  if (name == "spatial") return mask_for_density(grid, SparseKind::Spatial, density, anchor);
+  if (name == "temporal") return mask_for_density(grid, SparseKind::Temporal, density, anchor);
+  if (name == "frames") return mask_for_density(grid, SparseKind::FrameWindow, density, anchor);
+  throw InvalidArgument(detail::concat("--mask must be dense, spatial, temporal or frames, got '", name, "'"));
+}
+
+}  // namespace stsa::cli

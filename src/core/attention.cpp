@@ -1,0 +1,89 @@
+#include "stsa/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "stsa/error.hpp"
+
+namespace stsa {
+namespace {
+
+void check_tensor(const char* name, const TensorView& t, const VideoLayout& layout) {
+  STSA_CHECK(t.data != nullptr, InvalidArgument, name, " is null");
+  const std::array<std::int64_t, 4> expected{layout.batch, layout.tokens(), layout.heads, layout.head_dim};
+  STSA_CHECK(t.shape == expected, InvalidArgument, name, " has shape [", t.shape[0], ", ", t.shape[1], ", ",
+             t.shape[2], ", ", t.shape[3], "] but the layout needs [B, N, H, D] = [", expected[0], ", ", expected[1],
+             ", ", expected[2], ", ", expected[3], "]");
+  for (int i = 0; i < 4; ++i)
+    STSA_CHECK(t.stride[i] >= 0, InvalidArgument, name, " has negative stride ", t.stride[i], " in dimension ", i);
+  // Distinct elements must have distinct addresses: sort dimensions by stride and require each
+  // stride to step over everything the smaller ones span.
+  std::array<int, 4> order{0, 1, 2, 3};
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return t.stride[a] < t.stride[b]; });
+  std::int64_t span = 1;
+  for (int i : order) {
+    if (t.shape[i] == 1) continue;
+    STSA_CHECK(t.stride[i] >= span, InvalidArgument, name, " has overlapping strides (dimension ", i, " stride ",
+               t.stride[i], " < ", span, ")");
+    span = t.stride[i] * t.shape[i];
+  }
+  const auto address = reinterpret_cast<std::uintptr_t>(t.data);
+  STSA_CHECK(address % element_size(t.dtype) == 0, InvalidArgument, name, " is not aligned to its element size");
+}
+
+bool overlaps(std::pair<const std::byte*, const std::byte*> a, std::pair<const std::byte*, const std::byte*> b) {
+  return a.first < b.second && b.first < a.second;
+}
+
+}  // namespace
+
+float AttentionCall::scale() const {
+  return softmax_scale != 0.f ? softmax_scale : float(1.0 / std::sqrt(double(layout.head_dim)));
+}
+
+void validate(const AttentionCall& call, bool require_plans) {
+  call.layout.validate();
+  check_tensor("q", call.q, call.layout);
+  check_tensor("k", call.k, call.layout);
+  check_tensor("v", call.v, call.layout);
+  check_tensor("o", call.o, call.layout);
+  STSA_CHECK(call.q.dtype == call.k.dtype && call.k.dtype == call.v.dtype, InvalidArgument,
+             "q, k and v must share a dtype, got ", to_string(call.q.dtype), ", ", to_string(call.k.dtype), ", ",
+             to_string(call.v.dtype));
+  STSA_CHECK(std::isfinite(call.softmax_scale), InvalidArgument, "softmax scale must be finite, got ",
+             call.softmax_scale);
+  const auto o_extent = call.o.byte_extent();
+  for (const auto* input : {&call.q, &call.k, &call.v})
+    STSA_CHECK(!overlaps(o_extent, input->byte_extent()), InvalidArgument, "o overlaps an input tensor");
+  if (call.lse.data != nullptr) {
+    const std::array<std::int64_t, 3> expected{call.layout.batch, call.layout.heads, call.layout.tokens()};
+    STSA_CHECK(call.lse.shape == expected, InvalidArgument, "lse has shape [", call.lse.shape[0], ", ",
+               call.lse.shape[1], ", ", call.lse.shape[2], "] but the layout needs [B, H, N] = [", expected[0], ", ",
+               expected[1], ", ", expected[2], "]");
+    for (int i = 0; i < 3; ++i)
+      STSA_CHECK(call.lse.stride[i] >= 0, InvalidArgument, "lse has negative stride in dimension ", i);
+    const auto lse_extent = call.lse.byte_extent();
+    STSA_CHECK(!overlaps(lse_extent, o_extent), InvalidArgument, "lse overlaps o");
+    for (const auto* input : {&call.q, &call.k, &call.v})
+      STSA_CHECK(!overlaps(lse_extent, input->byte_extent()), InvalidArgument, "lse overlaps an input tensor");
+  }
+  STSA_CHECK(std::int64_t(call.heads.size()) == call.layout.heads, InvalidArgument, "expected one mask per head (",
+             call.layout.heads, "), got ", call.heads.size());
+  for (std::size_t h = 0; h < call.heads.size(); ++h) {
+    const HeadMask& head = call.heads[h];
+    if (!head.compute) continue;
+    head.spec.validate(call.layout.grid);
+    if (!require_plans) continue;
+    STSA_CHECK(head.plan != nullptr, InvalidArgument, "head ", h, " has no tile plan");
+    head.plan->check_matches(call.layout.grid, head.spec, head.order);
+  }
+}
+
+std::vector<HeadMask> uniform_heads(const VideoLayout& layout, const MaskSpec& spec, PlanCache& cache, TileShape tile,
+                                    Alignment alignment) {
+  layout.validate();
+  auto plan = cache.get(layout.grid, spec, tile, alignment);
+  return std::vector<HeadMask>(std::size_t(layout.heads), HeadMask{spec, spec.natural_order(), plan, true});
+}
+
+}  // namespace stsa

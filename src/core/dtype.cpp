@@ -1,0 +1,58 @@
+#include "stsa/dtype.hpp"
+
+#include <bit>
+#include <cmath>
+
+#include "stsa/error.hpp"
+
+namespace stsa {
+
+std::string_view to_string(DType t) {
+  switch (t) {
+    case DType::F32: return "fp32";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "fp16";
+  }
+  return "?";
+}
+
+DType parse_dtype(std::string_view name) {
+  if (name == "fp32" || name == "f32" || name == "float32") return DType::F32;
+  if (name == "bf16" || name == "bfloat16") return DType::BF16;
+  if (name == "fp16" || name == "f16" || name == "float16") return DType::F16;
+  throw InvalidArgument(detail::concat("dtype must be fp32, bf16 or fp16, got '", name, "'"));
+}
+
+float f16_to_float(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
+  const std::uint32_t exponent = (h >> 10) & 0x1fu;
+  std::uint32_t mantissa = h & 0x3ffu;
+  std::uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: value = mantissa * 2^-24
+    const float value = std::ldexp(float(mantissa), -24);
+    return sign ? -value : value;
+  }
+  return std::bit_cast<float>(bits);
+}
+
+std::uint16_t float_to_f16(float f) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(f);
+  const std::uint16_t sign = std::uint16_t((bits >> 16) & 0x8000u);
+  const std::uint32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits > 0x7f800000u) return sign | 0x7e00u;        // NaN
+  if (abs_bits >= 0x477ff000u) return sign | 0x7c00u;       // rounds to >= 65520: Inf
+  if (abs_bits < 0x38800000u) {                             // below the smallest normal 2^-14
+    const float scaled = std::bit_cast<float>(abs_bits) * 16777216.0f;  // units of 2^-24
+    return sign | std::uint16_t(std::nearbyint(scaled));    // round to nearest even
+  }
+  std::uint32_t rounded = abs_bits + 0xfffu + ((abs_bits >> 13) & 1u);
+  return sign | std::uint16_t((rounded - (112u << 23)) >> 13);
+}
+
+}  // namespace stsa

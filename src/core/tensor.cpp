@@ -1,0 +1,95 @@
+#include "stsa/tensor.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <unistd.h>
+
+#include "stsa/error.hpp"
+
+namespace stsa {
+namespace {
+
+void check_dims(std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim) {
+  STSA_CHECK(batch > 0 && tokens > 0 && heads > 0 && head_dim > 0, InvalidArgument,
+             "tensor sizes must be positive, got B=", batch, " N=", tokens, " H=", heads, " D=", head_dim);
+  std::int64_t total = 0;
+  const bool overflow = __builtin_mul_overflow(batch, tokens, &total) || __builtin_mul_overflow(total, heads, &total) ||
+                        __builtin_mul_overflow(total, head_dim, &total) ||
+                        __builtin_mul_overflow(total, std::int64_t(4), &total);
+  STSA_CHECK(!overflow, ResourceError, "tensor of B=", batch, " N=", tokens, " H=", heads, " D=", head_dim,
+             " overflows 64-bit byte counts");
+}
+
+// Byte range touched by elements at offsets sum(i_k * stride_k), 0 <= i_k < shape_k.
+template <std::size_t R>
+std::pair<const std::byte*, const std::byte*> extent(const void* data, std::size_t elem,
+                                                     const std::array<std::int64_t, R>& shape,
+                                                     const std::array<std::int64_t, R>& stride) {
+  std::int64_t lo = 0, hi = 0;
+  for (std::size_t i = 0; i < R; ++i) {
+    if (shape[i] <= 0) return {nullptr, nullptr};
+    const std::int64_t reach = (shape[i] - 1) * stride[i];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const auto* base = static_cast<const std::byte*>(data);
+  return {base + lo * std::int64_t(elem), base + (hi + 1) * std::int64_t(elem)};
+}
+
+}  // namespace
+
+void check_host_allocation(std::uint64_t bytes, const char* what) {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return;
+  const std::uint64_t physical = std::uint64_t(pages) * std::uint64_t(page_size);
+  STSA_CHECK(bytes <= physical, ResourceError, what, " needs ", bytes / (1u << 20), " MiB, more than this machine's ",
+             physical / (1u << 20), " MiB of memory");
+}
+
+TensorView TensorView::contiguous(void* data, DType dtype, std::int64_t batch, std::int64_t tokens,
+                                  std::int64_t heads, std::int64_t head_dim, MemoryLayout layout) {
+  check_dims(batch, tokens, heads, head_dim);
+  TensorView v;
+  v.data = data;
+  v.dtype = dtype;
+  v.shape = {batch, tokens, heads, head_dim};
+  if (layout == MemoryLayout::BNHD)
+    v.stride = {tokens * heads * head_dim, heads * head_dim, head_dim, 1};
+  else
+    v.stride = {heads * tokens * head_dim, head_dim, tokens * head_dim, 1};
+  return v;
+}
+
+std::pair<const std::byte*, const std::byte*> TensorView::byte_extent() const {
+  return extent<4>(data, element_size(dtype), shape, stride);
+}
+
+LseView LseView::contiguous(float* data, std::int64_t batch, std::int64_t heads, std::int64_t tokens) {
+  check_dims(batch, tokens, heads, 1);
+  LseView v;
+  v.data = data;
+  v.shape = {batch, heads, tokens};
+  v.stride = {heads * tokens, tokens, 1};
+  return v;
+}
+
+std::pair<const std::byte*, const std::byte*> LseView::byte_extent() const {
+  return extent<3>(data, sizeof(float), shape, stride);
+}
+
+Tensor::Tensor(DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
+               MemoryLayout layout) {
+  check_dims(batch, tokens, heads, head_dim);
+  check_host_allocation(std::uint64_t(batch * tokens * heads * head_dim) * element_size(dtype), "tensor");
+  storage_.resize(std::size_t(batch * tokens * heads * head_dim) * element_size(dtype));
+  view_ = TensorView::contiguous(storage_.data(), dtype, batch, tokens, heads, head_dim, layout);
+}
+
+LseBuffer::LseBuffer(std::int64_t batch, std::int64_t heads, std::int64_t tokens) {
+  check_dims(batch, tokens, heads, 1);
+  check_host_allocation(std::uint64_t(batch * heads * tokens) * sizeof(float), "LSE buffer");
+  storage_.assign(std::size_t(batch * heads * tokens), 0.f);
+  view_ = LseView::contiguous(storage_.data(), batch, heads, tokens);
+}
+
+}  // namespace stsa

@@ -1,0 +1,149 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "stsa/error.hpp"
+#include "stsa/plan.hpp"
+
+namespace stsa {
+namespace {
+
+struct Case {
+  VideoGrid grid;
+  MaskSpec spec;
+  TileShape tile;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  const std::vector<VideoGrid> grids = {{1, 1, 1, 0, TextPlacement::After},  {1, 7, 9, 0, TextPlacement::After},
+                                        {5, 7, 9, 13, TextPlacement::Before}, {4, 5, 6, 70, TextPlacement::After},
+                                        {9, 8, 8, 0, TextPlacement::After},   {3, 11, 3, 1, TextPlacement::Before}};
+  const std::vector<TileShape> tiles = {{64, 64}, {48, 64}, {16, 128}, {128, 128}};
+  for (const auto& g : grids)
+    for (const auto& t : tiles)
+      for (bool anchor : {true, false}) {
+        const std::int64_t n = g.video_tokens();
+        for (std::int64_t w : {std::int64_t(-1), std::int64_t(0), std::int64_t(3), n / 5, n / 2, n}) {
+          out.push_back({g, MaskSpec::spatial(w, anchor), t});
+          out.push_back({g, MaskSpec::temporal(w, anchor), t});
+        }
+        for (std::int64_t r : {-1, 0, 1, 3}) out.push_back({g, MaskSpec::frame_window(r, anchor), t});
+        out.push_back({g, MaskSpec::dense(), t});
+      }
+  return out;
+}
+
+// Brute force over every pair of every tile: class, mask bits and counts.
+void check_exact_plan(const Case& c) {
+  const auto plan = TilePlan::build(c.grid, c.spec, c.tile, Alignment::Exact);
+  ASSERT_NO_THROW(plan->self_check());
+  const std::int64_t n = c.grid.tokens();
+  const TokenOrder order = c.spec.natural_order();
+  std::int64_t kept = 0, full = 0, partial = 0, area = 0;
+  for (std::int64_t qt = 0; qt < plan->q_tiles(); ++qt)
+    for (std::int64_t kt = 0; kt < plan->k_tiles(); ++kt) {
+      std::int64_t allowed_here = 0, tile_area = 0;
+      for (std::int64_t i = qt * c.tile.q; i < std::min(n, (qt + 1) * c.tile.q); ++i)
+        for (std::int64_t j = kt * c.tile.k; j < std::min(n, (kt + 1) * c.tile.k); ++j) {
+          const bool a = allowed_at(c.grid, c.spec, order, i, j);
+          allowed_here += a;
+          ++tile_area;
+          ASSERT_EQ(plan->computes(i, j), a) << c.grid.describe() << " " << c.spec.describe() << " pair " << i << ","
+                                             << j;
+        }
+      const TileClass expected = allowed_here == 0             ? TileClass::Empty
+                                 : allowed_here == tile_area ? TileClass::Full
+                                                             : TileClass::Partial;
+      ASSERT_EQ(plan->classify(qt, kt), expected) << c.grid.describe() << " " << c.spec.describe() << " tile " << qt
+                                                  << "," << kt;
+      kept += allowed_here;
+      full += expected == TileClass::Full;
+      partial += expected == TileClass::Partial;
+      if (expected != TileClass::Empty) area += tile_area;
+    }
+  const PlanStats& s = plan->stats();
+  EXPECT_EQ(s.exact_kept_pairs, kept);
+  EXPECT_EQ(s.kept_pairs, kept);
+  EXPECT_EQ(s.changed_pairs, 0);
+  EXPECT_EQ(s.tiles_full, full);
+  EXPECT_EQ(s.tiles_partial, partial);
+  EXPECT_EQ(s.tiles_empty, plan->q_tiles() * plan->k_tiles() - full - partial);
+  EXPECT_EQ(s.kept_tile_area, area);
+  EXPECT_EQ(s.total_pairs, n * n);
+  EXPECT_LE(s.distinct_masks, s.tiles_partial);
+}
+
+TEST(Plan, ExactPlanMatchesBruteForceClassification) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.grid.describe() + " " + c.spec.describe() + " tile " + std::to_string(c.tile.q) + "x" +
+                 std::to_string(c.tile.k));
+    check_exact_plan(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(Plan, RoundingLeavesNoPartialTilesAndCountsEveryChangedPair) {
+  for (const Case& c : cases()) {
+    const auto plan = TilePlan::build(c.grid, c.spec, c.tile, Alignment::Round);
+    const PlanStats& s = plan->stats();
+    ASSERT_EQ(s.tiles_partial, 0);
+    const std::int64_t n = c.grid.tokens();
+    const TokenOrder order = c.spec.natural_order();
+    std::int64_t changed = 0, kept = 0;
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        const bool computed = plan->computes(i, j);
+        changed += computed != allowed_at(c.grid, c.spec, order, i, j);
+        kept += computed;
+      }
+    EXPECT_EQ(s.changed_pairs, changed) << c.spec.describe();
+    EXPECT_EQ(s.kept_pairs, kept);
+    EXPECT_EQ(s.added_pairs - s.removed_pairs, kept - s.exact_kept_pairs);
+    // Balanced rounding: the kept count stays within one tile of exact.
+    EXPECT_LE(std::abs(kept - s.exact_kept_pairs), std::int64_t(c.tile.q) * c.tile.k) << c.spec.describe();
+  }
+}
+
+TEST(Plan, PartialMasksAreDeduplicated) {
+  const VideoGrid g{21, 16, 16};
+  const auto plan = TilePlan::build(g, mask_for_density(g, SparseKind::Spatial, 0.25));
+  EXPECT_GT(plan->stats().tiles_partial, 40);
+  EXPECT_LT(plan->stats().distinct_masks, plan->stats().tiles_partial / 4);
+}
+
+TEST(Plan, LargeLayoutStaysCompact) {
+  const VideoGrid g{21, 90, 160};  // 1440p, 302,400 tokens
+  const auto plan = TilePlan::build(g, mask_for_density(g, SparseKind::Spatial, 0.25));
+  const PlanStats& s = plan->stats();
+  EXPECT_EQ(s.tiles_full + s.tiles_partial + s.tiles_empty, plan->q_tiles() * plan->k_tiles());
+  EXPECT_LT(s.plan_bytes, 64ll << 20);
+  EXPECT_NEAR(s.kept_fraction(), 0.25, 1e-3);
+  EXPECT_NO_THROW(plan->self_check());
+}
+
+TEST(Plan, CacheSharesPlansByValueAndChecksMatches) {
+  PlanCache cache;
+  const VideoGrid g{3, 4, 4};
+  const auto a = cache.get(g, MaskSpec::spatial(5));
+  const auto b = cache.get(g, MaskSpec::spatial(5));
+  const auto c = cache.get(g, MaskSpec::temporal(5));
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_NE(a.get(), c.get());
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_NO_THROW(a->check_matches(g, MaskSpec::spatial(5), TokenOrder::FrameMajor));
+  EXPECT_THROW(a->check_matches(g, MaskSpec::spatial(6), TokenOrder::FrameMajor), InvalidArgument);
+  EXPECT_THROW(a->check_matches(VideoGrid{3, 4, 5}, MaskSpec::spatial(5), TokenOrder::FrameMajor), InvalidArgument);
+  EXPECT_THROW(c->check_matches(g, MaskSpec::temporal(5), TokenOrder::FrameMajor), InvalidArgument);
+}
+
+TEST(Plan, RejectsBadTiles) {
+  const VideoGrid g{2, 2, 2};
+  EXPECT_THROW(TilePlan::build(g, MaskSpec::dense(), {0, 64}), InvalidArgument);
+  EXPECT_THROW(TilePlan::build(g, MaskSpec::dense(), {64, 100}), InvalidArgument);
+  EXPECT_THROW(TilePlan::build(g, MaskSpec::dense(), {2048, 64}), InvalidArgument);
+  EXPECT_THROW(parse_alignment("nearest"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace stsa

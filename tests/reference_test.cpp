@@ -1,0 +1,79 @@
+// The reference is the oracle, so it is checked against facts that hold by construction.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "stsa/error.hpp"
+#include "stsa/reference.hpp"
+#include "support/testing.hpp"
+
+namespace stsa {
+namespace {
+
+std::vector<HeadMask> heads_of(std::int64_t count, const MaskSpec& spec) {
+  return std::vector<HeadMask>(std::size_t(count), HeadMask{spec, spec.natural_order(), nullptr, true});
+}
+
+TEST(Reference, ConstantQueryAveragesTheAllowedValues) {
+  // q = 0 makes every allowed score equal, so O is the mean of the allowed V rows.
+  const VideoLayout layout{{3, 2, 2, 1, TextPlacement::After}, 1, 2, 8};
+  const MaskSpec spec = MaskSpec::spatial(2);
+  auto p = testing::make_problem(layout, DType::F32, heads_of(2, spec), testing::fresh_seed());
+  Tensor zeros(DType::F32, 1, layout.tokens(), 2, 8);
+  AttentionCall call = p.call();
+  call.q = zeros.view();
+  make_reference_backend()->run(call);
+  const std::int64_t n = layout.tokens();
+  for (std::int64_t h = 0; h < 2; ++h)
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::int64_t count = 0;
+      std::vector<double> mean(8, 0.0);
+      for (std::int64_t j = 0; j < n; ++j) {
+        if (!allowed_at(layout.grid, spec, TokenOrder::FrameMajor, i, j)) continue;
+        ++count;
+        for (int d = 0; d < 8; ++d) mean[std::size_t(d)] += call.v.load(0, j, h, d);
+      }
+      for (int d = 0; d < 8; ++d) EXPECT_NEAR(call.o.load(0, i, h, d), mean[std::size_t(d)] / double(count), 1e-6);
+      EXPECT_NEAR(call.lse.at(0, h, i), std::log(double(count)), 1e-6);
+    }
+}
+
+TEST(Reference, EmptyRowsGiveZeroAndMinusInfinity) {
+  const VideoLayout layout{{2, 2, 2}, 1, 1, 4};
+  auto p = testing::make_problem(layout, DType::F32, heads_of(1, MaskSpec::spatial(-1, false)), 7);
+  make_reference_backend()->run(p.call());
+  for (std::int64_t i = 0; i < layout.tokens(); ++i) {
+    EXPECT_EQ(p.call().lse.at(0, 0, i), -INFINITY);
+    for (int d = 0; d < 4; ++d) EXPECT_EQ(p.call().o.load(0, i, 0, d), 0.f);
+  }
+}
+
+TEST(Reference, NanPropagatesOnlyToRowsThatTouchIt) {
+  const VideoLayout layout{{4, 1, 4}, 1, 1, 4};  // 16 tokens
+  const MaskSpec spec = MaskSpec::spatial(1, false);
+  auto p = testing::make_problem(layout, DType::F32, heads_of(1, spec), 3);
+  p.k.view().store(0, 9, 0, 2, NAN);  // key 9 is seen by rows 8, 9, 10
+  make_reference_backend()->run(p.call());
+  for (std::int64_t i = 0; i < layout.tokens(); ++i)
+    EXPECT_EQ(std::isnan(p.call().o.load(0, i, 0, 0)), i >= 8 && i <= 10) << "row " << i;
+}
+
+TEST(Reference, RejectsMismatchedShapesAndAliasing) {
+  const VideoLayout layout{{2, 2, 2}, 1, 2, 4};
+  auto p = testing::make_problem(layout, DType::F32, heads_of(2, MaskSpec::dense()), 1);
+  AttentionCall call = p.call();
+  call.o = call.q;
+  EXPECT_THROW(make_reference_backend()->run(call), InvalidArgument);
+  call = p.call();
+  call.heads.pop_back();
+  EXPECT_THROW(make_reference_backend()->run(call), InvalidArgument);
+  call = p.call();
+  call.k.shape[1] = 7;
+  EXPECT_THROW(make_reference_backend()->run(call), InvalidArgument);
+  call = p.call();
+  call.v.stride = {0, 0, 0, 0};
+  EXPECT_THROW(make_reference_backend()->run(call), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace stsa

@@ -1,0 +1,267 @@
+#include "support/testing.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "stsa/error.hpp"
+
+namespace stsa::testing {
+namespace {
+
+constexpr std::size_t kGuardBytes = 256;
+constexpr std::byte kSentinel{0xA5};
+constexpr float kLseSentinel = -12345.678f;
+constexpr std::int64_t kLseGuard = 64;
+
+std::uint16_t nan_bits(DType t) { return t == DType::BF16 ? 0x7fc0 : 0x7e00; }
+
+// Round-off of one element of `dtype` relative to its magnitude.
+double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::F32: return 0x1p-24;
+    case DType::BF16: return 0x1p-8;
+    case DType::F16: return 0x1p-11;
+  }
+  return 0;
+}
+
+// What a straightforward same-precision implementation computes: fp32 scores,
+// max, exp and sums over the allowed keys, output rounded to o's dtype.
+void naive_row(const AttentionCall& call, std::int64_t b, std::int64_t h, std::int64_t i,
+               const PairPredicate& keep, std::vector<float>& scores, float* out, float& lse) {
+  const std::int64_t n = call.layout.tokens(), dims = call.layout.head_dim;
+  const float scale = call.scale();
+  float max_score = -std::numeric_limits<float>::infinity();
+  bool any = false;
+  for (std::int64_t j = 0; j < n; ++j) {
+    if (!keep(h, i, j)) {
+      scores[std::size_t(j)] = -std::numeric_limits<float>::infinity();
+      continue;
+    }
+    float dot = 0;
+    for (std::int64_t d = 0; d < dims; ++d) dot += call.q.load(b, i, h, d) * call.k.load(b, j, h, d);
+    scores[std::size_t(j)] = dot * scale;
+    max_score = std::max(max_score, scores[std::size_t(j)]);
+    any = true;
+  }
+  std::fill(out, out + dims, 0.f);
+  if (!any) {
+    lse = -std::numeric_limits<float>::infinity();
+    return;
+  }
+  float sum = 0;
+  for (std::int64_t j = 0; j < n; ++j) {
+    if (scores[std::size_t(j)] == -std::numeric_limits<float>::infinity()) continue;
+    const float p = std::exp(scores[std::size_t(j)] - max_score);
+    sum += p;
+    for (std::int64_t d = 0; d < dims; ++d) out[d] += p * call.v.load(b, j, h, d);
+  }
+  for (std::int64_t d = 0; d < dims; ++d) {
+    float x = out[d] / sum;
+    if (call.o.dtype == DType::BF16) x = bf16_to_float(float_to_bf16(x));
+    if (call.o.dtype == DType::F16) x = f16_to_float(float_to_f16(x));
+    out[d] = x;
+  }
+  lse = max_score + std::log(sum);
+}
+
+}  // namespace
+
+std::uint64_t fresh_seed() {
+  if (const char* fixed = std::getenv("STSA_TEST_SEED")) return std::strtoull(fixed, nullptr, 10);
+  std::random_device device;
+  return (std::uint64_t(device()) << 32) ^ device();
+}
+
+void fill_normal(const TensorView& t, std::uint64_t seed, float stddev) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, stddev);
+  for (std::int64_t b = 0; b < t.shape[0]; ++b)
+    for (std::int64_t n = 0; n < t.shape[1]; ++n)
+      for (std::int64_t h = 0; h < t.shape[2]; ++h)
+        for (std::int64_t d = 0; d < t.shape[3]; ++d) t.store(b, n, h, d, normal(rng));
+}
+
+GuardedTensor::GuardedTensor(DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_t heads,
+                             std::int64_t head_dim, MemoryLayout layout) {
+  payload_bytes_ = std::size_t(batch * tokens * heads * head_dim) * element_size(dtype);
+  storage_.assign(payload_bytes_ + 2 * kGuardBytes, kSentinel);
+  view_ = TensorView::contiguous(storage_.data() + kGuardBytes, dtype, batch, tokens, heads, head_dim, layout);
+  poison();
+}
+
+void GuardedTensor::poison() {
+  std::byte* payload = storage_.data() + kGuardBytes;
+  if (view_.dtype == DType::F32) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (std::size_t i = 0; i < payload_bytes_; i += 4) std::memcpy(payload + i, &nan, 4);
+  } else {
+    const std::uint16_t nan = nan_bits(view_.dtype);
+    for (std::size_t i = 0; i < payload_bytes_; i += 2) std::memcpy(payload + i, &nan, 2);
+  }
+}
+
+bool GuardedTensor::guards_intact() const {
+  for (std::size_t i = 0; i < kGuardBytes; ++i)
+    if (storage_[i] != kSentinel || storage_[kGuardBytes + payload_bytes_ + i] != kSentinel) return false;
+  return true;
+}
+
+GuardedLse::GuardedLse(std::int64_t batch, std::int64_t heads, std::int64_t tokens) {
+  storage_.assign(std::size_t(batch * heads * tokens + 2 * kLseGuard), kLseSentinel);
+  view_ = LseView::contiguous(storage_.data() + kLseGuard, batch, heads, tokens);
+  poison();
+}
+
+void GuardedLse::poison() {
+  std::fill(storage_.begin() + kLseGuard, storage_.end() - kLseGuard, std::numeric_limits<float>::quiet_NaN());
+}
+
+bool GuardedLse::guards_intact() const {
+  for (std::int64_t i = 0; i < kLseGuard; ++i)
+    if (storage_[std::size_t(i)] != kLseSentinel || storage_[storage_.size() - 1 - std::size_t(i)] != kLseSentinel)
+      return false;
+  return true;
+}
+
+AttentionCall Problem::call() const {
+  AttentionCall c;
+  c.layout = layout;
+  c.q = q.view();
+  c.k = k.view();
+  c.v = v.view();
+  c.o = o.view();
+  c.lse = lse.view();
+  c.heads = heads;
+  return c;
+}
+
+Problem make_problem(const VideoLayout& layout, DType dtype, std::vector<HeadMask> heads, std::uint64_t seed,
+                     MemoryLayout memory, DType out_dtype) {
+  const std::int64_t n = layout.tokens();
+  Problem p{layout,
+            dtype,
+            memory,
+            Tensor(dtype, layout.batch, n, layout.heads, layout.head_dim, memory),
+            Tensor(dtype, layout.batch, n, layout.heads, layout.head_dim, memory),
+            Tensor(dtype, layout.batch, n, layout.heads, layout.head_dim, memory),
+            GuardedTensor(out_dtype, layout.batch, n, layout.heads, layout.head_dim, memory),
+            GuardedLse(layout.batch, layout.heads, n),
+            std::move(heads),
+            {}};
+  fill_normal(p.q.view(), seed * 3 + 1);
+  fill_normal(p.k.view(), seed * 3 + 2);
+  fill_normal(p.v.view(), seed * 3 + 3);
+  std::ostringstream label;
+  label << "grid " << layout.grid.describe() << " B=" << layout.batch << " H=" << layout.heads
+        << " D=" << layout.head_dim << " " << to_string(dtype) << "->" << to_string(out_dtype)
+        << (memory == MemoryLayout::BNHD ? " BNHD" : " BHND") << " seed=" << seed << " masks:";
+  for (const auto& h : p.heads) {
+    label << " [" << h.spec.describe() << ", " << to_string(h.order);
+    if (h.plan) label << ", tile " << h.plan->tile().q << "x" << h.plan->tile().k << " " << to_string(h.plan->alignment());
+    label << "]";
+  }
+  p.label = label.str();
+  return p;
+}
+
+Comparison compare_with_reference(const Problem& problem, int sample_rows, std::uint64_t seed,
+                                  const PairPredicate& override_mask) {
+  const AttentionCall call = problem.call();
+  const auto& layout = call.layout;
+  const std::int64_t n = layout.tokens(), dims = layout.head_dim;
+  std::vector<std::int64_t> rows;
+  if (sample_rows <= 0 || sample_rows >= n) {
+    for (std::int64_t i = 0; i < n; ++i) rows.push_back(i);
+  } else {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<std::int64_t> pick(0, n - 1);
+    for (int i = 0; i < sample_rows; ++i) rows.push_back(pick(rng));
+  }
+  std::vector<double> ref_o, ref_lse;
+  reference_rows(call, rows, ref_o, ref_lse, override_mask);
+
+  PairPredicate keep = override_mask;
+  std::vector<std::vector<TokenCoord>> coords(std::size_t(layout.heads));
+  if (!keep) {
+    for (std::int64_t h = 0; h < layout.heads; ++h)
+      for (std::int64_t pos = 0; pos < n; ++pos)
+        coords[std::size_t(h)].push_back(layout.grid.coord(pos, call.heads[std::size_t(h)].order));
+    keep = [&](std::int64_t h, std::int64_t i, std::int64_t j) {
+      return allowed(layout.grid, call.heads[std::size_t(h)].spec, coords[std::size_t(h)][std::size_t(i)],
+                     coords[std::size_t(h)][std::size_t(j)]);
+    };
+  }
+
+  Comparison c;
+  c.guards_intact = problem.o.guards_intact() && problem.lse.guards_intact();
+  double err2 = 0, ref2 = 0, max_ref = 0, max_lse = 0;
+  std::vector<float> scores(static_cast<std::size_t>(n)), naive(static_cast<std::size_t>(dims));
+  const auto count = std::int64_t(rows.size());
+  std::ostringstream why;
+  for (std::int64_t h = 0; h < layout.heads; ++h) {
+    if (!call.heads[std::size_t(h)].compute) continue;
+    for (std::int64_t b = 0; b < layout.batch; ++b)
+      for (std::int64_t r = 0; r < count; ++r) {
+        const std::int64_t i = rows[std::size_t(r)];
+        const double* ref = ref_o.data() + std::size_t(((b * count + r) * layout.heads + h) * dims);
+        const double ref_l = ref_lse[std::size_t((b * layout.heads + h) * count + r)];
+        float naive_lse = 0;
+        naive_row(call, b, h, i, keep, scores, naive.data(), naive_lse);
+        for (std::int64_t d = 0; d < dims; ++d) {
+          const double got = call.o.load(b, i, h, d);
+          if (std::isnan(ref[d]) != std::isnan(got)) {
+            c.all_finite_where_expected = false;
+            if (why.str().empty()) why << "O[b=" << b << ", i=" << i << ", h=" << h << ", d=" << d << "] = " << got
+                                       << ", reference " << ref[d];
+            continue;
+          }
+          if (std::isnan(ref[d])) continue;
+          const double e = std::abs(got - ref[d]);
+          if (!(e <= c.max_abs_err)) c.max_abs_err = e;  // also catches Inf mismatches
+          c.naive_max_abs_err = std::max(c.naive_max_abs_err, std::abs(double(naive[std::size_t(d)]) - ref[d]));
+          err2 += e * e;
+          ref2 += ref[d] * ref[d];
+          max_ref = std::max(max_ref, std::abs(ref[d]));
+        }
+        if (call.lse.data) {
+          const double got = call.lse.at(b, h, i);
+          if (std::isinf(ref_l) || std::isnan(ref_l)) {
+            const bool same = std::isnan(ref_l) ? std::isnan(got) : got == ref_l;
+            if (!same) {
+              c.all_finite_where_expected = false;
+              if (why.str().empty()) why << "LSE[b=" << b << ", h=" << h << ", i=" << i << "] = " << got
+                                         << ", reference " << ref_l;
+            }
+          } else {
+            const double e = std::abs(got - ref_l);
+            if (!(e <= c.lse_max_abs_err)) c.lse_max_abs_err = e;
+            c.naive_lse_max_abs_err = std::max(c.naive_lse_max_abs_err, std::abs(double(naive_lse) - ref_l));
+            max_lse = std::max(max_lse, std::abs(ref_l));
+          }
+        }
+      }
+  }
+  c.rel_l2_err = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  // Twice what the naive same-precision implementation gets wrong, plus a rounding floor
+  // of a few units of the output's (and inputs') precision.
+  const double roundoff = unit_roundoff(call.o.dtype);
+  c.tolerance = 2.0 * c.naive_max_abs_err + 4.0 * roundoff * std::max(1.0, max_ref);
+  c.lse_tolerance = 2.0 * c.naive_lse_max_abs_err + 8.0 * 0x1p-24 * std::max(1.0, max_lse);
+  if (!c.guards_intact) why << (why.str().empty() ? "" : "; ") << "guard bytes around an output were overwritten";
+  if (!(c.max_abs_err <= c.tolerance))
+    why << (why.str().empty() ? "" : "; ") << "max |O - ref| = " << c.max_abs_err << " > tolerance " << c.tolerance
+        << " (naive same-precision error " << c.naive_max_abs_err << ")";
+  if (!(c.lse_max_abs_err <= c.lse_tolerance))
+    why << (why.str().empty() ? "" : "; ") << "max |LSE - ref| = " << c.lse_max_abs_err << " > tolerance "
+        << c.lse_tolerance << " (naive " << c.naive_lse_max_abs_err << ")";
+  c.failure = why.str();
+  if (!c.failure.empty()) c.failure = problem.label + ": " + c.failure;
+  return c;
+}
+
+}  // namespace stsa::testing

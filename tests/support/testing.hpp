@@ -1,0 +1,83 @@
+// Test helpers: fresh random problems, guarded outputs, and error bounds taken
+// relative to what a same-precision naive implementation gets wrong against the
+// fp64 reference (FlashAttention's rule: allow 2x that, plus a rounding floor).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "stsa/attention.hpp"
+#include "stsa/reference.hpp"
+#include "stsa/tensor.hpp"
+
+namespace stsa::testing {
+
+// A seed that differs per run (fresh inputs) unless STSA_TEST_SEED fixes it; printed on failure.
+std::uint64_t fresh_seed();
+
+// Fills a tensor with N(0, stddev) values rounded to its dtype.
+void fill_normal(const TensorView& t, std::uint64_t seed, float stddev = 1.0f);
+
+// An output tensor with sentinel bytes before and after its storage, poisoned with NaN.
+class GuardedTensor {
+ public:
+  GuardedTensor(DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
+                MemoryLayout layout = MemoryLayout::BNHD);
+  TensorView view() const { return view_; }
+  void poison();               // every element NaN
+  bool guards_intact() const;  // sentinels untouched
+
+ private:
+  std::vector<std::byte> storage_;
+  std::size_t payload_bytes_ = 0;
+  TensorView view_;
+};
+
+class GuardedLse {
+ public:
+  GuardedLse(std::int64_t batch, std::int64_t heads, std::int64_t tokens);
+  LseView view() const { return view_; }
+  void poison();
+  bool guards_intact() const;
+
+ private:
+  std::vector<float> storage_;
+  LseView view_;
+};
+
+// Inputs, outputs and masks of one random attention problem.
+struct Problem {
+  VideoLayout layout;
+  DType dtype = DType::F32;
+  MemoryLayout memory = MemoryLayout::BNHD;
+  Tensor q, k, v;
+  GuardedTensor o;
+  GuardedLse lse;
+  std::vector<HeadMask> heads;
+  std::string label;  // printed on failure: shape, dtype, masks, seed
+
+  AttentionCall call() const;
+};
+
+// Random Q/K/V for `layout` in `dtype`, with `heads` masks (one per head).
+Problem make_problem(const VideoLayout& layout, DType dtype, std::vector<HeadMask> heads, std::uint64_t seed,
+                     MemoryLayout memory = MemoryLayout::BNHD, DType out_dtype = DType::F32);
+
+struct Comparison {
+  double max_abs_err = 0, rel_l2_err = 0, lse_max_abs_err = 0;  // backend vs fp64 reference
+  double naive_max_abs_err = 0, naive_lse_max_abs_err = 0;       // same-precision naive vs reference
+  double tolerance = 0, lse_tolerance = 0;
+  bool all_finite_where_expected = true;  // NaN anywhere a finite value is expected fails
+  bool guards_intact = true;
+  std::string failure;  // empty when the comparison passes
+  bool ok() const { return failure.empty(); }
+};
+
+// Compares the problem's output (after a backend ran on problem.call()) with the
+// fp64 reference on every row (or on `sample_rows` random rows when > 0).
+Comparison compare_with_reference(const Problem& problem, int sample_rows = 0, std::uint64_t seed = 1,
+                                  const PairPredicate& override_mask = {});
+
+}  // namespace stsa::testing
