@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the test suite again built with AddressSanitizer + UndefinedBehaviorSanitizer,
+# and the threaded tests under ThreadSanitizer. Any report fails (halt_on_error).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs="$(nproc)"
+common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTSA_CUDA=OFF)
+
+export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+cmake -S . -B build-asan "${common[@]}" -DSTSA_SANITIZE=address,undefined >/dev/null
+cmake --build build-asan -j "$jobs"
+# OpenMPI's own allocations are reported as leaks; its tests keep ASan's other checks.
+ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 ctest --test-dir build-asan --output-on-failure -j "$jobs" -L mpi || exit 1
+ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE mpi
+
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+cmake -S . -B build-tsan "${common[@]}" -DSTSA_SANITIZE=thread -DSTSA_MPI=OFF >/dev/null
+cmake --build build-tsan -j "$jobs"
+ctest --test-dir build-tsan --output-on-failure -j "$jobs" -L threads

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what stsa needs to build (Debian packages, only the missing ones),
+# then configures and builds it into build/ (or $STSA_BUILD_DIR).
+# Extra CMake arguments: STSA_CMAKE_ARGS="-DSTSA_CUDA=OFF" bash scripts/bootstrap.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake ninja-build g++ clang libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
+          libpng-dev libopenmpi-dev openmpi-bin libclang-rt-14-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "bootstrap: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# nvcc lives outside PATH on a stock CUDA install; the CUDA backend builds when it is found.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+build_dir="${STSA_BUILD_DIR:-build}"
+# shellcheck disable=SC2086
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${STSA_CMAKE_ARGS:-} >/dev/null
+cmake --build "$build_dir" -j "$(nproc)"

@@ -1,0 +1,152 @@
+// One harness over every registered backend: each is compared with the fp64
+// reference on fresh random inputs and awkward shapes. "Not supported" is
+// reported apart from "failed"; the cpu backend must support every case here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "stsa/attention.hpp"
+#include "stsa/error.hpp"
+#include "support/testing.hpp"
+
+namespace stsa {
+namespace {
+
+struct Case {
+  VideoGrid grid;
+  std::int64_t heads, head_dim;
+  DType dtype;
+  MemoryLayout memory;
+  double density;
+};
+
+std::vector<Case> cases() {
+  return {
+      {{3, 5, 7, 0, TextPlacement::After}, 4, 64, DType::F32, MemoryLayout::BNHD, 0.25},     // 105 tokens
+      {{1, 9, 15, 0, TextPlacement::After}, 4, 80, DType::BF16, MemoryLayout::BHND, 0.25},    // one frame
+      {{4, 6, 11, 13, TextPlacement::Before}, 4, 128, DType::F32, MemoryLayout::BHND, 0.1},   // text first
+      {{5, 4, 7, 9, TextPlacement::After}, 4, 64, DType::BF16, MemoryLayout::BNHD, 0.02},     // text last, tiny
+      {{2, 1, 1, 0, TextPlacement::After}, 4, 64, DType::F32, MemoryLayout::BNHD, 0.0},       // 1x1 frames
+      {{6, 8, 8, 0, TextPlacement::After}, 4, 128, DType::F32, MemoryLayout::BNHD, 1.0},      // all kept
+  };
+}
+
+// Four heads of different kinds; temporal heads' tokens are taken as already permuted.
+std::vector<HeadMask> mixed_heads(const Case& c, PlanCache& cache) {
+  const MaskSpec specs[4] = {mask_for_density(c.grid, SparseKind::Spatial, c.density),
+                             mask_for_density(c.grid, SparseKind::Temporal, c.density),
+                             mask_for_density(c.grid, SparseKind::FrameWindow, c.density, false),
+                             MaskSpec::dense()};
+  std::vector<HeadMask> heads;
+  for (std::int64_t h = 0; h < c.heads; ++h) {
+    const MaskSpec& spec = specs[h % 4];
+    heads.push_back({spec, spec.natural_order(), cache.get(c.grid, spec), true});
+  }
+  return heads;
+}
+
+TEST(Backends, EveryBackendMatchesTheReference) {
+  for (const Backend* backend : backends()) {
+    int supported = 0;
+    for (const Case& c : cases()) {
+      PlanCache cache;
+      const VideoLayout layout{c.grid, 1, c.heads, c.head_dim};
+      auto problem = testing::make_problem(layout, c.dtype, mixed_heads(c, cache), testing::fresh_seed(), c.memory);
+      const Support support = backend->supports(problem.call());
+      if (!support.ok) {
+        std::printf("[ not supported ] %s: %s (%s)\n", std::string(backend->name()).c_str(), problem.label.c_str(),
+                    support.why.c_str());
+        EXPECT_NE(backend->name(), "cpu") << "the cpu backend must support " << problem.label;
+        EXPECT_THROW(backend->run(problem.call()), Unsupported);
+        continue;
+      }
+      ++supported;
+      backend->run(problem.call());
+      const auto result = testing::compare_with_reference(problem);
+      EXPECT_TRUE(result.ok()) << backend->name() << ": " << result.failure;
+    }
+    std::printf("[ backend %s ] %d of %zu cases supported\n", std::string(backend->name()).c_str(), supported,
+                cases().size());
+  }
+}
+
+TEST(Backends, SkippedHeadsAreLeftUntouched) {
+  const Case c = cases()[0];
+  for (const Backend* backend : backends()) {
+    PlanCache cache;
+    auto heads = mixed_heads(c, cache);
+    heads[1].compute = false;
+    auto problem = testing::make_problem({c.grid, 1, c.heads, c.head_dim}, c.dtype, heads, testing::fresh_seed());
+    if (!backend->supports(problem.call()).ok) continue;
+    backend->run(problem.call());
+    for (std::int64_t i = 0; i < c.grid.tokens(); ++i) {
+      EXPECT_TRUE(std::isnan(problem.call().o.load(0, i, 1, 0))) << backend->name() << " wrote a skipped head";
+      EXPECT_TRUE(std::isnan(problem.call().lse.at(0, 1, i)));
+    }
+    EXPECT_TRUE(testing::compare_with_reference(problem).ok());
+  }
+}
+
+TEST(Backends, NonFiniteInputsPropagateOnlyToRowsThatTouchThem) {
+  const VideoGrid grid{4, 2, 8};  // 64 tokens
+  const MaskSpec spec = MaskSpec::spatial(2, false);
+  for (const Backend* backend : backends()) {
+    PlanCache cache;
+    auto problem = testing::make_problem({grid, 1, 2, 64}, DType::F32, uniform_heads({grid, 1, 2, 64}, spec, cache),
+                                         testing::fresh_seed());
+    if (!backend->supports(problem.call()).ok) continue;
+    problem.k.view().store(0, 20, 0, 5, NAN);       // head 0: key 20, seen by rows 18..22
+    problem.v.view().store(0, 40, 1, 3, INFINITY);  // head 1: value 40, seen by rows 38..42
+    problem.q.view().store(0, 7, 1, 0, NAN);        // head 1: row 7
+    backend->run(problem.call());
+    const auto call = problem.call();
+    for (std::int64_t i = 0; i < grid.tokens(); ++i) {
+      const bool touched0 = i >= 18 && i <= 22;
+      EXPECT_EQ(std::isnan(call.o.load(0, i, 0, 0)), touched0) << backend->name() << " head 0 row " << i;
+      const bool touched1 = (i >= 38 && i <= 42) || i == 7;
+      EXPECT_EQ(!std::isfinite(call.o.load(0, i, 1, 3)), touched1) << backend->name() << " head 1 row " << i;
+    }
+    EXPECT_TRUE(testing::compare_with_reference(problem).ok()) << backend->name();
+  }
+}
+
+TEST(Backends, RepeatedRunsAreBitIdentical) {
+  const Case c = cases()[2];
+  for (const Backend* backend : backends()) {
+    PlanCache cache;
+    auto problem = testing::make_problem({c.grid, 1, c.heads, c.head_dim}, c.dtype, mixed_heads(c, cache), 11);
+    if (!backend->supports(problem.call()).ok) continue;
+    backend->run(problem.call());
+    const auto bytes = std::size_t(problem.call().o.numel()) * element_size(problem.call().o.dtype);
+    std::vector<std::byte> first(bytes);
+    std::memcpy(first.data(), problem.call().o.data, bytes);
+    problem.o.poison();
+    backend->run(problem.call());
+    EXPECT_EQ(std::memcmp(first.data(), problem.call().o.data, bytes), 0) << backend->name();
+  }
+}
+
+TEST(Backends, RegistryNamesBackendsAndRejectsUnknownOnes) {
+  EXPECT_EQ(backend("reference").name(), "reference");
+  EXPECT_EQ(backend("cpu").name(), "cpu");
+  EXPECT_THROW(backend("tpu"), InvalidArgument);
+}
+
+TEST(Backends, TiledBackendsRefusePlansBuiltForAnotherLayout) {
+  const VideoGrid grid{3, 4, 4};
+  PlanCache cache;
+  const MaskSpec temporal = MaskSpec::temporal(5);
+  std::vector<HeadMask> heads{{temporal, TokenOrder::FrameMajor, cache.get(grid, temporal), true}};
+  auto problem = testing::make_problem({grid, 1, 1, 64}, DType::F32, heads, 1);
+  EXPECT_THROW(backend("cpu").run(problem.call()), InvalidArgument) << "temporal plan on frame-major tokens";
+  heads[0] = {temporal, TokenOrder::SpatialMajor, cache.get(VideoGrid{3, 4, 5}, temporal), true};
+  auto other = testing::make_problem({grid, 1, 1, 64}, DType::F32, heads, 1);
+  EXPECT_THROW(backend("cpu").run(other.call()), InvalidArgument) << "plan for another grid";
+  heads[0].plan = nullptr;
+  auto missing = testing::make_problem({grid, 1, 1, 64}, DType::F32, heads, 1);
+  EXPECT_THROW(backend("cpu").run(missing.call()), InvalidArgument) << "no plan";
+}
+
+}  // namespace
+}  // namespace stsa

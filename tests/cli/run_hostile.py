@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Runs every line of hostile_inputs.txt against the stsa binary.
+
+Each case must end with exit code 2, exactly one non-empty line on stderr, no
+signal and no hang (5 s). The list must mention every flag that `stsa <command>
+--help` lists, so a new flag without a hostile case fails here.
+"""
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+
+TIMEOUT_S = 5
+
+
+def flags_of(binary, command):
+    out = subprocess.run([binary, command, "--help"], capture_output=True, text=True, timeout=TIMEOUT_S).stdout
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", out)) - {"--help"}
+
+
+def main():
+    binary, listing = sys.argv[1], sys.argv[2]
+    workdir = tempfile.mkdtemp(prefix="stsa-hostile-")
+    # Files the cases can point at: an existing output (must not be overwritten) and broken inputs.
+    existing = os.path.join(workdir, "existing.png")
+    with open(existing, "wb") as f:
+        f.write(b"keep me")
+    with open(os.path.join(workdir, "garbage.npy"), "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00\xff\xffnot a header")
+    with open(os.path.join(workdir, "empty.npy"), "wb"):
+        pass
+    with open(os.path.join(workdir, "garbage.safetensors"), "wb") as f:
+        f.write(b"\xff" * 8 + b"{")
+    cases, covered, failures = 0, set(), []
+    for raw in open(listing):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        args = [a.replace("@DIR@", workdir) for a in shlex.split(line)]
+        covered.update((args[0], a.split("=")[0]) for a in args[1:] if a.startswith("--"))
+        cases += 1
+        try:
+            r = subprocess.run([binary] + args, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=workdir)
+        except subprocess.TimeoutExpired:
+            failures.append(f"{line}: no answer within {TIMEOUT_S} s")
+            continue
+        lines = [l for l in r.stderr.splitlines() if l.strip()]
+        if r.returncode < 0:
+            failures.append(f"{line}: killed by signal {-r.returncode}")
+        elif r.returncode != 2:
+            failures.append(f"{line}: exit code {r.returncode}, expected 2 (stderr: {r.stderr.strip()[:200]})")
+        elif len(lines) != 1:
+            failures.append(f"{line}: expected one line on stderr, got {len(lines)}: {r.stderr.strip()[:300]}")
+    with open(existing, "rb") as f:
+        if f.read() != b"keep me":
+            failures.append("an existing file was overwritten")
+    for command in sorted({c for c, _ in covered}):
+        missing = flags_of(binary, command) - {f for c, f in covered if c == command}
+        if missing:
+            failures.append(f"`stsa {command}` flags without a hostile case: {' '.join(sorted(missing))}")
+    for f in failures:
+        print("FAIL", f)
+    passed = cases - sum(1 for f in failures if not f.startswith("`") and "overwritten" not in f)
+    print(f"{passed} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

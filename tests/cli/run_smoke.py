@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Runs the documented CLI commands on small shapes and checks their JSON keys."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def run(binary, args, timeout=240):
+    r = subprocess.run([binary] + args, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise SystemExit(f"FAIL stsa {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def main():
+    binary = sys.argv[1]
+    failures = 0
+    checks = [
+        (["plan", "--frames", "21", "--height", "90", "--width", "160", "--heads", "40", "--head-dim", "128",
+          "--mask", "spatial", "--density", "0.25", "--tile", "128", "--json"],
+         ["tokens", "tiles_full", "tiles_partial", "tiles_empty", "kept_pairs", "total_pairs", "changed_pairs",
+          "build_ms", "plan_bytes"]),
+        (["plan", "--frames", "5", "--height", "7", "--width", "9", "--text", "13", "--text-placement", "before",
+          "--mask", "temporal", "--density", "0.3", "--tile", "64", "--align", "round", "--json"],
+         ["changed_pairs", "kept_pairs"]),
+        (["bench", "--frames", "3", "--height", "8", "--width", "8", "--heads", "2", "--head-dim", "64",
+          "--mask", "spatial", "--density", "0.25", "--dtype", "fp32", "--repeats", "1", "--json"],
+         ["dense_ms", "sparse_ms", "speedup", "tile_density", "dense_gflops", "sparse_gflops_on_kept_tiles",
+          "peak_gflops", "peak_fraction", "rel_l2_err", "max_abs_err"]),
+        (["route", "--synthetic", "--frames", "5", "--height", "6", "--width", "8", "--heads", "4", "--head-dim", "64",
+          "--density", "0.25", "--seed", "1", "--json"],
+         ["heads", "accuracy", "decisions", "rel_l2_err", "rel_l2_err_first_block_anchor", "routing_ms",
+          "attention_ms"]),
+    ]
+    for args, keys in checks:
+        record = json.loads(run(binary, args))
+        missing = [k for k in keys if k not in record]
+        if missing:
+            print(f"FAIL stsa {' '.join(args)}: missing keys {missing}")
+            failures += 1
+    plan = json.loads(run(binary, checks[0][0]))
+    if plan["tiles_full"] + plan["tiles_partial"] + plan["tiles_empty"] != 2363 * 2363:
+        print("FAIL 1440p plan tile counts do not add up")
+        failures += 1
+    bench = json.loads(run(binary, checks[2][0]))
+    if not bench["rel_l2_err"] <= 1e-5:
+        print(f"FAIL bench rel_l2_err {bench['rel_l2_err']} > 1e-5 in fp32")
+        failures += 1
+    png = os.path.join(tempfile.mkdtemp(), "tiles.png")
+    run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", png])
+    with open(png, "rb") as f:
+        if f.read(8) != b"\x89PNG\r\n\x1a\n":
+            print("FAIL --png did not write a PNG")
+            failures += 1
+    demo = run(binary, [])
+    if "CPU kernel" not in demo or "Tile plans" not in demo:
+        print("FAIL the demo did not print its two parts")
+        failures += 1
+    total = len(checks) + 4
+    print(f"{total - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
