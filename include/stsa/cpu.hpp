@@ -21,6 +21,12 @@ struct CpuOptions {
 
 std::unique_ptr<Backend> make_cpu_backend(CpuOptions options = {});
 
+// What a backend made with these options runs: the instruction set (Auto resolved
+// through STSA_ISA and the machine; throws Unsupported for one this CPU lacks) and
+// the thread count (0 resolved through STSA_THREADS, then all hardware threads).
+Isa resolve_isa(Isa requested);
+int resolve_threads(int requested);
+
 // Measured fused-multiply-add peak of this machine with `threads` threads (0: all), GFLOP/s.
 double measure_fma_peak_gflops(int threads = 0, double seconds = 0.2);
 

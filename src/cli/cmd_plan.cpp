@@ -17,7 +17,7 @@ struct PlanArgs {
   std::string mask = "spatial";
   double density = 0.25;
   int tile = 128;
-  int tile_k = 0;
+  int tile_k = -1;  // -1: same as tile
   std::string align = "exact";
   bool no_anchor = false;
   std::string png;
@@ -30,7 +30,7 @@ nlohmann::json plan_record(const PlanArgs& args) {
   VideoLayout layout{grid, 1, args.heads, args.head_dim};
   layout.validate();
   const MaskSpec spec = mask_by_name(grid, args.mask, args.density, !args.no_anchor);
-  const TileShape tile{args.tile, args.tile_k > 0 ? args.tile_k : args.tile};
+  const TileShape tile{args.tile, args.tile_k >= 0 ? args.tile_k : args.tile};
   tile.validate();
   const auto plan = TilePlan::build(grid, spec, tile, parse_alignment(args.align));
   if (!args.png.empty()) write_tile_map_png(*plan, args.png, args.force);

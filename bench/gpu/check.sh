@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The GPU check of stsa's CUDA backend, in one run on a machine with an NVIDIA
+# GPU (written for one H200; no network needed):
+#   1. configure and build the CUDA backend, its GPU tests and stsa_gpu_bench
+#      into build-gpu/ (C++ dependencies from build-gpu-deps/ when present:
+#      bench/gpu/prepare_deps.sh collects them on a machine that has them);
+#   2. run the GPU tests (ctest -L gpu);
+#   3. run compute-sanitizer memcheck, racecheck and synccheck on small cases;
+#   4. benchmark at Wan2.1 shapes against cuDNN, FlashAttention-2 and
+#      FlexAttention on the identical tile plan (bench/gpu/compare.py).
+# $OUT (default build-gpu/out) receives four files: check.log (everything this
+# prints), build.log (configure and compiler output), gpu_bench.json and
+# gpu_bench.txt (the benchmark). It keeps going after a failed step and exits 1 if
+# any step failed. The benchmark gets what is left of an 8-minute budget
+# (STSA_CHECK_BUDGET_S), measured from the start of this script.
+#
+# Usage: bash bench/gpu/check.sh            (everything)
+#        STSA_CHECK_SKIP_BENCH=1 bash ...    (build, tests, sanitizers only)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD="${STSA_GPU_BUILD:-$ROOT/build-gpu}"
+OUT="${OUT:-$BUILD/out}"
+DEPS="$ROOT/build-gpu-deps"
+BUDGET_S="${STSA_CHECK_BUDGET_S:-480}"
+START=$(date +%s)
+FAILED=()
+mkdir -p "$OUT"
+exec > >(tee "$OUT/check.log") 2>&1
+
+elapsed() { echo $(( $(date +%s) - START )); }
+step() { echo; echo "=== [$(elapsed) s] $*"; }
+# Runs one step; records a failure instead of exiting.
+run_step() {
+  local name=$1
+  shift
+  echo "\$ $*"
+  local rc=0
+  "$@" || rc=$?
+  if [ "$rc" -eq 0 ]; then echo "--- $name: ok"; else echo "--- $name: FAILED (exit $rc)"; FAILED+=("$name"); fi
+}
+
+step "GPU and toolchain"
+nvidia-smi
+# The CUDA tools may be off the PATH: look in the toolkit too.
+find_tool() { command -v "$1" || ls /usr/local/cuda/bin/"$1" /usr/local/cuda*/bin/"$1" /usr/local/cuda/"$1"/"$1" \
+  /usr/local/cuda*/"$1"/"$1" 2> /dev/null | head -n 1 || true; }
+NVCC="$(find_tool nvcc)"
+SANITIZER="$(find_tool compute-sanitizer)"
+"$NVCC" --version | tail -n 2
+cmake --version | head -n 1
+c++ --version | head -n 1
+python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())' || echo "(torch not usable here)"
+
+step "dependencies"
+PREFIX_ARGS=()
+if [ -d "$DEPS" ]; then
+  if [ ! -f "$DEPS/prefix/lib/cmake/GTest/GTestConfig.cmake" ] && [ ! -f "$DEPS/prefix/lib64/cmake/GTest/GTestConfig.cmake" ]; then
+    echo "building GoogleTest from build-gpu-deps/src/googletest"
+    cmake -S "$DEPS/src/googletest" -B "$DEPS/gtest-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX="$DEPS/prefix" -DBUILD_GMOCK=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON > "$OUT/build.log" 2>&1
+    cmake --build "$DEPS/gtest-build" -j"$(nproc)" >> "$OUT/build.log" 2>&1
+    cmake --install "$DEPS/gtest-build" >> "$OUT/build.log" 2>&1
+  fi
+  PREFIX_ARGS=(-DCMAKE_PREFIX_PATH="$DEPS/prefix")
+  echo "using $DEPS/prefix"
+else
+  echo "no build-gpu-deps/: using the system's packages"
+fi
+
+step "configure and build (CUDA on)"
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTSA_CUDA=ON -DSTSA_MPI=OFF \
+  -DCMAKE_CUDA_COMPILER="$NVCC" "${PREFIX_ARGS[@]}" >> "$OUT/build.log" 2>&1 ||
+  { tail -n 40 "$OUT/build.log"; echo "configure failed"; exit 1; }
+cmake --build "$BUILD" -j"$(nproc)" --target gpu_attention_test gpu_permute_test stsa_gpu_bench \
+  >> "$OUT/build.log" 2>&1 || { grep -E "error|Error" -A5 "$OUT/build.log" | head -n 80; echo "build failed"; exit 1; }
+grep -E "spill|warning" "$OUT/build.log" | head -n 20 || true
+echo "built in $(elapsed) s"
+
+step "GPU tests"
+run_step gpu_tests ctest --test-dir "$BUILD" -L gpu -R '^Gpu' --output-on-failure --timeout 300
+
+step "compute-sanitizer (small cases)"
+if [ -n "$SANITIZER" ]; then
+  SAN=("$SANITIZER" --error-exitcode 1 --print-limit 20)
+  ATTN=("$BUILD/tests/gpu/gpu_attention_test" --gtest_filter='GpuSanitize.*')
+  PERM=("$BUILD/tests/gpu/gpu_permute_test" --gtest_filter='GpuPermute.MatchesTheCpuPermutationBitForBit')
+  run_step memcheck "${SAN[@]}" --tool memcheck "${ATTN[@]}"
+  run_step memcheck_permute "${SAN[@]}" --tool memcheck "${PERM[@]}"
+  run_step racecheck "${SAN[@]}" --tool racecheck --racecheck-report hazard "${ATTN[@]}"
+  run_step synccheck "${SAN[@]}" --tool synccheck "${ATTN[@]}"
+else
+  echo "compute-sanitizer not found"
+  FAILED+=("sanitizer-missing")
+fi
+
+if [ -z "${STSA_CHECK_SKIP_BENCH:-}" ]; then
+  LEFT=$(( BUDGET_S - $(elapsed) - 15 ))
+  if [ "$LEFT" -lt 60 ]; then LEFT=60; fi
+  step "benchmark vs PyTorch ($LEFT s left)"
+  run_step bench env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/gpu/compare.py" --build "$BUILD" --out "$OUT" \
+    --deadline-s "$LEFT"
+fi
+
+step "done"
+if [ "${#FAILED[@]}" -gt 0 ]; then
+  echo "FAILED steps: ${FAILED[*]}"
+  exit 1
+fi
+echo "all steps passed"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Run HERE (the development machine), before a GPU session: collects the C++
+# build dependencies that the GPU machine's image may lack (CLI11 and
+# nlohmann-json headers with their CMake configs, libpng and zlib headers and
+# shared libraries, GoogleTest sources) into build-gpu-deps/, which .gitignore
+# covers (/build*/). Name it in the device tool's `carry`; check.sh uses it
+# when present. About 6 MB.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DEPS="$ROOT/build-gpu-deps"
+LIB=/usr/lib/x86_64-linux-gnu
+rm -rf "$DEPS"
+mkdir -p "$DEPS/src" "$DEPS/prefix/include" "$DEPS/prefix/lib" "$DEPS/prefix/share/cmake"
+cp -r /usr/src/googletest "$DEPS/src/googletest"
+cp -r /usr/include/CLI /usr/include/nlohmann "$DEPS/prefix/include/"
+cp -r /usr/share/cmake/CLI11 /usr/share/cmake/nlohmann_json "$DEPS/prefix/share/cmake/"
+cp -r /usr/include/png.h /usr/include/pngconf.h /usr/include/pnglibconf.h /usr/include/libpng16 \
+  /usr/include/zlib.h /usr/include/zconf.h "$DEPS/prefix/include/"
+# Plain copies under every name the linker or loader asks for (links may not travel).
+for name in libpng16.so.16 libpng16.so libpng.so; do cp -L "$LIB/libpng16.so.16" "$DEPS/prefix/lib/$name"; done
+for name in libz.so.1 libz.so; do cp -L "$LIB/libz.so.1" "$DEPS/prefix/lib/$name"; done
+du -sh "$DEPS"

@@ -1,0 +1,140 @@
+// The CUDA backend: tile-sparse flash attention on NVIDIA GPUs, plus the GPU
+// token permutation and small device-memory helpers.
+//
+// Plain C++: using it needs no CUDA header. Every tensor in an AttentionCall
+// given to this backend must be device memory of the current device. Malformed
+// calls give InvalidArgument (validate()); everything below, host pointers
+// included, gives Unsupported, checked before any launch:
+//   - q, k, v in bf16 or fp16 (o in fp32, bf16 or fp16; LSE fp32, any strides);
+//   - head dim 64 or 128;
+//   - the head dim contiguous (stride 1) and every (batch, token, head) row
+//     16-byte aligned: data pointers and the B, N and H strides in bytes are
+//     multiples of 16;
+//   - tile plans of 128 x 128 tiles, in the tensors' token order (temporal
+//     heads are permuted first: cuda_gather_heads / cuda_scatter_heads);
+//   - a GPU of compute capability 8.0 or newer with enough shared memory per block.
+// Without a GPU the backend still constructs; supports() says why it cannot
+// run and run() throws Unsupported.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "stsa/attention.hpp"
+#include "stsa/layout.hpp"
+#include "stsa/plan.hpp"
+#include "stsa/tensor.hpp"
+
+namespace stsa {
+
+// Number of usable CUDA devices; 0 when there is no driver or no GPU. Never throws.
+int cuda_device_count();
+// Why there is no usable device (the CUDA runtime's message), empty when there is one.
+std::string cuda_unavailable_reason();
+
+struct CudaDeviceInfo {
+  int index = -1;
+  std::string name;
+  int major = 0, minor = 0;  // compute capability
+  int multiprocessors = 0;
+  std::int64_t global_memory_bytes = 0;
+  std::int64_t l2_cache_bytes = 0;
+  std::int64_t shared_memory_per_block_optin = 0;
+  int driver_version = 0, runtime_version = 0;  // e.g. 13000
+};
+// Properties of `device` (-1: the current one). Throws Unsupported without a GPU.
+CudaDeviceInfo cuda_device_info(int device = -1);
+
+// Waits for all work on the current device; throws Error with CUDA's message
+// if a kernel failed. Throws Unsupported without a GPU.
+void cuda_synchronize();
+
+// An owning allocation of device memory on the current device.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  // Throws Unsupported without a GPU and ResourceError when the device is out of memory.
+  explicit DeviceBuffer(std::size_t bytes);
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  // Synchronous copies; the range [offset, offset + bytes) must lie in the buffer.
+  void copy_from_host(const void* src, std::size_t bytes, std::size_t offset = 0);
+  void copy_to_host(void* dst, std::size_t bytes, std::size_t offset = 0) const;
+  void fill_bytes(unsigned char value);
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// A tile plan copied to one device once (CSR lists, partial bitmasks and a
+// longest-first order of query tiles) and reused by every call, head and layer
+// that uses the plan. Keeps no reference to the host plan.
+class DevicePlan {
+ public:
+  // Uploads to the current device. Throws Unsupported without a GPU.
+  static std::shared_ptr<const DevicePlan> upload(const TilePlan& plan);
+  ~DevicePlan();
+  DevicePlan(const DevicePlan&) = delete;
+  DevicePlan& operator=(const DevicePlan&) = delete;
+
+  int device() const;
+  TileShape tile() const;
+  std::int64_t q_tiles() const;
+  std::int64_t kept_tiles() const;
+  std::int64_t device_bytes() const;
+
+  struct Arrays;  // device pointers, read by the kernels (src/cuda/device_plan_arrays.hpp)
+  const Arrays& arrays() const { return *arrays_; }
+
+ private:
+  DevicePlan();
+  std::unique_ptr<Arrays> arrays_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend();  // touches no GPU: safe in a build or on a machine without one
+  ~CudaBackend() override;
+  std::string_view name() const override { return "cuda"; }
+  Support supports(const AttentionCall& call) const override;
+  // Validates (see the top of this file), launches and waits for the result.
+  void run(const AttentionCall& call) const override;
+  // Validates and launches on `stream` (a cudaStream_t; nullptr: the default stream)
+  // without waiting; a kernel fault then surfaces at the next synchronisation.
+  void run_async(const AttentionCall& call, void* stream) const;
+
+  // The device copy of `plan` on the current device, uploaded on first use and
+  // cached while the host plan lives.
+  std::shared_ptr<const DevicePlan> device_plan(const std::shared_ptr<const TilePlan>& plan) const;
+  std::size_t cached_plans() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+std::unique_ptr<Backend> make_cuda_backend();
+
+// GPU versions of gather_heads / scatter_heads (permute.hpp), same arguments and
+// checks, on device tensors, enqueued on `stream` (nullptr: default stream).
+// Rows move as 16-byte vectors when the head dim is contiguous and rows are
+// 16-byte aligned, element by element otherwise.
+void cuda_gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+                       std::span<const TensorView> sources, std::span<const TensorView> packed,
+                       void* stream = nullptr);
+void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+                        std::span<const TensorView> packed, std::span<const TensorView> dests,
+                        const LseView& packed_lse = {}, const LseView& lse = {}, void* stream = nullptr);
+
+}  // namespace stsa

@@ -1,0 +1,88 @@
+// Online head routing: decide per head whether it is spatial, temporal (or
+// frame-window) or must stay dense, from a small sample of its own query rows.
+//
+// For each head the router takes S query rows (default 64) spread over all
+// frames (stratified, seeded, round-robin over the batch), computes their exact
+// attention output against all keys, and again under each candidate mask at
+// the configured kept density. The candidate with the lowest MSE of the sampled
+// outputs wins (Sparse VideoGen's rule; the relative L2 error is reported too).
+// If even the winner's relative L2 error is above max_rel_l2 the head stays
+// dense: a head is never forced into a mask that breaks it.
+//
+// Cost per head: 2 S N D FLOPs for the scores plus 2 S D (N + kept keys of each
+// candidate) for the outputs, i.e. O(S x N x D); the report gives the exact count.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "stsa/layout.hpp"
+#include "stsa/mask.hpp"
+#include "stsa/tensor.hpp"
+
+namespace stsa {
+
+enum class Route : std::uint8_t { Dense, Spatial, Temporal, FrameWindow };
+std::string_view to_string(Route route);
+Route parse_route(std::string_view name);  // "dense" | "spatial" | "temporal" | "frames"; throws InvalidArgument
+
+struct RouterOptions {
+  int samples = 64;                   // S query rows per head
+  double spatial_density = 0.25;      // kept fraction of each candidate mask
+  double temporal_density = 0.25;
+  double frame_window_density = 0.25;
+  bool try_frame_window = false;      // also consider the frame-window mask
+  double max_rel_l2 = 0.5;            // best candidate above this relative L2 error -> dense
+  bool anchor = true;                 // symmetric frame-0 anchor in every candidate
+  std::uint64_t seed = 1;
+  int threads = 0;                    // 0: all hardware threads
+  void validate() const;              // throws InvalidArgument naming the field and its range
+};
+
+// The mask a route runs with on `grid` under `options` (Dense -> MaskSpec::dense()).
+MaskSpec route_spec(const VideoGrid& grid, Route route, const RouterOptions& options);
+
+struct CandidateError {
+  Route route = Route::Spatial;
+  MaskSpec spec;
+  double mse = 0;     // mean over sampled rows and channels of (O_mask - O_dense)^2
+  double rel_l2 = 0;  // ||O_mask - O_dense|| / ||O_dense|| over the sampled rows
+};
+
+struct HeadRoute {
+  Route route = Route::Dense;
+  MaskSpec spec;                           // what the head runs with
+  std::vector<CandidateError> candidates;  // spatial, temporal[, frame window]; empty if given, not measured
+  const CandidateError* best() const;      // lowest MSE, nullptr when none
+};
+
+struct RoutingReport {
+  std::vector<HeadRoute> heads;              // one per routed head, in the order asked for
+  std::vector<std::int64_t> sampled_rows;    // token positions in tensor order
+  std::vector<std::int64_t> sampled_batch;   // batch index of each sampled row
+  double routing_ms = 0;
+  double flops = 0;  // floating-point operations of the sampled attention (scores and outputs)
+};
+
+class Router {
+ public:
+  explicit Router(RouterOptions options = {});
+  const RouterOptions& options() const { return options_; }
+
+  // The sampled (batch, position) pairs; throws InvalidArgument if samples > tokens.
+  void sample_rows(const VideoLayout& layout, TokenOrder order, std::vector<std::int64_t>& rows,
+                   std::vector<std::int64_t>& batch) const;
+
+  // Routes heads `heads` (all when empty) of q, k, v (logical [B, N, H, D], tokens in `order`).
+  // softmax_scale 0 means 1 / sqrt(D).
+  RoutingReport route(const VideoLayout& layout, const TensorView& q, const TensorView& k, const TensorView& v,
+                      TokenOrder order = TokenOrder::FrameMajor, float softmax_scale = 0.f,
+                      std::span<const std::int64_t> heads = {}) const;
+
+ private:
+  RouterOptions options_;
+};
+
+}  // namespace stsa

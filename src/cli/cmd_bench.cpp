@@ -1,0 +1,384 @@
+// `stsa bench`: the CPU backend, dense and sparse on the same random inputs,
+// timed in one run against this machine's measured FMA peak and checked
+// against the fp64 reference. (--dist hands over to cmd_bench_dist.cpp.)
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "cli/options.hpp"
+#include "stsa/attention.hpp"
+#include "stsa/cpu.hpp"
+#include "stsa/error.hpp"
+#include "stsa/flops.hpp"
+#include "stsa/plan.hpp"
+#include "stsa/reference.hpp"
+
+namespace stsa::cli {
+namespace {
+
+// N(0, 1) values rounded to the tensor's dtype; splitmix64 + Box-Muller, which
+// is fast enough for the hundreds of millions of values of the larger runs.
+void fill_normal(const TensorView& t, std::uint64_t seed) {
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+  auto next = [&state] {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  const std::int64_t count = t.numel();  // contiguous: filled in storage order
+  for (std::int64_t i = 0; i < count; i += 2) {
+    const double u1 = (double(next() >> 11) + 1.0) * 0x1p-53;  // (0, 1]
+    const double u2 = double(next() >> 11) * 0x1p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    store_from_float(t.data, t.dtype, i, float(r * std::cos(2.0 * M_PI * u2)));
+    if (i + 1 < count) store_from_float(t.data, t.dtype, i + 1, float(r * std::sin(2.0 * M_PI * u2)));
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double process_cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return 1e3 * double(t.tv_sec) + 1e-6 * double(t.tv_nsec);
+}
+
+struct Timings {
+  std::vector<double> wall_ms, cpu_ms;  // per timed run
+};
+
+// `repeats` timed runs after one warm-up: wall time and process CPU time.
+Timings time_runs(const Backend& backend, const AttentionCall& call, int repeats, Progress& progress) {
+  backend.run(call);
+  progress.update(1.0 / (repeats + 1));
+  Timings t;
+  for (int r = 0; r < repeats; ++r) {
+    const double cpu_start = process_cpu_ms();
+    const auto start = std::chrono::steady_clock::now();
+    backend.run(call);
+    t.wall_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    t.cpu_ms.push_back(process_cpu_ms() - cpu_start);
+    progress.update(double(r + 2) / (repeats + 1));
+  }
+  return t;
+}
+
+struct Errors {
+  double max_abs = 0, rel_l2 = 0, lse_max_abs = 0;
+};
+
+// The call's output on `rows` against the fp64 reference (what the plan computes when `computes` is set).
+Errors check_rows(const AttentionCall& call, const std::vector<std::int64_t>& rows, const PairPredicate& computes) {
+  std::vector<double> ref_o, ref_lse;
+  reference_rows(call, rows, ref_o, ref_lse, computes);
+  const VideoLayout& layout = call.layout;
+  const auto count = std::int64_t(rows.size());
+  const std::int64_t dims = layout.head_dim;
+  Errors e;
+  double err2 = 0, ref2 = 0;
+  for (std::int64_t b = 0; b < layout.batch; ++b)
+    for (std::int64_t r = 0; r < count; ++r)
+      for (std::int64_t h = 0; h < layout.heads; ++h) {
+        const std::int64_t i = rows[std::size_t(r)];
+        for (std::int64_t d = 0; d < dims; ++d) {
+          const double ref = ref_o[std::size_t(((b * count + r) * layout.heads + h) * dims + d)];
+          const double diff = std::abs(double(call.o.load(b, i, h, d)) - ref);
+          // NaN anywhere makes the error NaN, which the report shows as such.
+          e.max_abs = std::isnan(diff) || diff > e.max_abs ? diff : e.max_abs;
+          err2 += diff * diff;
+          ref2 += ref * ref;
+        }
+        const double ref_l = ref_lse[std::size_t((b * layout.heads + h) * count + r)];
+        const double got_l = call.lse.at(b, h, i);
+        const double diff = ref_l == got_l ? 0.0 : std::abs(got_l - ref_l);
+        e.lse_max_abs = std::isnan(diff) || diff > e.lse_max_abs ? diff : e.lse_max_abs;
+      }
+  e.rel_l2 = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  return e;
+}
+
+std::vector<std::int64_t> sample_rows(std::int64_t tokens, int count, std::uint64_t seed) {
+  std::vector<std::int64_t> rows;
+  if (count >= tokens) {
+    for (std::int64_t i = 0; i < tokens; ++i) rows.push_back(i);
+    return rows;
+  }
+  std::mt19937_64 rng(seed ^ 0x5DEECE66Dull);
+  std::uniform_int_distribution<std::int64_t> pick(0, tokens - 1);
+  while (std::int64_t(rows.size()) < count) {
+    const std::int64_t i = pick(rng);
+    if (std::find(rows.begin(), rows.end(), i) == rows.end()) rows.push_back(i);
+  }
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
+double json_number(double x) { return std::isfinite(x) ? x : std::numeric_limits<double>::quiet_NaN(); }
+
+void print_text(const nlohmann::json& r) {
+  const auto f = [&](const char* key) { return r[key].get<double>(); };
+  std::printf("grid %s: %lld tokens, batch %lld, %lld heads x %lld, %s, tiles %lldx%lld %s\n",
+              r["grid"].get<std::string>().c_str(), (long long)r["tokens"].get<std::int64_t>(),
+              (long long)r["batch"].get<std::int64_t>(), (long long)r["heads"].get<std::int64_t>(),
+              (long long)r["head_dim"].get<std::int64_t>(), r["dtype"].get<std::string>().c_str(),
+              (long long)r["tile"].get<std::int64_t>(), (long long)r["tile"].get<std::int64_t>(),
+              r["align"].get<std::string>().c_str());
+  std::printf("mask %s: kept fraction %.4f, tile density %.4f (%lld full, %lld partial tiles)\n",
+              r["mask"].get<std::string>().c_str(), f("kept_fraction"), f("tile_density"),
+              (long long)r["tiles_full"].get<std::int64_t>(), (long long)r["tiles_partial"].get<std::int64_t>());
+  std::printf("cpu backend: %s, %lld threads; FMA peak measured %.1f GFLOP/s\n", r["isa"].get<std::string>().c_str(),
+              (long long)r["threads"].get<std::int64_t>(), f("peak_gflops"));
+  std::printf("dense : %9.2f ms  %7.1f GFLOP/s  (%.2f of peak)\n", f("dense_ms"), f("dense_gflops"),
+              f("peak_fraction"));
+  std::printf("sparse: %9.2f ms  %7.1f GFLOP/s on kept tiles (%.2f of peak), %.1f dense-equivalent\n", f("sparse_ms"),
+              f("sparse_gflops_on_kept_tiles"), f("sparse_peak_fraction"), f("sparse_gflops_dense_equivalent"));
+  std::printf("speedup %.2fx (tile density %.3f: ideal %.2fx, %.0f%% of it)\n", f("speedup"), f("tile_density"),
+              f("ideal_speedup"), 100.0 * f("speedup") / f("ideal_speedup"));
+  std::printf("in CPU time (other jobs excluded): dense %.2f of peak, sparse kept tiles %.2f, speedup %.2fx\n",
+              f("peak_fraction_cpu_time"), f("sparse_peak_fraction_cpu_time"), f("speedup_cpu_time"));
+  std::printf(
+      "vs fp64 reference on %lld rows: sparse rel L2 %.2e, max abs %.2e, LSE %.2e; dense rel L2 %.2e, max abs "
+      "%.2e\n",
+      (long long)r["check_rows"].get<std::int64_t>(), f("rel_l2_err"), f("max_abs_err"), f("lse_max_abs_err"),
+      f("dense_rel_l2_err"), f("dense_max_abs_err"));
+}
+
+}  // namespace
+
+nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
+  // Everything is checked before anything large is allocated.
+  GridArgs grid_args;
+  grid_args.frames = args.frames;
+  grid_args.height = args.height;
+  grid_args.width = args.width;
+  grid_args.text = args.text;
+  grid_args.text_placement = args.text_placement;
+  const VideoGrid grid = grid_args.grid();
+  const VideoLayout layout{grid, args.batch, args.heads, args.head_dim};
+  layout.validate();
+  const MaskSpec spec = mask_by_name(grid, args.mask, args.density);
+  const DType dtype = parse_dtype(args.dtype);
+  STSA_CHECK(dtype == DType::F32 || dtype == DType::BF16, InvalidArgument, "--dtype must be fp32 or bf16, got '",
+             args.dtype, "'");
+  const Alignment alignment = parse_alignment(args.align);
+  const TileShape tile{args.tile, args.tile};
+  tile.validate();
+  STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
+             args.repeats);
+  STSA_CHECK(args.check_rows >= 0, InvalidArgument, "--check-rows must be >= 0, got ", args.check_rows);
+  const Isa isa = resolve_isa(parse_isa(args.isa));
+  const int threads = resolve_threads(args.threads);
+  const auto backend = make_cpu_backend({isa, threads});
+  {
+    AttentionCall shape_only;
+    shape_only.layout = layout;
+    const Support support = backend->supports(shape_only);
+    if (!support.ok) throw Unsupported(support.why);
+  }
+
+  const std::int64_t n = layout.tokens();
+  const double bytes = 5.0 * double(layout.batch) * double(n) * double(layout.heads) * double(layout.head_dim) *
+                       double(element_size(dtype));
+  const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  STSA_CHECK(memory <= 0 || bytes < 0.5 * memory, ResourceError, "the benchmark tensors need ", bytes / 1e9,
+             " GB, more than half of this machine's ", memory / 1e9, " GB");
+
+  // Temporal heads run in spatial-major order: random inputs are simply taken as already permuted.
+  const auto plan = TilePlan::build(grid, spec, tile, alignment);
+  const auto dense_plan = TilePlan::build(grid, MaskSpec::dense(), tile, Alignment::Exact);
+  Tensor q(dtype, layout.batch, n, layout.heads, layout.head_dim);
+  Tensor k(dtype, layout.batch, n, layout.heads, layout.head_dim);
+  Tensor v(dtype, layout.batch, n, layout.heads, layout.head_dim);
+  Tensor o_dense(dtype, layout.batch, n, layout.heads, layout.head_dim);
+  Tensor o_sparse(dtype, layout.batch, n, layout.heads, layout.head_dim);
+  LseBuffer lse_dense(layout.batch, layout.heads, n), lse_sparse(layout.batch, layout.heads, n);
+  fill_normal(q.view(), args.seed * 3 + 1);
+  fill_normal(k.view(), args.seed * 3 + 2);
+  fill_normal(v.view(), args.seed * 3 + 3);
+
+  AttentionCall dense;
+  dense.layout = layout;
+  dense.q = q.view();
+  dense.k = k.view();
+  dense.v = v.view();
+  dense.o = o_dense.view();
+  dense.lse = lse_dense.view();
+  dense.heads.assign(std::size_t(layout.heads), HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, dense_plan, true});
+  AttentionCall sparse = dense;
+  sparse.o = o_sparse.view();
+  sparse.lse = lse_sparse.view();
+  sparse.heads.assign(std::size_t(layout.heads), HeadMask{spec, spec.natural_order(), plan, true});
+
+  Timings dense_t, sparse_t;
+  {
+    Progress p("timing the dense kernel", progress);
+    dense_t = time_runs(*backend, dense, args.repeats, p);
+  }
+  {
+    Progress p("timing the sparse kernel", progress);
+    sparse_t = time_runs(*backend, sparse, args.repeats, p);
+  }
+  Errors sparse_err, dense_err;
+  const auto rows = sample_rows(n, args.check_rows, args.seed);
+  if (!rows.empty()) {
+    Progress p("checking against the fp64 reference", progress);
+    p.update(0.0);
+    // A rounded plan is checked against what it claims to compute; its deviation from the exact mask is in
+    // changed_pairs.
+    PairPredicate computes;
+    if (alignment == Alignment::Round)
+      computes = [&plan](std::int64_t, std::int64_t qp, std::int64_t kp) { return plan->computes(qp, kp); };
+    sparse_err = check_rows(sparse, rows, computes);
+    p.update(0.5);
+    dense_err = check_rows(dense, rows, {});
+    p.update(1.0);
+  }
+  double peak = 0;
+  {
+    Progress p("measuring the FMA peak", progress);
+    peak = measure_fma_peak_gflops(threads, 0.3);
+  }
+
+  const PlanStats& stats = plan->stats();
+  const double dense_s = median(dense_t.wall_ms) / 1e3, sparse_s = median(sparse_t.wall_ms) / 1e3;
+  const double dense_gflops = dense_attention_flops(layout) / dense_s / 1e9;
+  const double kept_gflops = kept_tile_flops(layout, *plan) / sparse_s / 1e9;
+  // The same from process CPU time spread over the threads: what the rates are
+  // while the threads actually run, so other jobs on the machine drop out.
+  const double dense_cpu_s = median(dense_t.cpu_ms) / 1e3 / threads;
+  const double sparse_cpu_s = median(sparse_t.cpu_ms) / 1e3 / threads;
+  const double dense_gflops_cpu = dense_attention_flops(layout) / dense_cpu_s / 1e9;
+  const double kept_gflops_cpu = kept_tile_flops(layout, *plan) / sparse_cpu_s / 1e9;
+  return {
+      {"command", "bench"},
+      {"backend", "cpu"},
+      {"grid", grid.describe()},
+      {"frames", grid.frames},
+      {"height", grid.height},
+      {"width", grid.width},
+      {"text", grid.text_tokens},
+      {"text_placement", std::string(to_string(grid.text_placement))},
+      {"tokens", n},
+      {"batch", layout.batch},
+      {"heads", layout.heads},
+      {"head_dim", layout.head_dim},
+      {"mask_kind", args.mask},
+      {"mask", spec.describe()},
+      {"density", args.density},
+      {"dtype", std::string(to_string(dtype))},
+      {"align", std::string(to_string(alignment))},
+      {"tile", args.tile},
+      {"isa", std::string(to_string(isa))},
+      {"threads", threads},
+      {"repeats", args.repeats},
+      {"check_rows", std::int64_t(rows.size())},
+      {"seed", args.seed},
+      {"kept_fraction", stats.kept_fraction()},
+      {"tile_density", stats.tile_density()},
+      {"tiles_full", stats.tiles_full},
+      {"tiles_partial", stats.tiles_partial},
+      {"tiles_empty", stats.tiles_empty},
+      {"changed_pairs", stats.changed_pairs},
+      {"dense_ms", median(dense_t.wall_ms)},
+      {"sparse_ms", median(sparse_t.wall_ms)},
+      {"dense_ms_runs", dense_t.wall_ms},
+      {"sparse_ms_runs", sparse_t.wall_ms},
+      {"speedup", dense_s / sparse_s},
+      {"ideal_speedup", 1.0 / stats.tile_density()},
+      {"dense_gflops", dense_gflops},
+      {"sparse_gflops_on_kept_tiles", kept_gflops},
+      {"sparse_gflops_dense_equivalent", dense_attention_flops(layout) / sparse_s / 1e9},
+      {"peak_gflops", peak},
+      {"peak_fraction", dense_gflops / peak},
+      {"sparse_peak_fraction", kept_gflops / peak},
+      {"dense_cpu_ms", median(dense_t.cpu_ms)},
+      {"sparse_cpu_ms", median(sparse_t.cpu_ms)},
+      {"speedup_cpu_time", dense_cpu_s / sparse_cpu_s},
+      {"dense_gflops_cpu_time", dense_gflops_cpu},
+      {"sparse_gflops_on_kept_tiles_cpu_time", kept_gflops_cpu},
+      {"peak_fraction_cpu_time", dense_gflops_cpu / peak},
+      {"sparse_peak_fraction_cpu_time", kept_gflops_cpu / peak},
+      {"rel_l2_err", json_number(sparse_err.rel_l2)},
+      {"max_abs_err", json_number(sparse_err.max_abs)},
+      {"lse_max_abs_err", json_number(sparse_err.lse_max_abs)},
+      {"dense_rel_l2_err", json_number(dense_err.rel_l2)},
+      {"dense_max_abs_err", json_number(dense_err.max_abs)},
+      {"dense_lse_max_abs_err", json_number(dense_err.lse_max_abs)},
+  };
+}
+
+void add_bench_command(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "time the CPU kernel, dense vs sparse, against this machine's FMA peak");
+  cmd->add_option("--frames", args->frames, "latent frames F (>= 1)")->capture_default_str();
+  cmd->add_option("--height", args->height, "tokens per frame, vertically (>= 1)")->capture_default_str();
+  cmd->add_option("--width", args->width, "tokens per frame, horizontally (>= 1)")->capture_default_str();
+  cmd->add_option("--text", args->text, "text tokens in joint self-attention (>= 0)")->capture_default_str();
+  cmd->add_option("--text-placement", args->text_placement, "text tokens before or after the video")
+      ->capture_default_str();
+  cmd->add_option("--batch", args->batch, "batch size")->capture_default_str();
+  cmd->add_option("--heads", args->heads, "attention heads")->capture_default_str();
+  cmd->add_option("--head-dim", args->head_dim, "head dimension (the CPU kernel has 64, 80, 96, 128)")
+      ->capture_default_str();
+  cmd->add_option("--mask", args->mask, "spatial | temporal | frames | dense")
+      ->check(CLI::IsMember(kMaskNames))
+      ->capture_default_str();
+  cmd->add_option("--density", args->density, "kept fraction of pairs, in [0, 1]")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "fp32 | bf16 (inputs and output)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--align", args->align, "exact | round (partial tiles become full or empty)")
+      ->check(CLI::IsMember({"exact", "round"}))
+      ->capture_default_str();
+  cmd->add_option("--tile", args->tile, "tile size (query rows = key columns; a multiple of 64)")
+      ->capture_default_str();
+  cmd->add_option("--threads", args->threads, "threads (0: STSA_THREADS or all)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  cmd->add_option("--isa", args->isa, "auto | scalar | avx2 | avx512")
+      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}))
+      ->capture_default_str();
+  cmd->add_option("--repeats", args->repeats, "timed runs (median; after one warm-up)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--check-rows", args->check_rows, "random rows checked against the fp64 reference")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "seed of the random inputs")->capture_default_str();
+  cmd->add_flag("--json", args->json, "print one JSON object");
+  cmd->add_flag("--dist", args->dist, "run the sequence-parallel benchmark under mpirun instead");
+  cmd->callback([args] {
+    if (args->dist) {
+      const int code = run_dist_bench(*args);
+      if (code != 0) {
+        std::fflush(stdout);
+        std::exit(code);
+      }
+      return;
+    }
+    const nlohmann::json record = run_cpu_bench(*args, /*progress=*/true);
+    if (args->json)
+      std::printf("%s\n", record.dump().c_str());
+    else
+      print_text(record);
+  });
+}
+
+}  // namespace stsa::cli

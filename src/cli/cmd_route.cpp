@@ -1,0 +1,263 @@
+// `stsa route`: route every head of one attention call (synthetic heads with a
+// known kind, or Q/K/V dumped from a model), run the routed sparse attention on
+// a backend and report decisions, errors and costs.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "cli/commands.hpp"
+#include "cli/options.hpp"
+#include "stsa/attention.hpp"
+#include "stsa/error.hpp"
+#include "stsa/io.hpp"
+#include "stsa/permute.hpp"
+#include "stsa/route_eval.hpp"
+#include "stsa/routed.hpp"
+#include "stsa/router.hpp"
+#include "stsa/synth.hpp"
+
+namespace stsa::cli {
+namespace {
+
+struct RouteArgs {
+  GridArgs grid;
+  bool synthetic = false;
+  std::string q_path, k_path, v_path;
+  std::string tensor, q_tensor, k_tensor, v_tensor;
+  std::int64_t batch = 1, heads = 16, head_dim = 64;
+  std::string dtype = "fp32";
+  double density = 0.25;
+  int samples = 64;
+  double max_rel_l2 = 0.5;
+  bool frame_window = false;
+  std::int64_t seed = 1;
+  std::string backend = "cpu";
+  std::int64_t eval_rows = 128;
+  bool json = false;
+};
+
+struct Inputs {
+  VideoLayout layout;
+  Tensor q, k, v;
+  std::vector<Route> truth;  // empty without ground truth
+};
+
+// One of q/k/v from a file: [N, H, D] or [B, N, H, D], N matching the grid.
+io::HostArray load(const std::string& what, const std::string& path, const std::string& tensor,
+                   const VideoGrid& grid) {
+  io::HostArray a = io::read_array(path, tensor);
+  STSA_CHECK(a.shape.size() == 3 || a.shape.size() == 4, InvalidArgument, path, ": ", what,
+             " must have shape [N, H, D] or [B, N, H, D], got ", a.shape.size(), " dimensions");
+  if (a.shape.size() == 3) a.shape.insert(a.shape.begin(), 1);
+  for (std::int64_t d : a.shape) STSA_CHECK(d >= 1, InvalidArgument, path, ": ", what, " has an empty dimension");
+  STSA_CHECK(a.shape[1] == grid.tokens(), InvalidArgument, path, ": ", what, " has ", a.shape[1],
+             " tokens but the grid ", grid.describe(), " has ", grid.tokens());
+  return a;
+}
+
+Inputs read_inputs(const RouteArgs& args, const VideoGrid& grid) {
+  STSA_CHECK(!args.q_path.empty() && !args.k_path.empty() && !args.v_path.empty(), InvalidArgument,
+             "give --synthetic, or all of --q, --k and --v");
+  auto name = [&](const std::string& own) { return own.empty() ? args.tensor : own; };
+  io::HostArray q = load("q", args.q_path, name(args.q_tensor), grid);
+  io::HostArray k = load("k", args.k_path, name(args.k_tensor), grid);
+  io::HostArray v = load("v", args.v_path, name(args.v_tensor), grid);
+  STSA_CHECK(k.shape == q.shape && v.shape == q.shape, InvalidArgument, "q, k and v shapes differ (", args.q_path,
+             ", ", args.k_path, ", ", args.v_path, ")");
+  STSA_CHECK(k.dtype == q.dtype && v.dtype == q.dtype, InvalidArgument, "q, k and v dtypes differ (",
+             to_string(q.dtype), ", ", to_string(k.dtype), ", ", to_string(v.dtype), ")");
+  Inputs in;
+  in.layout = VideoLayout{grid, q.shape[0], q.shape[2], q.shape[3]};
+  in.layout.validate();
+  auto to_tensor = [&](const io::HostArray& a) {
+    Tensor t(a.dtype, in.layout.batch, in.layout.tokens(), in.layout.heads, in.layout.head_dim);
+    std::memcpy(t.view().data, a.data.data(), a.data.size());
+    return t;
+  };
+  in.q = to_tensor(q);
+  in.k = to_tensor(k);
+  in.v = to_tensor(v);
+  return in;
+}
+
+Inputs make_inputs(const RouteArgs& args, const VideoGrid& grid) {
+  if (!args.synthetic) return read_inputs(args, grid);
+  STSA_CHECK(args.q_path.empty() && args.k_path.empty() && args.v_path.empty(), InvalidArgument,
+             "--synthetic and --q/--k/--v exclude each other");
+  synth::Options o;
+  o.grid = grid;
+  o.batch = args.batch;
+  o.heads = args.heads;
+  o.head_dim = args.head_dim;
+  o.dtype = parse_dtype(args.dtype);
+  o.seed = std::uint64_t(args.seed);
+  synth::Data d = synth::make_video_tokens(o);
+  return Inputs{d.layout, std::move(d.q), std::move(d.k), std::move(d.v), std::move(d.truth)};
+}
+
+nlohmann::json route_record(const RouteArgs& args) {
+  const VideoGrid grid = args.grid.grid();
+  RouterOptions ro;
+  ro.samples = args.samples;
+  ro.spatial_density = ro.temporal_density = ro.frame_window_density = args.density;
+  ro.try_frame_window = args.frame_window;
+  ro.max_rel_l2 = args.max_rel_l2;
+  STSA_CHECK(args.seed >= 0, InvalidArgument, "--seed must be >= 0, got ", args.seed);
+  ro.seed = std::uint64_t(args.seed);
+  ro.validate();
+  STSA_CHECK(args.eval_rows >= 0, InvalidArgument, "--eval-rows must be >= 0 (0: all rows), got ", args.eval_rows);
+  const Backend& backend = stsa::backend(args.backend);
+  const Router router(ro);
+
+  Inputs in = make_inputs(args, grid);
+  const VideoLayout& layout = in.layout;
+  std::vector<std::int64_t> rows, batch;
+  router.sample_rows(layout, TokenOrder::FrameMajor, rows, batch);  // S > N fails here, before any work
+
+  Tensor o(DType::F32, layout.batch, layout.tokens(), layout.heads, layout.head_dim);
+  LseBuffer lse(layout.batch, layout.heads, layout.tokens());
+  RoutedCall call{layout, in.q.view(), in.k.view(), in.v.view(), o.view(), lse.view()};
+  PlanCache plans;
+  // Refuse what the backend cannot run before spending time on routing.
+  {
+    AttentionCall probe;
+    probe.layout = layout;
+    probe.q = call.q;
+    probe.k = call.k;
+    probe.v = call.v;
+    probe.o = call.o;
+    probe.heads.assign(std::size_t(layout.heads), HeadMask{});
+    const Support s = backend.supports(probe);
+    STSA_CHECK(s.ok, Unsupported, "backend ", args.backend, ": ", s.why);
+  }
+
+  const RoutingReport report = router.route(layout, call.q, call.k, call.v);
+  const RoutedResult run = run_routed(backend, plans, call, report.heads);
+  const RouteEvaluation eval = evaluate_routes(layout, call.q, call.k, call.v, call.o, report.heads, args.eval_rows,
+                                               std::uint64_t(args.seed));
+  const double copy_gbps = measure_copy_gbps();
+
+  nlohmann::json per_head = nlohmann::json::array(), decisions = nlohmann::json::array();
+  std::int64_t correct = 0;
+  for (std::size_t h = 0; h < report.heads.size(); ++h) {
+    const HeadRoute& r = report.heads[h];
+    nlohmann::json candidates = nlohmann::json::array();
+    for (const auto& c : r.candidates)
+      candidates.push_back({{"mask", std::string(to_string(c.route))}, {"spec", c.spec.describe()}, {"mse", c.mse},
+                            {"rel_l2", c.rel_l2}});
+    nlohmann::json entry = {{"head", h},
+                            {"decision", std::string(to_string(r.route))},
+                            {"mask", r.spec.describe()},
+                            {"candidates", candidates},
+                            {"rel_l2_err", eval.reference_squared[h] > 0
+                                               ? std::sqrt(eval.routed_squared_error[h] / eval.reference_squared[h])
+                                               : 0.0}};
+    if (!in.truth.empty()) {
+      entry["truth"] = std::string(to_string(in.truth[h]));
+      correct += r.route == in.truth[h];
+    }
+    per_head.push_back(entry);
+    decisions.push_back(std::string(to_string(r.route)));
+  }
+  const std::vector<Route> temporal{Route::Temporal}, spatial{Route::Spatial};
+  const double overhead_ms = report.routing_ms + run.permutation_ms;
+  return {
+      {"grid", grid.describe()},
+      {"tokens", layout.tokens()},
+      {"batch", layout.batch},
+      {"heads", layout.heads},
+      {"head_dim", layout.head_dim},
+      {"dtype", std::string(to_string(in.q.dtype()))},
+      {"source", args.synthetic ? "synthetic" : "files"},
+      {"density", args.density},
+      {"samples", args.samples},
+      {"backend", std::string(backend.name())},
+      {"accuracy", in.truth.empty() ? nlohmann::json(nullptr)
+                                    : nlohmann::json(double(correct) / double(layout.heads))},
+      {"decisions", decisions},
+      {"per_head", per_head},
+      {"eval_rows", eval.rows.size()},
+      {"rel_l2_err", eval.rel_l2(eval.routed_squared_error, report.heads)},
+      {"rel_l2_err_first_block_anchor", eval.rel_l2(eval.first_block_squared_error, report.heads)},
+      {"rel_l2_err_temporal", eval.rel_l2(eval.routed_squared_error, report.heads, temporal)},
+      {"rel_l2_err_first_block_anchor_temporal", eval.rel_l2(eval.first_block_squared_error, report.heads, temporal)},
+      {"rel_l2_err_spatial", eval.rel_l2(eval.routed_squared_error, report.heads, spatial)},
+      {"rel_l2_err_first_block_anchor_spatial", eval.rel_l2(eval.first_block_squared_error, report.heads, spatial)},
+      {"routing_ms", report.routing_ms},
+      {"routing_gflop", report.flops / 1e9},
+      {"attention_ms", run.attention_ms},
+      {"attention_gflop", run.kept_tile_flops / 1e9},
+      {"permutation_ms", run.permutation_ms},
+      {"permutation_gbps", run.permutation_gbps()},
+      {"copy_gbps", copy_gbps},
+      {"routing_share", run.attention_ms > 0 ? overhead_ms / run.attention_ms : 0.0},
+  };
+}
+
+void print_text(const nlohmann::json& r) {
+  std::printf("grid %s, %lld heads x %lld dims, %s %s inputs, density %.3f, backend %s\n",
+              r["grid"].get<std::string>().c_str(), (long long)r["heads"].get<std::int64_t>(),
+              (long long)r["head_dim"].get<std::int64_t>(), r["source"].get<std::string>().c_str(),
+              r["dtype"].get<std::string>().c_str(), r["density"].get<double>(), r["backend"].get<std::string>().c_str());
+  for (const auto& h : r["per_head"]) {
+    std::printf("head %3lld: %-8s", (long long)h["head"].get<std::int64_t>(), h["decision"].get<std::string>().c_str());
+    for (const auto& c : h["candidates"])
+      std::printf("  %s mse %.3e rel %.4f", c["mask"].get<std::string>().c_str(), c["mse"].get<double>(),
+                  c["rel_l2"].get<double>());
+    if (h.contains("truth")) std::printf("  [truth %s]", h["truth"].get<std::string>().c_str());
+    std::printf("\n");
+  }
+  if (!r["accuracy"].is_null()) std::printf("accuracy against ground truth: %.4f\n", r["accuracy"].get<double>());
+  std::printf("rel_l2_err vs dense (%lld rows): %.5f routed; %.5f with the first-block anchor "
+              "(temporal heads %.5f vs %.5f, spatial heads %.5f vs %.5f)\n",
+              (long long)r["eval_rows"].get<std::int64_t>(), r["rel_l2_err"].get<double>(),
+              r["rel_l2_err_first_block_anchor"].get<double>(), r["rel_l2_err_temporal"].get<double>(),
+              r["rel_l2_err_first_block_anchor_temporal"].get<double>(), r["rel_l2_err_spatial"].get<double>(),
+              r["rel_l2_err_first_block_anchor_spatial"].get<double>());
+  std::printf("routing %.2f ms (%.3f GFLOP), permutation %.2f ms (%.2f GB/s, copy %.2f GB/s), attention %.2f ms; "
+              "routing + permutation = %.2f%% of attention\n",
+              r["routing_ms"].get<double>(), r["routing_gflop"].get<double>(), r["permutation_ms"].get<double>(),
+              r["permutation_gbps"].get<double>(), r["copy_gbps"].get<double>(), r["attention_ms"].get<double>(),
+              100.0 * r["routing_share"].get<double>());
+}
+
+}  // namespace
+
+void add_route_command(CLI::App& app) {
+  auto args = std::make_shared<RouteArgs>();
+  args->grid.frames = 13;
+  args->grid.height = 12;
+  args->grid.width = 16;
+  CLI::App* cmd = app.add_subcommand("route", "route every head to a spatial, temporal or dense mask and report errors");
+  add_grid_options(cmd, args->grid);
+  cmd->add_flag("--synthetic", args->synthetic, "synthetic heads with known kinds (not model data)");
+  cmd->add_option("--q", args->q_path, "queries: .npy or .safetensors, shape [N, H, D] or [B, N, H, D]");
+  cmd->add_option("--k", args->k_path, "keys (same shape and dtype as --q)");
+  cmd->add_option("--v", args->v_path, "values (same shape and dtype as --q)");
+  cmd->add_option("--tensor", args->tensor, "tensor name inside .safetensors files");
+  cmd->add_option("--q-tensor", args->q_tensor, "tensor name for --q (overrides --tensor)");
+  cmd->add_option("--k-tensor", args->k_tensor, "tensor name for --k (overrides --tensor)");
+  cmd->add_option("--v-tensor", args->v_tensor, "tensor name for --v (overrides --tensor)");
+  cmd->add_option("--batch", args->batch, "synthetic: batch entries")->capture_default_str();
+  cmd->add_option("--heads", args->heads, "synthetic: heads")->capture_default_str();
+  cmd->add_option("--head-dim", args->head_dim, "synthetic: head dimension (even)")->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "synthetic: fp32 | bf16 | fp16")->capture_default_str();
+  cmd->add_option("--density", args->density, "kept fraction of each candidate mask, in [0, 1]")->capture_default_str();
+  cmd->add_option("--samples", args->samples, "sampled query rows per head (<= tokens)")->capture_default_str();
+  cmd->add_option("--max-rel-l2", args->max_rel_l2, "heads whose best mask errs more stay dense (>= 0)")
+      ->capture_default_str();
+  cmd->add_flag("--frame-window", args->frame_window, "also try the frame-window mask");
+  cmd->add_option("--seed", args->seed, "seed of the samples and the synthetic data")->capture_default_str();
+  cmd->add_option("--backend", args->backend, "attention backend: cpu | reference")->capture_default_str();
+  cmd->add_option("--eval-rows", args->eval_rows, "rows checked against fp64 dense attention (0: all)")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "print one JSON object");
+  cmd->callback([args] {
+    const nlohmann::json record = route_record(*args);
+    if (args->json) std::printf("%s\n", record.dump().c_str());
+    else print_text(record);
+  });
+}
+
+}  // namespace stsa::cli

@@ -1,0 +1,295 @@
+// The CPU backend: checks the call, packs K/V of each (batch, head) once, and
+// spreads (batch, head, query tile) work items over a thread pool; the math is
+// in kernel_impl.hpp, compiled per instruction set.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/isa.hpp"
+#include "cpu/kernel.hpp"
+#include "cpu/pack.hpp"
+#include "cpu/thread_pool.hpp"
+#include "stsa/cpu.hpp"
+#include "stsa/error.hpp"
+
+namespace stsa {
+namespace cpu {
+namespace {
+
+// K/V panels of the (batch, head) pairs packed at once stay under this (one pair always fits).
+constexpr std::int64_t kPanelBudgetBytes = std::int64_t(128) << 20;
+
+// 64-byte aligned float storage (whole cache lines for the SIMD loads).
+class FloatBuffer {
+ public:
+  void resize(std::int64_t count) {
+    if (count <= size_) return;
+    const std::size_t bytes = (std::size_t(count) * sizeof(float) + 63) / 64 * 64;
+    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    if (p == nullptr) throw ResourceError(detail::concat("cpu backend: cannot allocate ", bytes, " bytes"));
+    data_.reset(p);
+    size_ = count;
+  }
+  float* data() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data_;
+  std::int64_t size_ = 0;
+};
+
+AttendFn kernel_for(Isa isa, std::int64_t head_dim) {
+  if (head_dim <= 0 || head_dim > 1024) return nullptr;
+  switch (isa) {
+    case Isa::Avx512: return attend_avx512(int(head_dim));
+    case Isa::Avx2: return attend_avx2(int(head_dim));
+    default: return attend_scalar(int(head_dim));
+  }
+}
+
+int threads_from(int requested, std::string& why) {
+  if (requested > 0) return requested;
+  if (const char* env = std::getenv("STSA_THREADS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (*end != '\0' || n < 0 || n > 4096) {
+      why = detail::concat("STSA_THREADS='", env, "' is not a thread count in [0, 4096]");
+      return 1;
+    }
+    if (n > 0) return int(n);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// One (batch, head) to compute, and where its packed K/V live.
+struct PairWork {
+  std::int64_t batch = 0, head = 0;
+  const TilePlan* plan = nullptr;
+  std::int64_t panel_offset = 0;  // floats into the chunk's panel buffer (Kt panel, then V panel)
+  std::int64_t panel_floats = 0;
+  bool v_nonfinite = false;
+};
+
+struct TileItem {
+  std::int32_t pair = 0;
+  std::int32_t q_tile = 0;
+  double cost = 0;
+};
+
+struct WorkerScratch {
+  FloatBuffer q, o, m, l, s;
+  std::vector<const std::uint64_t*> masks;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(CpuOptions options) : isa_(choose_isa(options.isa)) {
+    threads_ = threads_from(options.threads, config_error_);
+    if (!isa_.why.empty()) config_error_ = isa_.why;
+  }
+
+  std::string_view name() const override { return "cpu"; }
+
+  Support supports(const AttentionCall& call) const override {
+    if (!config_error_.empty()) return {false, "cpu backend: " + config_error_};
+    if (kernel_for(isa_.isa, call.layout.head_dim) == nullptr)
+      return {false, detail::concat("cpu backend supports head dims 64, 80, 96 and 128, got ", call.layout.head_dim)};
+    return {};
+  }
+
+  void run(const AttentionCall& call) const override {
+    validate(call, /*require_plans=*/true);
+    const Support support = supports(call);
+    if (!support.ok) throw Unsupported(support.why);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!pool_) pool_ = std::make_unique<ThreadPool>(threads_);
+    try {
+      compute(call);
+    } catch (const std::bad_alloc&) {
+      throw ResourceError("cpu backend: out of memory for the packed K/V panels or scratch buffers");
+    }
+  }
+
+ private:
+  void compute(const AttentionCall& call) const {
+    const VideoLayout& layout = call.layout;
+    const std::int64_t d = layout.head_dim;
+    const AttendFn attend = kernel_for(isa_.isa, d);
+    // Q only takes the scale's sign (exact); its magnitude goes into the kernel's exp2.
+    const float q_scale = call.scale() < 0 ? -1.0f : 1.0f;
+    const double score_scale = std::abs(double(call.scale()));
+    const float exp_scale = float(score_scale * 1.44269504088896340736);
+
+    std::vector<PairWork> pairs;
+    for (std::int64_t b = 0; b < layout.batch; ++b)
+      for (std::int64_t h = 0; h < layout.heads; ++h)
+        if (call.heads[std::size_t(h)].compute) pairs.push_back({b, h, call.heads[std::size_t(h)].plan.get()});
+
+    // Scratch sized for the largest tile shape any head uses.
+    std::int64_t max_q = 1, max_k = 64, max_partial = 0;
+    for (const auto& p : pairs) {
+      max_q = std::max<std::int64_t>(max_q, p.plan->tile().q);
+      max_k = std::max<std::int64_t>(max_k, p.plan->tile().k);
+      for (std::int64_t t = 0; t < p.plan->q_tiles(); ++t)
+        max_partial = std::max<std::int64_t>(max_partial, std::int64_t(p.plan->partial_tiles(t).size()));
+    }
+    std::vector<WorkerScratch>& scratch = scratch_;
+    scratch.resize(std::size_t(pool_->size()));
+    for (auto& w : scratch) {
+      w.q.resize(max_q * d);
+      w.o.resize(max_q * d);
+      w.m.resize(max_q);
+      w.l.resize(max_q);
+      w.s.resize(std::int64_t(kScratchRows) * max_k);
+      if (w.masks.size() < std::size_t(max_partial)) w.masks.resize(std::size_t(max_partial));
+    }
+
+    FloatBuffer& panels = panels_;
+    std::size_t first = 0;
+    while (first < pairs.size()) {
+      // A chunk of pairs whose panels fit the budget.
+      std::size_t last = first;
+      std::int64_t floats = 0;
+      while (last < pairs.size()) {
+        const TilePlan& plan = *pairs[last].plan;
+        const std::int64_t need = 2 * plan.k_tiles() * plan.tile().k * d;
+        if (last > first && (floats + need) * std::int64_t(sizeof(float)) > kPanelBudgetBytes) break;
+        pairs[last].panel_offset = floats;
+        pairs[last].panel_floats = need;
+        floats += need;
+        ++last;
+      }
+      panels.resize(floats);
+      run_chunk(call, pairs, first, last, panels.data(), attend, q_scale, exp_scale, score_scale, scratch);
+      first = last;
+    }
+  }
+
+  void run_chunk(const AttentionCall& call, std::vector<PairWork>& pairs, std::size_t first, std::size_t last,
+                 float* panels, AttendFn attend, float q_scale, float exp_scale, double score_scale,
+                 std::vector<WorkerScratch>& scratch) const {
+    const std::int64_t d = call.layout.head_dim;
+    const std::int64_t n = call.layout.tokens();
+
+    // Phase 1: pack the key tiles some query tile uses, each once.
+    struct PackItem {
+      std::size_t pair;
+      std::int32_t tile;
+    };
+    std::vector<PackItem> packs;
+    for (std::size_t p = first; p < last; ++p) {
+      const TilePlan& plan = *pairs[p].plan;
+      std::vector<char> used(std::size_t(plan.k_tiles()), 0);
+      for (std::int64_t t = 0; t < plan.q_tiles(); ++t) {
+        for (std::int32_t k : plan.full_tiles(t)) used[std::size_t(k)] = 1;
+        for (std::int32_t k : plan.partial_tiles(t)) used[std::size_t(k)] = 1;
+      }
+      for (std::int64_t k = 0; k < plan.k_tiles(); ++k)
+        if (used[std::size_t(k)]) packs.push_back({p, std::int32_t(k)});
+    }
+    std::vector<char> nonfinite(packs.size(), 0);
+    pool_->parallel_for(std::int64_t(packs.size()), [&](std::int64_t i, int) {
+      const PairWork& pw = pairs[packs[std::size_t(i)].pair];
+      const std::int64_t tile_k = pw.plan->tile().k;
+      const std::int64_t tile = packs[std::size_t(i)].tile;
+      float* kt = panels + pw.panel_offset + tile * d * tile_k;
+      float* v = panels + pw.panel_offset + pw.panel_floats / 2 + tile * tile_k * d;
+      nonfinite[std::size_t(i)] = pack_kv_tile(call.k, call.v, pw.batch, pw.head, tile, int(tile_k), kt, v);
+    });
+    for (std::size_t i = 0; i < packs.size(); ++i)
+      if (nonfinite[i]) pairs[packs[i].pair].v_nonfinite = true;
+
+    // Phase 2: every query tile of the chunk, most kept tiles first so the tail of the loop is short.
+    std::vector<TileItem> items;
+    for (std::size_t p = first; p < last; ++p) {
+      const TilePlan& plan = *pairs[p].plan;
+      for (std::int64_t t = 0; t < plan.q_tiles(); ++t) {
+        const double rows = double(std::min<std::int64_t>(plan.tile().q, n - t * plan.tile().q));
+        const double tiles = double(plan.full_tiles(t).size()) + 1.25 * double(plan.partial_tiles(t).size());
+        items.push_back({std::int32_t(p), std::int32_t(t), rows * (tiles + 0.05)});
+      }
+    }
+    std::stable_sort(items.begin(), items.end(), [](const TileItem& a, const TileItem& b) { return a.cost > b.cost; });
+
+    pool_->parallel_for(std::int64_t(items.size()), [&](std::int64_t i, int worker) {
+      const TileItem& item = items[std::size_t(i)];
+      const PairWork& pw = pairs[std::size_t(item.pair)];
+      const TilePlan& plan = *pw.plan;
+      WorkerScratch& w = scratch[std::size_t(worker)];
+      const std::int64_t tile_q = plan.tile().q, tile_k = plan.tile().k;
+      const std::int64_t q0 = std::int64_t(item.q_tile) * tile_q;
+      const int rows = int(std::min<std::int64_t>(tile_q, n - q0));
+      for (int r = 0; r < rows; ++r) load_row(call.q, pw.batch, q0 + r, pw.head, q_scale, w.q.data() + r * d);
+
+      const auto full = plan.full_tiles(item.q_tile);
+      const auto partial = plan.partial_tiles(item.q_tile);
+      const auto ids = plan.partial_mask_ids(item.q_tile);
+      for (std::size_t j = 0; j < partial.size(); ++j) w.masks[j] = plan.mask(ids[j]);
+
+      QueryTileJob job;
+      job.q = w.q.data();
+      job.exp_scale = exp_scale;
+      job.rows = rows;
+      job.tile_k = int(tile_k);
+      job.tokens = n;
+      job.kv.kt = panels + pw.panel_offset;
+      job.kv.v = panels + pw.panel_offset + pw.panel_floats / 2;
+      job.kv.v_nonfinite = pw.v_nonfinite;
+      job.full = full.data();
+      job.n_full = int(full.size());
+      job.partial = partial.data();
+      job.partial_masks = w.masks.data();
+      job.n_partial = int(partial.size());
+      job.mask_words = plan.mask_words_per_row();
+      job.o = w.o.data();
+      job.m = w.m.data();
+      job.l = w.l.data();
+      job.scratch = w.s.data();
+      attend(job);
+      store_rows(call.o, call.lse, pw.batch, pw.head, q0, rows, job.o, job.m, job.l, score_scale);
+    });
+  }
+
+  IsaChoice isa_;
+  int threads_ = 1;
+  std::string config_error_;
+  mutable std::mutex mutex_;
+  mutable std::unique_ptr<ThreadPool> pool_;  // started on the first run
+  // Kept across runs (guarded by mutex_): fresh pages would be faulted in on every call.
+  mutable FloatBuffer panels_;
+  mutable std::vector<WorkerScratch> scratch_;
+};
+
+}  // namespace
+}  // namespace cpu
+
+Isa resolve_isa(Isa requested) {
+  const cpu::IsaChoice choice = cpu::choose_isa(requested);
+  if (!choice.why.empty()) throw Unsupported("cpu backend: " + choice.why);
+  return choice.isa;
+}
+
+int resolve_threads(int requested) {
+  STSA_CHECK(requested >= 0 && requested <= 4096, InvalidArgument, "threads must be in [0, 4096] (0: all), got ",
+             requested);
+  std::string why;
+  const int threads = cpu::threads_from(requested, why);
+  if (!why.empty()) throw InvalidArgument(why);
+  return threads;
+}
+
+std::unique_ptr<Backend> make_cpu_backend(CpuOptions options) {
+  STSA_CHECK(options.threads >= 0 && options.threads <= 4096, InvalidArgument,
+             "cpu backend: threads must be in [0, 4096] (0: all), got ", options.threads);
+  return std::make_unique<cpu::CpuBackend>(options);
+}
+
+}  // namespace stsa

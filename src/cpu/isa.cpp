@@ -1,0 +1,93 @@
+#include "cpu/isa.hpp"
+
+#include <cstdlib>
+#include <string_view>
+
+#include "stsa/error.hpp"
+
+namespace stsa {
+
+std::string_view to_string(Isa isa) {
+  switch (isa) {
+    case Isa::Auto:
+      return "auto";
+    case Isa::Scalar:
+      return "scalar";
+    case Isa::Avx2:
+      return "avx2";
+    case Isa::Avx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+Isa parse_isa(std::string_view name) {
+  if (name == "auto") return Isa::Auto;
+  if (name == "scalar") return Isa::Scalar;
+  if (name == "avx2") return Isa::Avx2;
+  if (name == "avx512") return Isa::Avx512;
+  throw InvalidArgument(detail::concat("unknown instruction set '", name, "' (expected auto, scalar, avx2 or avx512)"));
+}
+
+Isa best_isa() {
+  const Isa machine = cpu::machine_best_isa();
+  const char* env = std::getenv("STSA_ISA");
+  if (env == nullptr || *env == '\0') return machine;
+  const Isa cap = parse_isa(env);
+  if (cap == Isa::Auto) return machine;
+  // Isa values are ordered Scalar < Avx2 < Avx512, so the cap is a minimum.
+  return cap < machine ? cap : machine;
+}
+
+namespace cpu {
+
+bool machine_supports(Isa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::Auto:
+    case Isa::Scalar:
+      return true;
+    case Isa::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Isa::Avx512:
+      // Everything the *_avx512.cpp files are compiled with, since the compiler may use any of it.
+      return machine_supports(Isa::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512bf16");
+  }
+  return false;
+}
+
+Isa machine_best_isa() {
+  if (machine_supports(Isa::Avx512)) return Isa::Avx512;
+  if (machine_supports(Isa::Avx2)) return Isa::Avx2;
+  return Isa::Scalar;
+}
+
+IsaChoice choose_isa(Isa requested) {
+  IsaChoice choice;
+  if (requested == Isa::Auto) {
+    // STSA_ISA picks the instruction set; naming one this CPU lacks is an error, not a silent downgrade.
+    try {
+      const char* env = std::getenv("STSA_ISA");
+      const Isa from_env = env != nullptr && *env != '\0' ? parse_isa(env) : Isa::Auto;
+      if (from_env != Isa::Auto && !machine_supports(from_env)) {
+        choice.why =
+            detail::concat("STSA_ISA=", env, " but this CPU lacks it (best: ", to_string(machine_best_isa()), ")");
+        return choice;
+      }
+      choice.isa = best_isa();
+    } catch (const InvalidArgument& e) {
+      choice.why = detail::concat("STSA_ISA: ", e.what());
+    }
+    return choice;
+  }
+  choice.isa = requested;
+  if (!machine_supports(requested))
+    choice.why = detail::concat("instruction set ", to_string(requested),
+                                " was requested but this CPU lacks it (best: ", to_string(machine_best_isa()), ")");
+  return choice;
+}
+
+}  // namespace cpu
+}  // namespace stsa

@@ -1,0 +1,23 @@
+// Which instruction set the CPU kernels may use on this machine.
+#pragma once
+
+#include <string>
+
+#include "stsa/cpu.hpp"
+
+namespace stsa::cpu {
+
+// True when this CPU (and OS) can run the kernels built for `isa`. Auto and Scalar: always.
+bool machine_supports(Isa isa);
+// The best instruction set of this machine, ignoring STSA_ISA.
+Isa machine_best_isa();
+// The instruction set a backend built with `requested` runs: an explicit request
+// is taken as is, Auto means best_isa(). Returns an empty `why` when this machine
+// can run it, otherwise the reason (the backend then reports Unsupported).
+struct IsaChoice {
+  Isa isa = Isa::Scalar;
+  std::string why;
+};
+IsaChoice choose_isa(Isa requested);
+
+}  // namespace stsa::cpu

@@ -1,0 +1,59 @@
+// The per-instruction-set attention kernel's interface: one query tile of one
+// (batch, head) against the key tiles its plan lists, on fp32 panels packed by
+// pack.cpp. Plain pointers only, so the *_avx512.cpp / *_avx2.cpp files that
+// implement it include no library headers (their inline functions would
+// otherwise be compiled with instructions other CPUs lack and could be picked
+// by the linker for everyone).
+#pragma once
+
+#include <cstdint>
+
+namespace stsa::cpu {
+
+// K and V of one (batch, head), packed once and shared by all its query tiles.
+struct KvPanels {
+  const float* kt = nullptr;   // per key tile t: [head_dim][tile_k] (K transposed), at kt + t * head_dim * tile_k
+  const float* v = nullptr;    // [k_tiles * tile_k][head_dim]; rows past the sequence are zero
+  bool v_nonfinite = false;    // some V value is Inf/NaN: masked columns must then be skipped, not multiplied by 0
+};
+
+struct QueryTileJob {
+  const float* q = nullptr;  // [rows][head_dim], negated when the softmax scale is negative
+  float exp_scale = 0;       // |softmax scale| * log2(e): p = exp2((s - m) * exp_scale)
+  int rows = 0;              // valid query rows of this tile (ragged last tile: fewer than tile_q)
+  int tile_k = 0;            // key columns per tile (a multiple of 64)
+  std::int64_t tokens = 0;   // sequence length N (the last key tile may be ragged)
+  KvPanels kv;
+  const std::int32_t* full = nullptr;  // full key tiles, in plan order
+  int n_full = 0;
+  const std::int32_t* partial = nullptr;          // partial key tiles, in plan order
+  const std::uint64_t* const* partial_masks = nullptr;  // bitmask of each partial tile (row r at r * mask_words)
+  int n_partial = 0;
+  int mask_words = 0;        // 64-bit words per mask row (tile_k / 64)
+  // Outputs, per row: unnormalised O (sum_j p_j v_j), running max m of the scores and sum l.
+  float* o = nullptr;        // [rows][head_dim]
+  float* m = nullptr;        // [rows]
+  float* l = nullptr;        // [rows]
+  float* scratch = nullptr;  // at least kScratchRows * tile_k floats
+};
+
+// Rows of scores the kernels keep at once; scratch must hold this many rows of tile_k.
+inline constexpr int kScratchRows = 48;
+
+using AttendFn = void (*)(const QueryTileJob& job);
+
+// Kernels of each instruction set; nullptr for a head dim it has no instance of.
+AttendFn attend_scalar(int head_dim);
+AttendFn attend_avx2(int head_dim);
+AttendFn attend_avx512(int head_dim);
+
+// 12 independent FMA chains for `iterations` rounds; returns a value that depends on all of them.
+float fma_chains_scalar(std::int64_t iterations);
+float fma_chains_avx2(std::int64_t iterations);
+float fma_chains_avx512(std::int64_t iterations);
+// FLOPs one round of the above executes (12 chains x lanes x 2).
+int fma_chain_flops_per_iteration_scalar();
+int fma_chain_flops_per_iteration_avx2();
+int fma_chain_flops_per_iteration_avx512();
+
+}  // namespace stsa::cpu

@@ -1,0 +1,240 @@
+// The attention kernel, written once over a small vector interface and compiled
+// once per instruction set (kernel_scalar.cpp, kernel_avx2.cpp,
+// kernel_avx512.cpp). Each of those defines, inside an anonymous namespace and
+// before including this file:
+//
+//   struct Vec {            // one SIMD register of W floats
+//     static constexpr int W;
+//     using reg;
+//     load, store, zero, set1, fmadd(a, b, c) = a * b + c, mul, sub, max,
+//     reduce_max, reduce_add, exp2 (0 for -inf, NaN for NaN),
+//     select(bits, x, fill)  // lane i: bit i of bits ? x : fill
+//     any_nan(x)
+//   };
+//   constexpr int kQkRows, kQkVecs;   // S = Q K^T register block: rows x (vecs * W) columns
+//   constexpr int kPvAccumulators, kPvMaxVecs;  // O += P V register budget
+//
+// so that nothing here has external linkage (see kernel.hpp for why).
+//
+// Per query tile, per listed key tile (full ones first, then partial ones, as
+// the plan orders them), per block of kScratchRows rows:
+//   S = Q K^T            (Q only sign-adjusted: the softmax scale goes into exp2)
+//   mask S               (partial tiles and the ragged last key tile only)
+//   online softmax       (running max m, running sum l, rescale O rows)
+//   O += P V
+// Every row is computed by one call in a fixed order, so results do not depend
+// on how rows are grouped into blocks or spread over threads.
+//
+// Probabilities are exp2((s - m) * |scale| * log2 e) rather than exp2(s' - m')
+// with Q pre-scaled by scale * log2 e: the rounding error of the exponent's
+// argument is then relative to s - m (small for the keys that matter), not to s,
+// and bf16 products stay exact, which keeps rows with few keys within 2x of a
+// naive fp32 softmax (measured: pre-scaling gave up to 3x).
+
+constexpr float kNegInf = -__builtin_inff();
+
+template <int kD>
+struct PvShape {
+  static constexpr int kDVecs = kD / Vec::W;  // vectors per row of O
+  static constexpr int pick_vecs() {
+    for (int n = kPvMaxVecs; n >= 1; --n)
+      if (kDVecs % n == 0) return n;
+    return 1;
+  }
+  static constexpr int kVecs = pick_vecs();  // vectors per register block (divides the row)
+  static constexpr int kRows = kPvAccumulators / kVecs < 8 ? kPvAccumulators / kVecs : 8;
+};
+
+// S[Mr rows][kQkVecs * W cols] = Q[Mr rows][kD] . Kt[kD][cols]
+template <int kD, int Mr>
+inline void qk_block(const float* q, const float* kt, int kt_stride, float* s, int s_stride) {
+  typename Vec::reg acc[Mr][kQkVecs];
+  for (int i = 0; i < Mr; ++i)
+    for (int j = 0; j < kQkVecs; ++j) acc[i][j] = Vec::zero();
+  for (int d = 0; d < kD; ++d) {
+    typename Vec::reg kv[kQkVecs];
+    for (int j = 0; j < kQkVecs; ++j) kv[j] = Vec::load(kt + d * kt_stride + j * Vec::W);
+    for (int i = 0; i < Mr; ++i) {
+      const typename Vec::reg qb = Vec::set1(q[i * kD + d]);
+      for (int j = 0; j < kQkVecs; ++j) acc[i][j] = Vec::fmadd(qb, kv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < Mr; ++i)
+    for (int j = 0; j < kQkVecs; ++j) Vec::store(s + i * s_stride + j * Vec::W, acc[i][j]);
+}
+
+// Rows [0, rows) of S over the first `cols` columns (a multiple of kQkVecs * W).
+template <int kD, int Mr>
+inline void qk_rows(const float* q, int rows, const float* kt, int tile_k, int cols, float* s) {
+  constexpr int kCols = kQkVecs * Vec::W;
+  int r = 0;
+  for (; r + Mr <= rows; r += Mr)
+    for (int c = 0; c < cols; c += kCols) qk_block<kD, Mr>(q + r * kD, kt + c, tile_k, s + r * tile_k + c, tile_k);
+  if constexpr (Mr > 1) {
+    if (r < rows) qk_rows<kD, Mr - 1>(q + r * kD, rows - r, kt, tile_k, cols, s + r * tile_k);
+  }
+}
+
+// O[Mr rows][kVecs * W at d0] += P[Mr rows][0, cols) . V[0, cols)[d0 ...]
+template <int kD, int Mr, int kVecs>
+inline void pv_block(const float* p, int p_stride, const float* v, int cols, float* o) {
+  typename Vec::reg acc[Mr][kVecs];
+  for (int i = 0; i < Mr; ++i)
+    for (int j = 0; j < kVecs; ++j) acc[i][j] = Vec::load(o + i * kD + j * Vec::W);
+  for (int c = 0; c < cols; ++c) {
+    typename Vec::reg vv[kVecs];
+    for (int j = 0; j < kVecs; ++j) vv[j] = Vec::load(v + c * kD + j * Vec::W);
+    for (int i = 0; i < Mr; ++i) {
+      const typename Vec::reg pb = Vec::set1(p[i * p_stride + c]);
+      for (int j = 0; j < kVecs; ++j) acc[i][j] = Vec::fmadd(pb, vv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < Mr; ++i)
+    for (int j = 0; j < kVecs; ++j) Vec::store(o + i * kD + j * Vec::W, acc[i][j]);
+}
+
+template <int kD, int Mr>
+inline void pv_rows(const float* p, int p_stride, int rows, const float* v, int cols, float* o) {
+  constexpr int kVecs = PvShape<kD>::kVecs;
+  constexpr int kChunk = kVecs * Vec::W;
+  int r = 0;
+  for (; r + Mr <= rows; r += Mr)
+    for (int d0 = 0; d0 < kD; d0 += kChunk)
+      pv_block<kD, Mr, kVecs>(p + r * p_stride, p_stride, v + d0, cols, o + r * kD + d0);
+  if constexpr (Mr > 1) {
+    if (r < rows) pv_rows<kD, Mr - 1>(p + r * p_stride, p_stride, rows - r, v, cols, o + r * kD);
+  }
+}
+
+// Slow path for a partial tile whose V holds Inf/NaN: skip masked columns
+// instead of multiplying them by 0, so rows that never see them stay finite.
+template <int kD>
+inline void pv_rows_skipping_masked(const float* p, int p_stride, int rows, const float* v, int cols, float* o,
+                                    const std::uint64_t* mask, int mask_words) {
+  for (int i = 0; i < rows; ++i) {
+    const std::uint64_t* bits = mask + std::int64_t(i) * mask_words;
+    for (int c = 0; c < cols; ++c) {
+      if (((bits[c >> 6] >> (c & 63)) & 1u) == 0) continue;
+      const typename Vec::reg pb = Vec::set1(p[i * p_stride + c]);
+      for (int d = 0; d < kD; d += Vec::W)
+        Vec::store(o + i * kD + d, Vec::fmadd(pb, Vec::load(v + c * kD + d), Vec::load(o + i * kD + d)));
+    }
+  }
+}
+
+// Lane bits of vector j (columns j*W ...) from a bitmask row; all ones when mask is null.
+inline unsigned lane_bits(const std::uint64_t* mask_row, int j) {
+  constexpr unsigned kAll = Vec::W >= 32 ? ~0u : (1u << Vec::W) - 1u;
+  if (mask_row == nullptr) return kAll;
+  const int bit = j * Vec::W;
+  return unsigned(mask_row[bit >> 6] >> (bit & 63)) & kAll;
+}
+
+// Lanes of vector j that lie before column `valid_cols`.
+inline unsigned limit_bits(int j, int valid_cols) {
+  const int n = valid_cols - j * Vec::W;
+  if (n >= Vec::W) return Vec::W >= 32 ? ~0u : (1u << Vec::W) - 1u;
+  return n <= 0 ? 0u : (1u << n) - 1u;
+}
+
+// Online-softmax update of `rows` rows of S (in place: S becomes P).
+// kMasked: apply the partial-tile mask (may be null) and the ragged column limit.
+template <int kD, bool kMasked>
+inline void softmax_rows(float* s, int s_stride, int rows, int cols, int valid_cols, const std::uint64_t* mask,
+                         int mask_words, float exp_scale, float* m, float* l, float* o) {
+  const typename Vec::reg neg_inf = Vec::set1(kNegInf);
+  for (int i = 0; i < rows; ++i) {
+    float* row = s + i * s_stride;
+    typename Vec::reg vmax = neg_inf;
+    if constexpr (kMasked) {
+      const std::uint64_t* mask_row = mask ? mask + std::int64_t(i) * mask_words : nullptr;
+      for (int j = 0; j * Vec::W < cols; ++j) {
+        const unsigned bits = lane_bits(mask_row, j) & limit_bits(j, valid_cols);
+        const typename Vec::reg x = Vec::select(bits, Vec::load(row + j * Vec::W), neg_inf);
+        Vec::store(row + j * Vec::W, x);
+        vmax = Vec::max(vmax, x);
+      }
+    } else {
+      for (int j = 0; j * Vec::W < cols; ++j) vmax = Vec::max(vmax, Vec::load(row + j * Vec::W));
+    }
+    const float tile_max = Vec::reduce_max(vmax);
+    const float m_old = m[i];
+    const float m_new = tile_max > m_old ? tile_max : m_old;
+    if (m_new == kNegInf) {
+      // Nothing allowed yet: P = 0, unless a NaN score hid from the max (then the row must become NaN).
+      bool nan = false;
+      for (int j = 0; j * Vec::W < cols; ++j) nan = nan || Vec::any_nan(Vec::load(row + j * Vec::W));
+      const typename Vec::reg fill = nan ? Vec::set1(__builtin_nanf("")) : Vec::zero();
+      for (int j = 0; j * Vec::W < cols; ++j) Vec::store(row + j * Vec::W, fill);
+      if (nan) l[i] = __builtin_nanf("");
+      continue;
+    }
+    const typename Vec::reg vm = Vec::set1(m_new);
+    const typename Vec::reg vscale = Vec::set1(exp_scale);
+    typename Vec::reg sum = Vec::zero();
+    for (int j = 0; j * Vec::W < cols; ++j) {
+      const typename Vec::reg p = Vec::exp2(Vec::mul(Vec::sub(Vec::load(row + j * Vec::W), vm), vscale));
+      Vec::store(row + j * Vec::W, p);
+      sum = Vec::add(sum, p);
+    }
+    const float alpha = __builtin_exp2f((m_old - m_new) * exp_scale);  // 0 when m_old = -inf
+    l[i] = l[i] * alpha + Vec::reduce_add(sum);
+    m[i] = m_new;
+    if (alpha != 1.0f) {
+      const typename Vec::reg va = Vec::set1(alpha);
+      float* orow = o + i * kD;
+      for (int d = 0; d < kD; d += Vec::W) Vec::store(orow + d, Vec::mul(Vec::load(orow + d), va));
+    }
+  }
+}
+
+template <int kD>
+void attend(const QueryTileJob& job) {
+  constexpr int kQkCols = kQkVecs * Vec::W;
+  for (int i = 0; i < job.rows; ++i) {
+    job.m[i] = kNegInf;
+    job.l[i] = 0.0f;
+  }
+  for (std::int64_t i = 0; i < std::int64_t(job.rows) * kD; ++i) job.o[i] = 0.0f;
+
+  const int tile_k = job.tile_k;
+  const int n_tiles = job.n_full + job.n_partial;
+  for (int n = 0; n < n_tiles; ++n) {
+    const bool partial = n >= job.n_full;
+    const std::int32_t tile = partial ? job.partial[n - job.n_full] : job.full[n];
+    const std::uint64_t* mask = partial ? job.partial_masks[n - job.n_full] : nullptr;
+    const std::int64_t c0 = std::int64_t(tile) * tile_k;
+    const int valid_cols = int(job.tokens - c0 < tile_k ? job.tokens - c0 : tile_k);
+    const int cols = (valid_cols + kQkCols - 1) / kQkCols * kQkCols;  // scores computed (zero-padded K)
+    const bool masked = partial || valid_cols < tile_k;
+    const float* kt = job.kv.kt + std::int64_t(tile) * kD * tile_k;
+    const float* v = job.kv.v + c0 * kD;
+
+    for (int r0 = 0; r0 < job.rows; r0 += kScratchRows) {
+      const int rows = job.rows - r0 < kScratchRows ? job.rows - r0 : kScratchRows;
+      const std::uint64_t* block_mask = mask ? mask + std::int64_t(r0) * job.mask_words : nullptr;
+      float* o = job.o + std::int64_t(r0) * kD;
+      qk_rows<kD, kQkRows>(job.q + std::int64_t(r0) * kD, rows, kt, tile_k, cols, job.scratch);
+      if (masked)
+        softmax_rows<kD, true>(job.scratch, tile_k, rows, cols, valid_cols, block_mask, job.mask_words,
+                               job.exp_scale, job.m + r0, job.l + r0, o);
+      else
+        softmax_rows<kD, false>(job.scratch, tile_k, rows, cols, valid_cols, nullptr, 0, job.exp_scale, job.m + r0,
+                                job.l + r0, o);
+      if (partial && job.kv.v_nonfinite)
+        pv_rows_skipping_masked<kD>(job.scratch, tile_k, rows, v, valid_cols, o, block_mask, job.mask_words);
+      else
+        pv_rows<kD, PvShape<kD>::kRows>(job.scratch, tile_k, rows, v, valid_cols, o);
+    }
+  }
+}
+
+inline AttendFn attend_for(int head_dim) {
+  switch (head_dim) {
+    case 64: return &attend<64>;
+    case 80: return &attend<80>;
+    case 96: return &attend<96>;
+    case 128: return &attend<128>;
+    default: return nullptr;
+  }
+}

@@ -1,0 +1,82 @@
+#include "cpu/pack.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace stsa::cpu {
+
+void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out) {
+  const std::int64_t d_count = t.head_dim();
+  const std::int64_t base = t.offset(b, n, h, 0);
+  const std::int64_t step = t.stride[3];
+  switch (t.dtype) {
+    case DType::F32: {
+      const float* src = static_cast<const float*>(t.data) + base;
+      if (step == 1) {  // the usual case; a unit stride lets the compiler vectorise
+        for (std::int64_t d = 0; d < d_count; ++d) out[d] = src[d] * scale;
+      } else {
+        for (std::int64_t d = 0; d < d_count; ++d) out[d] = src[d * step] * scale;
+      }
+      return;
+    }
+    case DType::BF16: {
+      const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + base;
+      if (step == 1) {
+        for (std::int64_t d = 0; d < d_count; ++d) out[d] = bf16_to_float(src[d]) * scale;
+      } else {
+        for (std::int64_t d = 0; d < d_count; ++d) out[d] = bf16_to_float(src[d * step]) * scale;
+      }
+      return;
+    }
+    case DType::F16: {
+      const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + base;
+      for (std::int64_t d = 0; d < d_count; ++d) out[d] = f16_to_float(src[d * step]) * scale;
+      return;
+    }
+  }
+}
+
+bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t tile,
+                  int tile_k, float* kt, float* v_rows) {
+  const std::int64_t d_count = k.head_dim();
+  const std::int64_t n0 = tile * tile_k;
+  const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
+  float row[1024];  // head dims the kernels support are far below this
+  bool nonfinite = false;
+  for (std::int64_t c = 0; c < valid; ++c) {
+    load_row(k, b, n0 + c, h, 1.0f, row);
+    for (std::int64_t d = 0; d < d_count; ++d) kt[d * tile_k + c] = row[d];
+    float* vr = v_rows + c * d_count;
+    load_row(v, b, n0 + c, h, 1.0f, vr);
+    for (std::int64_t d = 0; d < d_count; ++d) nonfinite |= !std::isfinite(vr[d]);
+  }
+  for (std::int64_t d = 0; d < d_count; ++d)
+    for (std::int64_t c = valid; c < tile_k; ++c) kt[d * tile_k + c] = 0.0f;
+  if (valid < tile_k) std::memset(v_rows + valid * d_count, 0, std::size_t((tile_k - valid) * d_count) * sizeof(float));
+  return nonfinite;
+}
+
+void store_rows(const TensorView& o, const LseView& lse, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
+                const float* acc, const float* m, const float* l, double score_scale) {
+  const std::int64_t d_count = o.head_dim();
+  for (int i = 0; i < rows; ++i) {
+    const float* a = acc + i * d_count;
+    const bool empty = l[i] == 0.0f;
+    const std::int64_t base = o.offset(b, n0 + i, h, 0);
+    const std::int64_t step = o.stride[3];
+    if (o.dtype == DType::F32) {
+      float* dst = static_cast<float*>(o.data) + base;
+      for (std::int64_t d = 0; d < d_count; ++d) dst[d * step] = empty ? 0.0f : a[d] / l[i];
+    } else {
+      for (std::int64_t d = 0; d < d_count; ++d)
+        store_from_float(o.data, o.dtype, base + d * step, empty ? 0.0f : a[d] / l[i]);
+    }
+    if (lse.data != nullptr)
+      lse.at(b, h, n0 + i) =
+          empty ? -std::numeric_limits<float>::infinity() : float(double(m[i]) * score_scale + std::log(double(l[i])));
+  }
+}
+
+}  // namespace stsa::cpu

@@ -1,0 +1,20 @@
+// Where run-time choices (input dtype, head dim) become template parameters of
+// the attention kernel. Plain C++ interface, implemented in attention_launch.cu.
+#pragma once
+
+#include "cuda/attention_params.hpp"
+
+namespace stsa::cuda_detail {
+
+// The kernel's fixed tile shape: it consumes plans of exactly this shape.
+constexpr int kTileQ = 128;
+constexpr int kTileK = 128;
+
+bool attention_head_dim_supported(int head_dim);  // 64 or 128
+// Dynamic shared memory one block of the kernel needs.
+int attention_smem_bytes(int head_dim);
+// Launches one grid of q_tiles * batch * head_count blocks. Throws Error with
+// CUDA's message when the launch fails.
+void launch_attention(const AttentionParams& params, bool bf16_inputs, int head_dim, void* stream);
+
+}  // namespace stsa::cuda_detail

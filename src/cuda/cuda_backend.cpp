@@ -1,0 +1,219 @@
+// The CUDA backend: checks a call completely before touching the GPU, keeps the
+// device copies of the plans it has seen, and launches one kernel per group of
+// heads that share a plan.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "cuda/attention_launch.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_plan_arrays.hpp"
+#include "stsa/cuda.hpp"
+#include "stsa/error.hpp"
+
+namespace stsa {
+namespace {
+
+using cuda_detail::AttentionParams;
+
+constexpr double kLog2e = 1.4426950408889634;
+constexpr std::size_t kMaxCachedPlans = 256;
+
+// The kernel reads and writes whole 16-byte vectors (inputs) and element pairs
+// (outputs) of each (batch, token, head) row.
+void check_rows(const char* name, const TensorView& t) {
+  STSA_CHECK(t.stride[3] == 1, Unsupported, name, " has head-dim stride ", t.stride[3],
+             "; the cuda backend needs the head dim contiguous (stride 1)");
+  STSA_CHECK(reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0, Unsupported, name,
+             " is not 16-byte aligned; the cuda backend loads rows as 16-byte vectors");
+  static constexpr const char* kDims[3] = {"batch", "token", "head"};
+  const auto element = std::int64_t(element_size(t.dtype));
+  for (int i = 0; i < 3; ++i)
+    STSA_CHECK(t.shape[i] == 1 || t.stride[i] * element % 16 == 0, Unsupported, name, " has a ", kDims[i],
+               " stride of ", t.stride[i] * element, " bytes; the cuda backend needs multiples of 16");
+}
+
+// Everything that can be checked without a GPU.
+void check_on_host(const AttentionCall& call) {
+  validate(call, /*require_plans=*/true);
+  STSA_CHECK(call.q.dtype == DType::BF16 || call.q.dtype == DType::F16, Unsupported, "the cuda backend takes bf16 or ",
+             "fp16 q/k/v, got ", to_string(call.q.dtype));
+  STSA_CHECK(cuda_detail::attention_head_dim_supported(int(call.layout.head_dim)), Unsupported,
+             "the cuda backend supports head dims 64 and 128, got ", call.layout.head_dim);
+  check_rows("q", call.q);
+  check_rows("k", call.k);
+  check_rows("v", call.v);
+  check_rows("o", call.o);
+  for (std::size_t h = 0; h < call.heads.size(); ++h) {
+    const HeadMask& head = call.heads[h];
+    if (!head.compute) continue;
+    const TileShape tile = head.plan->tile();
+    STSA_CHECK(tile.q == cuda_detail::kTileQ && tile.k == cuda_detail::kTileK, Unsupported, "head ", h,
+               " has a plan of ", tile.q, "x", tile.k, " tiles; the cuda backend runs ", cuda_detail::kTileQ, "x",
+               cuda_detail::kTileK, " tiles only");
+  }
+}
+
+// Host memory is valid input for the library (other backends take it), just not
+// for this backend: Unsupported, so generic harnesses treat it as "not supported".
+void check_device_memory(const char* name, std::pair<const std::byte*, const std::byte*> extent, int device) {
+  for (const std::byte* address : {extent.first, extent.second - 1}) {
+    cudaPointerAttributes attributes{};
+    const cudaError_t status = cudaPointerGetAttributes(&attributes, address);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      throw Unsupported(detail::concat(name, " is not an address the CUDA runtime knows (",
+                                       cudaGetErrorString(status), "); the cuda backend takes device pointers"));
+    }
+    STSA_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged, Unsupported,
+               name, " is host memory; the cuda backend takes device pointers");
+    STSA_CHECK(attributes.device == device, Unsupported, name, " lives on CUDA device ", attributes.device,
+               " but the current device is ", device);
+  }
+}
+
+// What needs the GPU: its presence and size, and that every tensor lives on it.
+// Returns the device.
+int check_on_device(const AttentionCall& call) {
+  const int device = cuda_detail::current_device();
+  int major = 0, smem_optin = 0;
+  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  STSA_CHECK(major >= 8, Unsupported, "the cuda backend needs compute capability 8.0 or newer, device ", device,
+             " has ", major, ".x");
+  const int needed = cuda_detail::attention_smem_bytes(int(call.layout.head_dim));
+  STSA_CHECK(smem_optin >= needed, Unsupported, "the cuda kernel needs ", needed, " bytes of shared memory per block; ",
+             "device ", device, " offers ", smem_optin);
+  check_device_memory("q", call.q.byte_extent(), device);
+  check_device_memory("k", call.k.byte_extent(), device);
+  check_device_memory("v", call.v.byte_extent(), device);
+  check_device_memory("o", call.o.byte_extent(), device);
+  if (call.lse.data != nullptr) check_device_memory("lse", call.lse.byte_extent(), device);
+  return device;
+}
+
+void copy_strides(std::int64_t (&out)[3], const TensorView& t) {
+  for (int i = 0; i < 3; ++i) out[i] = t.stride[i];
+}
+
+int out_type(DType t) {
+  switch (t) {
+    case DType::F32: return cuda_detail::kOutF32;
+    case DType::BF16: return cuda_detail::kOutBF16;
+    case DType::F16: return cuda_detail::kOutF16;
+  }
+  return cuda_detail::kOutF32;
+}
+
+}  // namespace
+
+struct CudaBackend::State {
+  struct Entry {
+    const TilePlan* key = nullptr;        // identity only; `host` says whether it still lives
+    std::weak_ptr<const TilePlan> host;
+    int device = -1;
+    std::shared_ptr<const DevicePlan> uploaded;
+  };
+  mutable std::mutex mutex;
+  mutable std::vector<Entry> entries;
+};
+
+CudaBackend::CudaBackend() : state_(std::make_unique<State>()) {}
+CudaBackend::~CudaBackend() = default;
+
+std::shared_ptr<const DevicePlan> CudaBackend::device_plan(const std::shared_ptr<const TilePlan>& plan) const {
+  STSA_CHECK(plan != nullptr, InvalidArgument, "device_plan: no plan given");
+  const int device = cuda_detail::current_device();
+  std::lock_guard lock(state_->mutex);
+  auto& entries = state_->entries;
+  // Plans whose host copy is gone are dropped (cudaFree waits for kernels still using them).
+  std::erase_if(entries, [](const State::Entry& e) { return e.host.expired(); });
+  for (const auto& e : entries)
+    if (e.key == plan.get() && e.device == device) return e.uploaded;
+  if (entries.size() >= kMaxCachedPlans) entries.erase(entries.begin());
+  entries.push_back({plan.get(), plan, device, DevicePlan::upload(*plan)});
+  return entries.back().uploaded;
+}
+
+std::size_t CudaBackend::cached_plans() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->entries.size();
+}
+
+Support CudaBackend::supports(const AttentionCall& call) const {
+  try {
+    check_on_host(call);
+    check_on_device(call);
+  } catch (const Error& e) {
+    return {false, e.what()};
+  }
+  return {};
+}
+
+void CudaBackend::run(const AttentionCall& call) const {
+  run_async(call, nullptr);
+  STSA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
+void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
+  check_on_host(call);
+  check_on_device(call);
+
+  AttentionParams params;
+  params.q = call.q.data;
+  params.k = call.k.data;
+  params.v = call.v.data;
+  params.o = call.o.data;
+  params.lse = call.lse.data;
+  copy_strides(params.q_stride, call.q);
+  copy_strides(params.k_stride, call.k);
+  copy_strides(params.v_stride, call.v);
+  copy_strides(params.o_stride, call.o);
+  for (int i = 0; i < 3; ++i) params.lse_stride[i] = call.lse.stride[i];
+  params.tokens = int(call.layout.tokens());
+  params.batch = int(call.layout.batch);
+  params.out_type = out_type(call.o.dtype);
+  params.scale = call.scale();
+  params.scale_log2 = float(double(call.scale()) * kLog2e);
+
+  // Heads that share a plan share a launch (and the device copy of the plan).
+  std::vector<const TilePlan*> group_keys;
+  std::vector<std::pair<std::shared_ptr<const DevicePlan>, std::vector<int>>> groups;
+  for (std::size_t h = 0; h < call.heads.size(); ++h) {
+    const HeadMask& head = call.heads[h];
+    if (!head.compute) continue;
+    const auto found = std::find(group_keys.begin(), group_keys.end(), head.plan.get());
+    std::size_t index = std::size_t(found - group_keys.begin());
+    if (found == group_keys.end()) {
+      group_keys.push_back(head.plan.get());
+      groups.emplace_back(device_plan(head.plan), std::vector<int>{});
+    }
+    groups[index].second.push_back(int(h));
+  }
+
+  const bool bf16 = call.q.dtype == DType::BF16;
+  for (const auto& [plan, heads] : groups) {
+    const DevicePlan::Arrays& arrays = plan->arrays();
+    params.row_begin = arrays.row_begin;
+    params.partial_begin = arrays.partial_begin;
+    params.key_tiles = arrays.key_tiles;
+    params.mask_ids = arrays.mask_ids;
+    params.masks = arrays.masks;
+    params.q_tile_order = arrays.q_tile_order;
+    params.q_tiles = int(arrays.q_tiles);
+    for (std::size_t first = 0; first < heads.size(); first += cuda_detail::kMaxHeadsPerLaunch) {
+      const std::size_t count = std::min<std::size_t>(cuda_detail::kMaxHeadsPerLaunch, heads.size() - first);
+      params.head_count = int(count);
+      std::copy_n(heads.begin() + std::ptrdiff_t(first), count, params.heads);
+      cuda_detail::launch_attention(params, bf16, int(call.layout.head_dim), stream);
+    }
+  }
+}
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace stsa

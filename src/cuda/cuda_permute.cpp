@@ -1,0 +1,172 @@
+// cuda_gather_heads / cuda_scatter_heads: the checks of permute.hpp, then one
+// row-copy launch per tensor (and one for LSE).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/permute_launch.hpp"
+#include "stsa/cuda.hpp"
+#include "stsa/error.hpp"
+
+namespace stsa {
+namespace {
+
+using cuda_detail::kMaxPermuteHeads;
+
+bool overlaps(std::pair<const std::byte*, const std::byte*> a, std::pair<const std::byte*, const std::byte*> b) {
+  return a.first < b.second && b.first < a.second;
+}
+
+void check_on_device(const char* what, std::pair<const std::byte*, const std::byte*> extent, int device) {
+  for (const std::byte* address : {extent.first, extent.second - 1}) {
+    cudaPointerAttributes attributes{};
+    const cudaError_t status = cudaPointerGetAttributes(&attributes, address);
+    if (status != cudaSuccess) cudaGetLastError();
+    STSA_CHECK(status == cudaSuccess &&
+                   (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) &&
+                   attributes.device == device,
+               Unsupported, what, " is not device memory of the current CUDA device ", device,
+               " (host memory goes through gather_heads / scatter_heads)");
+  }
+}
+
+void check_heads(std::span<const std::int64_t> heads, std::int64_t total) {
+  STSA_CHECK(std::int64_t(heads.size()) <= total, InvalidArgument, "permutation lists ", heads.size(),
+             " heads of ", total);
+  std::vector<bool> seen(std::size_t(std::max<std::int64_t>(total, 0)), false);
+  for (const std::int64_t h : heads) {
+    STSA_CHECK(h >= 0 && h < total, InvalidArgument, "permutation head index ", h, " out of range [0, ", total, ")");
+    STSA_CHECK(!seen[std::size_t(h)], InvalidArgument, "permutation head index ", h, " listed twice");
+    seen[std::size_t(h)] = true;
+  }
+}
+
+void check_pair(std::size_t i, const VideoGrid& grid, const TensorView& full, const TensorView& packed,
+                std::size_t packed_heads) {
+  STSA_CHECK(full.data != nullptr && packed.data != nullptr, InvalidArgument, "permutation tensor ", i, " is null");
+  STSA_CHECK(full.dtype == packed.dtype, InvalidArgument, "permutation tensor ", i, ": dtypes differ (",
+             to_string(full.dtype), " vs ", to_string(packed.dtype), ")");
+  STSA_CHECK(full.tokens() == grid.tokens() && packed.tokens() == grid.tokens(), InvalidArgument,
+             "permutation tensor ", i, ": token counts ", full.tokens(), " / ", packed.tokens(),
+             " do not match the grid ", grid.describe());
+  STSA_CHECK(full.batch() == packed.batch() && full.head_dim() == packed.head_dim() && full.batch() >= 1 &&
+                 full.head_dim() >= 1,
+             InvalidArgument, "permutation tensor ", i, ": batch/head dim differ");
+  STSA_CHECK(packed.heads() == std::int64_t(packed_heads), InvalidArgument, "permutation tensor ", i,
+             ": packed tensor has ", packed.heads(), " heads, expected ", packed_heads);
+  for (int d = 0; d < 4; ++d)
+    STSA_CHECK(full.stride[d] >= 0 && packed.stride[d] >= 0, InvalidArgument, "permutation tensor ", i,
+               ": negative strides are not supported");
+  STSA_CHECK(!overlaps(full.byte_extent(), packed.byte_extent()), InvalidArgument, "permutation tensor ", i,
+             ": source and destination overlap");
+}
+
+cuda_detail::PermuteGrid device_grid(const VideoGrid& grid, TokenOrder from, TokenOrder to) {
+  cuda_detail::PermuteGrid g;
+  g.frames = grid.frames;
+  g.per_frame = grid.tokens_per_frame();
+  g.text_tokens = grid.text_tokens;
+  g.text_before = grid.text_placement == TextPlacement::Before;
+  g.from_spatial_major = from == TokenOrder::SpatialMajor;
+  g.to_spatial_major = to == TokenOrder::SpatialMajor;
+  return g;
+}
+
+void copy_strides(std::int64_t (&out)[4], const TensorView& t) {
+  for (int i = 0; i < 4; ++i) out[i] = t.stride[i];
+}
+
+// Moves rows of `heads` between full and packed tensors in chunks of at most kMaxPermuteHeads.
+void permute(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+             std::span<const TensorView> sources, std::span<const TensorView> dests, bool gather, void* stream) {
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    const TensorView& src = sources[i];
+    const TensorView& dst = dests[i];
+    cuda_detail::PermuteParams p;
+    p.src = src.data;
+    p.dst = dst.data;
+    copy_strides(p.src_stride, src);
+    copy_strides(p.dst_stride, dst);
+    p.batch = src.batch();
+    p.tokens = src.tokens();
+    p.head_dim = src.head_dim();
+    p.element_bytes = int(element_size(src.dtype));
+    p.grid = device_grid(grid, from, to);
+    for (std::size_t first = 0; first < heads.size(); first += kMaxPermuteHeads) {
+      const std::size_t count = std::min<std::size_t>(kMaxPermuteHeads, heads.size() - first);
+      p.head_count = int(count);
+      for (std::size_t j = 0; j < count; ++j) {
+        const int full_head = int(heads[first + j]), packed_head = int(first + j);
+        p.src_heads[j] = gather ? full_head : packed_head;
+        p.dst_heads[j] = gather ? packed_head : full_head;
+      }
+      cuda_detail::launch_permute_rows(p, stream);
+    }
+  }
+}
+
+void check_common(const VideoGrid& grid, std::span<const std::int64_t> heads, std::span<const TensorView> full,
+                  std::span<const TensorView> packed, int device) {
+  grid.validate();
+  STSA_CHECK(full.size() == packed.size(), InvalidArgument, "permutation: ", full.size(), " full tensors but ",
+             packed.size(), " packed ones");
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    check_heads(heads, full[i].heads());
+    check_pair(i, grid, full[i], packed[i], heads.size());
+    check_on_device("permutation source/destination", full[i].byte_extent(), device);
+    check_on_device("permutation source/destination", packed[i].byte_extent(), device);
+  }
+}
+
+}  // namespace
+
+void cuda_gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+                       std::span<const TensorView> sources, std::span<const TensorView> packed, void* stream) {
+  const int device = cuda_detail::current_device();
+  check_common(grid, heads, sources, packed, device);
+  permute(grid, from, to, heads, sources, packed, /*gather=*/true, stream);
+}
+
+void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+                        std::span<const TensorView> packed, std::span<const TensorView> dests,
+                        const LseView& packed_lse, const LseView& lse, void* stream) {
+  const int device = cuda_detail::current_device();
+  check_common(grid, heads, dests, packed, device);
+  const bool with_lse = packed_lse.data != nullptr && lse.data != nullptr;
+  if (with_lse) {
+    const std::int64_t batch = dests.empty() ? packed_lse.shape[0] : dests[0].batch();
+    STSA_CHECK(packed_lse.shape[0] == batch && lse.shape[0] == batch && packed_lse.shape[2] == grid.tokens() &&
+                   lse.shape[2] == grid.tokens() && packed_lse.shape[1] == std::int64_t(heads.size()),
+               InvalidArgument, "permutation: LSE shapes do not match the grid, batch and heads");
+    check_heads(heads, lse.shape[1]);
+    STSA_CHECK(!overlaps(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
+               "permutation: LSE source and destination overlap");
+    check_on_device("packed LSE", packed_lse.byte_extent(), device);
+    check_on_device("LSE", lse.byte_extent(), device);
+  }
+  permute(grid, from, to, heads, packed, dests, /*gather=*/false, stream);
+  if (!with_lse) return;
+  cuda_detail::PermuteLseParams p;
+  p.src = packed_lse.data;
+  p.dst = lse.data;
+  for (int i = 0; i < 3; ++i) {
+    p.src_stride[i] = packed_lse.stride[i];
+    p.dst_stride[i] = lse.stride[i];
+  }
+  p.batch = lse.shape[0];
+  p.tokens = grid.tokens();
+  p.grid = device_grid(grid, from, to);
+  for (std::size_t first = 0; first < heads.size(); first += kMaxPermuteHeads) {
+    const std::size_t count = std::min<std::size_t>(kMaxPermuteHeads, heads.size() - first);
+    p.head_count = int(count);
+    for (std::size_t j = 0; j < count; ++j) {
+      p.src_heads[j] = int(first + j);
+      p.dst_heads[j] = int(heads[first + j]);
+    }
+    cuda_detail::launch_permute_lse(p, stream);
+  }
+}
+
+}  // namespace stsa

@@ -1,0 +1,240 @@
+// The Ulysses call: agree, all-to-all to head shards, the single-device routed
+// path (routed.hpp) on this rank's heads, all-to-all back to sequence shards.
+//
+// Packed exchange blocks (one per peer, contiguous, in this order):
+//   scatter, rank r -> s:  Q, K, V of r's video tokens, s's heads: [3][B][n_r][H/P][D]  (input dtype)
+//   gather,  rank r -> s:  O of s's video tokens, r's heads:       [B][n_s][H/P][D]     (output dtype)
+//                          LSE of the same rows (when wanted):     [B][H/P][n_s]        (fp32)
+//                          text O of r's heads:                    [B][T][H/P][D]
+//                          text LSE (when wanted):                 [B][H/P][T]
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "dist/agreement.hpp"
+#include "dist/row_copy.hpp"
+
+namespace stsa::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// Offsets of consecutive blocks with the given sizes.
+std::vector<std::int64_t> offsets_of(const std::vector<std::int64_t>& counts) {
+  std::vector<std::int64_t> offsets(counts.size(), 0);
+  for (std::size_t i = 1; i < counts.size(); ++i) offsets[i] = offsets[i - 1] + counts[i - 1];
+  return offsets;
+}
+
+std::int64_t total_of(const std::vector<std::int64_t>& counts) {
+  std::int64_t total = 0;
+  for (std::int64_t c : counts) total += c;
+  return total;
+}
+
+// Exchange buffers are written in full before they are read: no zero fill.
+std::unique_ptr<std::byte[]> allocate(std::int64_t bytes, const char* what) {
+  check_host_allocation(std::uint64_t(bytes), what);
+  return std::unique_ptr<std::byte[]>(new std::byte[std::size_t(std::max<std::int64_t>(bytes, 1))]);
+}
+
+// Position of text token j in the full sequence.
+std::int64_t text_position(const VideoGrid& grid, std::int64_t j) {
+  return grid.text_placement == TextPlacement::Before ? j : grid.video_end() + j;
+}
+
+// This rank's heads of the whole sequence, frame-major, as the exchange delivers them.
+struct LocalTensors {
+  Tensor q, k, v, o;
+  LseBuffer lse;
+};
+
+}  // namespace
+
+UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, const Backend& backend,
+                                PlanCache& plans) {
+  const auto start = Clock::now();
+  const Traffic at_start = comm.traffic();
+  const detail::Agreement agreed = detail::agree(comm, call, backend);
+
+  UlyssesReport report;
+  report.ranks = comm.size();
+  report.rank = comm.rank();
+  report.shard = agreed.shards[std::size_t(report.rank)];
+  report.local_heads = agreed.local_heads;
+  report.head_begin = report.rank * agreed.local_heads;
+  report.agreement = comm.traffic() - at_start;
+  report.agree_ms = ms_since(start);
+
+  const int ranks = report.ranks;
+  const VideoGrid& grid = call.layout.grid;
+  const std::int64_t batch = call.layout.batch, tokens = grid.tokens(), text = grid.text_tokens;
+  const std::int64_t local_heads = agreed.local_heads, head_begin = report.head_begin;
+  const std::int64_t n_mine = report.shard.count;
+  const std::size_t in_row = detail::row_bytes(call.q), out_row = detail::row_bytes(call.o);
+
+  VideoLayout local_layout = call.layout;
+  local_layout.heads = local_heads;
+  LocalTensors local{Tensor(call.q.dtype, batch, tokens, local_heads, call.layout.head_dim),
+                     Tensor(call.q.dtype, batch, tokens, local_heads, call.layout.head_dim),
+                     Tensor(call.q.dtype, batch, tokens, local_heads, call.layout.head_dim),
+                     Tensor(call.o.dtype, batch, tokens, local_heads, call.layout.head_dim),
+                     {}};
+  if (agreed.with_lse) local.lse = LseBuffer(batch, local_heads, tokens);
+  const TensorView inputs[3] = {call.q, call.k, call.v};
+  const TensorView text_inputs[3] = {call.text_q, call.text_k, call.text_v};
+  const TensorView local_inputs[3] = {local.q.view(), local.k.view(), local.v.view()};
+
+  // --- Scatter: sequence shards -> head shards.
+  auto phase = Clock::now();
+  Traffic before = comm.traffic();
+  {
+    const auto slots = static_cast<std::size_t>(ranks);
+    std::vector<std::int64_t> send_counts(slots), recv_counts(slots);
+    for (int s = 0; s < ranks; ++s) {
+      send_counts[std::size_t(s)] = 3 * batch * n_mine * local_heads * std::int64_t(in_row);
+      recv_counts[std::size_t(s)] = 3 * batch * agreed.shards[std::size_t(s)].count * local_heads * std::int64_t(in_row);
+    }
+    const auto send_offsets = offsets_of(send_counts), recv_offsets = offsets_of(recv_counts);
+    const auto send = allocate(total_of(send_counts), "Ulysses send buffer");
+    const auto recv = allocate(total_of(recv_counts), "Ulysses receive buffer");
+    for (int s = 0; s < ranks; ++s) {
+      std::byte* out = send.get() + send_offsets[std::size_t(s)];
+      for (const TensorView& t : inputs)
+        for (std::int64_t b = 0; b < batch; ++b)
+          for (std::int64_t i = 0; i < n_mine; ++i)
+            for (std::int64_t h = 0; h < local_heads; ++h, out += in_row)
+              detail::read_row(t, b, i, s * local_heads + h, out);
+    }
+    comm.alltoallv(send.get(), send_counts, send_offsets, recv.get(), recv_counts, recv_offsets);
+    // A received token row holds this rank's heads contiguously, exactly a row of the local tensors.
+    const std::size_t token_bytes = std::size_t(local_heads) * in_row;
+    for (int s = 0; s < ranks; ++s) {
+      const Shard& from = agreed.shards[std::size_t(s)];
+      const std::byte* in = recv.get() + recv_offsets[std::size_t(s)];
+      for (const TensorView& t : local_inputs)
+        for (std::int64_t b = 0; b < batch; ++b)
+          for (std::int64_t i = 0; i < from.count; ++i, in += token_bytes) {
+            const std::int64_t position = grid.video_begin() + from.begin + i;
+            std::memcpy(static_cast<std::byte*>(t.data) + t.offset(b, position, 0, 0) * std::int64_t(element_size(t.dtype)),
+                        in, token_bytes);
+          }
+    }
+  }
+  // Text tokens are already here for every head: take this rank's slice.
+  std::vector<std::byte> row(in_row);
+  for (int t = 0; t < 3 && text > 0; ++t)
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t j = 0; j < text; ++j)
+        for (std::int64_t h = 0; h < local_heads; ++h) {
+          detail::read_row(text_inputs[t], b, j, head_begin + h, row.data());
+          detail::write_row(local_inputs[t], b, text_position(grid, j), h, row.data());
+        }
+  report.scatter = comm.traffic() - before;
+  report.scatter_ms = ms_since(phase);
+
+  // --- Local: routing (when asked), planning, the temporal heads' permutation
+  // and attention on this rank's heads, exactly as on one device. It makes no
+  // collective calls, which the traffic counters confirm. A failure on one rank
+  // is shared before the return exchange, so no rank is left waiting in it.
+  phase = Clock::now();
+  before = comm.traffic();
+  const RoutedCall routed{local_layout,   local.q.view(), local.k.view(), local.v.view(), local.o.view(),
+                          agreed.with_lse ? local.lse.view() : LseView{}, call.softmax_scale};
+  const RoutedOptions options{call.tile, call.alignment};
+  std::string failure;
+  try {
+    RoutedResult result;
+    if (call.router != nullptr) {
+      result = routed_attention(backend, plans, routed, *call.router, options);
+    } else {
+      const std::span<const MaskSpec> mine(agreed.masks.data() + head_begin, std::size_t(local_heads));
+      result = run_routed(backend, plans, routed, routes_for_masks(mine, local_heads), options);
+    }
+    report.routes = std::move(result.heads);
+    report.temporal_heads = std::int64_t(result.temporal.size());
+    report.routing_ms = result.routing_ms;
+    report.permutation_ms = result.permutation_ms;
+    report.attention_ms = result.attention_ms;
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  report.local = comm.traffic() - before;
+  report.local_ms = ms_since(phase);
+  detail::agree_on_outcome(comm, failure, "local attention");
+
+  // --- Gather: head shards -> sequence shards (text outputs to every rank).
+  phase = Clock::now();
+  before = comm.traffic();
+  {
+    const std::int64_t lse_bytes = agreed.with_lse ? std::int64_t(sizeof(float)) : 0;
+    const std::int64_t row_total = std::int64_t(out_row) + lse_bytes;
+    const auto slots = static_cast<std::size_t>(ranks);
+    std::vector<std::int64_t> send_counts(slots), recv_counts(slots);
+    for (int s = 0; s < ranks; ++s) {
+      send_counts[std::size_t(s)] = batch * (agreed.shards[std::size_t(s)].count + text) * local_heads * row_total;
+      recv_counts[std::size_t(s)] = batch * (n_mine + text) * local_heads * row_total;
+    }
+    const auto send_offsets = offsets_of(send_counts), recv_offsets = offsets_of(recv_counts);
+    const auto send = allocate(total_of(send_counts), "Ulysses send buffer");
+    const auto recv = allocate(total_of(recv_counts), "Ulysses receive buffer");
+    const TensorView o = local.o.view();
+    const LseView lse = agreed.with_lse ? local.lse.view() : LseView{};
+    const std::size_t token_bytes = std::size_t(local_heads) * out_row;
+    const auto element_offset = [&](std::int64_t b, std::int64_t position) {
+      return static_cast<const std::byte*>(o.data) + o.offset(b, position, 0, 0) * std::int64_t(element_size(o.dtype));
+    };
+    // Copies `count` consecutive positions of every (batch, head) LSE row.
+    const auto pack_lse = [&](std::byte*& out, std::int64_t first, std::int64_t count) {
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t h = 0; h < local_heads; ++h, out += count * lse_bytes)
+          std::memcpy(out, &lse.at(b, h, first), std::size_t(count * lse_bytes));
+    };
+    for (int s = 0; s < ranks; ++s) {
+      const Shard& to = agreed.shards[std::size_t(s)];
+      std::byte* out = send.get() + send_offsets[std::size_t(s)];
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t i = 0; i < to.count; ++i, out += token_bytes)
+          std::memcpy(out, element_offset(b, grid.video_begin() + to.begin + i), token_bytes);
+      if (agreed.with_lse && to.count > 0) pack_lse(out, grid.video_begin() + to.begin, to.count);
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t j = 0; j < text; ++j, out += token_bytes)
+          std::memcpy(out, element_offset(b, text_position(grid, j)), token_bytes);
+      if (agreed.with_lse && text > 0) pack_lse(out, text_position(grid, 0), text);
+    }
+    comm.alltoallv(send.get(), send_counts, send_offsets, recv.get(), recv_counts, recv_offsets);
+    for (int s = 0; s < ranks; ++s) {
+      const std::int64_t heads_of_s = s * local_heads;
+      const std::byte* in = recv.get() + recv_offsets[std::size_t(s)];
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t i = 0; i < n_mine; ++i)
+          for (std::int64_t h = 0; h < local_heads; ++h, in += out_row) detail::write_row(call.o, b, i, heads_of_s + h, in);
+      if (agreed.with_lse)
+        for (std::int64_t b = 0; b < batch; ++b)
+          for (std::int64_t h = 0; h < local_heads; ++h)
+            for (std::int64_t i = 0; i < n_mine; ++i, in += lse_bytes) std::memcpy(&call.lse.at(b, heads_of_s + h, i), in, sizeof(float));
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t j = 0; j < text; ++j)
+          for (std::int64_t h = 0; h < local_heads; ++h, in += out_row)
+            detail::write_row(call.text_o, b, j, heads_of_s + h, in);
+      if (agreed.with_lse)
+        for (std::int64_t b = 0; b < batch; ++b)
+          for (std::int64_t h = 0; h < local_heads; ++h)
+            for (std::int64_t j = 0; j < text; ++j, in += lse_bytes)
+              std::memcpy(&call.text_lse.at(b, heads_of_s + h, j), in, sizeof(float));
+    }
+  }
+  report.gather = comm.traffic() - before;
+  report.gather_ms = ms_since(phase);
+  report.total = comm.traffic() - at_start;
+  report.total_ms = ms_since(start);
+  return report;
+}
+
+}  // namespace stsa::dist

@@ -1,0 +1,64 @@
+// Shapes from the models' published configs (see docs/routing.md): tokens after
+// the VAE (8x spatial, 4x temporal compression, first frame kept) and 1x2x2
+// patches. The policies are starting points in line with Sparse VideoGen's
+// settings (dense warm-up for about the first quarter of the steps and the first
+// layer, kept density 0.25), not values tuned on generated videos.
+#include <string>
+
+#include "stsa/error.hpp"
+#include "stsa/policy.hpp"
+
+namespace stsa {
+namespace {
+
+PolicyOptions starting_policy(std::int64_t dense_steps) {
+  PolicyOptions p;
+  p.dense_steps = dense_steps;
+  p.dense_layers = 1;
+  p.reuse_steps = 1;
+  p.router.spatial_density = 0.25;
+  p.router.temporal_density = 0.25;
+  return p;
+}
+
+ModelPreset make(std::string name, std::string description, VideoGrid grid, std::int64_t heads, std::int64_t head_dim,
+                 std::int64_t layers, std::int64_t steps, std::int64_t dense_steps) {
+  ModelPreset p{std::move(name), std::move(description), grid, heads, head_dim, layers, steps,
+                starting_policy(dense_steps)};
+  p.layout().validate();
+  p.policy.validate();
+  return p;
+}
+
+}  // namespace
+
+const std::vector<ModelPreset>& model_presets() {
+  static const std::vector<ModelPreset> presets = {
+      make("wan2.1-480p", "Wan2.1-T2V-14B, 480x832, 81 frames: 21 x 30 x 52 tokens, text via cross-attention only",
+           VideoGrid{21, 30, 52, 0, TextPlacement::After}, 40, 128, 40, 50, 12),
+      make("wan2.1-720p", "Wan2.1-T2V-14B, 720x1280, 81 frames: 21 x 45 x 80 tokens, text via cross-attention only",
+           VideoGrid{21, 45, 80, 0, TextPlacement::After}, 40, 128, 40, 50, 12),
+      make("wan2.1-1.3b-480p", "Wan2.1-T2V-1.3B, 480x832, 81 frames: 21 x 30 x 52 tokens, 12 heads, 30 layers",
+           VideoGrid{21, 30, 52, 0, TextPlacement::After}, 12, 128, 30, 50, 12),
+      make("hunyuan-720p",
+           "HunyuanVideo, 720x1280, 129 frames: 33 x 45 x 80 tokens + 256 text tokens after the video (joint "
+           "attention); 20 double-stream + 40 single-stream blocks",
+           VideoGrid{33, 45, 80, 256, TextPlacement::After}, 24, 128, 60, 50, 12),
+      make("cogvideox1.5",
+           "CogVideoX1.5-5B, 768x1360, 81 frames: 11 x 48 x 85 tokens + 226 text tokens before the video (joint "
+           "attention)",
+           VideoGrid{11, 48, 85, 226, TextPlacement::Before}, 48, 64, 42, 50, 12),
+  };
+  return presets;
+}
+
+const ModelPreset& model_preset(std::string_view name) {
+  std::string names;
+  for (const auto& p : model_presets()) {
+    if (p.name == name) return p;
+    names += (names.empty() ? "" : ", ") + p.name;
+  }
+  throw InvalidArgument(detail::concat("unknown model preset '", name, "' (available: ", names, ")"));
+}
+
+}  // namespace stsa

@@ -1,0 +1,46 @@
+// A minimal fork-join loop for the router's bandwidth- and row-parallel passes.
+// Threads are started per call: these passes are long enough (milliseconds)
+// that a pool would not pay for itself, and the router stays free of global state.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <thread>
+#include <vector>
+
+namespace stsa::router_detail {
+
+inline int hardware_threads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : int(n);
+}
+
+// Calls body(begin, end) on `threads` disjoint chunks of [0, count); rethrows the first exception.
+template <class Body>
+void parallel_for(std::int64_t count, int threads, const Body& body) {
+  if (count <= 0) return;
+  threads = int(std::clamp<std::int64_t>(threads, 1, count));
+  if (threads == 1) {
+    body(std::int64_t(0), count);
+    return;
+  }
+  std::vector<std::thread> workers;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
+  const std::int64_t chunk = (count + threads - 1) / threads;
+  for (int t = 0; t < threads; ++t) {
+    const std::int64_t begin = std::min(count, t * chunk), end = std::min(count, begin + chunk);
+    workers.emplace_back([&, t, begin, end] {
+      try {
+        body(begin, end);
+      } catch (...) {
+        errors[std::size_t(t)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace stsa::router_detail

@@ -1,0 +1,174 @@
+#include "stsa/permute.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <numeric>
+
+#include "router/parallel.hpp"
+#include "stsa/error.hpp"
+
+namespace stsa {
+namespace {
+
+constexpr double kBytesPerThread = 4.0 * (1 << 20);  // below this, extra threads cost more than they save
+
+bool overlaps(std::pair<const std::byte*, const std::byte*> a, std::pair<const std::byte*, const std::byte*> b) {
+  return a.first < b.second && b.first < a.second;
+}
+
+void check_heads(std::span<const std::int64_t> heads, std::int64_t total) {
+  std::vector<bool> seen(std::size_t(std::max<std::int64_t>(total, 0)), false);
+  for (std::int64_t h : heads) {
+    STSA_CHECK(h >= 0 && h < total, InvalidArgument, "permutation head index ", h, " out of range [0, ", total, ")");
+    STSA_CHECK(!seen[std::size_t(h)], InvalidArgument, "permutation head index ", h, " listed twice");
+    seen[std::size_t(h)] = true;
+  }
+}
+
+void check_pair(const char* what, std::size_t i, const VideoGrid& grid, const TensorView& full,
+                const TensorView& packed, std::int64_t packed_heads) {
+  STSA_CHECK(full.data != nullptr && packed.data != nullptr, InvalidArgument, what, " tensor ", i, " is null");
+  STSA_CHECK(full.dtype == packed.dtype, InvalidArgument, what, " tensor ", i, ": dtypes differ (",
+             to_string(full.dtype), " vs ", to_string(packed.dtype), "); a permutation copies bits");
+  STSA_CHECK(full.tokens() == grid.tokens() && packed.tokens() == grid.tokens(), InvalidArgument, what, " tensor ", i,
+             ": token counts ", full.tokens(), " / ", packed.tokens(), " do not match the grid ", grid.describe(),
+             " (", grid.tokens(), " tokens)");
+  STSA_CHECK(full.batch() == packed.batch() && full.head_dim() == packed.head_dim() && full.batch() >= 1 &&
+                 full.head_dim() >= 1,
+             InvalidArgument, what, " tensor ", i, ": batch/head dim differ (", full.batch(), "x", full.head_dim(),
+             " vs ", packed.batch(), "x", packed.head_dim(), ")");
+  STSA_CHECK(packed.heads() == packed_heads, InvalidArgument, what, " tensor ", i, ": packed tensor has ",
+             packed.heads(), " heads, expected ", packed_heads);
+  for (int d = 0; d < 4; ++d)
+    STSA_CHECK(full.stride[d] >= 0 && packed.stride[d] >= 0, InvalidArgument, what, " tensor ", i,
+               ": negative strides are not supported");
+  if (packed_heads > 0)
+    STSA_CHECK(!overlaps(full.byte_extent(), packed.byte_extent()), InvalidArgument, what, " tensor ", i,
+               ": source and destination overlap");
+}
+
+// Copies one (token, head) row of D elements between two views, as raw bytes.
+inline void copy_row(const TensorView& src, std::int64_t b, std::int64_t n_src, std::int64_t h_src,
+                     const TensorView& dst, std::int64_t n_dst, std::int64_t h_dst) {
+  const std::size_t elem = element_size(src.dtype);
+  const auto* s = static_cast<const std::byte*>(src.data) + src.offset(b, n_src, h_src, 0) * std::int64_t(elem);
+  auto* d = static_cast<std::byte*>(dst.data) + dst.offset(b, n_dst, h_dst, 0) * std::int64_t(elem);
+  const std::int64_t dim = src.head_dim();
+  if (src.stride[3] == 1 && dst.stride[3] == 1) {
+    std::memcpy(d, s, std::size_t(dim) * elem);
+    return;
+  }
+  for (std::int64_t c = 0; c < dim; ++c)
+    std::memcpy(d + c * dst.stride[3] * std::int64_t(elem), s + c * src.stride[3] * std::int64_t(elem), elem);
+}
+
+int pick_threads(int threads, double bytes) {
+  if (threads > 0) return threads;
+  return int(std::clamp<double>(bytes / kBytesPerThread, 1.0, double(router_detail::hardware_threads())));
+}
+
+}  // namespace
+
+std::vector<std::int64_t> permutation_map(const VideoGrid& grid, TokenOrder from, TokenOrder to) {
+  grid.validate();
+  std::vector<std::int64_t> map(std::size_t(grid.tokens()));
+  for (std::int64_t n = 0; n < grid.tokens(); ++n) map[std::size_t(n)] = grid.position(grid.coord(n, to), from);
+  return map;
+}
+
+void gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+                  std::span<const TensorView> sources, std::span<const TensorView> packed, int threads) {
+  grid.validate();
+  STSA_CHECK(sources.size() == packed.size(), InvalidArgument, "gather: ", sources.size(), " sources but ",
+             packed.size(), " packed tensors");
+  const std::int64_t count = std::int64_t(heads.size());
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    check_pair("gather", i, grid, sources[i], packed[i], count);
+    check_heads(heads, sources[i].heads());
+  }
+  if (count == 0 || sources.empty()) return;
+  const std::vector<std::int64_t> map = permutation_map(grid, from, to);
+  const std::int64_t n = grid.tokens(), batch = sources[0].batch();
+  double bytes = 0;
+  for (const auto& s : sources) bytes += 2.0 * double(s.batch() * n * count * s.head_dim()) * double(element_size(s.dtype));
+  // One pass: every destination token pulls all its heads of every tensor.
+  router_detail::parallel_for(batch * n, pick_threads(threads, bytes), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t row = begin; row < end; ++row) {
+      const std::int64_t b = row / n, to_pos = row % n, from_pos = map[std::size_t(to_pos)];
+      for (std::size_t i = 0; i < sources.size(); ++i)
+        for (std::int64_t j = 0; j < count; ++j) copy_row(sources[i], b, from_pos, heads[std::size_t(j)], packed[i], to_pos, j);
+    }
+  });
+}
+
+void scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+                   std::span<const TensorView> packed, std::span<const TensorView> dests, const LseView& packed_lse,
+                   const LseView& lse, int threads) {
+  grid.validate();
+  STSA_CHECK(packed.size() == dests.size(), InvalidArgument, "scatter: ", packed.size(), " packed tensors but ",
+             dests.size(), " destinations");
+  const std::int64_t count = std::int64_t(heads.size());
+  for (std::size_t i = 0; i < packed.size(); ++i) {
+    check_pair("scatter", i, grid, dests[i], packed[i], count);
+    check_heads(heads, dests[i].heads());
+  }
+  const bool with_lse = packed_lse.data != nullptr && lse.data != nullptr;
+  STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument,
+             "scatter: give both LSE views or neither");
+  std::int64_t batch = packed.empty() ? 0 : packed[0].batch();
+  if (with_lse) {
+    if (packed.empty()) batch = lse.shape[0];
+    STSA_CHECK(packed_lse.shape[0] == batch && lse.shape[0] == batch && packed_lse.shape[1] == count &&
+                   packed_lse.shape[2] == grid.tokens() && lse.shape[2] == grid.tokens(),
+               InvalidArgument, "scatter: LSE shapes [", packed_lse.shape[0], ", ", packed_lse.shape[1], ", ",
+               packed_lse.shape[2], "] -> [", lse.shape[0], ", ", lse.shape[1], ", ", lse.shape[2],
+               "] do not match B=", batch, ", Ht=", count, ", N=", grid.tokens());
+    check_heads(heads, lse.shape[1]);
+    for (int d = 0; d < 3; ++d)
+      STSA_CHECK(packed_lse.stride[d] >= 0 && lse.stride[d] >= 0, InvalidArgument,
+                 "scatter: negative LSE strides are not supported");
+    if (count > 0)
+      STSA_CHECK(!overlaps(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
+                 "scatter: LSE source and destination overlap");
+  }
+  if (count == 0 || batch == 0) return;
+  const std::vector<std::int64_t> map = permutation_map(grid, from, to);  // packed position of each destination token
+  const std::int64_t n = grid.tokens();
+  double bytes = 0;
+  for (const auto& p : packed) bytes += 2.0 * double(p.batch() * n * count * p.head_dim()) * double(element_size(p.dtype));
+  router_detail::parallel_for(batch * n, pick_threads(threads, bytes), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t row = begin; row < end; ++row) {
+      const std::int64_t b = row / n, to_pos = row % n, from_pos = map[std::size_t(to_pos)];
+      for (std::size_t i = 0; i < packed.size(); ++i)
+        for (std::int64_t j = 0; j < count; ++j) copy_row(packed[i], b, from_pos, j, dests[i], to_pos, heads[std::size_t(j)]);
+      if (with_lse)
+        for (std::int64_t j = 0; j < count; ++j) lse.at(b, heads[std::size_t(j)], to_pos) = packed_lse.at(b, j, from_pos);
+    }
+  });
+}
+
+double measure_copy_gbps(std::size_t bytes, int threads) {
+  STSA_CHECK(bytes >= 4096, InvalidArgument, "copy bandwidth buffer must be >= 4096 bytes, got ", bytes);
+  check_host_allocation(2 * std::uint64_t(bytes), "copy bandwidth measurement");
+  if (threads <= 0) threads = router_detail::hardware_threads();
+  std::unique_ptr<std::byte[]> src(new std::byte[bytes]), dst(new std::byte[bytes]);
+  std::memset(src.get(), 1, bytes);
+  std::memset(dst.get(), 0, bytes);  // touch every page before timing
+  double best = 1e30;
+  for (int run = 0; run < 5; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    router_detail::parallel_for(threads, threads, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t t = begin; t < end; ++t) {
+        const std::size_t lo = bytes * std::size_t(t) / std::size_t(threads);
+        const std::size_t hi = bytes * std::size_t(t + 1) / std::size_t(threads);
+        std::memcpy(dst.get() + lo, src.get() + lo, hi - lo);
+      }
+    });
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return 2.0 * double(bytes) / best / 1e9;
+}
+
+}  // namespace stsa

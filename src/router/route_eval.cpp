@@ -1,0 +1,84 @@
+#include "stsa/route_eval.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "router/parallel.hpp"
+#include "stsa/error.hpp"
+#include "stsa/first_block_anchor.hpp"
+#include "stsa/reference.hpp"
+
+namespace stsa {
+
+double RouteEvaluation::rel_l2(const std::vector<double>& squared_error, const std::vector<HeadRoute>& heads,
+                               const std::vector<Route>& routes) const {
+  double error = 0, reference = 0;
+  for (std::size_t h = 0; h < squared_error.size() && h < heads.size(); ++h) {
+    if (!routes.empty() && std::find(routes.begin(), routes.end(), heads[h].route) == routes.end()) continue;
+    error += squared_error[h];
+    reference += reference_squared[h];
+  }
+  return reference > 0 ? std::sqrt(error / reference) : 0.0;
+}
+
+RouteEvaluation evaluate_routes(const VideoLayout& layout, const TensorView& q, const TensorView& k,
+                                const TensorView& v, const TensorView& routed_o, const std::vector<HeadRoute>& heads,
+                                std::int64_t eval_rows, std::uint64_t seed, float softmax_scale, int threads) {
+  layout.validate();
+  STSA_CHECK(eval_rows >= 0, InvalidArgument, "evaluation rows must be >= 0 (0: all), got ", eval_rows);
+  STSA_CHECK(std::int64_t(heads.size()) == layout.heads, InvalidArgument, "evaluation: ", heads.size(),
+             " decisions for ", layout.heads, " heads");
+  const std::int64_t n = layout.tokens();
+  RouteEvaluation eval;
+  if (eval_rows == 0 || eval_rows >= n) {
+    for (std::int64_t r = 0; r < n; ++r) eval.rows.push_back(r);
+  } else {
+    std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+    for (std::int64_t i = 0; i < eval_rows; ++i) {
+      const std::int64_t lo = n * i / eval_rows, hi = n * (i + 1) / eval_rows;
+      eval.rows.push_back(lo + std::int64_t(rng() % std::uint64_t(hi - lo)));
+    }
+  }
+  const auto hcount = std::size_t(layout.heads);
+  eval.routed_squared_error.assign(hcount, 0.0);
+  eval.first_block_squared_error.assign(hcount, 0.0);
+  eval.reference_squared.assign(hcount, 0.0);
+  const PairPredicate first_block = first_block_predicate(layout.grid, heads, TokenOrder::FrameMajor);
+
+  // One head per task: reference_rows computes only the heads marked compute.
+  if (threads <= 0) threads = router_detail::hardware_threads();
+  router_detail::parallel_for(layout.heads, threads, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t h = begin; h < end; ++h) {
+      AttentionCall call;
+      call.layout = layout;
+      call.q = q;
+      call.k = k;
+      call.v = v;
+      call.o = routed_o;  // validated for shape only; reference_rows writes its own buffers
+      call.softmax_scale = softmax_scale;
+      call.heads.assign(hcount, HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, false});
+      call.heads[std::size_t(h)].compute = true;
+      std::vector<double> dense_o, dense_lse, fb_o, fb_lse;
+      reference_rows(call, eval.rows, dense_o, dense_lse);
+      reference_rows(call, eval.rows, fb_o, fb_lse, first_block);
+      const auto count = std::int64_t(eval.rows.size());
+      double routed = 0, fb = 0, ref = 0;
+      for (std::int64_t b = 0; b < layout.batch; ++b)
+        for (std::int64_t r = 0; r < count; ++r)
+          for (std::int64_t d = 0; d < layout.head_dim; ++d) {
+            const std::size_t i = std::size_t(((b * count + r) * layout.heads + h) * layout.head_dim + d);
+            const double x = routed_o.load(b, eval.rows[std::size_t(r)], h, d);
+            routed += (x - dense_o[i]) * (x - dense_o[i]);
+            fb += (fb_o[i] - dense_o[i]) * (fb_o[i] - dense_o[i]);
+            ref += dense_o[i] * dense_o[i];
+          }
+      eval.routed_squared_error[std::size_t(h)] = routed;
+      eval.first_block_squared_error[std::size_t(h)] = fb;
+      eval.reference_squared[std::size_t(h)] = ref;
+    }
+  });
+  return eval;
+}
+
+}  // namespace stsa

@@ -1,0 +1,134 @@
+#include "stsa/router.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "router/candidate_mask.hpp"
+#include "router/parallel.hpp"
+#include "router/sampled_attention.hpp"
+#include "stsa/error.hpp"
+
+namespace stsa {
+namespace {
+
+void check_input(const char* name, const TensorView& t, const VideoLayout& layout) {
+  STSA_CHECK(t.data != nullptr, InvalidArgument, "router: ", name, " is null");
+  const std::array<std::int64_t, 4> expected{layout.batch, layout.tokens(), layout.heads, layout.head_dim};
+  STSA_CHECK(t.shape == expected, InvalidArgument, "router: ", name, " has shape [", t.shape[0], ", ", t.shape[1],
+             ", ", t.shape[2], ", ", t.shape[3], "] but the layout ", layout.grid.describe(), " needs [", expected[0],
+             ", ", expected[1], ", ", expected[2], ", ", expected[3], "]");
+  for (int i = 0; i < 4; ++i)
+    STSA_CHECK(t.stride[i] >= 0, InvalidArgument, "router: ", name, " has a negative stride");
+}
+
+}  // namespace
+
+const CandidateError* HeadRoute::best() const {
+  const CandidateError* best = nullptr;
+  for (const auto& c : candidates)
+    if (std::isfinite(c.mse) && (best == nullptr || c.mse < best->mse)) best = &c;
+  return best;
+}
+
+Router::Router(RouterOptions options) : options_(options) { options_.validate(); }
+
+void Router::sample_rows(const VideoLayout& layout, TokenOrder order, std::vector<std::int64_t>& rows,
+                         std::vector<std::int64_t>& batch) const {
+  layout.validate();
+  const VideoGrid& grid = layout.grid;
+  const std::int64_t samples = options_.samples;
+  STSA_CHECK(samples <= grid.tokens(), InvalidArgument, "router samples (", samples, ") exceed the token count (",
+             grid.tokens(), ") of ", grid.describe());
+  // Population, most informative first: video rows outside the anchor (anchor and
+  // text rows attend densely under every mask, so they never tell masks apart),
+  // then all video rows, then all rows. Indices run in frame-major video order,
+  // so equal strata spread the samples over all frames.
+  const std::int64_t per_frame = grid.tokens_per_frame();
+  const std::int64_t anchor_rows = options_.anchor ? per_frame : 0;
+  std::int64_t first = anchor_rows, count = grid.video_tokens() - anchor_rows;
+  if (count < samples) first = 0, count = grid.video_tokens();
+  const bool video_only = count >= samples;
+  if (!video_only) count = grid.tokens();
+
+  std::mt19937_64 rng(options_.seed);
+  rows.clear();
+  batch.clear();
+  for (std::int64_t i = 0; i < samples; ++i) {
+    const std::int64_t lo = count * i / samples, hi = count * (i + 1) / samples;  // hi > lo since count >= samples
+    const std::int64_t u = lo + std::int64_t(rng() % std::uint64_t(hi - lo));
+    std::int64_t position;
+    if (video_only) {
+      TokenCoord c;
+      c.frame = (first + u) / per_frame;
+      c.patch = (first + u) % per_frame;
+      position = grid.position(c, order);
+    } else {
+      position = u;
+    }
+    rows.push_back(position);
+    batch.push_back(i % layout.batch);
+  }
+}
+
+RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, const TensorView& k, const TensorView& v,
+                            TokenOrder order, float softmax_scale, std::span<const std::int64_t> heads) const {
+  const auto start = std::chrono::steady_clock::now();
+  layout.validate();
+  check_input("q", q, layout);
+  check_input("k", k, layout);
+  check_input("v", v, layout);
+  STSA_CHECK(std::isfinite(softmax_scale), InvalidArgument, "router: softmax scale must be finite");
+  std::vector<std::int64_t> which(heads.begin(), heads.end());
+  if (which.empty())
+    for (std::int64_t h = 0; h < layout.heads; ++h) which.push_back(h);
+  for (std::int64_t h : which)
+    STSA_CHECK(h >= 0 && h < layout.heads, InvalidArgument, "router: head ", h, " out of range [0, ", layout.heads,
+               ")");
+
+  RoutingReport report;
+  sample_rows(layout, order, report.sampled_rows, report.sampled_batch);
+
+  std::vector<Route> routes{Route::Spatial, Route::Temporal};
+  if (options_.try_frame_window) routes.push_back(Route::FrameWindow);
+  std::vector<router_detail::CandidateMask> masks;
+  for (Route r : routes) masks.push_back(router_detail::make_candidate_mask(layout.grid, route_spec(layout.grid, r, options_), order));
+
+  const float scale = softmax_scale != 0.f ? softmax_scale : float(1.0 / std::sqrt(double(layout.head_dim)));
+  std::vector<router_detail::SampledErrors> errors(which.size());
+  const int threads = options_.threads > 0 ? options_.threads : router_detail::hardware_threads();
+  router_detail::parallel_for(std::int64_t(which.size()), threads, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i)
+      errors[std::size_t(i)] = router_detail::sampled_errors(q, k, v, which[std::size_t(i)], scale,
+                                                             report.sampled_rows, report.sampled_batch, masks);
+  });
+
+  const double values = double(report.sampled_rows.size()) * double(layout.head_dim);
+  for (const auto& e : errors) {
+    HeadRoute head;
+    for (std::size_t c = 0; c < routes.size(); ++c) {
+      CandidateError ce;
+      ce.route = routes[c];
+      ce.spec = masks[c].spec;
+      ce.mse = e.squared_error[c] / values;
+      ce.rel_l2 = e.squared_reference > 0 ? std::sqrt(e.squared_error[c] / e.squared_reference)
+                                          : (e.squared_error[c] > 0 ? INFINITY : 0.0);
+      head.candidates.push_back(ce);
+    }
+    const CandidateError* best = head.best();
+    if (best != nullptr && std::isfinite(best->rel_l2) && best->rel_l2 <= options_.max_rel_l2) {
+      head.route = best->route;
+      head.spec = best->spec;
+    } else {
+      head.route = Route::Dense;
+      head.spec = MaskSpec::dense();
+    }
+    report.flops += e.flops;
+    report.heads.push_back(std::move(head));
+  }
+  report.routing_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+}  // namespace stsa

@@ -1,0 +1,379 @@
+// The CPU backend against the fp64 reference, on every instruction set this
+// machine has, over awkward shapes: ragged tiles, one frame, 1x1 frames, text
+// before and after, head dims 64/80/96/128, fp32/bf16/f16 in and out, both memory
+// layouts, every mask kind at densities 0, 0.02, 0.25 and 1, anchor on and off,
+// three tile shapes and rounded plans.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu/isa.hpp"
+#include "stsa/cpu.hpp"
+#include "stsa/error.hpp"
+#include "stsa/mask.hpp"
+#include "stsa/plan.hpp"
+#include "support/testing.hpp"
+
+namespace stsa {
+namespace {
+
+std::vector<Isa> isas_of_this_machine() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    if (cpu::machine_supports(isa)) out.push_back(isa);
+  return out;
+}
+
+HeadMask head_for(const VideoGrid& grid, const MaskSpec& spec, TileShape tile, Alignment align) {
+  return HeadMask{spec, spec.natural_order(), TilePlan::build(grid, spec, tile, align), true};
+}
+
+// One head per mask kind, all at `density` (dense ignores it).
+std::vector<HeadMask> four_heads(const VideoGrid& grid, double density, bool anchor, TileShape tile, Alignment align) {
+  return {head_for(grid, mask_for_density(grid, SparseKind::Spatial, density, anchor), tile, align),
+          head_for(grid, mask_for_density(grid, SparseKind::Temporal, density, anchor), tile, align),
+          head_for(grid, mask_for_density(grid, SparseKind::FrameWindow, density, anchor), tile, align),
+          head_for(grid, MaskSpec::dense(), tile, align)};
+}
+
+// What a rounded plan computes, for the reference (heads in tensor order = plan order).
+PairPredicate plan_predicate(const std::vector<HeadMask>& heads) {
+  return
+      [&heads](std::int64_t h, std::int64_t q, std::int64_t k) { return heads[std::size_t(h)].plan->computes(q, k); };
+}
+
+struct Case {
+  VideoGrid grid;
+  std::int64_t batch = 1;
+  std::int64_t head_dim = 64;
+  DType in = DType::F32;
+  DType out = DType::F32;
+  MemoryLayout memory = MemoryLayout::BNHD;
+  TileShape tile{64, 64};
+  Alignment align = Alignment::Exact;
+  double density = 0.25;
+  bool anchor = true;
+};
+
+std::string describe(const Case& c, Isa isa) {
+  std::ostringstream s;
+  s << "isa " << to_string(isa) << ", density " << c.density << (c.anchor ? " +anchor" : " -anchor") << ", tile "
+    << c.tile.q << "x" << c.tile.k << " " << to_string(c.align);
+  return s.str();
+}
+
+void check_case(const Case& c) {
+  const VideoLayout layout{c.grid, c.batch, 4, c.head_dim};
+  for (Isa isa : isas_of_this_machine()) {
+    SCOPED_TRACE(describe(c, isa));
+    const auto backend = make_cpu_backend({isa, 2});
+    auto problem = testing::make_problem(layout, c.in, four_heads(c.grid, c.density, c.anchor, c.tile, c.align),
+                                         testing::fresh_seed(), c.memory, c.out);
+    ASSERT_TRUE(backend->supports(problem.call()).ok);
+    backend->run(problem.call());
+    const PairPredicate computes = c.align == Alignment::Round ? plan_predicate(problem.heads) : PairPredicate{};
+    const auto cmp = testing::compare_with_reference(problem, 0, 1, computes);
+    EXPECT_TRUE(cmp.ok()) << cmp.failure;
+    if (c.in == DType::F32 && c.out == DType::F32) {
+      EXPECT_LT(cmp.rel_l2_err, 1e-5) << problem.label;
+    }
+  }
+}
+
+// Grids chosen so no token count is a tile multiple, with frames of one token
+// and of one row, and text on either side.
+std::vector<VideoGrid> awkward_grids() {
+  return {
+      {3, 5, 7, 0, TextPlacement::After},     // 105 tokens
+      {1, 9, 11, 13, TextPlacement::Before},  // one frame, text before
+      {7, 1, 1, 5, TextPlacement::After},     // 1x1 frames, text after
+      {4, 6, 10, 20, TextPlacement::After},   // 260 tokens
+      {2, 12, 16, 7, TextPlacement::Before},  // 391 tokens: several 128-tiles
+  };
+}
+
+TEST(CpuBackend, MatchesReferenceOnAwkwardShapes) {
+  const std::int64_t dims[] = {64, 80, 128, 96};
+  const TileShape tiles[] = {{64, 64}, {128, 128}, {48, 64}};
+  int index = 0;
+  for (const VideoGrid& grid : awkward_grids())
+    for (double density : {0.0, 0.02, 0.25, 1.0})
+      for (bool anchor : {true, false}) {
+        Case c;
+        c.grid = grid;
+        c.density = density;
+        c.anchor = anchor;
+        // Cycle the remaining parameters so each value meets every grid.
+        c.head_dim = dims[index % 4];
+        c.tile = tiles[(index / 2) % 3];
+        c.in = index % 3 == 1 ? DType::BF16 : index % 6 == 2 ? DType::F16 : DType::F32;
+        c.out = index % 5 == 2 ? DType::BF16 : index % 5 == 4 ? DType::F16 : DType::F32;
+        c.memory = (index / 3) % 2 ? MemoryLayout::BHND : MemoryLayout::BNHD;
+        c.align = index % 5 == 1 ? Alignment::Round : Alignment::Exact;
+        c.batch = index % 7 == 0 ? 2 : 1;
+        ++index;
+        check_case(c);
+      }
+}
+
+TEST(CpuBackend, RoundedPlansComputeWhatTheyClaim) {
+  for (TileShape tile : {TileShape{64, 64}, TileShape{48, 64}, TileShape{128, 128}}) {
+    Case c;
+    c.grid = {3, 8, 12, 9, TextPlacement::Before};  // 297 tokens
+    c.head_dim = 128;
+    c.tile = tile;
+    c.align = Alignment::Round;
+    c.density = 0.2;
+    check_case(c);
+  }
+}
+
+TEST(CpuBackend, DensityOneEqualsDenseBitForBit) {
+  const VideoGrid grid{3, 5, 7, 4, TextPlacement::After};
+  const VideoLayout layout{grid, 1, 2, 128};
+  for (Isa isa : isas_of_this_machine()) {
+    SCOPED_TRACE(to_string(isa));
+    const TileShape tile{64, 64};
+    const MaskSpec full = mask_for_density(grid, SparseKind::Spatial, 1.0);
+    auto problem = testing::make_problem(
+        layout, DType::F32,
+        {head_for(grid, full, tile, Alignment::Exact), head_for(grid, MaskSpec::dense(), tile, Alignment::Exact)},
+        testing::fresh_seed());
+    // Same inputs for both heads.
+    for (std::int64_t n = 0; n < layout.tokens(); ++n)
+      for (std::int64_t d = 0; d < 128; ++d)
+        for (const TensorView& t : {problem.q.view(), problem.k.view(), problem.v.view()})
+          t.store(0, n, 1, d, t.load(0, n, 0, d));
+    make_cpu_backend({isa, 2})->run(problem.call());
+    const AttentionCall call = problem.call();
+    for (std::int64_t n = 0; n < layout.tokens(); ++n) {
+      for (std::int64_t d = 0; d < 128; ++d) ASSERT_EQ(call.o.load(0, n, 0, d), call.o.load(0, n, 1, d));
+      ASSERT_EQ(call.lse.at(0, 0, n), call.lse.at(0, 1, n));
+    }
+    EXPECT_TRUE(testing::compare_with_reference(problem).ok());
+  }
+}
+
+TEST(CpuBackend, RowsWithNothingAllowedGiveZeroAndMinusInfinity) {
+  const VideoGrid grid{3, 5, 7, 0, TextPlacement::After};
+  const VideoLayout layout{grid, 1, 1, 64};
+  for (Isa isa : isas_of_this_machine()) {
+    const MaskSpec none = mask_for_density(grid, SparseKind::Spatial, 0.0, /*anchor=*/false);
+    auto problem = testing::make_problem(layout, DType::F32, {head_for(grid, none, {64, 64}, Alignment::Exact)},
+                                         testing::fresh_seed());
+    make_cpu_backend({isa, 2})->run(problem.call());
+    const AttentionCall call = problem.call();
+    for (std::int64_t n = 0; n < layout.tokens(); ++n) {
+      if (call.heads[0].plan->computes(n, n)) continue;  // a band of width 0 still keeps the diagonal
+      bool any = false;
+      for (std::int64_t k = 0; k < layout.tokens(); ++k) any = any || call.heads[0].plan->computes(n, k);
+      if (any) continue;
+      EXPECT_EQ(call.lse.at(0, 0, n), -std::numeric_limits<float>::infinity()) << "row " << n;
+      for (std::int64_t d = 0; d < 64; ++d) EXPECT_EQ(call.o.load(0, n, 0, d), 0.0f);
+    }
+    EXPECT_TRUE(testing::compare_with_reference(problem).ok());
+  }
+}
+
+TEST(CpuBackend, EmptyMaskGivesEmptyRowsEverywhere) {
+  const VideoGrid grid{2, 3, 5, 0, TextPlacement::After};
+  const VideoLayout layout{grid, 1, 1, 80};
+  for (Isa isa : isas_of_this_machine()) {
+    const MaskSpec none = MaskSpec::spatial(-1, /*anchor=*/false);
+    auto problem = testing::make_problem(layout, DType::F32, {head_for(grid, none, {64, 64}, Alignment::Exact)},
+                                         testing::fresh_seed());
+    make_cpu_backend({isa, 1})->run(problem.call());
+    const AttentionCall call = problem.call();
+    for (std::int64_t n = 0; n < layout.tokens(); ++n) {
+      EXPECT_EQ(call.lse.at(0, 0, n), -std::numeric_limits<float>::infinity());
+      for (std::int64_t d = 0; d < 80; ++d) EXPECT_EQ(call.o.load(0, n, 0, d), 0.0f);
+    }
+  }
+}
+
+TEST(CpuBackend, NonFiniteInputsReachOnlyRowsThatSeeThem) {
+  // A band of 1: key 40 is allowed for rows 39..41 only, and sits inside a partial tile for others.
+  const VideoGrid grid{4, 4, 5, 0, TextPlacement::After};  // 80 tokens
+  const VideoLayout layout{grid, 1, 1, 64};
+  for (Isa isa : isas_of_this_machine()) {
+    for (int which : {1, 2}) {  // NaN in K, then Inf in V
+      SCOPED_TRACE(std::string(to_string(isa)) + (which == 1 ? " NaN in K" : " Inf in V"));
+      const MaskSpec spec = MaskSpec::spatial(1, /*anchor=*/false);
+      auto problem = testing::make_problem(layout, DType::F32, {head_for(grid, spec, {64, 64}, Alignment::Exact)},
+                                           testing::fresh_seed());
+      (which == 1 ? problem.k : problem.v).view().store(0, 40, 0, 3, which == 1 ? NAN : INFINITY);
+      make_cpu_backend({isa, 2})->run(problem.call());
+      const AttentionCall call = problem.call();
+      for (std::int64_t n = 0; n < layout.tokens(); ++n) {
+        const bool touches = n >= 39 && n <= 41;
+        EXPECT_EQ(std::isfinite(call.o.load(0, n, 0, 3)), !touches) << "row " << n;
+      }
+      const auto cmp = testing::compare_with_reference(problem);
+      EXPECT_TRUE(cmp.ok()) << cmp.failure;
+    }
+  }
+}
+
+TEST(CpuBackend, SkippedHeadsAreLeftUntouched) {
+  const VideoGrid grid{2, 4, 4, 3, TextPlacement::Before};
+  const VideoLayout layout{grid, 1, 2, 64};
+  auto heads = std::vector<HeadMask>{head_for(grid, MaskSpec::spatial(5), {64, 64}, Alignment::Exact),
+                                     head_for(grid, MaskSpec::dense(), {64, 64}, Alignment::Exact)};
+  heads[1].compute = false;
+  auto problem = testing::make_problem(layout, DType::F32, heads, testing::fresh_seed());
+  make_cpu_backend()->run(problem.call());
+  const AttentionCall call = problem.call();
+  for (std::int64_t n = 0; n < layout.tokens(); ++n) {
+    EXPECT_TRUE(std::isnan(call.o.load(0, n, 1, 0)));
+    EXPECT_TRUE(std::isnan(call.lse.at(0, 1, n)));
+    EXPECT_FALSE(std::isnan(call.o.load(0, n, 0, 0)));
+  }
+  EXPECT_TRUE(testing::compare_with_reference(problem).ok());
+}
+
+TEST(CpuBackend, LseIsOptionalAndScaleIsHonoured) {
+  const VideoGrid grid{3, 4, 6, 0, TextPlacement::After};
+  const VideoLayout layout{grid, 1, 1, 96};
+  for (float scale : {0.3f, -0.2f}) {
+    auto problem =
+        testing::make_problem(layout, DType::BF16, {head_for(grid, MaskSpec::spatial(20), {64, 64}, Alignment::Exact)},
+                              testing::fresh_seed(), MemoryLayout::BHND, DType::F32);
+    AttentionCall call = problem.call();
+    call.softmax_scale = scale;
+    make_cpu_backend()->run(call);
+    std::vector<double> ref_o, ref_lse;
+    std::vector<std::int64_t> rows;
+    for (std::int64_t n = 0; n < layout.tokens(); ++n) rows.push_back(n);
+    reference_rows(call, rows, ref_o, ref_lse);
+    for (std::int64_t n = 0; n < layout.tokens(); ++n) {
+      EXPECT_NEAR(call.lse.at(0, 0, n), ref_lse[std::size_t(n)],
+                  1e-5 * std::max(1.0, std::abs(ref_lse[std::size_t(n)])));
+      for (std::int64_t d = 0; d < 96; ++d)
+        EXPECT_NEAR(call.o.load(0, n, 0, d), ref_o[std::size_t(n * 96 + d)], 1e-5) << n << "," << d;
+    }
+    // Without LSE the output is the same.
+    std::vector<float> with_lse;
+    for (std::int64_t n = 0; n < layout.tokens(); ++n) with_lse.push_back(call.o.load(0, n, 0, 5));
+    call.lse = {};
+    make_cpu_backend()->run(call);
+    for (std::int64_t n = 0; n < layout.tokens(); ++n) EXPECT_EQ(call.o.load(0, n, 0, 5), with_lse[std::size_t(n)]);
+  }
+}
+
+TEST(CpuBackend, AnyStridesGiveTheSameBits) {
+  // Channels two apart and padded token rows, for inputs and output: the packed
+  // panels are the same, so the output must be too.
+  const VideoGrid grid{3, 4, 5, 6, TextPlacement::After};
+  const VideoLayout layout{grid, 2, 2, 64};
+  const MaskSpec spec = mask_for_density(grid, SparseKind::Spatial, 0.3);
+  auto problem = testing::make_problem(
+      layout, DType::BF16,
+      {head_for(grid, spec, {64, 64}, Alignment::Exact), head_for(grid, spec, {64, 64}, Alignment::Exact)},
+      testing::fresh_seed());
+  const auto backend = make_cpu_backend({Isa::Auto, 2});
+  backend->run(problem.call());
+
+  const std::int64_t n = layout.tokens(), h = layout.heads, d = layout.head_dim;
+  const std::array<std::int64_t, 4> stride{n * (h * d * 2 + 8), h * d * 2 + 8, d * 2, 2};
+  auto strided = [&](DType dtype, std::vector<std::byte>& storage) {
+    storage.assign(std::size_t(stride[0] * layout.batch) * element_size(dtype), std::byte{0});
+    TensorView t;
+    t.data = storage.data();
+    t.dtype = dtype;
+    t.shape = {layout.batch, n, h, d};
+    t.stride = stride;
+    return t;
+  };
+  std::vector<std::byte> qs, ks, vs, os;
+  AttentionCall call = problem.call();
+  call.q = strided(DType::BF16, qs);
+  call.k = strided(DType::BF16, ks);
+  call.v = strided(DType::BF16, vs);
+  call.o = strided(DType::F32, os);
+  LseBuffer lse(layout.batch, h, n);
+  call.lse = lse.view();
+  const AttentionCall contiguous = problem.call();
+  for (std::int64_t b = 0; b < layout.batch; ++b)
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < h; ++j)
+        for (std::int64_t c = 0; c < d; ++c) {
+          call.q.store(b, i, j, c, contiguous.q.load(b, i, j, c));
+          call.k.store(b, i, j, c, contiguous.k.load(b, i, j, c));
+          call.v.store(b, i, j, c, contiguous.v.load(b, i, j, c));
+        }
+  backend->run(call);
+  for (std::int64_t b = 0; b < layout.batch; ++b)
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < h; ++j) {
+        ASSERT_EQ(call.lse.at(b, j, i), contiguous.lse.at(b, j, i));
+        for (std::int64_t c = 0; c < d; ++c) ASSERT_EQ(call.o.load(b, i, j, c), contiguous.o.load(b, i, j, c));
+      }
+}
+
+TEST(CpuBackend, RejectsWhatItCannotRun) {
+  const VideoGrid grid{2, 3, 3, 0, TextPlacement::After};
+  for (std::int64_t dims : {32, 100, 256}) {
+    const VideoLayout layout{grid, 1, 1, dims};
+    auto problem =
+        testing::make_problem(layout, DType::F32, {head_for(grid, MaskSpec::dense(), {64, 64}, Alignment::Exact)}, 1);
+    const auto backend = make_cpu_backend();
+    const Support s = backend->supports(problem.call());
+    EXPECT_FALSE(s.ok);
+    EXPECT_NE(s.why.find("head dim"), std::string::npos) << s.why;
+    EXPECT_THROW(backend->run(problem.call()), Unsupported);
+  }
+  // A plan built for the other token order is a caller error.
+  const VideoLayout layout{grid, 1, 1, 64};
+  const MaskSpec temporal = MaskSpec::temporal(3);
+  HeadMask wrong{temporal, TokenOrder::FrameMajor, TilePlan::build(grid, temporal, {64, 64}), true};
+  auto problem = testing::make_problem(layout, DType::F32, {wrong}, 1);
+  EXPECT_THROW(make_cpu_backend()->run(problem.call()), InvalidArgument);
+  // No plan at all.
+  problem.heads[0] = HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, true};
+  EXPECT_THROW(make_cpu_backend()->run(problem.call()), InvalidArgument);
+  EXPECT_THROW(make_cpu_backend({Isa::Auto, -1}), InvalidArgument);
+}
+
+TEST(CpuBackend, InstructionSetChoice) {
+  EXPECT_EQ(parse_isa("avx2"), Isa::Avx2);
+  EXPECT_EQ(parse_isa("auto"), Isa::Auto);
+  EXPECT_THROW(parse_isa("sse"), InvalidArgument);
+  EXPECT_EQ(to_string(Isa::Avx512), "avx512");
+  const char* saved = std::getenv("STSA_ISA");
+  const std::string saved_value = saved ? saved : "";
+  ::setenv("STSA_ISA", "scalar", 1);
+  EXPECT_EQ(best_isa(), Isa::Scalar);
+  ::setenv("STSA_ISA", "avx512", 1);
+  EXPECT_EQ(best_isa(), cpu::machine_best_isa());  // a cap, never above the machine
+  if (!cpu::machine_supports(Isa::Avx512)) {
+    const VideoGrid grid{1, 2, 2, 0, TextPlacement::After};
+    auto problem = testing::make_problem({grid, 1, 1, 64}, DType::F32,
+                                         {head_for(grid, MaskSpec::dense(), {64, 64}, Alignment::Exact)}, 1);
+    EXPECT_THROW(make_cpu_backend()->run(problem.call()), Unsupported);
+    EXPECT_THROW(make_cpu_backend({Isa::Avx512, 1})->run(problem.call()), Unsupported);
+  }
+  ::setenv("STSA_ISA", "bogus", 1);
+  EXPECT_THROW(best_isa(), InvalidArgument);
+  if (saved)
+    ::setenv("STSA_ISA", saved_value.c_str(), 1);
+  else
+    ::unsetenv("STSA_ISA");
+}
+
+TEST(CpuBackend, FmaPeakIsPositive) {
+  const double one = measure_fma_peak_gflops(1, 0.02);
+  EXPECT_GT(one, 0.1);
+  EXPECT_THROW(measure_fma_peak_gflops(-1, 0.1), InvalidArgument);
+  EXPECT_THROW(measure_fma_peak_gflops(1, 0.0), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace stsa

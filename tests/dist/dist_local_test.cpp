@@ -1,0 +1,280 @@
+// Distributed pieces that need no second process: sharding, byte accounting,
+// the single-device path against the fp64 reference, and the Ulysses call over
+// the one-rank LocalCommunicator.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "dist_testing.hpp"
+#include "stsa/permute.hpp"
+
+namespace stsa::dist {
+namespace {
+
+using stsa::testing::compare_with_reference;
+using stsa::testing::fresh_seed;
+using stsa::testing::make_problem;
+using dist_testing::compare_lse;
+using dist_testing::compare_tokens;
+using dist_testing::mixed_masks;
+using dist_testing::reference_heads;
+using dist_testing::shard_problem;
+using dist_testing::run_single;
+
+VideoLayout make_layout(VideoGrid grid, std::int64_t heads, std::int64_t dim, std::int64_t batch = 1) {
+  VideoLayout l;
+  l.grid = grid;
+  l.heads = heads;
+  l.head_dim = dim;
+  l.batch = batch;
+  return l;
+}
+
+TEST(SequenceShard, CoversEveryTokenOnceInOrder) {
+  for (std::int64_t tokens : {0, 1, 3, 7, 10, 105, 576}) {
+    for (int ranks : {1, 2, 3, 4, 7}) {
+      std::int64_t next = 0, longest = 0, shortest = tokens;
+      for (int r = 0; r < ranks; ++r) {
+        const Shard s = sequence_shard(tokens, ranks, r);
+        EXPECT_EQ(s.begin, next) << tokens << " tokens, " << ranks << " ranks, rank " << r;
+        next = s.end();
+        longest = std::max(longest, s.count);
+        shortest = std::min(shortest, s.count);
+        // The first V % P ranks carry the extra token.
+        EXPECT_EQ(s.count, tokens / ranks + (r < tokens % ranks ? 1 : 0));
+      }
+      EXPECT_EQ(next, tokens);
+      EXPECT_LE(longest - shortest, 1);
+    }
+  }
+  EXPECT_EQ(sequence_shard(10, 4, 0), (Shard{0, 3}));
+  EXPECT_EQ(sequence_shard(10, 4, 1), (Shard{3, 3}));
+  EXPECT_EQ(sequence_shard(10, 4, 2), (Shard{6, 2}));
+  EXPECT_EQ(sequence_shard(10, 4, 3), (Shard{8, 2}));
+}
+
+TEST(SequenceShard, RejectsBadRankArguments) {
+  EXPECT_THROW(sequence_shard(10, 0, 0), InvalidArgument);
+  EXPECT_THROW(sequence_shard(10, 4, 4), InvalidArgument);
+  EXPECT_THROW(sequence_shard(10, 4, -1), InvalidArgument);
+  EXPECT_THROW(sequence_shard(-1, 4, 0), InvalidArgument);
+}
+
+TEST(HeadsPerRank, SaysWhichRankCountsWork) {
+  EXPECT_EQ(heads_per_rank(8, 1), 8);
+  EXPECT_EQ(heads_per_rank(8, 4), 2);
+  EXPECT_EQ(heads_per_rank(40, 8), 5);
+  try {
+    heads_per_rank(12, 5);
+    FAIL() << "12 heads over 5 ranks must be rejected";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("1, 2, 3, 4, 6, 12"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LocalCommunicator, ExchangesAreLocalCopiesAndCostNoTraffic) {
+  auto comm = make_local_communicator();
+  EXPECT_EQ(comm->size(), 1);
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->name(), "local");
+  std::vector<std::byte> send(64), recv(80, std::byte{0});
+  std::iota(reinterpret_cast<unsigned char*>(send.data()), reinterpret_cast<unsigned char*>(send.data()) + 64, 0);
+  const std::int64_t counts[] = {40}, send_offsets[] = {8}, recv_offsets[] = {16};
+  comm->alltoallv(send.data(), counts, send_offsets, recv.data(), counts, recv_offsets);
+  EXPECT_EQ(std::memcmp(recv.data() + 16, send.data() + 8, 40), 0);
+  const std::int64_t wrong[] = {8};
+  EXPECT_THROW(comm->alltoallv(send.data(), counts, send_offsets, recv.data(), wrong, recv_offsets), DistError);
+  const std::int64_t two[] = {1, 1};
+  EXPECT_THROW(comm->alltoallv(send.data(), two, two, recv.data(), two, two), InvalidArgument);
+  double values[] = {3.0, -1.0};
+  comm->allreduce(values, ReduceOp::Max);
+  EXPECT_EQ(values[0], 3.0);
+  std::int64_t mine = 42, all = 0;
+  comm->allgather(&mine, sizeof mine, &all);
+  EXPECT_EQ(all, 42);
+  comm->barrier();
+  const Traffic t = comm->traffic();
+  EXPECT_EQ(t.bytes_sent, 0);  // a rank's block to itself is never traffic
+  EXPECT_EQ(t.bytes_received, 0);
+  EXPECT_EQ(t.control_bytes_sent, 0);
+  EXPECT_EQ(t.exchanges, 1);
+  EXPECT_GE(t.collectives, 4);
+  EXPECT_THROW(comm->set_timeout(std::chrono::milliseconds(0)), InvalidArgument);
+}
+
+TEST(UlyssesVolume, EvenShardsMatchTheTextbookFormula) {
+  const VideoLayout l = make_layout(VideoGrid{9, 8, 8}, 8, 64);  // 576 tokens
+  for (int ranks : {1, 2, 4, 8}) {
+    for (bool lse : {false, true}) {
+      const double formula = ulysses_formula_bytes(l, DType::F32, DType::F32, lse, ranks);
+      for (int r = 0; r < ranks; ++r) {
+        const UlyssesVolume v = ulysses_volume(l, DType::F32, DType::F32, lse, ranks, r);
+        EXPECT_EQ(double(v.sent()), formula) << ranks << " ranks, rank " << r;
+        EXPECT_EQ(v.sent(), v.received());
+      }
+    }
+  }
+  // By hand: P = 2, fp32: 4 x 1 x 288 x 8 x 64 x 1/2 elements x 4 bytes, plus 288 x 8 x 1/2 LSE floats.
+  EXPECT_EQ(ulysses_formula_bytes(l, DType::F32, DType::F32, true, 2), 4.0 * 288 * 8 * 64 / 2 * 4 + 288.0 * 8 / 2 * 4);
+  EXPECT_EQ(ulysses_volume(l, DType::F32, DType::F32, false, 1, 0).sent(), 0);
+}
+
+TEST(UlyssesVolume, UnevenShardsAndTextBalanceAcrossRanks) {
+  VideoGrid g{3, 5, 7, 11, TextPlacement::Before};  // 105 video tokens
+  const VideoLayout l = make_layout(g, 4, 80, 2);
+  for (int ranks : {2, 4}) {
+    std::int64_t sent = 0, received = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const UlyssesVolume v = ulysses_volume(l, DType::BF16, DType::F32, true, ranks, r);
+      sent += v.sent();
+      received += v.received();
+    }
+    EXPECT_EQ(sent, received);
+  }
+  EXPECT_THROW(ulysses_volume(l, DType::F32, DType::F32, true, 3, 0), InvalidArgument);  // 3 does not divide 4 heads
+}
+
+// Brute force over the permutation map: count tokens whose two positions fall in different shards.
+std::int64_t brute_force_permutation_bytes(const VideoLayout& l, std::int64_t temporal_heads, int ranks, int rank,
+                                           std::int64_t in_elem, std::int64_t out_row) {
+  const VideoGrid& g = l.grid;
+  const auto to_spatial = permutation_map(g, TokenOrder::FrameMajor, TokenOrder::SpatialMajor);  // [spatial] = frame
+  const Shard s = sequence_shard(g.video_tokens(), ranks, rank);
+  const auto inside = [&](std::int64_t video_pos) { return video_pos >= s.begin && video_pos < s.end(); };
+  std::int64_t leaving = 0, returning = 0;
+  for (std::int64_t spatial = 0; spatial < g.tokens(); ++spatial) {
+    const std::int64_t frame = to_spatial[std::size_t(spatial)];
+    const std::int64_t vs = spatial - g.video_begin(), vf = frame - g.video_begin();
+    if (vs < 0 || vs >= g.video_tokens()) continue;  // text
+    if (inside(vf) && !inside(vs)) ++leaving;
+    if (inside(vs) && !inside(vf)) ++returning;
+  }
+  return l.batch * temporal_heads * (3 * leaving * l.head_dim * in_elem + returning * out_row);
+}
+
+TEST(ShardedPermutationBytes, MatchesBruteForceAndIsZeroWithoutTemporalHeads) {
+  VideoGrid g{5, 4, 6, 9, TextPlacement::After};
+  const VideoLayout l = make_layout(g, 4, 64);
+  const auto masks = mixed_masks(g, 4, 0.3);  // one temporal head of four
+  for (int ranks : {1, 2, 3, 4}) {
+    for (int r = 0; r < ranks; ++r) {
+      const std::int64_t computed = sharded_permutation_bytes(l, masks, DType::BF16, DType::F32, true, ranks, r);
+      EXPECT_EQ(computed, brute_force_permutation_bytes(l, 1, ranks, r, 2, 64 * 4 + 4)) << ranks << " ranks, rank " << r;
+      if (ranks > 1) {
+        EXPECT_GT(computed, 0);
+      }
+    }
+  }
+  const std::vector<MaskSpec> spatial{mask_for_density(g, SparseKind::Spatial, 0.3)};
+  EXPECT_EQ(sharded_permutation_bytes(l, spatial, DType::F32, DType::F32, true, 4, 1), 0);
+  EXPECT_THROW(sharded_permutation_bytes(l, std::vector<MaskSpec>(3), DType::F32, DType::F32, true, 2, 0),
+               InvalidArgument);
+}
+
+TEST(RoutesForMasks, NamesTheRouteOfEachMask) {
+  const VideoGrid g{4, 6, 6};
+  const auto masks = mixed_masks(g, 4, 0.25);
+  const auto routes = routes_for_masks(masks, 4);
+  ASSERT_EQ(routes.size(), 4u);
+  EXPECT_EQ(routes[0].route, Route::Spatial);
+  EXPECT_EQ(routes[1].route, Route::Temporal);
+  EXPECT_EQ(routes[2].route, Route::FrameWindow);
+  EXPECT_EQ(routes[3].route, Route::Dense);
+  for (std::size_t h = 0; h < 4; ++h) EXPECT_EQ(routes[h].spec, masks[h]);
+  EXPECT_EQ(routes_for_masks(std::vector<MaskSpec>{masks[1]}, 3).size(), 3u);
+  EXPECT_THROW(routes_for_masks(masks, 3), InvalidArgument);
+}
+
+struct Case {
+  VideoGrid grid;
+  std::int64_t heads, dim;
+  DType dtype;
+  const char* backend;
+};
+
+class SingleDevice : public ::testing::TestWithParam<Case> {};
+
+// The path every rank runs must itself be right: against the fp64 reference, temporal heads included.
+TEST_P(SingleDevice, MatchesTheReference) {
+  const Case c = GetParam();
+  const VideoLayout l = make_layout(c.grid, c.heads, c.dim, 2);
+  const auto masks = mixed_masks(c.grid, c.heads, 0.25);
+  const std::uint64_t seed = fresh_seed();
+  auto p = make_problem(l, c.dtype, reference_heads(l, masks), seed);
+  PlanCache plans;
+  run_single(p, masks, true, backend(c.backend), plans);
+  const auto cmp = compare_with_reference(p);
+  EXPECT_TRUE(cmp.ok()) << p.label << ": " << cmp.failure;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, SingleDevice,
+    ::testing::Values(Case{VideoGrid{3, 5, 7}, 4, 64, DType::F32, "cpu"},
+                      Case{VideoGrid{4, 6, 5, 13, TextPlacement::Before}, 4, 80, DType::BF16, "cpu"},
+                      Case{VideoGrid{1, 9, 11, 7, TextPlacement::After}, 4, 128, DType::F32, "cpu"},
+                      Case{VideoGrid{3, 5, 7, 5, TextPlacement::After}, 4, 64, DType::F32, "reference"}));
+
+TEST(UlyssesLocal, OneRankEqualsTheSingleDevicePathBitForBit) {
+  VideoGrid g{3, 5, 7, 6, TextPlacement::Before};
+  const VideoLayout l = make_layout(g, 4, 64);
+  const auto masks = mixed_masks(g, 4, 0.25);
+  auto single = make_problem(l, DType::F32, reference_heads(l, masks), fresh_seed());
+  PlanCache plans;
+  const Backend& cpu = backend("cpu");
+  run_single(single, masks, true, cpu, plans);
+
+  auto comm = make_local_communicator();
+  auto rank = shard_problem(single, masks, 1, 0, true);
+  const UlyssesReport report = ulysses_attention(*comm, rank.call, cpu, plans);
+  EXPECT_EQ(compare_tokens(rank.o.view(), single.o.view(), g.video_begin(), g.video_tokens()).differing_bits, 0);
+  EXPECT_EQ(compare_tokens(rank.text_o.view(), single.o.view(), 0, g.text_tokens).differing_bits, 0);
+  EXPECT_EQ(compare_lse(rank.lse.view(), single.lse.view(), g.video_begin(), g.video_tokens()).differing_bits, 0);
+  EXPECT_EQ(compare_lse(rank.text_lse.view(), single.lse.view(), 0, g.text_tokens).differing_bits, 0);
+  EXPECT_EQ(report.ranks, 1);
+  EXPECT_EQ(report.local_heads, 4);
+  EXPECT_EQ(report.temporal_heads, 1);
+  EXPECT_EQ(report.total.bytes_sent, 0);
+  EXPECT_EQ(report.local.exchanges + report.local.collectives, 0);  // nothing between the exchanges talks to other ranks
+  EXPECT_EQ(report.scatter.exchanges, 1);
+  EXPECT_EQ(report.gather.exchanges, 1);
+}
+
+TEST(UlyssesLocal, RejectsBadInputWithTheReason) {
+  VideoGrid g{2, 4, 4};
+  const VideoLayout l = make_layout(g, 2, 64);
+  const std::vector<MaskSpec> masks{MaskSpec::dense()};
+  auto p = make_problem(l, DType::F32, reference_heads(l, masks), 1);
+  auto comm = make_local_communicator();
+  PlanCache plans;
+  const Backend& reference = backend("reference");
+
+  auto wrong_dim = shard_problem(p, masks, 1, 0, false);
+  wrong_dim.call.layout.head_dim = 32;
+  try {
+    ulysses_attention(*comm, wrong_dim.call, reference, plans);
+    FAIL() << "a head dim that does not match the tensors must be rejected";
+  } catch (const DistError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();
+  }
+
+  auto stray_text = shard_problem(p, masks, 1, 0, false);
+  stray_text.call.text_q = stray_text.call.q;
+  EXPECT_THROW(ulysses_attention(*comm, stray_text.call, reference, plans), DistError);
+
+  auto too_many_masks = shard_problem(p, std::vector<MaskSpec>(3), 1, 0, false);
+  EXPECT_THROW(ulysses_attention(*comm, too_many_masks.call, reference, plans), DistError);
+}
+
+TEST(UlyssesLocal, MissingTransportsSayUnsupported) {
+  if (!built_with_mpi()) {
+    EXPECT_THROW(MpiSession(), Unsupported);
+  }
+  if (!built_with_nccl()) {
+    auto comm = make_local_communicator();
+    EXPECT_THROW(make_nccl_communicator(*comm), Unsupported);
+  }
+}
+
+}  // namespace
+}  // namespace stsa::dist

@@ -1,0 +1,332 @@
+// The CUDA backend against the fp64 reference and the CPU backend, on fresh
+// random inputs with awkward shapes (token counts that are not tile multiples,
+// one frame, text before and after, head dims 64 and 128, bf16 and fp16 in,
+// fp32/bf16/fp16 out, both memory layouts, mixed masks per head, rows with
+// nothing to attend to). Tests that need a GPU skip without one; the checks of
+// bad input that need no GPU run everywhere.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gpu/gpu_support.hpp"
+#include "stsa/cpu.hpp"
+#include "stsa/cuda.hpp"
+#include "stsa/error.hpp"
+#include "stsa/mask.hpp"
+#include "stsa/permute.hpp"
+#include "stsa/plan.hpp"
+
+namespace stsa {
+namespace {
+
+using gpu_testing::DeviceProblem;
+using gpu_testing::expect_matches_reference;
+
+VideoLayout make_layout(std::int64_t frames, std::int64_t height, std::int64_t width, std::int64_t text,
+                        TextPlacement placement, std::int64_t batch, std::int64_t heads, std::int64_t head_dim) {
+  VideoLayout layout;
+  layout.grid = {frames, height, width, text, placement};
+  layout.batch = batch;
+  layout.heads = heads;
+  layout.head_dim = head_dim;
+  return layout;
+}
+
+// Head h gets mask h % 4: spatial band, temporal band, frame window, dense.
+std::vector<HeadMask> mixed_heads(const VideoLayout& layout, double density, PlanCache& cache) {
+  const VideoGrid& g = layout.grid;
+  const MaskSpec specs[4] = {mask_for_density(g, SparseKind::Spatial, density),
+                             mask_for_density(g, SparseKind::Temporal, density),
+                             MaskSpec::frame_window(1), MaskSpec::dense()};
+  std::vector<HeadMask> heads;
+  for (std::int64_t h = 0; h < layout.heads; ++h) {
+    const MaskSpec& spec = specs[h % 4];
+    heads.push_back({spec, spec.natural_order(), cache.get(g, spec), true});
+  }
+  return heads;
+}
+
+struct Case {
+  VideoLayout layout;
+  DType in = DType::BF16;
+  DType out = DType::F32;
+  MemoryLayout memory = MemoryLayout::BNHD;
+  double density = 0.3;
+  int sample_rows = 0;  // 0: every row
+};
+
+void run_case(const Case& c) {
+  PlanCache cache;
+  auto problem = testing::make_problem(c.layout, c.in, mixed_heads(c.layout, c.density, cache), testing::fresh_seed(),
+                                       c.memory, c.out);
+  SCOPED_TRACE(problem.label);
+  DeviceProblem device(problem);
+  const CudaBackend backend;
+  ASSERT_TRUE(backend.supports(device.call).ok) << backend.supports(device.call).why;
+  backend.run(device.call);
+  EXPECT_TRUE(device.o.guards_intact()) << "device guard bytes around O were overwritten";
+  EXPECT_TRUE(device.lse.guards_intact()) << "device guard bytes around LSE were overwritten";
+  device.download_into(problem);
+  expect_matches_reference(problem, c.sample_rows);
+}
+
+TEST(GpuAttention, RaggedVideoWithTextAfter) {
+  STSA_REQUIRE_GPU();
+  // 3 x 7 x 9 + 77 text = 644 tokens: 6 tiles, the last one ragged.
+  for (const std::int64_t dim : {64, 128})
+    for (const DType in : {DType::BF16, DType::F16})
+      run_case({make_layout(3, 7, 9, 77, TextPlacement::After, 1, 4, dim), in, DType::F32});
+}
+
+TEST(GpuAttention, OneFrameSmallerThanATile) {
+  STSA_REQUIRE_GPU();
+  run_case({make_layout(1, 9, 11, 0, TextPlacement::After, 1, 4, 128), DType::BF16, DType::BF16});
+  run_case({make_layout(1, 13, 11, 0, TextPlacement::After, 1, 4, 64), DType::F16, DType::F16});
+}
+
+TEST(GpuAttention, TextBeforeBatchTwoHeadMajorMemory) {
+  STSA_REQUIRE_GPU();
+  run_case({make_layout(2, 10, 10, 30, TextPlacement::Before, 2, 4, 128), DType::BF16, DType::BF16,
+            MemoryLayout::BHND});
+  run_case({make_layout(2, 10, 10, 30, TextPlacement::Before, 2, 4, 64), DType::F16, DType::F32,
+            MemoryLayout::BHND});
+}
+
+TEST(GpuAttention, ExactTileMultiple) {
+  STSA_REQUIRE_GPU();
+  run_case({make_layout(2, 8, 16, 0, TextPlacement::After, 1, 4, 128), DType::F16, DType::F32});
+}
+
+TEST(GpuAttention, ManyFramesSeveralDensities) {
+  STSA_REQUIRE_GPU();
+  // 21 x 8 x 12 = 2016 tokens: 16 query tiles with different kept-tile counts.
+  for (const double density : {0.1, 0.25, 0.5})
+    run_case({make_layout(21, 8, 12, 0, TextPlacement::After, 1, 4, 128), DType::BF16, DType::BF16,
+              MemoryLayout::BNHD, density, /*sample_rows=*/192});
+}
+
+TEST(GpuAttention, RowsWithNothingToAttendGetZeroAndMinusInfinity) {
+  STSA_REQUIRE_GPU();
+  const VideoLayout layout = make_layout(2, 9, 9, 0, TextPlacement::After, 1, 2, 64);
+  PlanCache cache;
+  const MaskSpec nothing = MaskSpec::spatial(-1, /*anchor=*/false);
+  std::vector<HeadMask> heads(2, HeadMask{nothing, nothing.natural_order(), cache.get(layout.grid, nothing), true});
+  auto problem = testing::make_problem(layout, DType::BF16, heads, testing::fresh_seed());
+  DeviceProblem device(problem);
+  CudaBackend().run(device.call);
+  device.download_into(problem);
+  const TensorView o = problem.o.view();
+  for (std::int64_t n = 0; n < layout.tokens(); ++n)
+    for (std::int64_t h = 0; h < 2; ++h) {
+      for (std::int64_t d = 0; d < 64; ++d) ASSERT_EQ(o.load(0, n, h, d), 0.f) << "row " << n << " head " << h;
+      ASSERT_EQ(problem.lse.view().at(0, h, n), -std::numeric_limits<float>::infinity());
+    }
+}
+
+TEST(GpuAttention, SkippedHeadsAreLeftUntouched) {
+  STSA_REQUIRE_GPU();
+  const VideoLayout layout = make_layout(2, 9, 9, 5, TextPlacement::After, 1, 4, 128);
+  PlanCache cache;
+  auto heads = mixed_heads(layout, 0.3, cache);
+  heads[1].compute = false;
+  auto problem = testing::make_problem(layout, DType::BF16, heads, testing::fresh_seed());
+  DeviceProblem device(problem);
+  CudaBackend().run(device.call);
+  device.download_into(problem);
+  for (std::int64_t n = 0; n < layout.tokens(); ++n) {
+    for (std::int64_t d = 0; d < 128; ++d) ASSERT_TRUE(std::isnan(problem.o.view().load(0, n, 1, d)));
+    ASSERT_TRUE(std::isnan(problem.lse.view().at(0, 1, n)));
+  }
+  expect_matches_reference(problem);
+}
+
+TEST(GpuAttention, AgreesWithTheCpuBackend) {
+  STSA_REQUIRE_GPU();
+  const VideoLayout layout = make_layout(5, 12, 10, 16, TextPlacement::Before, 1, 4, 128);
+  PlanCache cache;
+  const auto heads = mixed_heads(layout, 0.2, cache);
+  const std::uint64_t seed = testing::fresh_seed();
+  auto gpu = testing::make_problem(layout, DType::F16, heads, seed);
+  auto cpu = testing::make_problem(layout, DType::F16, heads, seed);
+  DeviceProblem device(gpu);
+  CudaBackend().run(device.call);
+  device.download_into(gpu);
+  make_cpu_backend()->run(cpu.call());
+  // Both are within their bounds of the reference; against each other they differ
+  // by at most the GPU's P rounding (fp16: 2^-11 relative) times the largest |v|.
+  const double bound = 4 * 0x1p-11 * gpu_testing::max_abs(gpu.v.view());
+  double worst = 0;
+  for (std::int64_t n = 0; n < layout.tokens(); ++n)
+    for (std::int64_t h = 0; h < layout.heads; ++h) {
+      for (std::int64_t d = 0; d < layout.head_dim; ++d)
+        worst = std::max(worst, double(std::abs(gpu.o.view().load(0, n, h, d) - cpu.o.view().load(0, n, h, d))));
+      EXPECT_NEAR(gpu.lse.view().at(0, h, n), cpu.lse.view().at(0, h, n), 1e-4) << "row " << n << " head " << h;
+    }
+  EXPECT_LE(worst, bound) << gpu.label;
+}
+
+// A temporal head stored frame-major: gather into spatial-major order on the
+// GPU, run there, scatter O and LSE back; the reference evaluates the mask on
+// the frame-major tensors directly.
+TEST(GpuAttention, TemporalHeadsThroughTheGpuPermutation) {
+  STSA_REQUIRE_GPU();
+  const VideoLayout layout = make_layout(6, 5, 7, 9, TextPlacement::After, 1, 2, 128);
+  const MaskSpec temporal = mask_for_density(layout.grid, SparseKind::Temporal, 0.3);
+  const auto plan = TilePlan::build(layout.grid, temporal);
+  std::vector<HeadMask> frame_major(2, HeadMask{temporal, TokenOrder::FrameMajor, nullptr, true});
+  auto problem = testing::make_problem(layout, DType::BF16, frame_major, testing::fresh_seed());
+  DeviceProblem device(problem);
+
+  const std::size_t bytes = gpu_testing::tensor_bytes(problem.q.view());
+  DeviceBuffer pq(bytes), pk(bytes), pv(bytes), plse(device.lse.payload());
+  DeviceBuffer po(gpu_testing::tensor_bytes(problem.o.view()));  // o is fp32
+  auto packed_view = [&](const DeviceBuffer& b, DType dtype = DType::BF16) {
+    return TensorView::contiguous(b.data(), dtype, 1, layout.tokens(), 2, 128, MemoryLayout::BNHD);
+  };
+  const std::vector<std::int64_t> heads{0, 1};
+  const std::vector<TensorView> sources{device.call.q, device.call.k, device.call.v};
+  const std::vector<TensorView> packed{packed_view(pq), packed_view(pk), packed_view(pv)};
+  cuda_gather_heads(layout.grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, heads, sources, packed);
+
+  AttentionCall inner = device.call;
+  inner.q = packed[0];
+  inner.k = packed[1];
+  inner.v = packed[2];
+  inner.o = packed_view(po, problem.o.view().dtype);
+  inner.lse = LseView::contiguous(static_cast<float*>(plse.data()), 1, 2, layout.tokens());
+  inner.heads.assign(2, HeadMask{temporal, TokenOrder::SpatialMajor, plan, true});
+  CudaBackend().run(inner);
+  const std::vector<TensorView> packed_o{inner.o}, dest_o{device.call.o};
+  cuda_scatter_heads(layout.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, packed_o, dest_o,
+                     inner.lse, device.call.lse);
+  cuda_synchronize();
+  device.download_into(problem);
+  expect_matches_reference(problem);
+}
+
+TEST(GpuAttention, DevicePlansAreUploadedOnceAndDroppedWithTheirPlan) {
+  STSA_REQUIRE_GPU();
+  const VideoLayout layout = make_layout(3, 8, 8, 0, TextPlacement::After, 1, 4, 64);
+  const CudaBackend backend;
+  {
+    PlanCache cache;
+    auto heads = mixed_heads(layout, 0.3, cache);  // 4 distinct plans
+    auto problem = testing::make_problem(layout, DType::BF16, heads, testing::fresh_seed());
+    DeviceProblem device(problem);
+    backend.run(device.call);
+    backend.run(device.call);
+    EXPECT_EQ(backend.cached_plans(), 4u);
+    const auto uploaded = backend.device_plan(heads[0].plan);
+    EXPECT_EQ(uploaded, backend.device_plan(heads[0].plan));
+    EXPECT_GT(uploaded->device_bytes(), 0);
+    EXPECT_EQ(uploaded->q_tiles(), heads[0].plan->q_tiles());
+  }
+  // The host plans are gone: the next lookup drops their device copies.
+  PlanCache cache;
+  const auto plan = cache.get(layout.grid, MaskSpec::dense());
+  backend.device_plan(plan);
+  EXPECT_EQ(backend.cached_plans(), 1u);
+}
+
+// What compute-sanitizer runs (bench/gpu/check.sh): one small mixed call and
+// one permutation round trip, with every kernel variant touched once.
+TEST(GpuSanitize, SmallMixedCalls) {
+  STSA_REQUIRE_GPU();
+  for (const std::int64_t dim : {64, 128})
+    for (const DType in : {DType::BF16, DType::F16})
+      run_case({make_layout(2, 9, 9, 7, TextPlacement::After, 1, 4, dim), in, DType::BF16});
+}
+
+// ---- Bad input: checked before any launch (most of it without a GPU). ----
+
+struct HostCall {
+  VideoLayout layout = make_layout(2, 8, 8, 0, TextPlacement::After, 1, 2, 64);
+  PlanCache cache;
+  testing::Problem problem;
+  explicit HostCall(DType dtype = DType::BF16, std::int64_t head_dim = 64, TileShape tile = {})
+      : problem([&] {
+          layout.head_dim = head_dim;
+          const MaskSpec spec = MaskSpec::spatial(20);
+          std::vector<HeadMask> heads(2, HeadMask{spec, spec.natural_order(), cache.get(layout.grid, spec, tile), true});
+          return testing::make_problem(layout, dtype, heads, 1);
+        }()) {}
+};
+
+void expect_unsupported(const AttentionCall& call, const std::string& fragment) {
+  const CudaBackend backend;
+  const Support s = backend.supports(call);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.why.find(fragment), std::string::npos) << s.why;
+  EXPECT_THROW(backend.run(call), Unsupported);
+}
+
+TEST(GpuAttentionInput, Fp32InputsAreUnsupported) { expect_unsupported(HostCall(DType::F32).problem.call(), "bf16"); }
+
+TEST(GpuAttentionInput, HeadDim80IsUnsupported) {
+  expect_unsupported(HostCall(DType::BF16, 80).problem.call(), "head dims 64 and 128");
+}
+
+TEST(GpuAttentionInput, OtherTileShapesAreUnsupported) {
+  expect_unsupported(HostCall(DType::BF16, 64, TileShape{64, 128}).problem.call(), "128x128");
+}
+
+TEST(GpuAttentionInput, MisalignedRowsAreUnsupported) {
+  HostCall host;
+  AttentionCall call = host.problem.call();
+  // A view starting one element in: the data pointer is 2 bytes off 16.
+  std::vector<std::uint16_t> storage(std::size_t(call.q.numel()) + 8);
+  call.q.data = storage.data() + 1;
+  expect_unsupported(call, "16-byte aligned");
+}
+
+TEST(GpuAttentionInput, StridedHeadDimIsUnsupported) {
+  HostCall host;
+  AttentionCall call = host.problem.call();
+  std::vector<std::uint16_t> storage(std::size_t(call.k.numel()) * 2);
+  call.k = TensorView::contiguous(storage.data(), DType::BF16, 1, host.layout.tokens(), 2, 64 * 2, MemoryLayout::BNHD);
+  call.k.shape[3] = 64;
+  call.k.stride[3] = 2;
+  expect_unsupported(call, "head-dim stride");
+}
+
+TEST(GpuAttentionInput, APlanForAnotherGridIsInvalid) {
+  HostCall host;
+  AttentionCall call = host.problem.call();
+  VideoGrid other = host.layout.grid;
+  other.frames = 3;
+  call.heads[0].plan = TilePlan::build(other, call.heads[0].spec);
+  EXPECT_THROW(CudaBackend().run(call), InvalidArgument);
+  EXPECT_FALSE(CudaBackend().supports(call).ok);
+}
+
+TEST(GpuAttentionInput, TensorsInTheWrongOrderForThePlanAreInvalid) {
+  HostCall host;
+  AttentionCall call = host.problem.call();
+  call.heads[1].order = TokenOrder::SpatialMajor;  // the spatial plan indexes frame-major tokens
+  EXPECT_THROW(CudaBackend().run(call), InvalidArgument);
+}
+
+TEST(GpuAttentionInput, HostMemoryOrNoGpuIsUnsupported) {
+  HostCall host;
+  const AttentionCall call = host.problem.call();  // valid, but host memory
+  expect_unsupported(call, cuda_device_count() == 0 ? "no CUDA device" : "host memory");
+}
+
+TEST(GpuAttentionInput, TheBackendIsRegistered) {
+  const Backend& cuda = backend("cuda");
+  EXPECT_EQ(cuda.name(), "cuda");
+}
+
+TEST(GpuAttentionInput, OneHostTensorAmongDeviceTensorsIsUnsupported) {
+  STSA_REQUIRE_GPU();
+  HostCall host;
+  DeviceProblem device(host.problem);
+  AttentionCall call = device.call;
+  call.v = host.problem.v.view();  // host memory
+  expect_unsupported(call, "v is host memory");
+}
+
+}  // namespace
+}  // namespace stsa

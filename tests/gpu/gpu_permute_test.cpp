@@ -1,0 +1,129 @@
+// The GPU token permutation against the CPU one (permute.hpp): bit-exact
+// gathers and scatters, both orders, text before and after, one frame, the
+// 16-byte vector path and the element path, LSE rows.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "gpu/gpu_support.hpp"
+#include "stsa/cuda.hpp"
+#include "stsa/error.hpp"
+#include "stsa/permute.hpp"
+
+namespace stsa {
+namespace {
+
+using gpu_testing::tensor_bytes;
+
+struct PermuteCase {
+  VideoGrid grid;
+  std::int64_t heads = 5, head_dim = 64;
+  DType dtype = DType::BF16;
+  MemoryLayout memory = MemoryLayout::BNHD;
+  std::vector<std::int64_t> packed_heads{3, 0, 4};
+};
+
+DeviceBuffer to_device(const TensorView& host) {
+  DeviceBuffer d(tensor_bytes(host));
+  d.copy_from_host(host.data, tensor_bytes(host));
+  return d;
+}
+
+TensorView on_device(TensorView host, const DeviceBuffer& d) {
+  host.data = d.data();
+  return host;
+}
+
+void expect_same_bytes(const TensorView& host, const DeviceBuffer& device, const std::string& what) {
+  std::vector<std::byte> got(tensor_bytes(host));
+  device.copy_to_host(got.data(), got.size());
+  EXPECT_EQ(std::memcmp(got.data(), host.data, got.size()), 0) << what;
+}
+
+void check_case(const PermuteCase& c, TokenOrder from, TokenOrder to) {
+  const std::int64_t n = c.grid.tokens(), hp = std::int64_t(c.packed_heads.size());
+  SCOPED_TRACE(c.grid.describe() + " " + std::string(to_string(from)) + " -> " + std::string(to_string(to)) +
+               " D=" + std::to_string(c.head_dim) + " " + std::string(to_string(c.dtype)));
+  Tensor full(c.dtype, 2, n, c.heads, c.head_dim, c.memory);
+  testing::fill_normal(full.view(), testing::fresh_seed());
+  Tensor packed_cpu(c.dtype, 2, n, hp, c.head_dim, c.memory);
+  const std::vector<TensorView> src{full.view()}, packed_host{packed_cpu.view()};
+  gather_heads(c.grid, from, to, c.packed_heads, src, packed_host);
+
+  const DeviceBuffer full_d = to_device(full.view());
+  DeviceBuffer packed_d(tensor_bytes(packed_cpu.view()));
+  packed_d.fill_bytes(0xFF);
+  const std::vector<TensorView> src_d{on_device(full.view(), full_d)}, packed_dv{on_device(packed_cpu.view(), packed_d)};
+  cuda_gather_heads(c.grid, from, to, c.packed_heads, src_d, packed_dv);
+  cuda_synchronize();
+  expect_same_bytes(packed_cpu.view(), packed_d, "gather");
+
+  // Scatter back into a poisoned copy: the packed heads come back bit-exact, the others stay poisoned.
+  DeviceBuffer back_d(tensor_bytes(full.view()));
+  back_d.fill_bytes(0xFF);
+  LseBuffer packed_lse(2, hp, n), lse_cpu(2, c.heads, n);
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t h = 0; h < hp; ++h)
+      for (std::int64_t i = 0; i < n; ++i) packed_lse.view().at(b, h, i) = float(b * 1000000 + h * 10000 + i);
+  std::fill_n(lse_cpu.view().data, 2 * c.heads * n, -1.f);
+  Tensor back_cpu(c.dtype, 2, n, c.heads, c.head_dim, c.memory);
+  std::memset(back_cpu.view().data, 0xFF, back_cpu.bytes());
+  const std::vector<TensorView> back_host{back_cpu.view()};
+  scatter_heads(c.grid, to, from, c.packed_heads, packed_host, back_host, packed_lse.view(), lse_cpu.view());
+
+  DeviceBuffer plse_d(std::size_t(2 * hp * n) * 4), lse_d(std::size_t(2 * c.heads * n) * 4);
+  plse_d.copy_from_host(packed_lse.view().data, plse_d.bytes());
+  std::vector<float> minus_one(std::size_t(2 * c.heads * n), -1.f);
+  lse_d.copy_from_host(minus_one.data(), lse_d.bytes());
+  LseView plse_v = packed_lse.view(), lse_v = lse_cpu.view();
+  plse_v.data = static_cast<float*>(plse_d.data());
+  lse_v.data = static_cast<float*>(lse_d.data());
+  const std::vector<TensorView> back_dv{on_device(full.view(), back_d)};
+  cuda_scatter_heads(c.grid, to, from, c.packed_heads, packed_dv, back_dv, plse_v, lse_v);
+  cuda_synchronize();
+  expect_same_bytes(back_cpu.view(), back_d, "scatter");
+  std::vector<float> lse_got(minus_one.size());
+  lse_d.copy_to_host(lse_got.data(), lse_got.size() * 4);
+  EXPECT_EQ(std::memcmp(lse_got.data(), lse_cpu.view().data, lse_got.size() * 4), 0) << "LSE scatter";
+}
+
+TEST(GpuPermute, MatchesTheCpuPermutationBitForBit) {
+  STSA_REQUIRE_GPU();
+  std::vector<PermuteCase> cases;
+  cases.push_back({VideoGrid{4, 3, 5, 7, TextPlacement::After}});
+  cases.push_back({VideoGrid{5, 4, 4, 9, TextPlacement::Before}, 5, 128, DType::F16});
+  cases.push_back({VideoGrid{1, 6, 7, 0, TextPlacement::After}, 5, 64, DType::F32});
+  cases.push_back({VideoGrid{3, 5, 5, 3, TextPlacement::After}, 5, 64, DType::BF16, MemoryLayout::BHND});
+  cases.push_back({VideoGrid{3, 4, 6, 2, TextPlacement::Before}, 5, 5, DType::F16});  // element path: 10-byte rows
+  cases.push_back({VideoGrid{7, 2, 3, 0, TextPlacement::After}, 5, 3, DType::F32, MemoryLayout::BHND});
+  for (const auto& c : cases) {
+    check_case(c, TokenOrder::FrameMajor, TokenOrder::SpatialMajor);
+    check_case(c, TokenOrder::SpatialMajor, TokenOrder::FrameMajor);
+  }
+}
+
+TEST(GpuPermute, ManyHeadsTakeSeveralLaunches) {
+  STSA_REQUIRE_GPU();
+  PermuteCase c{VideoGrid{3, 4, 4, 0, TextPlacement::After}, 70, 64};
+  c.packed_heads.resize(67);
+  std::iota(c.packed_heads.begin(), c.packed_heads.end(), 2);
+  check_case(c, TokenOrder::FrameMajor, TokenOrder::SpatialMajor);
+}
+
+TEST(GpuPermuteInput, HostMemoryOrBadHeadsAreRejected) {
+  const VideoGrid grid{2, 3, 3, 0, TextPlacement::After};
+  Tensor full(DType::BF16, 1, grid.tokens(), 3, 16), packed(DType::BF16, 1, grid.tokens(), 2, 16);
+  const std::vector<TensorView> src{full.view()}, dst{packed.view()};
+  const std::vector<std::int64_t> heads{0, 1};
+  EXPECT_THROW(cuda_gather_heads(grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, heads, src, dst),
+               Unsupported);  // host memory, or no GPU at all
+  if (cuda_device_count() == 0) return;
+  const std::vector<std::int64_t> twice{1, 1};
+  EXPECT_THROW(cuda_gather_heads(grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, twice, src, dst),
+               InvalidArgument);
+}
+
+}  // namespace
+}  // namespace stsa

@@ -1,0 +1,164 @@
+// Token permutation: the index map, one-pass gather/scatter of a head subset,
+// bit-identical round trips on awkward shapes and dtypes, and argument checks.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "stsa/error.hpp"
+#include "stsa/permute.hpp"
+#include "support/testing.hpp"
+
+namespace stsa {
+namespace {
+
+const std::vector<VideoGrid> kGrids = {
+    {1, 3, 5, 0, TextPlacement::After},    // one frame
+    {2, 1, 1, 0, TextPlacement::After},    // one token per frame
+    {5, 7, 9, 13, TextPlacement::Before},  // text before, ragged
+    {4, 5, 6, 70, TextPlacement::After},   // text after
+    {13, 3, 11, 1, TextPlacement::Before},
+};
+
+TEST(PermutationMap, IsABijectionKeepingFrameZeroAndText) {
+  for (const auto& g : kGrids) {
+    const auto map = permutation_map(g, TokenOrder::FrameMajor, TokenOrder::SpatialMajor);
+    std::vector<std::int64_t> sorted = map;
+    std::sort(sorted.begin(), sorted.end());
+    for (std::int64_t i = 0; i < g.tokens(); ++i) ASSERT_EQ(sorted[std::size_t(i)], i) << g.describe();
+    for (std::int64_t pos = 0; pos < g.tokens(); ++pos) {
+      const TokenCoord c = g.coord(pos, TokenOrder::SpatialMajor);
+      // Same token in both orders.
+      const TokenCoord back = g.coord(map[std::size_t(pos)], TokenOrder::FrameMajor);
+      ASSERT_EQ(c.is_text, back.is_text);
+      ASSERT_EQ(c.frame, back.frame);
+      ASSERT_EQ(c.patch, back.patch);
+      ASSERT_EQ(c.text_index, back.text_index);
+      // Text tokens and frame 0 keep their positions.
+      if (c.is_text || c.frame == 0) {
+        ASSERT_EQ(map[std::size_t(pos)], pos) << g.describe() << " pos " << pos;
+      }
+    }
+    const auto inverse = permutation_map(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor);
+    for (std::int64_t pos = 0; pos < g.tokens(); ++pos)
+      ASSERT_EQ(inverse[std::size_t(map[std::size_t(pos)])], pos);
+  }
+}
+
+// Random bits in every element (NaN patterns included): a permutation must move bits, not values.
+void fill_bits(const Tensor& t, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto* bytes = static_cast<unsigned char*>(t.view().data);
+  for (std::size_t i = 0; i < t.bytes(); ++i) bytes[i] = static_cast<unsigned char>(rng());
+}
+
+std::uint64_t element_bits(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, std::int64_t d) {
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, static_cast<const std::byte*>(t.data) + t.offset(b, n, h, d) * std::int64_t(element_size(t.dtype)),
+              element_size(t.dtype));
+  return bits;
+}
+
+TEST(Permute, GatherPlacesTokensAndRoundTripIsBitIdentical) {
+  const std::uint64_t seed = testing::fresh_seed();
+  for (const auto& g : kGrids)
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16})
+      for (MemoryLayout memory : {MemoryLayout::BNHD, MemoryLayout::BHND}) {
+        SCOPED_TRACE(g.describe() + " " + std::string(to_string(dtype)) + " seed " + std::to_string(seed));
+        const std::int64_t batch = 2, heads = 5, dim = 3, n = g.tokens();
+        const std::vector<std::int64_t> subset = {3, 0, 4};
+        Tensor q(dtype, batch, n, heads, dim, memory), k(dtype, batch, n, heads, dim, memory),
+            v(dtype, batch, n, heads, dim, memory);
+        fill_bits(q, seed);
+        fill_bits(k, seed + 1);
+        fill_bits(v, seed + 2);
+        Tensor pq(dtype, batch, n, 3, dim), pk(dtype, batch, n, 3, dim), pv(dtype, batch, n, 3, dim);
+        const TensorView src[] = {q.view(), k.view(), v.view()};
+        const TensorView packed[] = {pq.view(), pk.view(), pv.view()};
+        gather_heads(g, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, subset, src, packed, 2);
+        for (int t = 0; t < 3; ++t)
+          for (std::int64_t b = 0; b < batch; ++b)
+            for (std::int64_t pos = 0; pos < n; ++pos) {
+              const std::int64_t from = g.position(g.coord(pos, TokenOrder::SpatialMajor), TokenOrder::FrameMajor);
+              for (std::size_t j = 0; j < subset.size(); ++j)
+                for (std::int64_t d = 0; d < dim; ++d)
+                  ASSERT_EQ(element_bits(packed[t], b, pos, std::int64_t(j), d),
+                            element_bits(src[t], b, from, subset[j], d));
+            }
+        // Scatter back into a copy whose subset heads are scrambled; other heads must stay untouched.
+        Tensor out(dtype, batch, n, heads, dim, memory);
+        fill_bits(out, seed + 3);
+        const Tensor before = out;
+        const TensorView packed_q[] = {pq.view()};
+        const TensorView dest[] = {out.view()};
+        LseBuffer plse(batch, 3, n), lse(batch, heads, n);
+        for (std::int64_t b = 0; b < batch; ++b)
+          for (std::int64_t j = 0; j < 3; ++j)
+            for (std::int64_t pos = 0; pos < n; ++pos) plse.view().at(b, j, pos) = float(b * 1000000 + j * 10000 + pos);
+        scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, subset, packed_q, dest, plse.view(),
+                      lse.view());
+        for (std::int64_t b = 0; b < batch; ++b)
+          for (std::int64_t pos = 0; pos < n; ++pos)
+            for (std::int64_t h = 0; h < heads; ++h) {
+              const auto it = std::find(subset.begin(), subset.end(), h);
+              const TensorView& expected = it != subset.end() ? q.view() : before.view();
+              for (std::int64_t d = 0; d < dim; ++d)
+                ASSERT_EQ(element_bits(out.view(), b, pos, h, d), element_bits(expected, b, pos, h, d))
+                    << "b " << b << " pos " << pos << " h " << h;
+              if (it != subset.end()) {
+                const std::int64_t j = it - subset.begin();
+                const std::int64_t packed_pos =
+                    g.position(g.coord(pos, TokenOrder::FrameMajor), TokenOrder::SpatialMajor);
+                ASSERT_EQ(lse.view().at(b, h, pos), float(b * 1000000 + j * 10000 + packed_pos));
+              }
+            }
+      }
+}
+
+TEST(Permute, LargeCopyUsesThreadsAndStaysExact) {
+  const VideoGrid g{7, 30, 33, 5, TextPlacement::After};
+  const std::int64_t n = g.tokens(), heads = 6, dim = 64;
+  Tensor x(DType::BF16, 1, n, heads, dim), packed(DType::BF16, 1, n, heads, dim), back(DType::BF16, 1, n, heads, dim);
+  fill_bits(x, 7);
+  std::vector<std::int64_t> all(heads);
+  std::iota(all.begin(), all.end(), 0);
+  const TensorView src[] = {x.view()}, mid[] = {packed.view()}, dst[] = {back.view()};
+  gather_heads(g, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, all, src, mid, 0);
+  scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, all, mid, dst, {}, {}, 0);
+  EXPECT_EQ(std::memcmp(x.view().data, back.view().data, x.bytes()), 0);
+}
+
+TEST(Permute, RejectsBadArguments) {
+  const VideoGrid g{3, 2, 2, 0, TextPlacement::After};
+  Tensor a(DType::F32, 1, g.tokens(), 4, 8), p2(DType::F32, 1, g.tokens(), 2, 8), p2b(DType::BF16, 1, g.tokens(), 2, 8);
+  Tensor wrong_tokens(DType::F32, 1, g.tokens() + 1, 2, 8);
+  const TensorView src[] = {a.view()};
+  auto gather = [&](std::vector<std::int64_t> heads, TensorView packed) {
+    const TensorView dst[] = {packed};
+    gather_heads(g, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, heads, src, dst);
+  };
+  EXPECT_THROW(gather({0, 0}, p2.view()), InvalidArgument);           // duplicate head
+  EXPECT_THROW(gather({0, 4}, p2.view()), InvalidArgument);           // out of range
+  EXPECT_THROW(gather({0, -1}, p2.view()), InvalidArgument);
+  EXPECT_THROW(gather({0}, p2.view()), InvalidArgument);              // packed head count
+  EXPECT_THROW(gather({0, 1}, p2b.view()), InvalidArgument);          // dtype
+  EXPECT_THROW(gather({0, 1}, wrong_tokens.view()), InvalidArgument); // tokens
+  EXPECT_THROW(gather({0, 1}, a.view()), InvalidArgument);            // heads mismatch (4 vs 2)
+  TensorView overlapping = a.view();
+  overlapping.shape[2] = 2;
+  EXPECT_THROW(gather({2, 3}, overlapping), InvalidArgument);         // aliasing
+  EXPECT_NO_THROW(gather({2, 3}, p2.view()));
+  LseBuffer lse(1, 4, g.tokens());
+  const TensorView packed[] = {p2.view()}, dest[] = {a.view()};
+  EXPECT_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, std::vector<std::int64_t>{0, 1},
+                             packed, dest, lse.view(), {}),
+               InvalidArgument);  // one LSE view without the other
+}
+
+TEST(CopyBandwidth, MeasuresSomethingPositive) {
+  EXPECT_GT(measure_copy_gbps(std::size_t(1) << 20, 1), 0.0);
+  EXPECT_THROW(measure_copy_gbps(16), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace stsa

@@ -1,0 +1,145 @@
+// Policy: dense warm-up by explicit counts, decision reuse and its misses,
+// presets with the documented shapes, and routed attention under a policy.
+#include <gtest/gtest.h>
+
+#include "stsa/error.hpp"
+#include "stsa/policy.hpp"
+#include "stsa/routed.hpp"
+#include "stsa/synth.hpp"
+
+namespace stsa {
+namespace {
+
+const VideoGrid kGrid{5, 4, 6, 0, TextPlacement::After};
+
+HeadRoute decision(Route r) {
+  HeadRoute d;
+  d.route = r;
+  d.spec = route_spec(kGrid, r, RouterOptions{});
+  return d;
+}
+
+TEST(Policy, DenseWarmUpUsesExplicitCounts) {
+  PolicyOptions o;
+  o.dense_steps = 3;
+  o.dense_layers = 1;
+  const Policy p(o);
+  EXPECT_TRUE(p.dense(0, 5));
+  EXPECT_TRUE(p.dense(2, 5));
+  EXPECT_FALSE(p.dense(3, 5));
+  EXPECT_TRUE(p.dense(3, 0));
+  EXPECT_FALSE(p.dense(100, 1));
+  EXPECT_FALSE(Policy().dense(0, 0));  // no warm-up by default
+  EXPECT_THROW(p.dense(-1, 0), InvalidArgument);
+  EXPECT_THROW(p.dense(0, -1), InvalidArgument);
+}
+
+TEST(Policy, ReusesADecisionForRSteps) {
+  PolicyOptions o;
+  o.reuse_steps = 3;
+  Policy p(o);
+  EXPECT_FALSE(p.cached(4, 2, 1, kGrid));
+  p.remember(4, 2, 1, kGrid, decision(Route::Temporal));
+  EXPECT_EQ(p.cached(4, 2, 1, kGrid)->route, Route::Temporal);
+  EXPECT_EQ(p.cached(6, 2, 1, kGrid)->route, Route::Temporal);
+  EXPECT_FALSE(p.cached(7, 2, 1, kGrid));  // expired
+  EXPECT_FALSE(p.cached(3, 2, 1, kGrid));  // an earlier step: a new generation
+  EXPECT_FALSE(p.cached(5, 2, 0, kGrid));  // other head
+  EXPECT_FALSE(p.cached(5, 3, 1, kGrid));  // other layer
+  VideoGrid other = kGrid;
+  other.frames = 6;
+  EXPECT_FALSE(p.cached(5, 2, 1, other));  // other grid (resolution changed)
+  EXPECT_EQ(p.cached_count(), 1u);
+  p.remember(7, 2, 1, kGrid, decision(Route::Spatial));  // replaces
+  EXPECT_EQ(p.cached(8, 2, 1, kGrid)->route, Route::Spatial);
+  EXPECT_EQ(p.cached_count(), 1u);
+  p.clear();
+  EXPECT_EQ(p.cached_count(), 0u);
+  // R = 1: a decision serves only its own step.
+  Policy every(PolicyOptions{});
+  every.remember(0, 0, 0, kGrid, decision(Route::Spatial));
+  EXPECT_TRUE(every.cached(0, 0, 0, kGrid));
+  EXPECT_FALSE(every.cached(1, 0, 0, kGrid));
+  // Huge steps do not overflow.
+  every.remember(INT64_MAX - 1, 0, 0, kGrid, decision(Route::Spatial));
+  EXPECT_TRUE(every.cached(INT64_MAX - 1, 0, 0, kGrid));
+  EXPECT_FALSE(every.cached(INT64_MAX, 0, 0, kGrid));
+}
+
+TEST(Policy, RejectsBadOptions) {
+  PolicyOptions o;
+  o.reuse_steps = 0;
+  EXPECT_THROW(Policy{o}, InvalidArgument);
+  o = {};
+  o.dense_steps = -1;
+  EXPECT_THROW(Policy{o}, InvalidArgument);
+  o = {};
+  o.dense_layers = -2;
+  EXPECT_THROW(Policy{o}, InvalidArgument);
+  o = {};
+  o.router.spatial_density = 2;
+  EXPECT_THROW(Policy{o}, InvalidArgument);
+  Policy p;
+  EXPECT_THROW(p.remember(-1, 0, 0, kGrid, decision(Route::Spatial)), InvalidArgument);
+  HeadRoute broken = decision(Route::Spatial);
+  broken.spec.band = -5;
+  EXPECT_THROW(p.remember(0, 0, 0, kGrid, broken), InvalidArgument);
+}
+
+TEST(ModelPresets, HaveTheDocumentedShapes) {
+  EXPECT_EQ(model_preset("wan2.1-480p").grid.video_tokens(), 32760);
+  EXPECT_EQ(model_preset("wan2.1-720p").grid.video_tokens(), 75600);
+  EXPECT_EQ(model_preset("wan2.1-720p").heads, 40);
+  EXPECT_EQ(model_preset("wan2.1-1.3b-480p").heads, 12);
+  const ModelPreset& hunyuan = model_preset("hunyuan-720p");
+  EXPECT_EQ(hunyuan.grid.video_tokens(), 118800);
+  EXPECT_EQ(hunyuan.grid.text_tokens, 256);
+  EXPECT_EQ(hunyuan.grid.text_placement, TextPlacement::After);
+  EXPECT_EQ(hunyuan.heads * hunyuan.head_dim, 24 * 128);
+  EXPECT_EQ(hunyuan.layers, 60);
+  const ModelPreset& cog = model_preset("cogvideox1.5");
+  EXPECT_EQ(cog.grid.video_tokens(), 44880);
+  EXPECT_EQ(cog.grid.text_tokens, 226);
+  EXPECT_EQ(cog.grid.text_placement, TextPlacement::Before);
+  EXPECT_EQ(cog.head_dim, 64);
+  for (const auto& p : model_presets()) {
+    EXPECT_NO_THROW(p.layout(2).validate()) << p.name;
+    EXPECT_NO_THROW(Policy{p.policy}) << p.name;
+    EXPECT_GT(p.policy.dense_steps, 0) << p.name;
+    EXPECT_LT(p.policy.dense_steps, p.steps) << p.name;
+    EXPECT_FALSE(p.description.empty());
+  }
+  EXPECT_THROW(model_preset("sora"), InvalidArgument);
+}
+
+TEST(PolicyAttention, WarmUpRunsDenseAndReuseSkipsRouting) {
+  synth::Options so;
+  so.grid = kGrid;
+  so.heads = 4;
+  so.head_dim = 64;
+  const synth::Data d = synth::make_video_tokens(so);
+  Tensor o(DType::F32, 1, d.layout.tokens(), 4, 64);
+  const RoutedCall call{d.layout, d.q.view(), d.k.view(), d.v.view(), o.view(), {}};
+  PolicyOptions po;
+  po.dense_steps = 2;
+  po.reuse_steps = 2;
+  po.router.samples = 16;
+  Policy policy(po);
+  PlanCache plans;
+  const Backend& ref = backend("reference");
+  RoutedResult r = policy_attention(ref, plans, policy, call, 1, 3);
+  for (const auto& h : r.heads) EXPECT_EQ(h.route, Route::Dense);
+  EXPECT_EQ(policy.cached_count(), 0u);
+  r = policy_attention(ref, plans, policy, call, 2, 3);  // routed and remembered
+  EXPECT_GT(r.routing_ms, 0.0);
+  EXPECT_EQ(policy.cached_count(), 4u);
+  const auto routed = r.heads;
+  r = policy_attention(ref, plans, policy, call, 3, 3);  // reused: no routing
+  EXPECT_EQ(r.routing_ms, 0.0);
+  for (std::size_t h = 0; h < routed.size(); ++h) EXPECT_EQ(r.heads[h].route, routed[h].route);
+  r = policy_attention(ref, plans, policy, call, 4, 3);  // expired: routed again
+  EXPECT_GT(r.routing_ms, 0.0);
+}
+
+}  // namespace
+}  // namespace stsa

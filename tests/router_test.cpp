@@ -1,0 +1,217 @@
+// Head routing: the unrolled candidate masks against the mask predicate, the
+// sampled errors against the fp64 reference, routing accuracy on synthetic
+// heads of known kind, the dense fallback, and argument checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "router/candidate_mask.hpp"
+#include "stsa/error.hpp"
+#include "stsa/router.hpp"
+#include "stsa/synth.hpp"
+#include "support/testing.hpp"
+
+namespace stsa {
+namespace {
+
+TEST(CandidateMask, MatchesThePredicateOnEveryPair) {
+  const std::vector<VideoGrid> grids = {{1, 3, 4, 0, TextPlacement::After},
+                                        {5, 3, 4, 7, TextPlacement::Before},
+                                        {4, 2, 5, 3, TextPlacement::After},
+                                        {3, 1, 1, 0, TextPlacement::After}};
+  for (const auto& g : grids)
+    for (bool anchor : {true, false}) {
+      std::vector<MaskSpec> specs = {MaskSpec::dense()};
+      for (std::int64_t w : {std::int64_t(-1), std::int64_t(0), std::int64_t(2), g.video_tokens() / 3})
+        specs.push_back(MaskSpec::spatial(w, anchor)), specs.push_back(MaskSpec::temporal(w, anchor));
+      for (std::int64_t r : {-1, 0, 1}) specs.push_back(MaskSpec::frame_window(r, anchor));
+      for (const auto& spec : specs)
+        for (TokenOrder order : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor}) {
+          const auto mask = router_detail::make_candidate_mask(g, spec, order);
+          for (std::int64_t i = 0; i < g.tokens(); ++i)
+            for (std::int64_t j = 0; j < g.tokens(); ++j)
+              ASSERT_EQ(mask.allows(i, j), allowed_at(g, spec, order, i, j))
+                  << g.describe() << " " << spec.describe() << " " << to_string(order) << " pair " << i << "," << j;
+        }
+    }
+}
+
+// Router errors against fp64 outputs of the same sampled rows from reference_rows.
+void check_errors_against_reference(const VideoLayout& layout, DType dtype, TokenOrder order, std::uint64_t seed) {
+  SCOPED_TRACE(layout.grid.describe() + " B=" + std::to_string(layout.batch) + " D=" +
+               std::to_string(layout.head_dim) + " " + std::string(to_string(dtype)) + " " +
+               std::string(to_string(order)) + " seed " + std::to_string(seed));
+  testing::Problem p = testing::make_problem(
+      layout, dtype, std::vector<HeadMask>(std::size_t(layout.heads), HeadMask{MaskSpec::dense(), order, nullptr, true}),
+      seed);
+  RouterOptions options;
+  options.samples = 24;
+  options.seed = seed;
+  options.try_frame_window = true;
+  options.spatial_density = 0.2;
+  options.temporal_density = 0.3;
+  options.frame_window_density = 0.4;
+  const Router router(options);
+  AttentionCall call = p.call();
+  const RoutingReport report = router.route(layout, call.q, call.k, call.v, order, 0.f);
+  ASSERT_EQ(report.heads.size(), std::size_t(layout.heads));
+  ASSERT_EQ(report.sampled_rows.size(), std::size_t(options.samples));
+
+  std::vector<double> dense_o, lse;
+  reference_rows(call, report.sampled_rows, dense_o, lse);
+  const auto count = std::int64_t(report.sampled_rows.size());
+  for (std::size_t c = 0; c < report.heads[0].candidates.size(); ++c) {
+    AttentionCall masked = call;
+    for (auto& h : masked.heads) h = HeadMask{report.heads[0].candidates[c].spec, order, nullptr, true};
+    std::vector<double> mask_o;
+    reference_rows(masked, report.sampled_rows, mask_o, lse);
+    for (std::int64_t h = 0; h < layout.heads; ++h) {
+      double err = 0, ref = 0;
+      for (std::int64_t i = 0; i < count; ++i) {
+        const std::int64_t b = report.sampled_batch[std::size_t(i)];
+        for (std::int64_t d = 0; d < layout.head_dim; ++d) {
+          const std::size_t at = std::size_t(((b * count + i) * layout.heads + h) * layout.head_dim + d);
+          err += std::pow(mask_o[at] - dense_o[at], 2);
+          ref += dense_o[at] * dense_o[at];
+        }
+      }
+      const CandidateError& got = report.heads[std::size_t(h)].candidates[c];
+      const double mse = err / double(count * layout.head_dim);
+      // fp32 accumulation against fp64: errors agree to a small absolute floor plus a relative share.
+      EXPECT_NEAR(got.mse, mse, 1e-7 + 1e-3 * mse) << "head " << h << " " << got.spec.describe();
+      EXPECT_NEAR(got.rel_l2, std::sqrt(err / ref), 1e-4 + 1e-3 * std::sqrt(err / ref)) << "head " << h;
+    }
+  }
+  EXPECT_GT(report.flops, 2.0 * double(count) * double(layout.tokens()) * double(layout.head_dim * layout.heads));
+}
+
+TEST(Router, SampledErrorsMatchTheReference) {
+  const std::uint64_t seed = testing::fresh_seed();
+  check_errors_against_reference({{4, 5, 7, 0, TextPlacement::After}, 1, 3, 64}, DType::F32, TokenOrder::FrameMajor,
+                                 seed);
+  check_errors_against_reference({{5, 3, 9, 11, TextPlacement::Before}, 2, 2, 80}, DType::BF16, TokenOrder::FrameMajor,
+                                 seed + 1);
+  check_errors_against_reference({{3, 6, 5, 9, TextPlacement::After}, 1, 2, 128}, DType::F32, TokenOrder::SpatialMajor,
+                                 seed + 2);
+  check_errors_against_reference({{1, 9, 10, 0, TextPlacement::After}, 1, 2, 64}, DType::F16, TokenOrder::FrameMajor,
+                                 seed + 3);
+}
+
+double routing_accuracy(std::uint64_t seed, std::int64_t batch, DType dtype) {
+  synth::Options o;
+  o.grid = {13, 12, 16, 0, TextPlacement::After};
+  o.heads = 16;
+  o.head_dim = 64;
+  o.batch = batch;
+  o.dtype = dtype;
+  o.seed = seed;
+  const synth::Data data = synth::make_video_tokens(o);
+  RouterOptions ro;
+  ro.seed = seed;
+  const RoutingReport r = Router(ro).route(data.layout, data.q.view(), data.k.view(), data.v.view());
+  int correct = 0;
+  for (std::size_t h = 0; h < r.heads.size(); ++h) correct += r.heads[h].route == data.truth[h];
+  return double(correct) / double(r.heads.size());
+}
+
+TEST(Router, FindsTheKnownKindOfSyntheticHeads) {
+  for (std::uint64_t seed : {1, 2, 3}) EXPECT_GE(routing_accuracy(seed, 1, DType::F32), 0.98) << "seed " << seed;
+  EXPECT_GE(routing_accuracy(4, 2, DType::BF16), 0.98);
+}
+
+TEST(Router, SamplesSpreadOverAllFramesAndStayDeterministic) {
+  const VideoLayout layout{{9, 4, 4, 5, TextPlacement::Before}, 2, 1, 64};
+  RouterOptions options;
+  options.samples = 64;
+  options.seed = 5;
+  const Router router(options);
+  std::vector<std::int64_t> rows, batch, rows2, batch2;
+  router.sample_rows(layout, TokenOrder::FrameMajor, rows, batch);
+  router.sample_rows(layout, TokenOrder::FrameMajor, rows2, batch2);
+  EXPECT_EQ(rows, rows2);
+  EXPECT_EQ(batch, batch2);
+  std::set<std::int64_t> frames;
+  for (std::int64_t r : rows) {
+    const TokenCoord c = layout.grid.coord(r, TokenOrder::FrameMajor);
+    ASSERT_FALSE(c.is_text);
+    ASSERT_NE(c.frame, 0);  // anchor rows tell no mask apart
+    frames.insert(c.frame);
+  }
+  EXPECT_EQ(frames.size(), 8u);
+  EXPECT_EQ(std::count(batch.begin(), batch.end(), 1), 32);
+
+  // More samples than non-anchor rows: falls back to all rows; more than all tokens: an error.
+  options.samples = int(layout.tokens());
+  EXPECT_NO_THROW(Router(options).sample_rows(layout, TokenOrder::FrameMajor, rows, batch));
+  options.samples = int(layout.tokens()) + 1;
+  EXPECT_THROW(Router(options).sample_rows(layout, TokenOrder::FrameMajor, rows, batch), InvalidArgument);
+}
+
+TEST(Router, KeepsAHeadDenseWhenNoMaskFitsIt) {
+  const VideoLayout layout{{6, 6, 6, 0, TextPlacement::After}, 1, 2, 64};
+  testing::Problem p = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), 3);
+  // Sharpen the scores so the random heads attend to a few arbitrary keys.
+  AttentionCall call = p.call();
+  RouterOptions options;
+  options.max_rel_l2 = 0.01;
+  RoutingReport r = Router(options).route(layout, call.q, call.k, call.v, TokenOrder::FrameMajor, 3.0f);
+  for (const auto& h : r.heads) {
+    ASSERT_NE(h.best(), nullptr);
+    EXPECT_GT(h.best()->rel_l2, 0.01);
+    EXPECT_EQ(h.route, Route::Dense);
+    EXPECT_EQ(h.spec, MaskSpec::dense());
+  }
+  options.max_rel_l2 = 100;
+  r = Router(options).route(layout, call.q, call.k, call.v, TokenOrder::FrameMajor, 3.0f);
+  for (const auto& h : r.heads) EXPECT_NE(h.route, Route::Dense);
+}
+
+TEST(Router, NonFiniteInputsKeepTheHeadDense) {
+  const VideoLayout layout{{4, 4, 4, 0, TextPlacement::After}, 1, 2, 64};
+  testing::Problem p = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), 4);
+  // NaN in every key of head 1: every sampled output of that head is NaN.
+  for (std::int64_t n = 0; n < layout.tokens(); ++n) p.k.view().store(0, n, 1, 0, NAN);
+  AttentionCall call = p.call();
+  RouterOptions lenient;  // random heads fit no mask well; accept any finite error
+  lenient.max_rel_l2 = 100;
+  const RoutingReport r = Router(lenient).route(layout, call.q, call.k, call.v);
+  EXPECT_EQ(r.heads[1].route, Route::Dense);
+  EXPECT_TRUE(std::isnan(r.heads[1].candidates[0].mse));
+  EXPECT_NE(r.heads[0].route, Route::Dense);
+}
+
+TEST(Router, RejectsBadArguments) {
+  RouterOptions bad;
+  bad.samples = 0;
+  EXPECT_THROW(Router{bad}, InvalidArgument);
+  bad = {};
+  bad.temporal_density = 1.5;
+  EXPECT_THROW(Router{bad}, InvalidArgument);
+  bad = {};
+  bad.spatial_density = NAN;
+  EXPECT_THROW(Router{bad}, InvalidArgument);
+  bad = {};
+  bad.max_rel_l2 = -1;
+  EXPECT_THROW(Router{bad}, InvalidArgument);
+  EXPECT_THROW(parse_route("diagonal"), InvalidArgument);
+  EXPECT_EQ(parse_route("temporal"), Route::Temporal);
+
+  const VideoLayout layout{{2, 2, 2, 0, TextPlacement::After}, 1, 2, 64};
+  testing::Problem p = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), 1);
+  AttentionCall call = p.call();
+  EXPECT_THROW(Router().route(layout, call.q, call.k, call.v), InvalidArgument);  // 64 samples > 8 tokens
+  RouterOptions few;
+  few.samples = 4;
+  const Router router(few);
+  VideoLayout other = layout;
+  other.grid.frames = 3;  // layout does not match the tensors
+  EXPECT_THROW(router.route(other, call.q, call.k, call.v), InvalidArgument);
+  const std::vector<std::int64_t> heads = {2};
+  EXPECT_THROW(router.route(layout, call.q, call.k, call.v, TokenOrder::FrameMajor, 0.f, heads), InvalidArgument);
+  const std::vector<std::int64_t> one = {1};
+  EXPECT_EQ(router.route(layout, call.q, call.k, call.v, TokenOrder::FrameMajor, 0.f, one).heads.size(), 1u);
+}
+
+}  // namespace
+}  // namespace stsa
