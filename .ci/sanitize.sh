@@ -10,9 +10,11 @@ export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 cmake -S . -B build-asan "${common[@]}" -DSTSA_SANITIZE=address,undefined >/dev/null
 cmake --build build-asan -j "$jobs"
-# OpenMPI's own allocations are reported as leaks; its tests keep ASan's other checks.
-ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 ctest --test-dir build-asan --output-on-failure -j "$jobs" -L dist
-ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE dist
+# OpenMPI's own allocations (some in plugins it unloads, so no suppression can name
+# them) are reported as leaks: the tests that start MPI (dist, and the CLI tests that
+# run `bench --dist`) keep every ASan/UBSan check but leak detection.
+ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 ctest --test-dir build-asan --output-on-failure -j "$jobs" -L "dist|cli"
+ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE "dist|cli"
 
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 cmake -S . -B build-tsan "${common[@]}" -DSTSA_SANITIZE=thread -DSTSA_MPI=OFF >/dev/null

@@ -3,6 +3,7 @@
 // heads of known kind, the dense fallback, and argument checks.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <set>
 
@@ -14,6 +15,8 @@
 
 namespace stsa {
 namespace {
+
+std::array<std::int64_t, 3> check_block_cover(const router_detail::CandidateMask& mask, std::int64_t tokens);
 
 TEST(CandidateMask, MatchesThePredicateOnEveryPair) {
   const std::vector<VideoGrid> grids = {{1, 3, 4, 0, TextPlacement::After},
@@ -33,8 +36,52 @@ TEST(CandidateMask, MatchesThePredicateOnEveryPair) {
             for (std::int64_t j = 0; j < g.tokens(); ++j)
               ASSERT_EQ(mask.allows(i, j), allowed_at(g, spec, order, i, j))
                   << g.describe() << " " << spec.describe() << " " << to_string(order) << " pair " << i << "," << j;
+          check_block_cover(mask, g.tokens());
         }
     }
+}
+
+// cover() of every (query, key block): All only if every key of the block is
+// allowed, None only if none is. Returns how often each of None, Some, All came up.
+std::array<std::int64_t, 3> check_block_cover(const router_detail::CandidateMask& mask, std::int64_t tokens) {
+  using Cover = router_detail::CandidateMask::Cover;
+  std::array<std::int64_t, 3> seen{0, 0, 0};
+  const std::int64_t block = router_detail::CandidateMask::kBlock;
+  for (std::int64_t i = 0; i < tokens; ++i)
+    for (std::int64_t b = 0; b * block < tokens; ++b) {
+      std::int64_t allowed = 0;
+      const std::int64_t end = std::min(tokens, (b + 1) * block);
+      for (std::int64_t j = b * block; j < end; ++j) allowed += mask.allows(i, j);
+      const Cover cover = mask.cover(i, b);
+      ++seen[std::size_t(cover)];
+      if (cover == Cover::All) {
+        EXPECT_EQ(allowed, end - b * block) << mask.spec.describe() << " query " << i << " block " << b;
+      }
+      if (cover == Cover::None) {
+        EXPECT_EQ(allowed, 0) << mask.spec.describe() << " query " << i << " block " << b;
+      }
+    }
+  return seen;
+}
+
+TEST(CandidateMask, BlockCoverAgreesWithThePairsOnLargerGrids) {
+  // Grids of several 64-key blocks, blocks straddling frames and text.
+  const std::vector<VideoGrid> grids = {{5, 6, 9, 13, TextPlacement::Before}, {4, 7, 11, 5, TextPlacement::After}};
+  for (const auto& g : grids)
+    for (bool anchor : {true, false})
+      for (TokenOrder order : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor}) {
+        const std::int64_t w = g.video_tokens() / 4;
+        for (const MaskSpec& spec : {MaskSpec::spatial(w, anchor), MaskSpec::temporal(w, anchor),
+                                     MaskSpec::frame_window(1, anchor), MaskSpec::dense()}) {
+          const auto seen = check_block_cover(router_detail::make_candidate_mask(g, spec, order), g.tokens());
+          // The shortcut must actually fire: in their own token order the bands
+          // skip some blocks, and every mask takes some whole.
+          if (spec.kind == MaskKind::Band && spec.natural_order() == order) {
+            EXPECT_GT(seen[0], 0) << spec.describe() << " " << to_string(order);
+          }
+          EXPECT_GT(seen[2], 0) << spec.describe() << " " << to_string(order);
+        }
+      }
 }
 
 // Router errors against fp64 outputs of the same sampled rows from reference_rows.
@@ -96,6 +143,44 @@ TEST(Router, SampledErrorsMatchTheReference) {
                                  seed + 2);
   check_errors_against_reference({{1, 9, 10, 0, TextPlacement::After}, 1, 2, 64}, DType::F16, TokenOrder::FrameMajor,
                                  seed + 3);
+  // Several key chunks and sub-chunks (9,463 keys, the last block ragged) and two
+  // batch entries: the per-chunk partial sums merged with their own maxima.
+  check_errors_against_reference({{7, 30, 45, 13, TextPlacement::Before}, 2, 2, 64}, DType::F32, TokenOrder::FrameMajor,
+                                 seed + 4);
+}
+
+TEST(Router, ErrorsAreBitIdenticalForAnyThreadCount) {
+  synth::Options o;
+  o.grid = {6, 30, 40, 7, TextPlacement::After};  // 7,207 tokens: two key chunks
+  o.heads = 5;
+  o.head_dim = 64;
+  o.batch = 2;
+  o.seed = testing::fresh_seed();
+  const synth::Data data = synth::make_video_tokens(o);
+  auto route = [&](int threads) {
+    RouterOptions ro;
+    ro.samples = 20;
+    ro.try_frame_window = true;
+    ro.threads = threads;
+    return Router(ro).route(data.layout, data.q.view(), data.k.view(), data.v.view());
+  };
+  const RoutingReport one = route(1);
+  for (int threads : {2, 3, 7}) {
+    const RoutingReport many = route(threads);
+    ASSERT_EQ(many.heads.size(), one.heads.size());
+    EXPECT_EQ(many.flops, one.flops) << threads << " threads";
+    for (std::size_t h = 0; h < one.heads.size(); ++h) {
+      EXPECT_EQ(many.heads[h].route, one.heads[h].route) << threads << " threads, head " << h;
+      ASSERT_EQ(many.heads[h].candidates.size(), one.heads[h].candidates.size());
+      for (std::size_t c = 0; c < one.heads[h].candidates.size(); ++c) {
+        // Exact equality on purpose: the work split must not change the arithmetic.
+        EXPECT_EQ(many.heads[h].candidates[c].mse, one.heads[h].candidates[c].mse)
+            << threads << " threads, head " << h << ", candidate " << c;
+        EXPECT_EQ(many.heads[h].candidates[c].rel_l2, one.heads[h].candidates[c].rel_l2)
+            << threads << " threads, head " << h << ", candidate " << c;
+      }
+    }
+  }
 }
 
 double routing_accuracy(std::uint64_t seed, std::int64_t batch, DType dtype) {

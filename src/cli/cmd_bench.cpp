@@ -335,8 +335,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--heads", args->heads, "attention heads")->capture_default_str();
   cmd->add_option("--head-dim", args->head_dim, "head dimension (the CPU kernel has 64, 80, 96, 128)")
       ->capture_default_str();
-  cmd->add_option("--mask", args->mask, "spatial | temporal | frames | dense")
-      ->check(CLI::IsMember(kMaskNames))
+  cmd->add_option("--mask", args->mask, "spatial | temporal | frames | dense; with --dist also mixed | routed")
+      ->check(CLI::IsMember({"dense", "spatial", "temporal", "frames", "mixed", "routed"}))
       ->capture_default_str();
   cmd->add_option("--density", args->density, "kept fraction of pairs, in [0, 1]")
       ->check(CLI::Range(0.0, 1.0))
@@ -361,10 +361,15 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--check-rows", args->check_rows, "random rows checked against the fp64 reference")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  cmd->add_option("--seed", args->seed, "seed of the random inputs")->capture_default_str();
+  // (The check runs on the text: an unsigned parse alone would wrap "-1" around.)
+  cmd->add_option("--seed", args->seed, "seed of the random inputs")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_flag("--dist", args->dist, "run the sequence-parallel benchmark under mpirun instead");
   cmd->callback([args] {
+    STSA_CHECK(args->dist || (args->mask != "mixed" && args->mask != "routed"), InvalidArgument,
+               "--mask ", args->mask, " needs --dist (one process runs one mask kind for all heads)");
     if (args->dist) {
       const int code = run_dist_bench(*args);
       if (code != 0) {

@@ -31,11 +31,11 @@ void run_demo() {
               "   first-frame partners; temporal heads run in spatial-major token order, where the band is contiguous.\n\n");
 
   BenchArgs bench;
-  bench.frames = 9;
-  bench.height = 12;
+  bench.frames = 13;
+  bench.height = 16;
   bench.width = 16;
   bench.heads = 4;
-  bench.head_dim = 64;
+  bench.head_dim = 128;
   bench.density = 0.25;
   bench.repeats = 3;
   bench.check_rows = 32;

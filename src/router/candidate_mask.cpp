@@ -1,5 +1,8 @@
 #include "router/candidate_mask.hpp"
 
+#include <algorithm>
+#include <limits>
+
 namespace stsa::router_detail {
 
 CandidateMask make_candidate_mask(const VideoGrid& grid, const MaskSpec& spec, TokenOrder tensor_order) {
@@ -23,6 +26,19 @@ CandidateMask make_candidate_mask(const VideoGrid& grid, const MaskSpec& spec, T
     }
     mask.code[i] = std::int32_t(spec.kind == MaskKind::Band ? grid.video_position(c.frame, c.patch, spec.band_order)
                                                             : c.frame);
+  }
+  const std::int64_t blocks = (n + CandidateMask::kBlock - 1) / CandidateMask::kBlock;
+  mask.block_lo.assign(std::size_t(blocks), std::numeric_limits<std::int32_t>::max());
+  mask.block_hi.assign(std::size_t(blocks), std::numeric_limits<std::int32_t>::min());
+  mask.block_forced.assign(std::size_t(blocks), 0);
+  for (std::int64_t pos = 0; pos < n; ++pos) {
+    const auto i = std::size_t(pos), b = std::size_t(pos / CandidateMask::kBlock);
+    if (mask.forced[i]) {
+      mask.block_forced[b] = 1;
+      continue;
+    }
+    mask.block_lo[b] = std::min(mask.block_lo[b], mask.code[i]);
+    mask.block_hi[b] = std::max(mask.block_hi[b], mask.code[i]);
   }
   return mask;
 }

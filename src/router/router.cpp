@@ -96,13 +96,44 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
   for (Route r : routes) masks.push_back(router_detail::make_candidate_mask(layout.grid, route_spec(layout.grid, r, options_), order));
 
   const float scale = softmax_scale != 0.f ? softmax_scale : float(1.0 / std::sqrt(double(layout.head_dim)));
-  std::vector<router_detail::SampledErrors> errors(which.size());
+  std::vector<router_detail::RowSet> row_sets;  // per batch entry with samples, in batch order
+  for (std::int64_t b = 0; b < layout.batch; ++b) {
+    router_detail::RowSet set{b, {}};
+    for (std::size_t i = 0; i < report.sampled_rows.size(); ++i)
+      if (report.sampled_batch[i] == b) set.positions.push_back(report.sampled_rows[i]);
+    if (!set.positions.empty()) row_sets.push_back(std::move(set));
+  }
+
+  // Work items: (group of heads, row set, key chunk), over all threads. Each item
+  // writes its own partial sums per head and a head's are merged in chunk order,
+  // so the errors are bit-identical for any thread count (grouping only changes
+  // which thread computes a head's chunk, not how). Groups shrink until every
+  // thread has a couple of items.
   const int threads = options_.threads > 0 ? options_.threads : router_detail::hardware_threads();
-  router_detail::parallel_for(std::int64_t(which.size()), threads, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i)
-      errors[std::size_t(i)] = router_detail::sampled_errors(q, k, v, which[std::size_t(i)], scale,
-                                                             report.sampled_rows, report.sampled_batch, masks);
+  const std::int64_t chunks = router_detail::key_chunks(layout.tokens());
+  const auto sets = std::int64_t(row_sets.size()), heads_n = std::int64_t(which.size());
+  const std::int64_t group = std::clamp<std::int64_t>(heads_n * sets * chunks / (2 * std::int64_t(threads)), 1, 8);
+  const std::int64_t groups = (heads_n + group - 1) / group;
+  std::vector<router_detail::SampledErrors> errors(which.size());
+  for (auto& e : errors) e.squared_error.assign(masks.size(), 0.0);
+  std::vector<router_detail::ChunkScratch> scratch(static_cast<std::size_t>(threads));
+  // partials[(head index * sets + set) * chunks + chunk]
+  std::vector<router_detail::ChunkPartial> partials(std::size_t(heads_n * sets * chunks));
+  router_detail::parallel_items(groups * sets * chunks, threads, [&](std::int64_t item, int worker) {
+    const std::int64_t first = item / (sets * chunks) * group, last = std::min(heads_n, first + group);
+    const std::int64_t set = item / chunks % sets, chunk = item % chunks;
+    std::vector<router_detail::ChunkPartial> out(std::size_t(last - first));
+    router_detail::sampled_chunk(q, k, v, std::span(which).subspan(std::size_t(first), std::size_t(last - first)),
+                                 scale, row_sets[std::size_t(set)], masks, chunk, scratch[std::size_t(worker)], out);
+    for (std::int64_t i = first; i < last; ++i)
+      partials[std::size_t((i * sets + set) * chunks + chunk)] = std::move(out[std::size_t(i - first)]);
   });
+  for (std::int64_t i = 0; i < heads_n; ++i)
+    for (std::int64_t set = 0; set < sets; ++set)
+      router_detail::combine_chunks(q, k, v, which[std::size_t(i)], scale, row_sets[std::size_t(set)], masks,
+                                    std::span(partials).subspan(std::size_t((i * sets + set) * chunks),
+                                                                std::size_t(chunks)),
+                                    errors[std::size_t(i)]);
 
   const double values = double(report.sampled_rows.size()) * double(layout.head_dim);
   for (const auto& e : errors) {

@@ -1,14 +1,15 @@
-// Two passes over the keys of one (batch, head), shared by all sampled rows so
-// that each block of K and V is converted once and stays in cache while every
-// row uses it:
-//   1. scores s = scale q.k for every sampled row and key (an S x N buffer),
-//      then e = exp(s - max_dense) in place;
+// Per key chunk, two passes shared by all sampled rows of a batch entry, so that
+// each block of K and V is converted once and stays in cache while every row uses it:
+//   1. scores s = scale q.k for every sampled row and key of a sub-chunk (an
+//      S x 512 buffer per head that stays in L2), then e = exp(s - running max);
 //   2. per key block: O_dense += sum_j e_j v_j for every row and, per candidate
-//      mask, the same over the block's allowed keys (blocks a mask does not touch
-//      are skipped). The factor exp(-max_dense) cancels in every ratio, so one
-//      exp per pair serves all masks; when a mask's allowed keys sit so far below
-//      the dense maximum that their sum underflows, that row is recomputed in
-//      fp64 with the mask's own maximum.
+//      mask, the same over the block's allowed keys. Blocks a mask does not touch
+//      are skipped and blocks it takes whole reuse the dense weights and sums, so
+//      the per-key mask test runs only on boundary blocks. The factor exp(-max)
+//      cancels in every ratio, so one exp per pair serves all masks.
+// combine_chunks() rescales the chunks to the row's overall maximum (in fp64);
+// when a mask's allowed keys sit so far below it that their sum underflows, that
+// row is recomputed in fp64 with the mask's own maximum.
 #include "router/sampled_attention.hpp"
 
 #include <algorithm>
@@ -25,12 +26,14 @@
 namespace stsa::router_detail {
 namespace {
 
-constexpr std::int64_t kKeyBlock = 64;  // keys per block
+constexpr std::int64_t kKeyBlock = CandidateMask::kBlock;  // keys per block
 constexpr std::int64_t kRowBlock = 4;   // sampled rows scored together (reuses each loaded key vector)
 constexpr std::int64_t kLane = 16;      // channels per accumulator (one AVX-512 register)
 constexpr double kUnderflowFloor = 1e-25;
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// Not under ThreadSanitizer: the clones' ifunc resolvers run while the dynamic
+// loader relocates, before the TSan runtime is up, and their instrumentation crashes.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define STSA_VECTOR_CLONES __attribute__((target_clones("avx512f", "fma", "default")))
 #else
 #define STSA_VECTOR_CLONES
@@ -71,6 +74,37 @@ STSA_VECTOR_CLONES void exp_nonpositive(float* __restrict x, std::int64_t count)
   }
 }
 
+// Largest of x[0..count) (NaN entries are skipped; -inf when none); 16 lanes
+// so the comparisons do not form one serial chain.
+STSA_VECTOR_CLONES float row_max(const float* __restrict x, std::int64_t count) {
+  float lanes[kLane];
+  std::fill_n(lanes, kLane, -std::numeric_limits<float>::infinity());
+  std::int64_t j = 0;
+  for (; j + kLane <= count; j += kLane)
+    for (std::int64_t i = 0; i < kLane; ++i) lanes[i] = x[j + i] > lanes[i] ? x[j + i] : lanes[i];
+  float m = -std::numeric_limits<float>::infinity();
+  for (; j < count; ++j) m = x[j] > m ? x[j] : m;
+  for (std::int64_t i = 0; i < kLane; ++i) m = lanes[i] > m ? lanes[i] : m;
+  return m;
+}
+
+// Sum of one block of kKeyBlock weights: fp32 partial sums over 16 lanes (each
+// adds kKeyBlock / 16 values in [0, 1]), then fp64 across the lanes.
+STSA_VECTOR_CLONES double block_sum(const float* __restrict x) {
+  float lanes[kLane] = {};
+  for (std::int64_t j = 0; j < kKeyBlock; j += kLane)
+    for (std::int64_t i = 0; i < kLane; ++i) lanes[i] += x[j + i];
+  double z = 0;
+  for (std::int64_t i = 0; i < kLane; ++i) z += lanes[i];
+  return z;
+}
+
+// kt[d][j] = rows[j][d] for a block of kKeyBlock key rows of `dim` channels.
+STSA_VECTOR_CLONES void transpose_block(const float* __restrict rows, std::int64_t dim, float* __restrict kt) {
+  for (std::int64_t d = 0; d < dim; ++d)
+    for (std::int64_t j = 0; j < kKeyBlock; ++j) kt[d * kKeyBlock + j] = rows[j * dim + d];
+}
+
 // out[r][d] += sum_j w[r][j] * v[j][d] for kRowBlock weight rows over a block of kKeyBlock keys;
 // v rows hold `padded` channels (a multiple of kLane). Each loaded lane of v serves all rows
 // (a small GEMM micro-kernel), and the rows are independent accumulation chains.
@@ -94,17 +128,20 @@ STSA_VECTOR_CLONES void accumulate_rows(const float* const* __restrict w, const 
   }
 }
 
-// w[j] = e[j] where the mask allows (q, k0 + j), else 0; returns how many are allowed.
+// w[j] = e[j] where the mask allows (q, k0 + j), else 0, for the block's `len`
+// real keys (the rest get 0); returns how many are allowed.
 STSA_VECTOR_CLONES std::int64_t masked_weights(const float* __restrict e, const std::int32_t* __restrict code,
                                                const std::uint8_t* __restrict forced, std::int64_t q_code,
-                                               bool q_forced, std::int64_t width, float* __restrict w) {
+                                               bool q_forced, std::int64_t width, std::int64_t len,
+                                               float* __restrict w) {
   std::int64_t kept = 0;
-  for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+  for (std::int64_t j = 0; j < len; ++j) {
     const std::int64_t diff = std::int64_t(code[j]) - q_code;
     const bool ok = q_forced || forced[j] || (diff <= width && -diff <= width);
     w[j] = ok ? e[j] : 0.f;
     kept += ok;
   }
+  for (std::int64_t j = len; j < kKeyBlock; ++j) w[j] = 0.f;
   return kept;
 }
 
@@ -158,143 +195,213 @@ std::vector<double> exact_row(const TensorView& q, const TensorView& k, const Te
 
 }  // namespace
 
-SampledErrors sampled_errors(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t head,
-                             float scale, const std::vector<std::int64_t>& rows,
-                             const std::vector<std::int64_t>& batch, const std::vector<CandidateMask>& masks) {
-  const std::int64_t n = k.tokens(), dim = k.head_dim();
+std::int64_t key_chunks(std::int64_t tokens) { return (tokens + kKeysPerChunk - 1) / kKeysPerChunk; }
+
+void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v, std::span<const std::int64_t> heads,
+                   float scale, const RowSet& rows, const std::vector<CandidateMask>& masks, std::int64_t chunk,
+                   ChunkScratch& sc, std::span<ChunkPartial> out) {
+  const std::int64_t n = k.tokens(), dim = k.head_dim(), b = rows.batch;
   const std::int64_t padded = (dim + kLane - 1) / kLane * kLane;
-  const std::int64_t blocks = (n + kKeyBlock - 1) / kKeyBlock, n_padded = blocks * kKeyBlock;
-  const std::size_t candidates = masks.size();
-  SampledErrors result;
-  result.squared_error.assign(candidates, 0.0);
+  const std::int64_t begin = chunk * kKeysPerChunk, end = std::min(n, begin + kKeysPerChunk);
+  const std::size_t candidates = masks.size(), outputs = candidates + 1;
+  const auto count = std::int64_t(rows.positions.size()), group = std::int64_t(heads.size());
+  const std::int64_t row_blocks = (count + kRowBlock - 1) / kRowBlock;
+  const auto rows_u = std::size_t(count);
+  const std::size_t acc_row = outputs * std::size_t(padded);
+  constexpr std::int64_t sub_width = kKeysPerSubChunk, sub_blocks = kKeysPerSubChunk / kKeyBlock;
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-  // Mask codes padded to whole blocks; padding keys are never allowed.
-  std::vector<std::vector<std::int32_t>> codes(candidates);
-  std::vector<std::vector<std::uint8_t>> forced(candidates);
-  for (std::size_t c = 0; c < candidates; ++c) {
-    codes[c] = masks[c].code;
-    codes[c].resize(std::size_t(n_padded), std::numeric_limits<std::int32_t>::max());
-    forced[c] = masks[c].forced;
-    forced[c].resize(std::size_t(n_padded), 0);
+  for (ChunkPartial& o : out) {
+    o.max.assign(rows_u, -std::numeric_limits<float>::infinity());
+    o.z.assign(rows_u * outputs, 0.0);
+    o.acc.assign(rows_u * acc_row, 0.f);
+    o.kept.assign(candidates, 0);
+    o.flops = 0;
   }
+  if (count == 0 || group == 0 || begin >= end) return;
 
-  std::vector<float> kt(static_cast<std::size_t>(dim * kKeyBlock)), vb(static_cast<std::size_t>(padded * kKeyBlock));
-  std::vector<float> key_row(static_cast<std::size_t>(dim));
-  std::vector<float> tile(static_cast<std::size_t>(kRowBlock * kKeyBlock));
-  for (std::int64_t b = 0; b < k.batch(); ++b) {
-    std::vector<std::int64_t> mine;  // sampled rows of this batch entry
-    for (std::size_t i = 0; i < rows.size(); ++i)
-      if (batch[i] == b) mine.push_back(rows[i]);
-    if (mine.empty()) continue;
-    const auto count = std::int64_t(mine.size());
-    const std::int64_t row_blocks = (count + kRowBlock - 1) / kRowBlock;
-
-    std::vector<float> qs(static_cast<std::size_t>(row_blocks * kRowBlock * dim), 0.f);
-    for (std::int64_t r = 0; r < count; ++r)
-      for (std::int64_t d = 0; d < dim; ++d)
-        qs[std::size_t(r * dim + d)] = q.load(b, mine[std::size_t(r)], head, d) * scale;
-
-    // Pass 1: scores, rows padded to whole blocks of keys (padding scores are -inf).
-    std::vector<float> e(static_cast<std::size_t>(count * n_padded), -std::numeric_limits<float>::infinity());
-    for (std::int64_t blk = 0; blk < blocks; ++blk) {
-      const std::int64_t k0 = blk * kKeyBlock, len = std::min(kKeyBlock, n - k0);
-      std::fill(kt.begin(), kt.end(), 0.f);
-      for (std::int64_t j = 0; j < len; ++j) {
-        load_row(k, b, k0 + j, head, key_row.data());
-        for (std::int64_t d = 0; d < dim; ++d) kt[std::size_t(d * kKeyBlock + j)] = key_row[std::size_t(d)];
-      }
-      for (std::int64_t rb = 0; rb < row_blocks; ++rb) {
-        score_rows(qs.data() + rb * kRowBlock * dim, dim, kt.data(), tile.data());
-        for (std::int64_t r = rb * kRowBlock; r < std::min(count, (rb + 1) * kRowBlock); ++r)
-          std::copy_n(tile.begin() + (r - rb * kRowBlock) * kKeyBlock, len, e.begin() + r * n_padded + k0);
-      }
-    }
-    result.flops += 2.0 * double(count) * double(n) * double(dim);
-
-    std::vector<double> z_dense(static_cast<std::size_t>(count));
+  // Per head g: scaled queries, a transposed key block, a value block, the sub-chunk's
+  // weights [rows][sub_width] and their per-block sums.
+  const std::size_t qs_head = std::size_t(row_blocks * kRowBlock * dim), kt_head = std::size_t(dim * kKeyBlock),
+                    vb_head = std::size_t(padded * kKeyBlock), e_head = rows_u * sub_width,
+                    sum_head = rows_u * sub_blocks;
+  sc.qs.assign(qs_head * std::size_t(group), 0.f);
+  for (std::int64_t g = 0; g < group; ++g)
     for (std::int64_t r = 0; r < count; ++r) {
-      float* row = e.data() + r * n_padded;
-      float m = -std::numeric_limits<float>::infinity();
-      for (std::int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
-      if (std::isfinite(m)) {
-        for (std::int64_t j = 0; j < n_padded; ++j) row[j] -= m;
-        exp_nonpositive(row, n_padded);
-      } else {
-        for (std::int64_t j = 0; j < n_padded; ++j) row[j] = std::numeric_limits<float>::quiet_NaN();
+      float* row = sc.qs.data() + std::size_t(g) * qs_head + std::size_t(r * dim);
+      load_row(q, b, rows.positions[std::size_t(r)], heads[std::size_t(g)], row);
+      for (std::int64_t d = 0; d < dim; ++d) row[d] *= scale;
+    }
+  sc.kt.resize(kt_head * std::size_t(group));
+  sc.vb.resize(vb_head * std::size_t(group));
+  sc.key_rows.resize(kt_head * std::size_t(group));
+  sc.tile.resize(std::size_t(kRowBlock * kKeyBlock));
+  sc.e.resize(e_head * std::size_t(group));
+  sc.block_sum.resize(sum_head * std::size_t(group));
+  sc.masked.resize(rows_u * candidates * kKeyBlock);
+  sc.zeros.assign(std::size_t(kKeyBlock), 0.f);
+  sc.sink.resize(std::size_t(padded));
+
+  for (std::int64_t s0 = begin; s0 < end; s0 += sub_width) {
+    const std::int64_t s1 = std::min(end, s0 + sub_width), blocks = (s1 - s0 + kKeyBlock - 1) / kKeyBlock;
+    std::fill(sc.e.begin(), sc.e.end(), -std::numeric_limits<float>::infinity());  // padding keys: weight 0
+
+    // Pass 1: scores. Each key row is read once for all heads of the group.
+    for (std::int64_t blk = 0; blk < blocks; ++blk) {
+      const std::int64_t k0 = s0 + blk * kKeyBlock, len = std::min(kKeyBlock, s1 - k0);
+      if (len < kKeyBlock) std::fill(sc.key_rows.begin(), sc.key_rows.end(), 0.f);
+      for (std::int64_t j = 0; j < len; ++j)
+        for (std::int64_t g = 0; g < group; ++g)
+          load_row(k, b, k0 + j, heads[std::size_t(g)], sc.key_rows.data() + std::size_t(g) * kt_head + std::size_t(j * dim));
+      for (std::int64_t g = 0; g < group; ++g)
+        transpose_block(sc.key_rows.data() + std::size_t(g) * kt_head, dim, sc.kt.data() + std::size_t(g) * kt_head);
+      for (std::int64_t g = 0; g < group; ++g)
+        for (std::int64_t rb = 0; rb < row_blocks; ++rb) {
+          score_rows(sc.qs.data() + std::size_t(g) * qs_head + std::size_t(rb * kRowBlock * dim), dim,
+                     sc.kt.data() + std::size_t(g) * kt_head, sc.tile.data());
+          for (std::int64_t r = rb * kRowBlock; r < std::min(count, (rb + 1) * kRowBlock); ++r)
+            std::copy_n(sc.tile.begin() + (r - rb * kRowBlock) * kKeyBlock, len,
+                        sc.e.begin() + std::int64_t(std::size_t(g) * e_head) + r * sub_width + blk * kKeyBlock);
+        }
+    }
+
+    // Online softmax: weights relative to the running maximum (earlier sums are
+    // rescaled when it grows), and their per-block sums (what a mask that takes a
+    // block whole adds to its normaliser).
+    for (std::int64_t g = 0; g < group; ++g) {
+      ChunkPartial& o = out[std::size_t(g)];
+      for (std::int64_t r = 0; r < count; ++r) {
+        float* row = sc.e.data() + std::size_t(g) * e_head + std::size_t(r * sub_width);
+        double* sums = sc.block_sum.data() + std::size_t(g) * sum_head + std::size_t(r * sub_blocks);
+        const float local = row_max(row, s1 - s0);
+        float& m = o.max[std::size_t(r)];
+        if (std::isnan(m) || !std::isfinite(local)) {  // non-finite scores: the row is reported as NaN
+          m = kNaN;
+          std::fill_n(row, sub_width, 0.f);
+          std::fill_n(sums, sub_blocks, 0.0);
+          continue;
+        }
+        if (local > m) {
+          if (std::isfinite(m)) {
+            const float factor = std::exp(m - local);
+            for (std::size_t i = 0; i < outputs; ++i) o.z[std::size_t(r) * outputs + i] *= double(factor);
+            float* acc = o.acc.data() + std::size_t(r) * acc_row;
+            for (std::size_t i = 0; i < acc_row; ++i) acc[i] *= factor;
+          }
+          m = local;
+        }
+        for (std::int64_t j = 0; j < sub_width; ++j) row[j] -= m;
+        exp_nonpositive(row, sub_width);
+        for (std::int64_t blk = 0; blk < sub_blocks; ++blk) sums[blk] = block_sum(row + blk * kKeyBlock);
       }
-      double z = 0;
-      for (std::int64_t j = 0; j < n; ++j) z += row[j];
-      z_dense[std::size_t(r)] = z;
+      o.flops += 2.0 * double(count) * double(s1 - s0) * double(dim);
     }
 
     // Pass 2: weighted sums of V, dense (slot 0) and per mask, plus the masks' normalisers.
-    const std::size_t outputs = candidates + 1;
-    std::vector<float> acc(static_cast<std::size_t>(count) * outputs * std::size_t(padded), 0.f);
-    std::vector<double> z_mask(static_cast<std::size_t>(count) * candidates, 0.0);
-    std::vector<std::int64_t> kept(candidates, 0);
-    // Weight rows of one block: the dense row of every sampled row, then each mask's row where it
-    // allows any key of the block; accumulated kRowBlock at a time (padding rows have zero weights).
-    std::vector<float> masked(static_cast<std::size_t>(count) * candidates * kKeyBlock);
-    const std::vector<float> zeros(static_cast<std::size_t>(kKeyBlock), 0.f);
-    std::vector<float> sink(static_cast<std::size_t>(padded));
-    std::vector<const float*> w_rows;
-    std::vector<float*> o_rows;
     for (std::int64_t blk = 0; blk < blocks; ++blk) {
-      const std::int64_t k0 = blk * kKeyBlock, len = std::min(kKeyBlock, n - k0);
-      std::fill(vb.begin(), vb.end(), 0.f);
-      for (std::int64_t j = 0; j < len; ++j) load_row(v, b, k0 + j, head, vb.data() + j * padded);
-      w_rows.clear();
-      o_rows.clear();
-      for (std::int64_t r = 0; r < count; ++r) {
-        const float* row = e.data() + r * n_padded + k0;
-        float* out = acc.data() + std::size_t(r) * outputs * std::size_t(padded);
-        w_rows.push_back(row);
-        o_rows.push_back(out);
-        const std::int64_t qpos = mine[std::size_t(r)];
-        for (std::size_t c = 0; c < candidates; ++c) {
-          float* w = masked.data() + (std::size_t(r) * candidates + c) * kKeyBlock;
-          const std::int64_t allowed =
-              masked_weights(row, codes[c].data() + k0, forced[c].data() + k0, masks[c].code[std::size_t(qpos)],
-                             masks[c].forced[std::size_t(qpos)] != 0, masks[c].width, w);
-          if (allowed == 0) continue;
-          kept[c] += allowed;
-          double z = 0;
-          for (std::int64_t j = 0; j < kKeyBlock; ++j) z += w[j];
-          z_mask[std::size_t(r) * candidates + c] += z;
-          w_rows.push_back(w);
-          o_rows.push_back(out + (c + 1) * std::size_t(padded));
+      const std::int64_t k0 = s0 + blk * kKeyBlock, len = std::min(kKeyBlock, s1 - k0);
+      const std::int64_t global_block = k0 / kKeyBlock;
+      if (len < kKeyBlock) std::fill(sc.vb.begin(), sc.vb.end(), 0.f);
+      for (std::int64_t j = 0; j < len; ++j)
+        for (std::int64_t g = 0; g < group; ++g)
+          load_row(v, b, k0 + j, heads[std::size_t(g)], sc.vb.data() + std::size_t(g) * vb_head + std::size_t(j * padded));
+      for (std::int64_t g = 0; g < group; ++g) {
+        ChunkPartial& o = out[std::size_t(g)];
+        sc.w_rows.clear();
+        sc.o_rows.clear();
+        for (std::int64_t r = 0; r < count; ++r) {
+          const float* row = sc.e.data() + std::size_t(g) * e_head + std::size_t(r * sub_width + blk * kKeyBlock);
+          const double row_sum = sc.block_sum[std::size_t(g) * sum_head + std::size_t(r * sub_blocks + blk)];
+          float* acc = o.acc.data() + std::size_t(r) * acc_row;
+          double* z = o.z.data() + std::size_t(r) * outputs;
+          sc.w_rows.push_back(row);
+          sc.o_rows.push_back(acc);
+          z[0] += row_sum;
+          const std::int64_t qpos = rows.positions[std::size_t(r)];
+          for (std::size_t c = 0; c < candidates; ++c) {
+            const CandidateMask& mask = masks[c];
+            const CandidateMask::Cover cover = mask.cover(qpos, global_block);
+            if (cover == CandidateMask::Cover::None) continue;
+            const float* w = row;
+            if (cover == CandidateMask::Cover::All) {
+              o.kept[c] += len;
+              z[c + 1] += row_sum;
+            } else {
+              float* masked = sc.masked.data() + (std::size_t(r) * candidates + c) * kKeyBlock;
+              const std::int64_t allowed =
+                  masked_weights(row, mask.code.data() + k0, mask.forced.data() + k0, mask.code[std::size_t(qpos)],
+                                 mask.forced[std::size_t(qpos)] != 0, mask.width, len, masked);
+              if (allowed == 0) continue;
+              o.kept[c] += allowed;
+              z[c + 1] += block_sum(masked);
+              w = masked;
+            }
+            sc.w_rows.push_back(w);
+            sc.o_rows.push_back(acc + (c + 1) * std::size_t(padded));
+          }
         }
-      }
-      while (w_rows.size() % kRowBlock != 0) {
-        w_rows.push_back(zeros.data());
-        o_rows.push_back(sink.data());
-      }
-      for (std::size_t i = 0; i < w_rows.size(); i += kRowBlock)
-        accumulate_rows(w_rows.data() + i, vb.data(), padded, o_rows.data() + i);
-    }
-    for (std::size_t c = 0; c < candidates; ++c) result.flops += 2.0 * double(kept[c]) * double(dim);
-    result.flops += 2.0 * double(count) * double(n) * double(dim);
-
-    // Reduce to squared errors.
-    for (std::int64_t r = 0; r < count; ++r) {
-      const float* out = acc.data() + std::size_t(r) * outputs * std::size_t(padded);
-      const double zd = z_dense[std::size_t(r)];
-      for (std::int64_t d = 0; d < dim; ++d) result.squared_reference += std::pow(double(out[d]) / zd, 2);
-      for (std::size_t c = 0; c < candidates; ++c) {
-        const double zc = z_mask[std::size_t(r) * candidates + c];
-        const float* oc = out + (c + 1) * std::size_t(padded);
-        if (zc > kUnderflowFloor || !std::isfinite(zc)) {
-          for (std::int64_t d = 0; d < dim; ++d)
-            result.squared_error[c] += std::pow(double(oc[d]) / zc - double(out[d]) / zd, 2);
-          continue;
+        while (sc.w_rows.size() % kRowBlock != 0) {
+          sc.w_rows.push_back(sc.zeros.data());
+          sc.o_rows.push_back(sc.sink.data());
         }
-        const std::vector<double> exact = exact_row(q, k, v, b, head, mine[std::size_t(r)], scale, masks[c]);
-        for (std::int64_t d = 0; d < dim; ++d)
-          result.squared_error[c] += std::pow(exact[std::size_t(d)] - double(out[d]) / zd, 2);
+        const float* vb = sc.vb.data() + std::size_t(g) * vb_head;
+        for (std::size_t i = 0; i < sc.w_rows.size(); i += kRowBlock)
+          accumulate_rows(sc.w_rows.data() + i, vb, padded, sc.o_rows.data() + i);
       }
     }
   }
-  return result;
+  for (std::int64_t g = 0; g < group; ++g) {
+    ChunkPartial& o = out[std::size_t(g)];
+    for (std::size_t c = 0; c < candidates; ++c) o.flops += 2.0 * double(o.kept[c]) * double(dim);
+    o.flops += 2.0 * double(count) * double(end - begin) * double(dim);
+  }
+}
+
+void combine_chunks(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t head, float scale,
+                    const RowSet& rows, const std::vector<CandidateMask>& masks,
+                    std::span<const ChunkPartial> chunks, SampledErrors& into) {
+  const std::int64_t dim = k.head_dim(), padded = (dim + kLane - 1) / kLane * kLane;
+  const std::size_t candidates = masks.size(), outputs = candidates + 1;
+  into.squared_error.resize(candidates, 0.0);
+  for (const ChunkPartial& c : chunks) into.flops += c.flops;
+  std::vector<double> factor(chunks.size()), o(outputs * std::size_t(dim)), z(outputs);
+  for (std::size_t r = 0; r < rows.positions.size(); ++r) {
+    // Rescale every chunk to the row's overall maximum (non-finite scores poison the row).
+    double top = -std::numeric_limits<double>::infinity();
+    bool finite = true;
+    for (const ChunkPartial& c : chunks) {
+      finite = finite && std::isfinite(c.max[r]);
+      top = std::max(top, double(c.max[r]));
+    }
+    if (!finite) {
+      into.squared_reference = std::numeric_limits<double>::quiet_NaN();
+      for (double& e : into.squared_error) e = std::numeric_limits<double>::quiet_NaN();
+      continue;
+    }
+    for (std::size_t i = 0; i < chunks.size(); ++i) factor[i] = std::exp(double(chunks[i].max[r]) - top);
+    std::fill(o.begin(), o.end(), 0.0);
+    std::fill(z.begin(), z.end(), 0.0);
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      const ChunkPartial& c = chunks[i];
+      for (std::size_t s = 0; s < outputs; ++s) {
+        z[s] += factor[i] * c.z[r * outputs + s];
+        const float* acc = c.acc.data() + (r * outputs + s) * std::size_t(padded);
+        for (std::int64_t d = 0; d < dim; ++d) o[s * std::size_t(dim) + std::size_t(d)] += factor[i] * double(acc[d]);
+      }
+    }
+    for (std::int64_t d = 0; d < dim; ++d) into.squared_reference += std::pow(o[std::size_t(d)] / z[0], 2);
+    for (std::size_t c = 0; c < candidates; ++c) {
+      const double* oc = o.data() + (c + 1) * std::size_t(dim);
+      if (z[c + 1] > kUnderflowFloor || !std::isfinite(z[c + 1])) {
+        for (std::int64_t d = 0; d < dim; ++d)
+          into.squared_error[c] += std::pow(oc[d] / z[c + 1] - o[std::size_t(d)] / z[0], 2);
+        continue;
+      }
+      const std::vector<double> exact = exact_row(q, k, v, rows.batch, head, rows.positions[r], scale, masks[c]);
+      for (std::int64_t d = 0; d < dim; ++d)
+        into.squared_error[c] += std::pow(exact[std::size_t(d)] - o[std::size_t(d)] / z[0], 2);
+    }
+  }
 }
 
 }  // namespace stsa::router_detail

@@ -1,8 +1,18 @@
 // Exact attention of a few sampled query rows of one head against all keys,
 // dense and under each candidate mask, reduced to squared output errors.
+//
+// The keys are cut into fixed chunks of kKeysPerChunk (independent of the thread
+// count). A work item takes one chunk for a group of heads: it reads each key's
+// row once for all heads of the group (per-head reads of a [B, N, H, D] tensor
+// stride over the other heads and run at a fraction of the memory bandwidth),
+// walks the chunk in fixed sub-chunks with an online softmax, and yields partial
+// sums per head relative to their maximum; combine_chunks() merges a head's
+// chunks in chunk order. Which heads share an item does not change any head's
+// arithmetic, so the result is bit-identical however many threads ran.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "router/candidate_mask.hpp"
@@ -10,15 +20,49 @@
 
 namespace stsa::router_detail {
 
+constexpr std::int64_t kKeysPerSubChunk = 512;  // scores of one sub-chunk stay in L2
+constexpr std::int64_t kKeysPerChunk = 4096;
+static_assert(kKeysPerSubChunk % CandidateMask::kBlock == 0 && kKeysPerChunk % kKeysPerSubChunk == 0);
+
 struct SampledErrors {
   std::vector<double> squared_error;  // per candidate: sum over rows and channels of (O_mask - O_dense)^2
   double squared_reference = 0;       // sum of O_dense^2
   double flops = 0;                   // scores + weighted sums actually computed
 };
 
-// rows/batch: sampled token positions (tensor order) and their batch indices.
-SampledErrors sampled_errors(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t head,
-                             float scale, const std::vector<std::int64_t>& rows,
-                             const std::vector<std::int64_t>& batch, const std::vector<CandidateMask>& masks);
+// The sampled rows of one batch entry: token positions in tensor order.
+struct RowSet {
+  std::int64_t batch = 0;
+  std::vector<std::int64_t> positions;
+};
+
+// Partial sums of one (head, row set, key chunk); outputs = 1 (dense) + candidates.
+struct ChunkPartial {
+  std::vector<float> max;          // [rows]: the chunk's largest scaled score (NaN: a non-finite score)
+  std::vector<double> z;           // [rows][outputs]: sums of exp(s - max) over allowed keys
+  std::vector<float> acc;          // [rows][outputs][padded D]: the same weights times V
+  std::vector<std::int64_t> kept;  // [candidates]: allowed (row, key) pairs
+  double flops = 0;
+};
+
+// Per-thread buffers, reused across items.
+struct ChunkScratch {
+  std::vector<float> qs, key_rows, kt, vb, tile, e, masked, zeros, sink;
+  std::vector<double> block_sum;
+  std::vector<const float*> w_rows;
+  std::vector<float*> o_rows;
+};
+
+std::int64_t key_chunks(std::int64_t tokens);
+
+// Fills out[g] for keys [chunk * kKeysPerChunk, ...) of (rows.batch, heads[g]), for every g.
+void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v, std::span<const std::int64_t> heads,
+                   float scale, const RowSet& rows, const std::vector<CandidateMask>& masks, std::int64_t chunk,
+                   ChunkScratch& scratch, std::span<ChunkPartial> out);
+
+// Adds the rows' errors, merged over all chunks of the row set (in order), to `into`.
+void combine_chunks(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t head, float scale,
+                    const RowSet& rows, const std::vector<CandidateMask>& masks,
+                    std::span<const ChunkPartial> chunks, SampledErrors& into);
 
 }  // namespace stsa::router_detail
