@@ -20,22 +20,6 @@
 namespace stsa::cli {
 namespace {
 
-struct RouteArgs {
-  GridArgs grid;
-  bool synthetic = false;
-  std::string q_path, k_path, v_path;
-  std::string tensor, q_tensor, k_tensor, v_tensor;
-  std::int64_t batch = 1, heads = 16, head_dim = 64;
-  std::string dtype = "fp32";
-  double density = 0.25;
-  int samples = 64;
-  double max_rel_l2 = 0.5;
-  bool frame_window = false;
-  std::int64_t seed = 1;
-  std::string backend = "cpu";
-  std::int64_t eval_rows = 128;
-  bool json = false;
-};
 
 struct Inputs {
   VideoLayout layout;
@@ -96,7 +80,9 @@ Inputs make_inputs(const RouteArgs& args, const VideoGrid& grid) {
   return Inputs{d.layout, std::move(d.q), std::move(d.k), std::move(d.v), std::move(d.truth)};
 }
 
-nlohmann::json route_record(const RouteArgs& args) {
+}  // namespace
+
+nlohmann::json run_route(const RouteArgs& args) {
   const VideoGrid grid = args.grid.grid();
   RouterOptions ro;
   ro.samples = args.samples;
@@ -196,6 +182,8 @@ nlohmann::json route_record(const RouteArgs& args) {
   };
 }
 
+namespace {
+
 void print_text(const nlohmann::json& r) {
   std::printf("grid %s, %lld heads x %lld dims, %s %s inputs, density %.3f, backend %s\n",
               r["grid"].get<std::string>().c_str(), (long long)r["heads"].get<std::int64_t>(),
@@ -256,7 +244,7 @@ void add_route_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args] {
-    const nlohmann::json record = route_record(*args);
+    const nlohmann::json record = run_route(*args);
     if (args->json) std::printf("%s\n", record.dump().c_str());
     else print_text(record);
   });

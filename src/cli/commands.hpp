@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/options.hpp"
+
 namespace stsa::cli {
 
 void add_plan_command(CLI::App& app);   // cmd_plan.cpp
@@ -34,6 +36,27 @@ struct BenchArgs {
   bool json = false;
   bool dist = false;
 };
+
+// Options of `stsa route`.
+struct RouteArgs {
+  GridArgs grid;
+  bool synthetic = false;
+  std::string q_path, k_path, v_path;
+  std::string tensor, q_tensor, k_tensor, v_tensor;
+  std::int64_t batch = 1, heads = 16, head_dim = 64;
+  std::string dtype = "fp32";
+  double density = 0.25;
+  int samples = 64;
+  double max_rel_l2 = 0.5;
+  bool frame_window = false;
+  std::int64_t seed = 1;
+  std::string backend = "cpu";
+  std::int64_t eval_rows = 128;
+  bool json = false;
+};
+
+// Routes every head and runs the routed attention; returns the JSON record (also used by the demo).
+nlohmann::json run_route(const RouteArgs& args);
 
 // Runs the single-process CPU benchmark and returns its JSON record (also used by the demo).
 nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress);
