@@ -80,6 +80,9 @@ echo "built in $(elapsed) s"
 step "GPU tests"
 run_step gpu_tests ctest --test-dir "$BUILD" -L gpu -R '^Gpu' --output-on-failure --timeout 300
 
+step "NCCL communicator, one rank (issue 5)"
+run_step nccl_one_rank ctest --test-dir "$BUILD" -R '^dist_nccl_one_rank$' --output-on-failure --timeout 120
+
 step "compute-sanitizer (small cases)"
 if [ -n "$SANITIZER" ]; then
   SAN=("$SANITIZER" --error-exitcode 1 --print-limit 20)
