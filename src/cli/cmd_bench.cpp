@@ -162,13 +162,7 @@ void print_text(const nlohmann::json& r) {
 
 nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   // Everything is checked before anything large is allocated.
-  GridArgs grid_args;
-  grid_args.frames = args.frames;
-  grid_args.height = args.height;
-  grid_args.width = args.width;
-  grid_args.text = args.text;
-  grid_args.text_placement = args.text_placement;
-  const VideoGrid grid = grid_args.grid();
+  const VideoGrid grid = args.grid.grid();
   const VideoLayout layout{grid, args.batch, args.heads, args.head_dim};
   layout.validate();
   const MaskSpec spec = mask_by_name(grid, args.mask, args.density);
@@ -325,12 +319,7 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
 void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "time the CPU kernel, dense vs sparse, against this machine's FMA peak");
-  cmd->add_option("--frames", args->frames, "latent frames F (>= 1)")->capture_default_str();
-  cmd->add_option("--height", args->height, "tokens per frame, vertically (>= 1)")->capture_default_str();
-  cmd->add_option("--width", args->width, "tokens per frame, horizontally (>= 1)")->capture_default_str();
-  cmd->add_option("--text", args->text, "text tokens in joint self-attention (>= 0)")->capture_default_str();
-  cmd->add_option("--text-placement", args->text_placement, "text tokens before or after the video")
-      ->capture_default_str();
+  add_grid_options(cmd, args->grid);
   cmd->add_option("--batch", args->batch, "batch size")->capture_default_str();
   cmd->add_option("--heads", args->heads, "attention heads")->capture_default_str();
   cmd->add_option("--head-dim", args->head_dim, "head dimension (the CPU kernel has 64, 80, 96, 128)")

@@ -101,8 +101,7 @@ struct Settings {
 // Everything is checked here, before any allocation; every rank reaches the same verdict.
 Settings parse(const BenchArgs& args, int ranks) {
   Settings s;
-  GridArgs grid_args{args.frames, args.height, args.width, args.text, args.text_placement};
-  s.layout.grid = grid_args.grid();
+  s.layout.grid = args.grid.grid();
   s.layout.batch = args.batch;
   s.layout.heads = args.heads;
   s.layout.head_dim = args.head_dim;

@@ -31,16 +31,14 @@ void run_demo() {
               "   first-frame partners; temporal heads run in spatial-major token order, where the band is contiguous.\n\n");
 
   BenchArgs bench;
-  bench.frames = 13;
-  bench.height = 16;
-  bench.width = 16;
+  bench.grid = {13, 16, 16, 0, "after"};
   bench.heads = 4;
   bench.head_dim = 128;
   bench.density = 0.25;
   bench.repeats = 3;
   bench.check_rows = 32;
   std::printf("2. CPU kernel on this machine (%lldx%lldx%lld tokens, %lld heads x %lld, fp32, spatial 0.25):\n",
-              (long long)bench.frames, (long long)bench.height, (long long)bench.width, (long long)bench.heads,
+              (long long)bench.grid.frames, (long long)bench.grid.height, (long long)bench.grid.width, (long long)bench.heads,
               (long long)bench.head_dim);
   const nlohmann::json r = run_cpu_bench(bench, true);
   std::printf("   dense %.2f ms, sparse %.2f ms: %.2fx faster (ideal %.2fx from tile density %.3f)\n",
