@@ -125,6 +125,12 @@ class PlanBuilder {
     p.row_begin_.reserve(std::size_t(p.q_tiles_) + 1);
     p.partial_begin_.reserve(std::size_t(p.q_tiles_));
     p.row_begin_.push_back(0);
+    // Kept tiles are about kept pairs / tile area, plus the diagonal's partial edges;
+    // reserving avoids regrowing (and page-faulting) multi-megabyte arrays.
+    const auto estimate = std::size_t(double(s.exact_kept_pairs) / (double(tile_.q) * double(tile_.k)) * 1.05) +
+                          std::size_t(4 * p.q_tiles_);
+    p.key_tiles_.reserve(estimate);
+    p.mask_ids_.reserve(estimate);
     std::vector<std::int32_t> full, partial;
     std::vector<std::int32_t> partial_ids;
     for (std::int64_t qt = 0; qt < p.q_tiles_; ++qt) {
@@ -142,7 +148,8 @@ class PlanBuilder {
           add_partial(rows, cols, kt, full, partial, partial_ids);
         }
       });
-      std::sort(full.begin(), full.end());  // rounding may append full tiles out of order
+      // Candidates come in ascending order; only rounding can append a full tile out of order.
+      if (alignment_ == Alignment::Round) std::sort(full.begin(), full.end());
       p.key_tiles_.insert(p.key_tiles_.end(), full.begin(), full.end());
       p.mask_ids_.insert(p.mask_ids_.end(), full.size(), -1);
       p.partial_begin_.push_back(std::int64_t(p.key_tiles_.size()));
