@@ -28,6 +28,19 @@ struct RoutedCall {
   TensorView q, k, v, o;
   LseView lse;
   float softmax_scale = 0.f;  // 0: 1 / sqrt(D)
+
+  // The same tensors as a backend call, without head masks yet.
+  AttentionCall attention_call() const {
+    AttentionCall a;
+    a.layout = layout;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.o = o;
+    a.lse = lse;
+    a.softmax_scale = softmax_scale;
+    return a;
+  }
 };
 
 struct RoutedOptions {

@@ -18,14 +18,7 @@ RoutedResult policy_attention(const Backend& backend, PlanCache& plans, Policy& 
   RoutingReport report;
   if (!stale.empty()) {
     // Check the tensors against the layout before routing reads them.
-    AttentionCall check;
-    check.layout = call.layout;
-    check.q = call.q;
-    check.k = call.k;
-    check.v = call.v;
-    check.o = call.o;
-    check.lse = call.lse;
-    check.softmax_scale = call.softmax_scale;
+    AttentionCall check = call.attention_call();
     check.heads.assign(std::size_t(heads), HeadMask{});
     validate(check, /*require_plans=*/false);
     report = Router(policy.options().router)

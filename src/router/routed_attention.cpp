@@ -15,24 +15,13 @@ double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-AttentionCall base_call(const RoutedCall& call) {
-  AttentionCall a;
-  a.layout = call.layout;
-  a.q = call.q;
-  a.k = call.k;
-  a.v = call.v;
-  a.o = call.o;
-  a.lse = call.lse;
-  a.softmax_scale = call.softmax_scale;
-  return a;
-}
 
 }  // namespace
 
 RoutedResult routed_attention(const Backend& backend, PlanCache& plans, const RoutedCall& call, const Router& router,
                               const RoutedOptions& options) {
   // Check the whole call (shapes, dtypes, aliasing) before spending time on routing.
-  AttentionCall check = base_call(call);
+  AttentionCall check = call.attention_call();
   check.heads.assign(std::size_t(std::max<std::int64_t>(call.layout.heads, 0)), HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, true});
   validate(check, /*require_plans=*/false);
 
@@ -53,7 +42,7 @@ RoutedResult run_routed(const Backend& backend, PlanCache& plans, const RoutedCa
 
   RoutedResult result;
   result.heads = std::move(decisions);
-  AttentionCall direct = base_call(call);
+  AttentionCall direct = call.attention_call();
   for (std::int64_t h = 0; h < layout.heads; ++h) {
     const MaskSpec& spec = result.heads[std::size_t(h)].spec;
     const bool permuted = spec.natural_order() == TokenOrder::SpatialMajor;

@@ -15,20 +15,12 @@ using stsa::testing::compare_with_reference;
 using stsa::testing::fresh_seed;
 using stsa::testing::make_problem;
 using dist_testing::compare_lse;
+using dist_testing::make_layout;
 using dist_testing::compare_tokens;
 using dist_testing::mixed_masks;
 using dist_testing::reference_heads;
 using dist_testing::shard_problem;
 using dist_testing::run_single;
-
-VideoLayout make_layout(VideoGrid grid, std::int64_t heads, std::int64_t dim, std::int64_t batch = 1) {
-  VideoLayout l;
-  l.grid = grid;
-  l.heads = heads;
-  l.head_dim = dim;
-  l.batch = batch;
-  return l;
-}
 
 TEST(SequenceShard, CoversEveryTokenOnceInOrder) {
   for (std::int64_t tokens : {0, 1, 3, 7, 10, 105, 576}) {

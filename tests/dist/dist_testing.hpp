@@ -14,6 +14,10 @@
 
 namespace stsa::dist_testing {
 
+inline VideoLayout make_layout(VideoGrid grid, std::int64_t heads, std::int64_t dim, std::int64_t batch = 1) {
+  return VideoLayout{grid, batch, heads, dim};
+}
+
 // Cycles spatial, temporal, frame-window and dense heads (the per-head masks a router would pick).
 inline std::vector<MaskSpec> mixed_masks(const VideoGrid& grid, std::int64_t heads, double density) {
   std::vector<MaskSpec> masks;
