@@ -6,31 +6,32 @@ Run by bench/gpu/check.sh. For each shape (21 frames; 720p = 45x80 and 1440p =
 
   1. draws Q, K, V with torch ([B, N, H, D], the layout stsa takes) and writes
      them as raw bf16 to a RAM disk;
-  2. runs build-gpu/stsa_gpu_bench on those inputs: stsa sparse at each kept
-     density and stsa dense, timed with CUDA events; it also exports every
-     plan's full and partial tile lists and sampled output rows;
+  2. runs build-gpu/stsa_gpu_bench on those inputs once per attention kernel
+     (--kernels, default sm90,sm80), each in its own process so that a kernel
+     that fails or hangs costs only its own rows: stsa sparse at each kept
+     density and stsa dense, timed with CUDA events by the shared benchmark
+     harness; it also exports every plan's full and partial tile lists and
+     each kernel's sampled output rows;
   3. times PyTorch's cuDNN and FlashAttention-2 SDPA (dense) and FlexAttention
      with a BlockMask built from the *same* plan (full tiles without mask_mod,
      partial tiles with a mask_mod that evaluates the mask predicate), and
-     compares FlexAttention's output (cuDNN's for dense) with stsa's rows;
-  4. prints one table and writes JSON under --out.
+     compares FlexAttention's output (cuDNN's for dense) with each kernel's rows;
+  4. prints one table (a row per stsa kernel next to cuDNN, FA2 and
+     FlexAttention) and writes JSON under --out.
 
 Every case is time-boxed; cases that would pass the deadline are reported as
-skipped rather than run.
+skipped rather than run. Needs python3 and torch only (no numpy, no network).
+--dry-run needs neither torch nor a GPU: it formats made-up results, to check
+this script's own bookkeeping.
 """
 import argparse
+import ctypes
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-
-import numpy as np
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 SHAPES = {"720p": (21, 45, 80), "1440p": (21, 90, 160)}
 HEADS, HEAD_DIM, TILE = 12, 128, 128
@@ -50,11 +51,13 @@ class Clock:
 
 
 def time_cuda(fn, repeats, budget_s):
-    """Median ms of `fn` over up to `repeats` runs after one warm-up, CUDA events."""
+    """Median ms of `fn` over up to `repeats` runs after one warm-up, CUDA events
+    (the same rule as stsa's harness: no run starts once the budget is spent)."""
+    import torch
     fn()
     torch.cuda.synchronize()
     times, spent = [], 0.0
-    for _ in range(repeats):
+    while len(times) < repeats and spent < budget_s * 1e3:
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -62,81 +65,147 @@ def time_cuda(fn, repeats, budget_s):
         stop.synchronize()
         times.append(start.elapsed_time(stop))
         spent += times[-1]
-        if spent > budget_s * 1e3:
-            break
     times.sort()
     n = len(times)
     return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
 
 
+def write_raw(tensor, path):
+    """The tensor's bytes, as stored (C order), without numpy."""
+    t = tensor.detach().cpu().contiguous()
+    nbytes = t.numel() * t.element_size()
+    with open(path, "wb") as f:
+        f.write(memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())))
+
+
+def read_raw(path, dtype):
+    import torch
+    with open(path, "rb") as f:
+        return torch.frombuffer(bytearray(f.read()), dtype=dtype)
+
+
 def load_plan(record, n_tokens):
     """(partial_num, partial_idx, full_num, full_idx) as [1, 1, Qb(, Kb)] int32 CUDA tensors."""
+    import torch
     meta = record["plan"]
-    raw = np.fromfile(meta["file"], dtype=np.int32)
-    sec = {s["name"]: raw[s["offset"] // 4: s["offset"] // 4 + s["count"]] for s in meta["sections"]}
+    raw = read_raw(meta["file"], torch.int32)
+    sec = {s["name"]: raw[s["offset"] // 4: s["offset"] // 4 + s["count"]].long() for s in meta["sections"]}
     q_blocks = len(sec["full_offsets"]) - 1
     k_blocks = (n_tokens + TILE - 1) // TILE
 
     def padded(offsets, tiles):
-        counts = np.diff(offsets).astype(np.int32)
-        idx = np.zeros((q_blocks, k_blocks), dtype=np.int32)
-        rows = np.repeat(np.arange(q_blocks), counts)
-        cols = np.arange(len(tiles)) - np.repeat(offsets[:-1], counts)
-        idx[rows, cols] = tiles
-        return (torch.from_numpy(counts)[None, None].cuda(), torch.from_numpy(idx)[None, None].cuda())
+        counts = offsets.diff()
+        idx = torch.zeros((q_blocks, k_blocks), dtype=torch.int32)
+        rows = torch.repeat_interleave(torch.arange(q_blocks), counts)
+        cols = torch.arange(len(tiles)) - torch.repeat_interleave(offsets[:-1], counts)
+        idx[rows, cols] = tiles.int()
+        return (counts.int()[None, None].cuda(), idx[None, None].cuda())
 
     partial = padded(sec["partial_offsets"], sec["partial_tiles"])
     full = padded(sec["full_offsets"], sec["full_tiles"])
     return partial + full
 
 
+def add_stsa_run(shape_result, kernel, run_error, stsa):
+    """Files one stsa_gpu_bench process (one kernel) under the shape: its JSON when
+    it wrote one (possibly with per-case errors), the process error otherwise."""
+    if run_error:
+        shape_result["errors"].append(f"stsa_gpu_bench --kernels {kernel}: {run_error}")
+    if stsa is None:
+        return
+    shape_result["stsa"][kernel] = stsa
+    for e in stsa.get("errors", []):
+        where = f"{e.get('kernel', kernel)}" + (f" {e['label']}" if e.get("label") else "")
+        shape_result["errors"].append(f"stsa {where}: {e.get('error', '?')}")
+
+
+def stsa_records(shape_result):
+    """Every kernel's case records, in kernel order."""
+    return [c for stsa in shape_result["stsa"].values() for c in stsa["cases"]]
+
+
+def run_stsa(name, args, clock, shape_result, work, frames, height, width):
+    densities = ",".join(str(d) for d in args.densities)
+    budget = "4" if name == "1440p" else "3"
+    # What PyTorch needs after stsa, kept out of the stsa processes' share.
+    torch_reserve = 90 if name == "1440p" else 30
+    for i, kernel in enumerate(args.kernels):
+        left_kernels = len(args.kernels) - i
+        timeout = max(15.0, (clock.left() - torch_reserve) / left_kernels)
+        out_json = os.path.join(work, f"stsa_{kernel}.json")
+        cmd = [os.path.join(args.build, "stsa_gpu_bench"), "--frames", str(frames), "--height", str(height),
+               "--width", str(width), "--heads", str(HEADS), "--head-dim", str(HEAD_DIM), "--densities", densities,
+               "--kernels", kernel, "--inputs", work, "--export", work, "--sample-rows", str(args.sample_rows),
+               "--repeats", "5", "--budget-s", budget, "--json", out_json,
+               # The permutation does not depend on the kernel: timed once.
+               "--permutation", "true" if i == 0 else "false"]
+        log(f"$ {' '.join(cmd)}   (timeout {timeout:.0f} s)")
+        run_error = None
+        try:
+            rc = subprocess.run(cmd, timeout=timeout).returncode
+            if rc != 0:
+                run_error = f"exit status {rc}"
+        except (subprocess.SubprocessError, OSError) as e:
+            run_error = str(e)
+        stsa = None
+        if os.path.exists(out_json):
+            try:
+                with open(out_json) as f:
+                    stsa = json.load(f)
+            except (OSError, ValueError) as e:
+                run_error = f"{run_error or 'ran'}; unreadable JSON: {e}"
+        if run_error:
+            log(f"stsa_gpu_bench --kernels {kernel} failed: {run_error}")
+        add_stsa_run(shape_result, kernel, run_error, stsa)
+
+
 def bench_shape(name, args, clock, results):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
     frames, height, width = SHAPES[name]
     n = frames * height * width
     per_frame = height * width
     work = os.path.join(args.scratch, name)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    shape_result = {"shape": name, "tokens": n, "cases": {}, "errors": []}
+    shape_result = {"shape": name, "tokens": n, "stsa": {}, "cases": {}, "errors": []}
     results.append(shape_result)
     log(f"--- {name}: {frames}x{height}x{width} = {n} tokens, {HEADS} heads, D={HEAD_DIM}, bf16")
 
     torch.manual_seed(0)
     qkv = [torch.randn(1, n, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     for tensor, label in zip(qkv, "qkv"):
-        tensor.view(torch.int16).cpu().numpy().tofile(os.path.join(work, f"{label}.bin"))
+        write_raw(tensor, os.path.join(work, f"{label}.bin"))
 
-    # stsa: sparse densities and dense, in its own process (it reads the same bytes).
-    densities = ",".join(str(d) for d in args.densities)
-    budget = "4" if name == "1440p" else "3"
-    cmd = [os.path.join(args.build, "stsa_gpu_bench"), "--frames", str(frames), "--height", str(height),
-           "--width", str(width), "--heads", str(HEADS), "--head-dim", str(HEAD_DIM), "--densities", densities,
-           "--inputs", work, "--export", work, "--sample-rows", str(args.sample_rows), "--repeats", "5",
-           "--budget-s", budget, "--json", os.path.join(work, "stsa.json")]
-    log("$ " + " ".join(cmd))
-    try:
-        subprocess.run(cmd, check=True, timeout=max(10.0, clock.left()))
-    except (subprocess.SubprocessError, OSError) as e:
-        shape_result["errors"].append(f"stsa_gpu_bench: {e}")
-        log(f"stsa_gpu_bench failed: {e}")
+    # stsa: sparse densities and dense, one process per kernel (each reads the same bytes).
+    run_stsa(name, args, clock, shape_result, work, frames, height, width)
+    records = stsa_records(shape_result)
+    if not records:
+        shape_result["errors"].append("no stsa results")
         return
-    stsa = json.load(open(os.path.join(work, "stsa.json")))
-    shape_result["stsa"] = stsa
-    rows = torch.tensor(stsa["sample_rows"], device="cuda", dtype=torch.long)
+    sample_rows = next(iter(shape_result["stsa"].values()))["sample_rows"]
+    rows = torch.tensor(sample_rows, device="cuda", dtype=torch.long)
 
     def stsa_rows(record):
-        data = np.fromfile(record["sample_file"], dtype=np.float32)
-        return torch.from_numpy(data.reshape(len(stsa["sample_rows"]), HEADS, HEAD_DIM)).cuda()
+        data = read_raw(record["sample_file"], torch.float32)
+        return data.reshape(len(sample_rows), HEADS, HEAD_DIM).cuda()
 
-    def max_err(out_bhnd, record):
+    def max_errs(out_bhnd, label):
+        """max |out - stsa| over the sampled rows, per kernel that ran this case."""
         got = out_bhnd[0].index_select(1, rows).permute(1, 0, 2).float()  # [rows, H, D]
-        return float((got - stsa_rows(record)).abs().max())
+        errs = {}
+        for record in records:
+            if record["label"] == label and "sample_file" in record:
+                errs[record["kernel"]] = float((got - stsa_rows(record)).abs().max())
+        return errs
 
     # PyTorch takes [B, H, N, D].
     q, k, v = (t.transpose(1, 2).contiguous() for t in qkv)
     del qkv
     dense_ms = {}
-    dense_record = next((c for c in stsa["cases"] if c["label"] == "dense"), None)
     reps = 3 if name == "1440p" else 5
     for label, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
         if clock.left() < (15 if name == "1440p" else 5):
@@ -146,8 +215,7 @@ def bench_shape(name, args, clock, results):
             with sdpa_kernel(backend):
                 fn = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
                 dense_ms[label] = time_cuda(fn, reps, budget_s=6)
-                if dense_record is not None and "sample_file" in dense_record:
-                    shape_result.setdefault("dense_max_err", {})[label] = max_err(fn(), dense_record)
+                shape_result.setdefault("dense_max_err", {})[label] = max_errs(fn(), "dense")
             log(f"  {label} dense: {dense_ms[label]:.2f} ms")
         except Exception as e:  # a missing backend must not stop the rest
             shape_result["errors"].append(f"{label}: {e}")
@@ -164,7 +232,10 @@ def bench_shape(name, args, clock, results):
         return (q_idx < per_frame) | (kv_idx < per_frame) | ((q_idx - kv_idx).abs() <= band)
 
     flex = torch.compile(flex_attention, dynamic=False)
-    order = sorted(stsa["cases"], key=lambda c: c["density"])  # dense (the slowest) last
+    by_label = {}
+    for record in records:  # the plan is the same for every kernel: one FlexAttention run per case
+        by_label.setdefault(record["label"], record)
+    order = sorted(by_label.values(), key=lambda c: c["density"])  # dense (the slowest) last
     for record in order:
         label = record["label"]
         case = shape_result["cases"].setdefault(label, {})
@@ -172,13 +243,13 @@ def bench_shape(name, args, clock, results):
             case["flex_error"] = "skipped: out of time"
             continue
         try:
-            band.fill_(max(record["band"], -1) if record["label"] != "dense" else n)
+            band.fill_(max(record["band"], -1) if label != "dense" else n)
             block_mask = BlockMask.from_kv_blocks(*load_plan(record, n), BLOCK_SIZE=TILE, mask_mod=mask_mod,
                                                   seq_lengths=(n, n))
             t0 = time.time()
             fn = lambda: flex(q, k, v, block_mask=block_mask)  # noqa: E731
             case["flex_ms"] = time_cuda(fn, reps, budget_s=6)
-            case["flex_max_err"] = max_err(fn(), record) if "sample_file" in record else None
+            case["flex_max_err"] = max_errs(fn(), label)
             log(f"  flex {label}: {case['flex_ms']:.2f} ms (incl. compile {time.time() - t0:.0f} s wall), "
                 f"max |flex - stsa| = {case['flex_max_err']}")
         except Exception as e:
@@ -188,84 +259,182 @@ def bench_shape(name, args, clock, results):
     torch.cuda.empty_cache()
 
 
-def table(results):
-    head = ("shape", "case", "tile dens", "stsa ms", "stsa TF/s", "flex ms", "flex TF/s", "cuDNN ms", "FA2 ms",
-            "vs cuDNN", "vs flex", "max err")
+def fmt(x, spec, missing="-"):
+    return format(x, spec) if isinstance(x, (int, float)) and x == x and x not in (float("inf"), float("-inf")) \
+        else missing
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def times(a, b):
+    """How many times `b` fits in `a` (a speedup when both are ms), as "1.23x"."""
+    r = ratio(a, b)
+    return f"{r:.2f}x" if r is not None else "-"
+
+
+def table(results, kernels):
+    head = ("shape", "case", "impl", "tile dens", "ms", "TF/s kept tiles", "vs cuDNN dense", "vs flex",
+            "max err vs stsa")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for shape in results:
-        stsa = shape.get("stsa")
-        if not stsa:
-            lines.append(f"{shape['shape']} | (no stsa results: {'; '.join(shape['errors'])})")
+        name = shape["shape"]
+        stsa_runs = shape.get("stsa") or {}
+        records = [c for run in stsa_runs.values() for c in run.get("cases", [])]
+        if not records:
+            lines.append(f"{name} | (no stsa results: {'; '.join(shape['errors'])})")
             continue
         cudnn = shape.get("dense_ms", {}).get("cudnn")
         fa2 = shape.get("dense_ms", {}).get("fa2")
-        for c in stsa["cases"]:
-            extra = shape["cases"].get(c["label"], {})
+        dense_errs = shape.get("dense_max_err", {})
+        by_label = {}
+        for c in records:
+            by_label.setdefault(c["label"], {})[c["kernel"]] = c
+        any_record = records[0]
+        for label, per_kernel in sorted(by_label.items(), key=lambda kv: next(iter(kv[1].values()))["density"]):
+            first = next(iter(per_kernel.values()))
+            kept, density = first["kept_tile_flops"], f"{first['tile_density']:.3f}"
+            extra = shape["cases"].get(label, {})
             flex_ms = extra.get("flex_ms")
-            kept = c["kept_tile_flops"]
-            err = extra.get("flex_max_err")
-            if c["label"] == "dense" and shape.get("dense_max_err", {}).get("cudnn") is not None:
-                err = shape["dense_max_err"]["cudnn"]
-            cells = (shape["shape"], c["label"], f"{c['tile_density']:.3f}", f"{c['ms']:.2f}",
-                     f"{c['tflops_kept_tiles']:.0f}",
-                     f"{flex_ms:.2f}" if flex_ms else extra.get("flex_error", "-")[:20],
-                     f"{kept / flex_ms / 1e9:.0f}" if flex_ms else "-",
-                     f"{cudnn:.2f}" if cudnn else "-", f"{fa2:.2f}" if fa2 else "-",
-                     f"{cudnn / c['ms']:.2f}x" if cudnn else "-",
-                     f"{flex_ms / c['ms']:.2f}x" if flex_ms else "-",
-                     f"{err:.2e}" if err is not None else "-")
-            lines.append(" | ".join(cells))
+            # Each stsa kernel's rows against the reference implementation: cuDNN for dense, FlexAttention else.
+            errs = dense_errs.get("cudnn", {}) if label == "dense" else extra.get("flex_max_err") or {}
+            for kernel in kernels:
+                c = per_kernel.get(kernel)
+                impl = f"stsa-{kernel}"
+                if c is None:
+                    lines.append(f"{name} | {label} | {impl} | {density} | (failed or not run: see errors)")
+                    continue
+                if c.get("kernel_resolved") and c["kernel_resolved"] != kernel:
+                    impl += f" ({c['kernel_resolved']})"
+                lines.append(" | ".join((name, label, impl, density, fmt(c["ms"], ".2f"),
+                                         fmt(c["tflops_kept_tiles"], ".0f"),
+                                         times(cudnn, c["ms"]), times(flex_ms, c["ms"]),
+                                         fmt(errs.get(kernel), ".2e"))))
+            flex_cells = (fmt(flex_ms, ".2f"), fmt(ratio(kept, flex_ms * 1e9 if flex_ms else None), ".0f"),
+                          times(cudnn, flex_ms),
+                          "1.00x" if flex_ms else "-", "(ref)" if label != "dense" and flex_ms else "-")
+            if flex_ms:
+                lines.append(" | ".join((name, label, "flex", density) + flex_cells))
+            else:
+                lines.append(f"{name} | {label} | flex | {density} | {extra.get('flex_error', 'not run')[:60]}")
+            if label == "dense":
+                for impl, ms in (("cuDNN", cudnn), ("FA2", fa2)):
+                    if not ms:
+                        continue
+                    lines.append(" | ".join((name, label, impl, "1.000", fmt(ms, ".2f"),
+                                             fmt(any_record["dense_flops"] / ms / 1e9, ".0f"),
+                                             times(cudnn, ms), times(flex_ms, ms),
+                                             "(ref)" if impl == "cuDNN" else "-")))
         if cudnn:
-            dense_tf = c["dense_flops"] / cudnn / 1e9
-            lines.append(f"{shape['shape']} | cuDNN dense {dense_tf:.0f} TFLOP/s"
-                         + (f", FA2 dense {c['dense_flops'] / fa2 / 1e9:.0f} TFLOP/s" if fa2 else ""))
-        perm = stsa.get("permutation")
+            dense_tf = any_record["dense_flops"] / cudnn / 1e9
+            lines.append(f"{name} | cuDNN dense {dense_tf:.0f} TFLOP/s"
+                         + (f", FA2 dense {any_record['dense_flops'] / fa2 / 1e9:.0f} TFLOP/s" if fa2 else ""))
+        perm = next((run["permutation"] for run in stsa_runs.values() if run.get("permutation")), None)
         if perm:
-            sparse = next((x for x in stsa["cases"] if x["label"] != "dense"), None)
+            sparse = next((x for x in records if x["label"] != "dense"), None)
             share = (perm["gather_qkv_ms"] + perm["scatter_o_lse_ms"]) / sparse["ms"] * 100 if sparse else float("nan")
-            lines.append(f"{shape['shape']} | permutation: gather QKV {perm['gather_qkv_ms']:.2f} ms "
+            lines.append(f"{name} | permutation: gather QKV {perm['gather_qkv_ms']:.2f} ms "
                          f"({perm['gather_gbps']:.0f} GB/s), scatter O+LSE {perm['scatter_o_lse_ms']:.2f} ms "
                          f"({perm['scatter_gbps']:.0f} GB/s), copy {perm['copy_gbps']:.0f} GB/s; "
-                         f"{share:.1f}% of the {sparse['label'] if sparse else '?'} attention time "
-                         "(all heads permuted: the worst case)")
+                         f"{share:.1f}% of the {sparse['label'] + ' ' + sparse['kernel'] if sparse else '?'} "
+                         "attention time (all heads permuted: the worst case)")
         for e in shape["errors"]:
-            lines.append(f"{shape['shape']} | error: {e}")
+            lines.append(f"{name} | error: {e}")
     return "\n".join(lines)
+
+
+def dry_results(args):
+    """Made-up stsa_gpu_bench output in its real format (one kernel failing every
+    case but the first, the next kernel whole) and made-up PyTorch timings."""
+    results = []
+    for name in args.shapes:
+        frames, height, width = SHAPES[name]
+        n = frames * height * width
+        dense_flops = 4.0 * n * n * HEAD_DIM * HEADS
+        shape_result = {"shape": name, "tokens": n, "stsa": {}, "cases": {}, "errors": []}
+        for i, kernel in enumerate(args.kernels):
+            cases, errors = [], []
+            for density in args.densities:
+                label = "dense" if density >= 1 else f"s{density:.2f}"
+                tile_density = min(1.0, density * 1.2 + 0.03)
+                if i == 0 and density != args.densities[0]:
+                    errors.append({"kernel": kernel, "label": label, "error": "made-up launch failure"})
+                    continue
+                ms = dense_flops * tile_density / ((400 + 100 * i) * 1e12) * 1e3
+                cases.append({"label": label, "kernel": kernel, "kernel_resolved": "sm90" if kernel == "auto" else kernel,
+                              "density": density, "band": int(n * density), "tile_density": tile_density,
+                              "ms": ms, "kept_tile_flops": dense_flops * tile_density,
+                              "tflops_kept_tiles": dense_flops * tile_density / ms / 1e9, "dense_flops": dense_flops})
+            stsa = {"sample_rows": [0, n - 1], "cases": cases, "errors": errors}
+            if i == 0:
+                stsa["permutation"] = {"gather_qkv_ms": 1.0, "gather_gbps": 3000, "scatter_o_lse_ms": 0.5,
+                                       "scatter_gbps": 2900, "copy_gbps": 3900}
+            add_stsa_run(shape_result, kernel, "exit status 1" if errors else None, stsa)
+        if len(args.kernels) > 2:
+            add_stsa_run(shape_result, "extra", "timed out after 15 seconds", None)
+        shape_result["dense_ms"] = {"cudnn": dense_flops / 570e12 * 1e3, "fa2": dense_flops / 360e12 * 1e3}
+        shape_result["dense_max_err"] = {"cudnn": {k: 1e-3 for k in args.kernels}}
+        for density in args.densities:
+            label = "dense" if density >= 1 else f"s{density:.2f}"
+            if density == args.densities[-1] and density < 1:
+                shape_result["cases"][label] = {"flex_error": "skipped: out of time"}
+            else:
+                shape_result["cases"][label] = {"flex_ms": dense_flops * min(1.0, density * 1.2 + 0.03) / 410e12 * 1e3,
+                                                "flex_max_err": {k: 2e-3 for k in args.kernels}}
+        results.append(shape_result)
+    return results
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build", required=True, help="build directory holding stsa_gpu_bench")
+    parser.add_argument("--build", help="build directory holding stsa_gpu_bench (required unless --dry-run)")
     parser.add_argument("--out", required=True, help="directory for gpu_bench.json and gpu_bench.txt")
-    parser.add_argument("--shapes", default="720p,1440p")
+    parser.add_argument("--shapes", type=lambda s: s.split(","), default=["720p", "1440p"])
     parser.add_argument("--densities", type=lambda s: [float(x) for x in s.split(",")],
                         default=[0.1, 0.2, 0.3, 0.5, 1.0])
+    parser.add_argument("--kernels", type=lambda s: [k for k in s.split(",") if k], default=["sm90", "sm80"],
+                        help="stsa attention kernels, one stsa_gpu_bench process and one table row each")
     parser.add_argument("--sample-rows", type=int, default=512)
     parser.add_argument("--deadline-s", type=float, default=420.0)
     parser.add_argument("--scratch", default="/dev/shm/stsa_gpu_bench" if os.path.isdir("/dev/shm") else "/tmp/stsa")
+    parser.add_argument("--dry-run", action="store_true", help="format made-up results; no torch, GPU or binary")
     args = parser.parse_args()
+    unknown = [s for s in args.shapes if s not in SHAPES]
+    if unknown or not args.kernels or (not args.dry_run and not args.build):
+        parser.error(f"unknown shapes {unknown}" if unknown else "--kernels is empty" if not args.kernels
+                     else "--build is required")
     clock = Clock(args.deadline_s)
     os.makedirs(args.out, exist_ok=True)
-    log(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, deadline {args.deadline_s:.0f} s")
-    results = []
-    for name in args.shapes.split(","):
-        if clock.left() < 30:
-            results.append({"shape": name, "cases": {}, "errors": ["skipped: out of time"]})
-            continue
-        try:
-            bench_shape(name, args, clock, results)
-        except Exception as e:
-            results[-1]["errors"].append(f"{type(e).__name__}: {e}")
-            log(f"{name} failed: {e}")
-    text = table(results)
+    if args.dry_run:
+        results = dry_results(args)
+        meta = {"dry_run": True, "kernels": args.kernels}
+    else:
+        import torch
+        log(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, kernels {','.join(args.kernels)}, "
+            f"deadline {args.deadline_s:.0f} s")
+        results = []
+        for name in args.shapes:
+            if clock.left() < 30:
+                results.append({"shape": name, "stsa": {}, "cases": {}, "errors": ["skipped: out of time"]})
+                continue
+            try:
+                bench_shape(name, args, clock, results)
+            except Exception as e:
+                if not results or results[-1]["shape"] != name:
+                    results.append({"shape": name, "stsa": {}, "cases": {}, "errors": []})
+                results[-1]["errors"].append(f"{type(e).__name__}: {e}")
+                log(f"{name} failed: {e}")
+        meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "kernels": args.kernels}
+    meta["seconds"] = time.time() - clock.start
+    text = table(results, args.kernels)
     log("\n" + text)
-    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
-            "seconds": time.time() - clock.start}
     with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
     with open(os.path.join(args.out, "gpu_bench.txt"), "w") as f:
         f.write(text + "\n")
-    shutil.rmtree(args.scratch, ignore_errors=True)
+    if not args.dry_run:
+        shutil.rmtree(args.scratch, ignore_errors=True)
     ok = all(r.get("stsa") and not r["errors"] for r in results)
     sys.exit(0 if ok else 1)
 

@@ -1,7 +1,13 @@
 // stsa_gpu_bench: times the CUDA backend on one video shape at several kept
 // densities (spatial band masks with the frame-0 anchor; density >= 1 means the
-// dense mask) and the GPU token permutation. CUDA events, warm-up, median of
-// the timed runs; FLOPs from stsa/flops.hpp (TFLOP/s on kept tiles).
+// dense mask), once per attention kernel (--kernels), and the GPU token
+// permutation. The timing loop, statistics and figures are the shared harness
+// (src/bench: warm-up, median of the timed runs within a budget, TFLOP/s on
+// kept tiles from stsa/flops.hpp); this file plugs CUDA events into it.
+//
+// A kernel that cannot run here, or a case that fails, is recorded under
+// "errors" and the other kernels and cases still run. Exit status: 0 all ran,
+// 1 some failed (the JSON is still written), 2 bad options or nothing ran.
 //
 // For the PyTorch comparison (compare.py) it can read Q/K/V from raw bf16 files
 // ([B, N, H, D], C order), export every plan's full and partial tile lists, and
@@ -10,10 +16,11 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -21,6 +28,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/figures.hpp"
+#include "bench/record.hpp"
+#include "bench/timing_loop.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/error.hpp"
@@ -36,6 +46,7 @@ struct Options {
   std::int64_t frames = 21, height = 45, width = 80, heads = 12, head_dim = 128, batch = 1;
   std::vector<double> densities{0.1, 0.2, 0.3, 0.5, 1.0};
   std::string dtype = "bf16";
+  std::string kernels = "sm90,sm80";
   std::string inputs;       // directory with q.bin, k.bin, v.bin
   std::string export_dir;   // plan_<label>.bin/.json and o_<label>.f32 go here
   int sample_rows = 0;
@@ -51,37 +62,54 @@ void check_cuda(cudaError_t status, const char* what) {
     throw stsa::Error(stsa::detail::concat("CUDA error in ", what, ": ", cudaGetErrorString(status)));
 }
 
-// Times `enqueue` with CUDA events: `warmup` untimed runs, then up to `repeats`
-// timed ones (fewer when they exceed the budget). Returns the sorted times in ms.
-template <class Enqueue>
-std::vector<double> time_ms(Enqueue&& enqueue, int warmup, int repeats, double budget_s) {
-  cudaEvent_t start, stop;
-  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
-  for (int i = 0; i < warmup; ++i) enqueue();
-  check_cuda(cudaDeviceSynchronize(), "warm-up");
-  std::vector<double> times;
-  double spent_ms = 0;
-  for (int i = 0; i < repeats && spent_ms < budget_s * 1e3; ++i) {
-    check_cuda(cudaEventRecord(start), "cudaEventRecord");
-    enqueue();
-    check_cuda(cudaEventRecord(stop), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(stop), "timed run");
-    float ms = 0;
-    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    times.push_back(ms);
-    spent_ms += ms;
+// CUDA events around each run on the default stream, plugged into the
+// harness's timing loop; settling waits for the warm-up runs to finish.
+class CudaEventStopwatch final : public stsa::bench::Stopwatch {
+ public:
+  CudaEventStopwatch() {
+    check_cuda(cudaEventCreate(&start_), "cudaEventCreate");
+    const cudaError_t status = cudaEventCreate(&stop_);
+    if (status != cudaSuccess) cudaEventDestroy(start_);
+    check_cuda(status, "cudaEventCreate");
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times;
+  ~CudaEventStopwatch() override {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  CudaEventStopwatch(const CudaEventStopwatch&) = delete;
+  CudaEventStopwatch& operator=(const CudaEventStopwatch&) = delete;
+
+  void settle() override { check_cuda(cudaDeviceSynchronize(), "warm-up"); }
+  void start() override { check_cuda(cudaEventRecord(start_), "cudaEventRecord"); }
+  double stop_ms() override {
+    check_cuda(cudaEventRecord(stop_), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop_), "timed run");
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+    return ms;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+stsa::bench::TimedRuns time_gpu(const std::function<void()>& enqueue, const stsa::bench::TimingOptions& timing) {
+  CudaEventStopwatch events;
+  stsa::bench::Stopwatch* clocks[] = {&events};
+  return stsa::bench::time_runs(timing, enqueue, clocks);
 }
 
-double median(const std::vector<double>& sorted) {
-  if (sorted.empty()) return 0;
-  const std::size_t n = sorted.size();
-  return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+// "sm90,sm80" -> the kernels in the order given, each once.
+std::vector<stsa::CudaKernel> parse_kernels(const std::string& list) {
+  std::vector<stsa::CudaKernel> kernels;
+  std::size_t begin = 0;
+  while (begin <= list.size()) {
+    const std::size_t end = std::min(list.find(',', begin), list.size());
+    const stsa::CudaKernel kernel = stsa::parse_cuda_kernel(std::string_view(list).substr(begin, end - begin));
+    if (std::find(kernels.begin(), kernels.end(), kernel) == kernels.end()) kernels.push_back(kernel);
+    begin = end + 1;
+  }
+  return kernels;
 }
 
 std::vector<char> read_file(const std::string& path, std::size_t expected) {
@@ -147,7 +175,13 @@ json export_plan(const stsa::TilePlan& plan, const std::string& path) {
   return {{"file", path}, {"dtype", "int32"}, {"sections", sections}};
 }
 
-json run(const Options& opt) {
+// The result record and whether anything failed.
+struct Outcome {
+  json result;
+  bool any_failed = false, any_ran = false;
+};
+
+Outcome run(const Options& opt) {
   const stsa::DType dtype = stsa::parse_dtype(opt.dtype);
   STSA_CHECK(dtype != stsa::DType::F32, stsa::InvalidArgument, "the GPU benchmark takes bf16 or fp16");
   stsa::VideoLayout layout;
@@ -159,6 +193,12 @@ json run(const Options& opt) {
   layout.head_dim = opt.head_dim;
   layout.validate();
   const std::int64_t n = layout.tokens();
+  const std::vector<stsa::CudaKernel> kernels = parse_kernels(opt.kernels);
+  const stsa::bench::TimingOptions timing{.warmup = opt.warmup, .repeats = opt.repeats, .budget_ms = opt.budget_s * 1e3};
+  timing.validate();
+  STSA_CHECK(opt.sample_rows >= 0, stsa::InvalidArgument, "--sample-rows must be >= 0, got ", opt.sample_rows);
+  STSA_CHECK(stsa::cuda_device_count() > 0, stsa::Unsupported, "no CUDA device (", stsa::cuda_unavailable_reason(),
+             ")");
 
   const stsa::CudaDeviceInfo device = stsa::cuda_device_info();
   std::cerr << "stsa_gpu_bench: " << device.name << ", " << layout.grid.describe() << " B=" << layout.batch
@@ -197,112 +237,166 @@ json run(const Options& opt) {
     for (std::int64_t i = 0; i < count; ++i) sample.push_back(count == 1 ? 0 : i * (n - 1) / (count - 1));
   }
 
-  stsa::CudaBackend backend;
+  Outcome outcome;
+  json errors = json::array();
+  const auto fail = [&](const std::string& kernel, const std::string& label, const std::string& what) {
+    errors.push_back({{"kernel", kernel}, {"label", label}, {"error", what}});
+    outcome.any_failed = true;
+    std::cerr << "  [" << kernel << "] " << (label.empty() ? "" : label + ": ") << "FAILED: " << what << "\n";
+  };
+
+  // One backend per kernel; a kernel this GPU cannot run is reported once and left out.
+  struct Runner {
+    std::string name, resolved;
+    std::unique_ptr<stsa::CudaBackend> backend;
+  };
+  std::vector<Runner> runners;
+  for (const stsa::CudaKernel kernel : kernels) {
+    const std::string name(stsa::to_string(kernel));
+    try {
+      auto backend = std::make_unique<stsa::CudaBackend>(stsa::CudaBackendOptions{kernel});
+      const std::string resolved(stsa::to_string(backend->resolved_kernel()));
+      runners.push_back({name, resolved, std::move(backend)});
+    } catch (const stsa::Error& e) {
+      fail(name, "", e.what());
+    }
+  }
+
   json cases = json::array();
   for (const double density : opt.densities) {
     const std::string label = case_label(density);
     const stsa::MaskSpec spec = density >= 1.0 ? stsa::MaskSpec::dense()
                                                : stsa::mask_for_density(layout.grid, stsa::SparseKind::Spatial, density);
     const auto plan = stsa::TilePlan::build(layout.grid, spec);
-    call.heads.assign(std::size_t(layout.heads), stsa::HeadMask{spec, spec.natural_order(), plan, true});
-    const auto times = time_ms([&] { backend.run_async(call, nullptr); }, opt.warmup, opt.repeats, opt.budget_s);
-    const double ms = median(times);
-    const double kept_flops = stsa::kept_tile_flops(layout, *plan);
-    const double exact_flops = stsa::attention_flops(plan->stats().kept_pairs, layout.head_dim) *
-                               double(layout.batch * layout.heads);
     const auto& s = plan->stats();
-    json record = {{"label", label},
-                   {"density", density},
-                   {"mask", spec.describe()},
-                   {"band", spec.band},
-                   {"anchor", spec.anchor},
-                   {"kept_fraction", s.kept_fraction()},
-                   {"tile_density", s.tile_density()},
-                   {"tiles_full", s.tiles_full},
-                   {"tiles_partial", s.tiles_partial},
-                   {"tiles_empty", s.tiles_empty},
-                   {"plan_build_ms", s.build_ms},
-                   {"ms", ms},
-                   {"ms_min", times.empty() ? 0.0 : times.front()},
-                   {"runs", times.size()},
-                   {"kept_tile_flops", kept_flops},
-                   {"tflops_kept_tiles", kept_flops / (ms * 1e-3) / 1e12},
-                   {"tflops_kept_pairs", exact_flops / (ms * 1e-3) / 1e12},
-                   {"dense_flops", stsa::dense_attention_flops(layout)}};
-    std::cerr << "  " << label << ": " << ms << " ms, " << record["tflops_kept_tiles"].get<double>()
-              << " TFLOP/s on kept tiles (tile density " << s.tile_density() << ")\n";
-    if (!opt.export_dir.empty()) {
-      record["plan"] = export_plan(*plan, opt.export_dir + "/plan_" + label + ".bin");
-      if (!sample.empty()) {
-        // O rows of batch 0, all heads, as fp32 [rows, H, D].
-        std::vector<std::uint16_t> all(elements);
-        o.copy_to_host(all.data(), bytes);
-        std::vector<float> rows;
-        const std::int64_t row_elements = layout.heads * layout.head_dim;
-        for (const std::int64_t r : sample)
-          for (std::int64_t e = 0; e < row_elements; ++e) {
-            const std::uint16_t bits = all[std::size_t(r * row_elements + e)];
-            rows.push_back(dtype == stsa::DType::BF16 ? stsa::bf16_to_float(bits) : stsa::f16_to_float(bits));
+    const stsa::bench::AttentionWork work = stsa::bench::attention_work(layout, *plan);
+    call.heads.assign(std::size_t(layout.heads), stsa::HeadMask{spec, spec.natural_order(), plan, true});
+    json plan_file;
+    if (!opt.export_dir.empty()) plan_file = export_plan(*plan, opt.export_dir + "/plan_" + label + ".bin");
+    for (const Runner& runner : runners) {
+      try {
+        // Poisoned (NaN) before each kernel, so rows a kernel never writes cannot pass for another kernel's.
+        o.fill_bytes(0xFF);
+        const auto timed = time_gpu([&] { runner.backend->run_async(call, nullptr); }, timing);
+        const stsa::bench::Samples& times = timed[0];
+        const double ms = times.median_ms();
+        json record = {{"label", label},
+                       {"kernel", runner.name},
+                       {"kernel_resolved", runner.resolved},
+                       {"density", density},
+                       {"mask", spec.describe()},
+                       {"band", spec.band},
+                       {"anchor", spec.anchor},
+                       {"kept_fraction", s.kept_fraction()},
+                       {"tile_density", s.tile_density()},
+                       {"tiles_full", s.tiles_full},
+                       {"tiles_partial", s.tiles_partial},
+                       {"tiles_empty", s.tiles_empty},
+                       {"plan_build_ms", s.build_ms},
+                       {"runs", times.runs()},
+                       {"budget_spent", timed.budget_spent},
+                       {"kept_tile_flops", work.kept_tile_flops},
+                       {"tflops_kept_tiles", stsa::bench::tflops(work.kept_tile_flops, ms)},
+                       {"tflops_kept_pairs", stsa::bench::tflops(work.kept_pair_flops, ms)},
+                       {"tflops_dense_equivalent", stsa::bench::tflops(work.dense_flops, ms)},
+                       {"dense_flops", work.dense_flops}};
+        stsa::bench::add_timing(record, "", times);  // ms (median), ms_min, ms_max, ms_runs
+        std::cerr << "  [" << runner.name << "] " << label << ": " << ms << " ms, "
+                  << record["tflops_kept_tiles"].get<double>() << " TFLOP/s on kept tiles (tile density "
+                  << s.tile_density() << ")\n";
+        if (!plan_file.is_null()) {
+          record["plan"] = plan_file;
+          if (!sample.empty()) {
+            // O rows of batch 0, all heads, as fp32 [rows, H, D].
+            std::vector<std::uint16_t> all(elements);
+            o.copy_to_host(all.data(), bytes);
+            std::vector<float> rows;
+            const std::int64_t row_elements = layout.heads * layout.head_dim;
+            for (const std::int64_t r : sample)
+              for (std::int64_t e = 0; e < row_elements; ++e) {
+                const std::uint16_t bits = all[std::size_t(r * row_elements + e)];
+                rows.push_back(dtype == stsa::DType::BF16 ? stsa::bf16_to_float(bits) : stsa::f16_to_float(bits));
+              }
+            const std::string path = opt.export_dir + "/o_" + label + "_" + runner.name + ".f32";
+            write_file(path, rows.data(), rows.size() * sizeof(float));
+            record["sample_file"] = path;
           }
-        const std::string path = opt.export_dir + "/o_" + label + ".f32";
-        write_file(path, rows.data(), rows.size() * sizeof(float));
-        record["sample_file"] = path;
+        }
+        cases.push_back(record);
+        outcome.any_ran = true;
+      } catch (const stsa::Error& e) {
+        fail(runner.name, label, e.what());
       }
     }
-    cases.push_back(record);
   }
 
-  json result = {{"device", device.name},
-                 {"multiprocessors", device.multiprocessors},
-                 {"frames", opt.frames},
-                 {"height", opt.height},
-                 {"width", opt.width},
-                 {"tokens", n},
-                 {"batch", opt.batch},
-                 {"heads", opt.heads},
-                 {"head_dim", opt.head_dim},
-                 {"dtype", opt.dtype},
-                 {"sample_rows", sample},
-                 {"cases", cases}};
+  std::vector<std::string> kernel_names;
+  for (const stsa::CudaKernel kernel : kernels) kernel_names.emplace_back(stsa::to_string(kernel));
+  json& result = outcome.result;
+  result = {{"device", device.name},
+            {"multiprocessors", device.multiprocessors},
+            {"compute_capability", std::to_string(device.major) + "." + std::to_string(device.minor)},
+            {"frames", opt.frames},
+            {"height", opt.height},
+            {"width", opt.width},
+            {"tokens", n},
+            {"batch", opt.batch},
+            {"heads", opt.heads},
+            {"head_dim", opt.head_dim},
+            {"dtype", opt.dtype},
+            {"kernels", kernel_names},
+            {"warmup", opt.warmup},
+            {"repeats", opt.repeats},
+            {"budget_s", opt.budget_s},
+            {"sample_rows", sample},
+            {"cases", cases}};
 
   if (opt.permutation) {
-    // Temporal heads: gather Q, K, V of every head into spatial-major order and
-    // scatter O and LSE back, against a device-to-device copy of the same bytes.
-    stsa::DeviceBuffer pq(bytes), pk(bytes), pv(bytes), po(bytes);
-    stsa::DeviceBuffer plse(lse.bytes());
-    std::vector<std::int64_t> all_heads(std::size_t(layout.heads));
-    std::iota(all_heads.begin(), all_heads.end(), 0);
-    const std::vector<stsa::TensorView> sources{call.q, call.k, call.v}, packed{view(pq), view(pk), view(pv)};
-    const auto gather = time_ms(
-        [&] {
-          stsa::cuda_gather_heads(layout.grid, stsa::TokenOrder::FrameMajor, stsa::TokenOrder::SpatialMajor,
-                                  all_heads, sources, packed);
-        },
-        opt.warmup, opt.repeats, opt.budget_s);
-    const std::vector<stsa::TensorView> packed_o{view(po)}, dest_o{call.o};
-    const auto packed_lse = stsa::LseView::contiguous(static_cast<float*>(plse.data()), layout.batch, layout.heads, n);
-    const auto scatter = time_ms(
-        [&] {
-          stsa::cuda_scatter_heads(layout.grid, stsa::TokenOrder::SpatialMajor, stsa::TokenOrder::FrameMajor,
-                                   all_heads, packed_o, dest_o, packed_lse, call.lse);
-        },
-        opt.warmup, opt.repeats, opt.budget_s);
-    const auto copy = time_ms([&] { check_cuda(cudaMemcpyAsync(pq.data(), q.data(), bytes, cudaMemcpyDeviceToDevice),
-                                               "cudaMemcpyAsync"); },
-                              opt.warmup, opt.repeats, opt.budget_s);
-    const double gather_bytes = stsa::permutation_bytes(layout, layout.heads, 3, stsa::element_size(dtype));
-    const double scatter_bytes = stsa::permutation_bytes(layout, layout.heads, 1, stsa::element_size(dtype)) +
-                                 2.0 * double(lse.bytes());
-    const double copy_gbps = 2.0 * double(bytes) / (median(copy) * 1e-3) / 1e9;
-    result["permutation"] = {{"gather_qkv_ms", median(gather)},
-                             {"gather_gbps", gather_bytes / (median(gather) * 1e-3) / 1e9},
-                             {"scatter_o_lse_ms", median(scatter)},
-                             {"scatter_gbps", scatter_bytes / (median(scatter) * 1e-3) / 1e9},
-                             {"copy_gbps", copy_gbps}};
-    std::cerr << "  permutation: gather " << median(gather) << " ms, scatter " << median(scatter) << " ms, copy "
-              << copy_gbps << " GB/s\n";
+    try {
+      // Temporal heads: gather Q, K, V of every head into spatial-major order and
+      // scatter O and LSE back, against a device-to-device copy of the same bytes.
+      stsa::DeviceBuffer pq(bytes), pk(bytes), pv(bytes), po(bytes);
+      stsa::DeviceBuffer plse(lse.bytes());
+      std::vector<std::int64_t> all_heads(std::size_t(layout.heads));
+      std::iota(all_heads.begin(), all_heads.end(), 0);
+      const std::vector<stsa::TensorView> sources{call.q, call.k, call.v}, packed{view(pq), view(pk), view(pv)};
+      const double gather_ms = time_gpu(
+          [&] {
+            stsa::cuda_gather_heads(layout.grid, stsa::TokenOrder::FrameMajor, stsa::TokenOrder::SpatialMajor,
+                                    all_heads, sources, packed);
+          },
+          timing)[0].median_ms();
+      const std::vector<stsa::TensorView> packed_o{view(po)}, dest_o{call.o};
+      const auto packed_lse =
+          stsa::LseView::contiguous(static_cast<float*>(plse.data()), layout.batch, layout.heads, n);
+      const double scatter_ms = time_gpu(
+          [&] {
+            stsa::cuda_scatter_heads(layout.grid, stsa::TokenOrder::SpatialMajor, stsa::TokenOrder::FrameMajor,
+                                     all_heads, packed_o, dest_o, packed_lse, call.lse);
+          },
+          timing)[0].median_ms();
+      const double copy_ms = time_gpu(
+          [&] {
+            check_cuda(cudaMemcpyAsync(pq.data(), q.data(), bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync");
+          },
+          timing)[0].median_ms();
+      const double gather_bytes = stsa::permutation_bytes(layout, layout.heads, 3, stsa::element_size(dtype));
+      const double scatter_bytes = stsa::permutation_bytes(layout, layout.heads, 1, stsa::element_size(dtype)) +
+                                   2.0 * double(lse.bytes());
+      const double copy_gbps = stsa::bench::gbps(2.0 * double(bytes), copy_ms);
+      result["permutation"] = {{"gather_qkv_ms", gather_ms},
+                               {"gather_gbps", stsa::bench::gbps(gather_bytes, gather_ms)},
+                               {"scatter_o_lse_ms", scatter_ms},
+                               {"scatter_gbps", stsa::bench::gbps(scatter_bytes, scatter_ms)},
+                               {"copy_gbps", copy_gbps}};
+      std::cerr << "  permutation: gather " << gather_ms << " ms, scatter " << scatter_ms << " ms, copy "
+                << copy_gbps << " GB/s\n";
+    } catch (const stsa::Error& e) {
+      fail("permutation", "", e.what());
+    }
   }
-  return result;
+  result["errors"] = errors;
+  return outcome;
 }
 
 }  // namespace
@@ -317,6 +411,8 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", opt.head_dim);
   app.add_option("--batch", opt.batch);
   app.add_option("--densities", opt.densities, "kept densities; 1 means the dense mask")->delimiter(',');
+  app.add_option("--kernels", opt.kernels, "attention kernels to time, each on every case: comma list of sm90, sm80, auto")
+      ->capture_default_str();
   app.add_option("--dtype", opt.dtype, "bf16 | fp16");
   app.add_option("--inputs", opt.inputs, "directory with q.bin, k.bin, v.bin (raw [B, N, H, D])");
   app.add_option("--export", opt.export_dir, "directory for plan lists and sampled output rows");
@@ -328,21 +424,21 @@ int main(int argc, char** argv) {
   app.add_option("--json", opt.json_path, "write the results here (else stdout)");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (stsa::cuda_device_count() == 0) {
-      std::cerr << "stsa_gpu_bench: no CUDA device (" << stsa::cuda_unavailable_reason() << ")\n";
-      return 2;
-    }
-    const json result = run(opt);
+    const Outcome outcome = run(opt);
     if (opt.json_path.empty()) {
-      std::cout << result.dump(2) << "\n";
+      std::cout << outcome.result.dump(2) << "\n";
     } else {
       std::ofstream out(opt.json_path);
-      out << result.dump(2) << "\n";
+      out << outcome.result.dump(2) << "\n";
       STSA_CHECK(out.good(), stsa::IoError, "cannot write ", opt.json_path);
     }
+    if (!outcome.any_ran) {
+      std::cerr << "stsa_gpu_bench: no case ran\n";
+      return 2;
+    }
+    return outcome.any_failed ? 1 : 0;
   } catch (const stsa::Error& e) {
     std::cerr << "stsa_gpu_bench: " << e.what() << "\n";
     return 2;
   }
-  return 0;
 }

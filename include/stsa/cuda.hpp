@@ -102,9 +102,27 @@ class DevicePlan {
   std::unique_ptr<Arrays> arrays_;
 };
 
+// Which attention kernel the backend launches.
+//   Sm90: Hopper path (wgmma from warpgroups, TMA loads, producer/consumer warp
+//         specialization, persistent scheduler); needs compute capability 9.0.
+//   Sm80: portable path (mma.sync, cp.async); any GPU of compute capability >= 8.0.
+//   Auto: Sm90 on compute capability 9.x, Sm80 elsewhere.
+enum class CudaKernel : std::uint8_t { Auto, Sm80, Sm90 };
+std::string_view to_string(CudaKernel kernel);
+CudaKernel parse_cuda_kernel(std::string_view name);  // "auto" | "sm80" | "sm90"; throws InvalidArgument
+
+struct CudaBackendOptions {
+  CudaKernel kernel = CudaKernel::Auto;
+};
+
 class CudaBackend final : public Backend {
  public:
-  CudaBackend();  // touches no GPU: safe in a build or on a machine without one
+  // Touches no GPU: safe in a build or on a machine without one.
+  explicit CudaBackend(CudaBackendOptions options = {});
+  const CudaBackendOptions& options() const;
+  // The kernel a call runs with on the current device (Auto resolved). Throws
+  // Unsupported without a GPU or when the requested kernel cannot run on it.
+  CudaKernel resolved_kernel() const;
   ~CudaBackend() override;
   std::string_view name() const override { return "cuda"; }
   Support supports(const AttentionCall& call) const override;

@@ -1,25 +1,25 @@
 // `stsa bench`: the CPU backend, dense and sparse on the same random inputs,
-// timed in one run against this machine's measured FMA peak and checked
-// against the fp64 reference. (--dist hands over to cmd_bench_dist.cpp.)
+// timed in one run (by the harness in src/bench) against this machine's
+// measured FMA peak and checked against the fp64 reference. (--dist hands over
+// to cmd_bench_dist.cpp.)
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
-#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "bench/figures.hpp"
+#include "bench/record.hpp"
+#include "bench/timing_loop.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/cpu.hpp"
 #include "stsa/error.hpp"
-#include "stsa/flops.hpp"
 #include "stsa/plan.hpp"
 #include "stsa/reference.hpp"
 
@@ -46,36 +46,13 @@ void fill_normal(const TensorView& t, std::uint64_t seed) {
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double process_cpu_ms() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return 1e3 * double(t.tv_sec) + 1e-6 * double(t.tv_nsec);
-}
-
-struct Timings {
-  std::vector<double> wall_ms, cpu_ms;  // per timed run
-};
-
-// `repeats` timed runs after one warm-up: wall time and process CPU time.
-Timings time_runs(const Backend& backend, const AttentionCall& call, int repeats, Progress& progress) {
-  backend.run(call);
-  progress.update(1.0 / (repeats + 1));
-  Timings t;
-  for (int r = 0; r < repeats; ++r) {
-    const double cpu_start = process_cpu_ms();
-    const auto start = std::chrono::steady_clock::now();
-    backend.run(call);
-    t.wall_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-    t.cpu_ms.push_back(process_cpu_ms() - cpu_start);
-    progress.update(double(r + 2) / (repeats + 1));
-  }
-  return t;
+// One warm-up, then `repeats` timed runs in wall time (clock 0) and process CPU time (clock 1).
+bench::TimedRuns time_kernel(const Backend& backend, const AttentionCall& call, int repeats, Progress& progress) {
+  bench::WallStopwatch wall;
+  bench::ProcessCpuStopwatch cpu;
+  bench::Stopwatch* clocks[] = {&wall, &cpu};
+  return bench::time_runs({.warmup = 1, .repeats = repeats}, [&] { backend.run(call); }, clocks,
+                          [&](int done, int total) { progress.update(double(done) / total); });
 }
 
 struct Errors {
@@ -127,8 +104,6 @@ std::vector<std::int64_t> sample_rows(std::int64_t tokens, int count, std::uint6
   std::sort(rows.begin(), rows.end());
   return rows;
 }
-
-double json_number(double x) { return std::isfinite(x) ? x : std::numeric_limits<double>::quiet_NaN(); }
 
 void print_text(const nlohmann::json& r) {
   const auto f = [&](const char* key) { return r[key].get<double>(); };
@@ -218,14 +193,14 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   sparse.lse = lse_sparse.view();
   sparse.heads.assign(std::size_t(layout.heads), HeadMask{spec, spec.natural_order(), plan, true});
 
-  Timings dense_t, sparse_t;
+  bench::TimedRuns dense_t, sparse_t;
   {
     Progress p("timing the dense kernel", progress);
-    dense_t = time_runs(*backend, dense, args.repeats, p);
+    dense_t = time_kernel(*backend, dense, args.repeats, p);
   }
   {
     Progress p("timing the sparse kernel", progress);
-    sparse_t = time_runs(*backend, sparse, args.repeats, p);
+    sparse_t = time_kernel(*backend, sparse, args.repeats, p);
   }
   Errors sparse_err, dense_err;
   const auto rows = sample_rows(n, args.check_rows, args.seed);
@@ -249,16 +224,18 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   }
 
   const PlanStats& stats = plan->stats();
-  const double dense_s = median(dense_t.wall_ms) / 1e3, sparse_s = median(sparse_t.wall_ms) / 1e3;
-  const double dense_gflops = dense_attention_flops(layout) / dense_s / 1e9;
-  const double kept_gflops = kept_tile_flops(layout, *plan) / sparse_s / 1e9;
+  const bench::AttentionWork work = bench::attention_work(layout, *plan);
+  const bench::Samples &dense_wall = dense_t[0], &sparse_wall = sparse_t[0];
+  const bench::Samples &dense_cpu = dense_t[1], &sparse_cpu = sparse_t[1];
+  const double dense_ms = dense_wall.median_ms(), sparse_ms = sparse_wall.median_ms();
+  const double dense_gflops = bench::gflops(work.dense_flops, dense_ms);
+  const double kept_gflops = bench::gflops(work.kept_tile_flops, sparse_ms);
   // The same from process CPU time spread over the threads: what the rates are
   // while the threads actually run, so other jobs on the machine drop out.
-  const double dense_cpu_s = median(dense_t.cpu_ms) / 1e3 / threads;
-  const double sparse_cpu_s = median(sparse_t.cpu_ms) / 1e3 / threads;
-  const double dense_gflops_cpu = dense_attention_flops(layout) / dense_cpu_s / 1e9;
-  const double kept_gflops_cpu = kept_tile_flops(layout, *plan) / sparse_cpu_s / 1e9;
-  return {
+  const double dense_cpu_ms = dense_cpu.median_ms(), sparse_cpu_ms = sparse_cpu.median_ms();
+  const double dense_gflops_cpu = bench::gflops(work.dense_flops, dense_cpu_ms / threads);
+  const double kept_gflops_cpu = bench::gflops(work.kept_tile_flops, sparse_cpu_ms / threads);
+  nlohmann::json record = {
       {"command", "bench"},
       {"backend", "cpu"},
       {"grid", grid.describe()},
@@ -288,32 +265,35 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
       {"tiles_partial", stats.tiles_partial},
       {"tiles_empty", stats.tiles_empty},
       {"changed_pairs", stats.changed_pairs},
-      {"dense_ms", median(dense_t.wall_ms)},
-      {"sparse_ms", median(sparse_t.wall_ms)},
-      {"dense_ms_runs", dense_t.wall_ms},
-      {"sparse_ms_runs", sparse_t.wall_ms},
-      {"speedup", dense_s / sparse_s},
+      {"warmup", 1},
+      {"speedup", bench::speedup(dense_ms, sparse_ms)},
       {"ideal_speedup", 1.0 / stats.tile_density()},
+      {"dense_flops", work.dense_flops},
+      {"kept_tile_flops", work.kept_tile_flops},
       {"dense_gflops", dense_gflops},
       {"sparse_gflops_on_kept_tiles", kept_gflops},
-      {"sparse_gflops_dense_equivalent", dense_attention_flops(layout) / sparse_s / 1e9},
+      {"sparse_gflops_dense_equivalent", bench::gflops(work.dense_flops, sparse_ms)},
       {"peak_gflops", peak},
-      {"peak_fraction", dense_gflops / peak},
-      {"sparse_peak_fraction", kept_gflops / peak},
-      {"dense_cpu_ms", median(dense_t.cpu_ms)},
-      {"sparse_cpu_ms", median(sparse_t.cpu_ms)},
-      {"speedup_cpu_time", dense_cpu_s / sparse_cpu_s},
+      {"peak_fraction", bench::fraction_of_peak(dense_gflops, peak)},
+      {"sparse_peak_fraction", bench::fraction_of_peak(kept_gflops, peak)},
+      {"speedup_cpu_time", bench::speedup(dense_cpu_ms, sparse_cpu_ms)},
       {"dense_gflops_cpu_time", dense_gflops_cpu},
       {"sparse_gflops_on_kept_tiles_cpu_time", kept_gflops_cpu},
-      {"peak_fraction_cpu_time", dense_gflops_cpu / peak},
-      {"sparse_peak_fraction_cpu_time", kept_gflops_cpu / peak},
-      {"rel_l2_err", json_number(sparse_err.rel_l2)},
-      {"max_abs_err", json_number(sparse_err.max_abs)},
-      {"lse_max_abs_err", json_number(sparse_err.lse_max_abs)},
-      {"dense_rel_l2_err", json_number(dense_err.rel_l2)},
-      {"dense_max_abs_err", json_number(dense_err.max_abs)},
-      {"dense_lse_max_abs_err", json_number(dense_err.lse_max_abs)},
+      {"peak_fraction_cpu_time", bench::fraction_of_peak(dense_gflops_cpu, peak)},
+      {"sparse_peak_fraction_cpu_time", bench::fraction_of_peak(kept_gflops_cpu, peak)},
+      {"rel_l2_err", bench::json_number(sparse_err.rel_l2)},
+      {"max_abs_err", bench::json_number(sparse_err.max_abs)},
+      {"lse_max_abs_err", bench::json_number(sparse_err.lse_max_abs)},
+      {"dense_rel_l2_err", bench::json_number(dense_err.rel_l2)},
+      {"dense_max_abs_err", bench::json_number(dense_err.max_abs)},
+      {"dense_lse_max_abs_err", bench::json_number(dense_err.lse_max_abs)},
   };
+  // dense_ms, sparse_ms (wall) and dense_cpu_ms, sparse_cpu_ms (process CPU): medians, with _min, _max and _runs.
+  bench::add_timing(record, "dense_", dense_wall);
+  bench::add_timing(record, "sparse_", sparse_wall);
+  bench::add_timing(record, "dense_cpu_", dense_cpu);
+  bench::add_timing(record, "sparse_cpu_", sparse_cpu);
+  return record;
 }
 
 void add_bench_command(CLI::App& app) {

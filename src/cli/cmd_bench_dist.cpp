@@ -8,6 +8,7 @@
 // validation) are printed once by rank 0; every rank exits 2. A timeout (a rank
 // missing) aborts the whole job.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "bench/figures.hpp"
+#include "bench/timing_loop.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "stsa/cpu.hpp"
@@ -30,7 +33,6 @@ namespace stsa::cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
 
 // ---- Inputs: N(0, 1) per element from a hash of (seed, tensor, b, global token, head, channel).
 
@@ -71,10 +73,30 @@ TensorView empty_view(DType dtype, const VideoLayout& l) {
   return v;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+// Wall time of one distributed call as its slowest rank saw it: the ranks line
+// up at a barrier before each run, and the run's time and its phase times from
+// `report` (agree, scatter, local, gather) are the maxima over ranks.
+class SlowestRankStopwatch final : public bench::Stopwatch {
+ public:
+  SlowestRankStopwatch(dist::Communicator& comm, const dist::UlyssesReport& report) : comm_(comm), report_(report) {}
+  void start() override {
+    comm_.barrier();
+    wall_.start();
+  }
+  double stop_ms() override {
+    double times[5] = {wall_.stop_ms(), report_.agree_ms, report_.scatter_ms, report_.local_ms, report_.gather_ms};
+    comm_.allreduce(times, dist::ReduceOp::Max);
+    for (std::size_t p = 0; p < phases_.size(); ++p) phases_[p].ms.push_back(times[p + 1]);
+    return times[0];
+  }
+  const std::array<bench::Samples, 4>& phases() const { return phases_; }
+
+ private:
+  dist::Communicator& comm_;
+  const dist::UlyssesReport& report_;
+  bench::WallStopwatch wall_;
+  std::array<bench::Samples, 4> phases_;
+};
 
 int hardware_threads() { return std::max(1, int(std::thread::hardware_concurrency())); }
 
@@ -195,19 +217,15 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
 
   const auto rank_backend = make_cpu_backend(CpuOptions{s.isa, s.rank_threads});
   PlanCache plans;
-  dist::ulysses_attention(comm, call, *rank_backend, plans);  // warm-up: plans, pages, caches
-  std::vector<double> dist_ms, phase_ms[4];
+  // One warm-up (plans, pages, caches), then a fixed count of runs: every rank
+  // must make the same number of collective calls, so no time budget here.
   dist::UlyssesReport report;
-  for (int i = 0; i < args.repeats; ++i) {
-    comm.barrier();
-    const auto start = Clock::now();
-    report = dist::ulysses_attention(comm, call, *rank_backend, plans);
-    double times[5] = {std::chrono::duration<double, std::milli>(Clock::now() - start).count(), report.agree_ms,
-                       report.scatter_ms, report.local_ms, report.gather_ms};
-    comm.allreduce(times, dist::ReduceOp::Max);  // a call takes as long as its slowest rank
-    dist_ms.push_back(times[0]);
-    for (int p = 0; p < 4; ++p) phase_ms[p].push_back(times[p + 1]);
-  }
+  SlowestRankStopwatch slowest(comm, report);
+  bench::Stopwatch* dist_clocks[] = {&slowest};
+  const bench::TimedRuns dist_t = bench::time_runs(
+      {.warmup = 1, .repeats = args.repeats},
+      [&] { report = dist::ulysses_attention(comm, call, *rank_backend, plans); }, dist_clocks);
+  const auto& phase_ms = slowest.phases();
 
   // ---- Per-rank figures and outputs to rank 0 (after timing: not part of the call's traffic).
   const std::vector<MaskSpec> all_temporal{mask_by_name(g, "temporal", args.density)};
@@ -217,10 +235,10 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
                       double(report.total.control_bytes_sent),
                       double(report.local.bytes_sent + report.local.control_bytes_sent),
                       double(dist::ulysses_volume(l, s.dtype, out_dtype, with_lse, ranks, rank).sent()),
-                      median(phase_ms[0]),
-                      median(phase_ms[1]),
-                      median(phase_ms[2]),
-                      median(phase_ms[3]),
+                      phase_ms[0].median_ms(),
+                      phase_ms[1].median_ms(),
+                      phase_ms[2].median_ms(),
+                      phase_ms[3].median_ms(),
                       double(shard.count)};
   std::vector<RankFigures> all(static_cast<std::size_t>(ranks));
   comm.allgather(&figures, sizeof figures, all.data());
@@ -264,13 +282,11 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
       return s.router ? routed_attention(*single_backend, plans, single, *s.router, options)
                       : run_routed(*single_backend, plans, single, dist::routes_for_masks(s.masks, l.heads), options);
     };
-    RoutedResult decided = run_single();
-    std::vector<double> single_ms;
-    for (int i = 0; i < args.repeats; ++i) {
-      const auto start = Clock::now();
-      decided = run_single();
-      single_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-    }
+    RoutedResult decided;
+    bench::WallStopwatch wall;
+    bench::Stopwatch* single_clocks[] = {&wall};
+    const bench::TimedRuns single_t = bench::time_runs(
+        {.warmup = 1, .repeats = args.repeats}, [&] { decided = run_single(); }, single_clocks);
 
     // Compare: video rows from the gathered shards, text rows from rank 0's replicated text output.
     double max_diff = 0, max_lse_diff = 0;
@@ -349,7 +365,7 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
       shard_tokens.push_back(std::int64_t(f.shard_tokens));
     }
     const double formula = dist::ulysses_formula_bytes(l, s.dtype, out_dtype, with_lse, ranks);
-    const double dist_median = median(dist_ms), single_median = median(single_ms);
+    const double dist_median = dist_t[0].median_ms(), single_median = single_t[0].median_ms();
     out["command"] = "bench --dist";
     out["ranks"] = ranks;
     out["heads_per_rank"] = l.heads / ranks;
@@ -382,11 +398,18 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
     out["permutation_bytes_if_sharded_all_temporal"] = std::int64_t(sharded_all);
     out["dist_ms"] = dist_median;
     out["single_ms"] = single_median;
-    out["speedup_vs_single"] = dist_median > 0 ? single_median / dist_median : 0.0;
-    out["phases_ms"] = {{"agree", median(phase_ms[0])}, {"scatter", median(phase_ms[1])},
-                        {"local", median(phase_ms[2])}, {"gather", median(phase_ms[3])}};
+    out["speedup_vs_single"] = bench::speedup(single_median, dist_median);
+    out["phases_ms"] = {{"agree", phase_ms[0].median_ms()}, {"scatter", phase_ms[1].median_ms()},
+                        {"local", phase_ms[2].median_ms()}, {"gather", phase_ms[3].median_ms()}};
     out["repeats"] = args.repeats;
     out["seed"] = args.seed;
+    out["warmup"] = 1;
+    out["dist_ms_min"] = dist_t[0].min_ms();
+    out["dist_ms_max"] = dist_t[0].max_ms();
+    out["dist_ms_runs"] = dist_t[0].ms;
+    out["single_ms_min"] = single_t[0].min_ms();
+    out["single_ms_max"] = single_t[0].max_ms();
+    out["single_ms_runs"] = single_t[0].ms;
   }
   comm.barrier();  // the others wait here for rank 0's single-process run
   comm.set_timeout(default_timeout);

@@ -1,5 +1,6 @@
 // Where run-time choices (input dtype, head dim) become template parameters of
-// the attention kernel. Plain C++ interface, implemented in attention_launch.cu.
+// the attention kernels. Plain C++ interface, implemented in attention_launch.cu
+// (sm80) and attention_sm90_launch.cu (sm90).
 #pragma once
 
 #include "cuda/attention_params.hpp"
@@ -16,5 +17,11 @@ int attention_smem_bytes(int head_dim);
 // Launches one grid of q_tiles * batch * head_count blocks. Throws Error with
 // CUDA's message when the launch fails.
 void launch_attention(const AttentionParams& params, bool bf16_inputs, int head_dim, void* stream);
+
+// The Hopper kernel (sm_90a only): dynamic shared memory per block, and the
+// persistent launch over min(work items, multiprocessors) blocks. Builds the TMA
+// descriptors of q, k, v from params (head_dim, total_heads and strides set).
+int attention_sm90_smem_bytes(int head_dim);
+void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors, void* stream);
 
 }  // namespace stsa::cuda_detail

@@ -22,6 +22,8 @@ struct AttentionParams {
   std::int64_t lse_stride[3] = {};  // batch, head, token
   int tokens = 0;
   int batch = 0;
+  int total_heads = 0;  // H of the tensors (heads[] may name a subset)
+  int head_dim = 0;
   int head_count = 0;  // entries used in heads[]
   int heads[kMaxHeadsPerLaunch] = {};
   int out_type = kOutF32;

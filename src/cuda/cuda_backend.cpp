@@ -76,24 +76,55 @@ void check_device_memory(const char* name, std::pair<const std::byte*, const std
   }
 }
 
+struct DeviceFacts {
+  int device = -1;
+  int major = 0, minor = 0;
+  int multiprocessors = 0;
+  int smem_optin = 0;
+};
+
+DeviceFacts device_facts() {
+  DeviceFacts f;
+  f.device = cuda_detail::current_device();
+  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, f.device));
+  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, f.device));
+  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&f.multiprocessors, cudaDevAttrMultiProcessorCount, f.device));
+  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&f.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, f.device));
+  return f;
+}
+
+// The kernel `requested` becomes on this device; Unsupported when it cannot run here.
+CudaKernel resolve_kernel(CudaKernel requested, const DeviceFacts& f) {
+  STSA_CHECK(f.major >= 8, Unsupported, "the cuda backend needs compute capability 8.0 or newer, device ", f.device,
+             " has ", f.major, ".", f.minor);
+  // sm_90a machine code runs on compute capability 9.0 only (no PTX is shipped for it).
+  const bool hopper = f.major == 9 && f.minor == 0;
+  if (requested == CudaKernel::Auto) return hopper ? CudaKernel::Sm90 : CudaKernel::Sm80;
+  STSA_CHECK(requested != CudaKernel::Sm90 || hopper, Unsupported, "the sm90 kernel needs compute capability 9.0, ",
+             "device ", f.device, " has ", f.major, ".", f.minor);
+  return requested;
+}
+
+int smem_bytes(CudaKernel kernel, int head_dim) {
+  return kernel == CudaKernel::Sm90 ? cuda_detail::attention_sm90_smem_bytes(head_dim)
+                                    : cuda_detail::attention_smem_bytes(head_dim);
+}
+
 // What needs the GPU: its presence and size, and that every tensor lives on it.
-// Returns the device.
-int check_on_device(const AttentionCall& call) {
-  const int device = cuda_detail::current_device();
-  int major = 0, smem_optin = 0;
-  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  STSA_CHECK(major >= 8, Unsupported, "the cuda backend needs compute capability 8.0 or newer, device ", device,
-             " has ", major, ".x");
-  const int needed = cuda_detail::attention_smem_bytes(int(call.layout.head_dim));
-  STSA_CHECK(smem_optin >= needed, Unsupported, "the cuda kernel needs ", needed, " bytes of shared memory per block; ",
-             "device ", device, " offers ", smem_optin);
+// Returns the device's facts.
+DeviceFacts check_on_device(const AttentionCall& call, CudaKernel requested) {
+  const DeviceFacts f = device_facts();
+  const int device = f.device;
+  const CudaKernel kernel = resolve_kernel(requested, f);
+  const int needed = smem_bytes(kernel, int(call.layout.head_dim));
+  STSA_CHECK(f.smem_optin >= needed, Unsupported, "the cuda ", to_string(kernel), " kernel needs ", needed,
+             " bytes of shared memory per block; device ", device, " offers ", f.smem_optin);
   check_device_memory("q", call.q.byte_extent(), device);
   check_device_memory("k", call.k.byte_extent(), device);
   check_device_memory("v", call.v.byte_extent(), device);
   check_device_memory("o", call.o.byte_extent(), device);
   if (call.lse.data != nullptr) check_device_memory("lse", call.lse.byte_extent(), device);
-  return device;
+  return f;
 }
 
 void copy_strides(std::int64_t (&out)[3], const TensorView& t) {
@@ -111,7 +142,23 @@ int out_type(DType t) {
 
 }  // namespace
 
+std::string_view to_string(CudaKernel kernel) {
+  switch (kernel) {
+    case CudaKernel::Auto: return "auto";
+    case CudaKernel::Sm80: return "sm80";
+    case CudaKernel::Sm90: return "sm90";
+  }
+  return "?";
+}
+
+CudaKernel parse_cuda_kernel(std::string_view name) {
+  for (const CudaKernel k : {CudaKernel::Auto, CudaKernel::Sm80, CudaKernel::Sm90})
+    if (name == to_string(k)) return k;
+  throw InvalidArgument(detail::concat("unknown cuda kernel '", name, "' (expected auto, sm80 or sm90)"));
+}
+
 struct CudaBackend::State {
+  CudaBackendOptions options;
   struct Entry {
     const TilePlan* key = nullptr;        // identity only; `host` says whether it still lives
     std::weak_ptr<const TilePlan> host;
@@ -122,8 +169,14 @@ struct CudaBackend::State {
   mutable std::vector<Entry> entries;
 };
 
-CudaBackend::CudaBackend() : state_(std::make_unique<State>()) {}
+CudaBackend::CudaBackend(CudaBackendOptions options) : state_(std::make_unique<State>()) {
+  state_->options = options;
+}
 CudaBackend::~CudaBackend() = default;
+
+const CudaBackendOptions& CudaBackend::options() const { return state_->options; }
+
+CudaKernel CudaBackend::resolved_kernel() const { return resolve_kernel(state_->options.kernel, device_facts()); }
 
 std::shared_ptr<const DevicePlan> CudaBackend::device_plan(const std::shared_ptr<const TilePlan>& plan) const {
   STSA_CHECK(plan != nullptr, InvalidArgument, "device_plan: no plan given");
@@ -147,7 +200,7 @@ std::size_t CudaBackend::cached_plans() const {
 Support CudaBackend::supports(const AttentionCall& call) const {
   try {
     check_on_host(call);
-    check_on_device(call);
+    check_on_device(call, state_->options.kernel);
   } catch (const Error& e) {
     return {false, e.what()};
   }
@@ -161,7 +214,8 @@ void CudaBackend::run(const AttentionCall& call) const {
 
 void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
   check_on_host(call);
-  check_on_device(call);
+  const DeviceFacts facts = check_on_device(call, state_->options.kernel);
+  const CudaKernel kernel = resolve_kernel(state_->options.kernel, facts);
 
   AttentionParams params;
   params.q = call.q.data;
@@ -176,6 +230,8 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
   for (int i = 0; i < 3; ++i) params.lse_stride[i] = call.lse.stride[i];
   params.tokens = int(call.layout.tokens());
   params.batch = int(call.layout.batch);
+  params.total_heads = int(call.layout.heads);
+  params.head_dim = int(call.layout.head_dim);
   params.out_type = out_type(call.o.dtype);
   params.scale = call.scale();
   params.scale_log2 = float(double(call.scale()) * kLog2e);
@@ -209,7 +265,10 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
       const std::size_t count = std::min<std::size_t>(cuda_detail::kMaxHeadsPerLaunch, heads.size() - first);
       params.head_count = int(count);
       std::copy_n(heads.begin() + std::ptrdiff_t(first), count, params.heads);
-      cuda_detail::launch_attention(params, bf16, int(call.layout.head_dim), stream);
+      if (kernel == CudaKernel::Sm90)
+        cuda_detail::launch_attention_sm90(params, bf16, facts.multiprocessors, stream);
+      else
+        cuda_detail::launch_attention(params, bf16, int(call.layout.head_dim), stream);
     }
   }
 }

@@ -2,12 +2,17 @@
 // random inputs with awkward shapes (token counts that are not tile multiples,
 // one frame, text before and after, head dims 64 and 128, bf16 and fp16 in,
 // fp32/bf16/fp16 out, both memory layouts, mixed masks per head, rows with
-// nothing to attend to). Tests that need a GPU skip without one; the checks of
-// bad input that need no GPU run everywhere.
+// nothing to attend to). Every GPU test runs once per kernel (sm80, sm90); the
+// sm90 runs skip on GPUs other than compute capability 9.0, all of them skip
+// without a GPU. The checks of bad input that need no GPU run everywhere.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <ostream>
+#include <string>
 #include <vector>
 
 #include "gpu/gpu_support.hpp"
@@ -19,6 +24,10 @@
 #include "stsa/plan.hpp"
 
 namespace stsa {
+
+// Test names and messages show the kernel by name (found by argument-dependent lookup).
+void PrintTo(CudaKernel kernel, std::ostream* out) { *out << to_string(kernel); }
+
 namespace {
 
 using gpu_testing::DeviceProblem;
@@ -57,13 +66,32 @@ struct Case {
   int sample_rows = 0;  // 0: every row
 };
 
-void run_case(const Case& c) {
+bool is_hopper() {
+  const CudaDeviceInfo info = cuda_device_info();
+  return info.major == 9 && info.minor == 0;
+}
+
+// The GPU tests, once per kernel.
+class GpuAttention : public ::testing::TestWithParam<CudaKernel> {
+ protected:
+  void SetUp() override {
+    STSA_REQUIRE_GPU();
+    if (GetParam() == CudaKernel::Sm90 && !is_hopper()) GTEST_SKIP() << "the sm90 kernel needs compute capability 9.0";
+  }
+  CudaBackend backend() const { return CudaBackend(CudaBackendOptions{GetParam()}); }
+  void run_case(const Case& c) const;
+};
+
+std::string kernel_name(const ::testing::TestParamInfo<CudaKernel>& info) { return std::string(to_string(info.param)); }
+
+void GpuAttention::run_case(const Case& c) const {
   PlanCache cache;
   auto problem = testing::make_problem(c.layout, c.in, mixed_heads(c.layout, c.density, cache), testing::fresh_seed(),
                                        c.memory, c.out);
   SCOPED_TRACE(problem.label);
   DeviceProblem device(problem);
-  const CudaBackend backend;
+  const CudaBackend backend = this->backend();
+  EXPECT_EQ(backend.resolved_kernel(), GetParam());
   ASSERT_TRUE(backend.supports(device.call).ok) << backend.supports(device.call).why;
   backend.run(device.call);
   EXPECT_TRUE(device.o.guards_intact()) << "device guard bytes around O were overwritten";
@@ -72,50 +100,44 @@ void run_case(const Case& c) {
   expect_matches_reference(problem, c.sample_rows);
 }
 
-TEST(GpuAttention, RaggedVideoWithTextAfter) {
-  STSA_REQUIRE_GPU();
+TEST_P(GpuAttention, RaggedVideoWithTextAfter) {
   // 3 x 7 x 9 + 77 text = 644 tokens: 6 tiles, the last one ragged.
   for (const std::int64_t dim : {64, 128})
     for (const DType in : {DType::BF16, DType::F16})
       run_case({make_layout(3, 7, 9, 77, TextPlacement::After, 1, 4, dim), in, DType::F32});
 }
 
-TEST(GpuAttention, OneFrameSmallerThanATile) {
-  STSA_REQUIRE_GPU();
+TEST_P(GpuAttention, OneFrameSmallerThanATile) {
   run_case({make_layout(1, 9, 11, 0, TextPlacement::After, 1, 4, 128), DType::BF16, DType::BF16});
   run_case({make_layout(1, 13, 11, 0, TextPlacement::After, 1, 4, 64), DType::F16, DType::F16});
 }
 
-TEST(GpuAttention, TextBeforeBatchTwoHeadMajorMemory) {
-  STSA_REQUIRE_GPU();
+TEST_P(GpuAttention, TextBeforeBatchTwoHeadMajorMemory) {
   run_case({make_layout(2, 10, 10, 30, TextPlacement::Before, 2, 4, 128), DType::BF16, DType::BF16,
             MemoryLayout::BHND});
   run_case({make_layout(2, 10, 10, 30, TextPlacement::Before, 2, 4, 64), DType::F16, DType::F32,
             MemoryLayout::BHND});
 }
 
-TEST(GpuAttention, ExactTileMultiple) {
-  STSA_REQUIRE_GPU();
+TEST_P(GpuAttention, ExactTileMultiple) {
   run_case({make_layout(2, 8, 16, 0, TextPlacement::After, 1, 4, 128), DType::F16, DType::F32});
 }
 
-TEST(GpuAttention, ManyFramesSeveralDensities) {
-  STSA_REQUIRE_GPU();
+TEST_P(GpuAttention, ManyFramesSeveralDensities) {
   // 21 x 8 x 12 = 2016 tokens: 16 query tiles with different kept-tile counts.
   for (const double density : {0.1, 0.25, 0.5})
     run_case({make_layout(21, 8, 12, 0, TextPlacement::After, 1, 4, 128), DType::BF16, DType::BF16,
               MemoryLayout::BNHD, density, /*sample_rows=*/192});
 }
 
-TEST(GpuAttention, RowsWithNothingToAttendGetZeroAndMinusInfinity) {
-  STSA_REQUIRE_GPU();
+TEST_P(GpuAttention, RowsWithNothingToAttendGetZeroAndMinusInfinity) {
   const VideoLayout layout = make_layout(2, 9, 9, 0, TextPlacement::After, 1, 2, 64);
   PlanCache cache;
   const MaskSpec nothing = MaskSpec::spatial(-1, /*anchor=*/false);
   std::vector<HeadMask> heads(2, HeadMask{nothing, nothing.natural_order(), cache.get(layout.grid, nothing), true});
   auto problem = testing::make_problem(layout, DType::BF16, heads, testing::fresh_seed());
   DeviceProblem device(problem);
-  CudaBackend().run(device.call);
+  backend().run(device.call);
   device.download_into(problem);
   const TensorView o = problem.o.view();
   for (std::int64_t n = 0; n < layout.tokens(); ++n)
@@ -125,15 +147,14 @@ TEST(GpuAttention, RowsWithNothingToAttendGetZeroAndMinusInfinity) {
     }
 }
 
-TEST(GpuAttention, SkippedHeadsAreLeftUntouched) {
-  STSA_REQUIRE_GPU();
+TEST_P(GpuAttention, SkippedHeadsAreLeftUntouched) {
   const VideoLayout layout = make_layout(2, 9, 9, 5, TextPlacement::After, 1, 4, 128);
   PlanCache cache;
   auto heads = mixed_heads(layout, 0.3, cache);
   heads[1].compute = false;
   auto problem = testing::make_problem(layout, DType::BF16, heads, testing::fresh_seed());
   DeviceProblem device(problem);
-  CudaBackend().run(device.call);
+  backend().run(device.call);
   device.download_into(problem);
   for (std::int64_t n = 0; n < layout.tokens(); ++n) {
     for (std::int64_t d = 0; d < 128; ++d) ASSERT_TRUE(std::isnan(problem.o.view().load(0, n, 1, d)));
@@ -142,8 +163,7 @@ TEST(GpuAttention, SkippedHeadsAreLeftUntouched) {
   expect_matches_reference(problem);
 }
 
-TEST(GpuAttention, AgreesWithTheCpuBackend) {
-  STSA_REQUIRE_GPU();
+TEST_P(GpuAttention, AgreesWithTheCpuBackend) {
   const VideoLayout layout = make_layout(5, 12, 10, 16, TextPlacement::Before, 1, 4, 128);
   PlanCache cache;
   const auto heads = mixed_heads(layout, 0.2, cache);
@@ -151,7 +171,7 @@ TEST(GpuAttention, AgreesWithTheCpuBackend) {
   auto gpu = testing::make_problem(layout, DType::F16, heads, seed);
   auto cpu = testing::make_problem(layout, DType::F16, heads, seed);
   DeviceProblem device(gpu);
-  CudaBackend().run(device.call);
+  backend().run(device.call);
   device.download_into(gpu);
   make_cpu_backend()->run(cpu.call());
   // Both are within their bounds of the reference; against each other they differ
@@ -170,8 +190,7 @@ TEST(GpuAttention, AgreesWithTheCpuBackend) {
 // A temporal head stored frame-major: gather into spatial-major order on the
 // GPU, run there, scatter O and LSE back; the reference evaluates the mask on
 // the frame-major tensors directly.
-TEST(GpuAttention, TemporalHeadsThroughTheGpuPermutation) {
-  STSA_REQUIRE_GPU();
+TEST_P(GpuAttention, TemporalHeadsThroughTheGpuPermutation) {
   const VideoLayout layout = make_layout(6, 5, 7, 9, TextPlacement::After, 1, 2, 128);
   const MaskSpec temporal = mask_for_density(layout.grid, SparseKind::Temporal, 0.3);
   const auto plan = TilePlan::build(layout.grid, temporal);
@@ -197,7 +216,7 @@ TEST(GpuAttention, TemporalHeadsThroughTheGpuPermutation) {
   inner.o = packed_view(po, problem.o.view().dtype);
   inner.lse = LseView::contiguous(static_cast<float*>(plse.data()), 1, 2, layout.tokens());
   inner.heads.assign(2, HeadMask{temporal, TokenOrder::SpatialMajor, plan, true});
-  CudaBackend().run(inner);
+  backend().run(inner);
   const std::vector<TensorView> packed_o{inner.o}, dest_o{device.call.o};
   cuda_scatter_heads(layout.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, packed_o, dest_o,
                      inner.lse, device.call.lse);
@@ -206,10 +225,9 @@ TEST(GpuAttention, TemporalHeadsThroughTheGpuPermutation) {
   expect_matches_reference(problem);
 }
 
-TEST(GpuAttention, DevicePlansAreUploadedOnceAndDroppedWithTheirPlan) {
-  STSA_REQUIRE_GPU();
+TEST_P(GpuAttention, DevicePlansAreUploadedOnceAndDroppedWithTheirPlan) {
   const VideoLayout layout = make_layout(3, 8, 8, 0, TextPlacement::After, 1, 4, 64);
-  const CudaBackend backend;
+  const CudaBackend backend = this->backend();
   {
     PlanCache cache;
     auto heads = mixed_heads(layout, 0.3, cache);  // 4 distinct plans
@@ -230,14 +248,54 @@ TEST(GpuAttention, DevicePlansAreUploadedOnceAndDroppedWithTheirPlan) {
   EXPECT_EQ(backend.cached_plans(), 1u);
 }
 
+// More work items than SMs: the persistent sm90 blocks loop over several items
+// (and the producer runs into the next item while the consumers finish one).
+TEST_P(GpuAttention, MoreQueryTilesThanMultiprocessors) {
+  // 21 x 8 x 12 + 40 text = 2056 tokens: 17 query tiles x 2 batch x 8 heads = 272 items.
+  run_case({make_layout(21, 8, 12, 40, TextPlacement::After, 2, 8, 128), DType::BF16, DType::BF16,
+            MemoryLayout::BNHD, 0.2, /*sample_rows=*/96});
+  run_case({make_layout(21, 8, 12, 40, TextPlacement::Before, 2, 8, 64), DType::F16, DType::F32,
+            MemoryLayout::BHND, 0.3, /*sample_rows=*/96});
+}
+
+// The two kernels on identical inputs: both round P to the input type, in a
+// different order of accumulation, so they agree to that rounding.
+TEST_P(GpuAttention, KernelsAgree) {
+  if (GetParam() != CudaKernel::Sm90) GTEST_SKIP() << "compares sm90 with sm80; runs once";
+  const VideoLayout layout = make_layout(4, 11, 13, 9, TextPlacement::After, 1, 4, 128);
+  PlanCache cache;
+  const auto heads = mixed_heads(layout, 0.25, cache);
+  const std::uint64_t seed = testing::fresh_seed();
+  auto hopper = testing::make_problem(layout, DType::BF16, heads, seed);
+  auto portable = testing::make_problem(layout, DType::BF16, heads, seed);
+  DeviceProblem on_hopper(hopper), on_portable(portable);
+  CudaBackend(CudaBackendOptions{CudaKernel::Sm90}).run(on_hopper.call);
+  CudaBackend(CudaBackendOptions{CudaKernel::Sm80}).run(on_portable.call);
+  on_hopper.download_into(hopper);
+  on_portable.download_into(portable);
+  const double bound = 4 * 0x1p-8 * gpu_testing::max_abs(hopper.v.view());
+  double worst = 0;
+  for (std::int64_t n = 0; n < layout.tokens(); ++n)
+    for (std::int64_t h = 0; h < layout.heads; ++h) {
+      for (std::int64_t d = 0; d < layout.head_dim; ++d)
+        worst = std::max(worst, double(std::abs(hopper.o.view().load(0, n, h, d) - portable.o.view().load(0, n, h, d))));
+      EXPECT_NEAR(hopper.lse.view().at(0, h, n), portable.lse.view().at(0, h, n), 1e-4) << "row " << n << " head " << h;
+    }
+  EXPECT_LE(worst, bound) << hopper.label;
+}
+
 // What compute-sanitizer runs (bench/gpu/check.sh): one small mixed call and
 // one permutation round trip, with every kernel variant touched once.
-TEST(GpuSanitize, SmallMixedCalls) {
-  STSA_REQUIRE_GPU();
+class GpuSanitize : public GpuAttention {};
+
+TEST_P(GpuSanitize, SmallMixedCalls) {
   for (const std::int64_t dim : {64, 128})
     for (const DType in : {DType::BF16, DType::F16})
       run_case({make_layout(2, 9, 9, 7, TextPlacement::After, 1, 4, dim), in, DType::BF16});
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, GpuAttention, ::testing::Values(CudaKernel::Sm80, CudaKernel::Sm90), kernel_name);
+INSTANTIATE_TEST_SUITE_P(Kernels, GpuSanitize, ::testing::Values(CudaKernel::Sm80, CudaKernel::Sm90), kernel_name);
 
 // ---- Bad input: checked before any launch (most of it without a GPU). ----
 
@@ -312,6 +370,31 @@ TEST(GpuAttentionInput, HostMemoryOrNoGpuIsUnsupported) {
   HostCall host;
   const AttentionCall call = host.problem.call();  // valid, but host memory
   expect_unsupported(call, cuda_device_count() == 0 ? "no CUDA device" : "host memory");
+}
+
+TEST(GpuAttentionInput, KernelNamesRoundTrip) {
+  for (const CudaKernel k : {CudaKernel::Auto, CudaKernel::Sm80, CudaKernel::Sm90})
+    EXPECT_EQ(parse_cuda_kernel(to_string(k)), k);
+  EXPECT_THROW(parse_cuda_kernel("sm100"), InvalidArgument);
+  EXPECT_EQ(CudaBackend().options().kernel, CudaKernel::Auto);
+  EXPECT_EQ(CudaBackend(CudaBackendOptions{CudaKernel::Sm80}).options().kernel, CudaKernel::Sm80);
+}
+
+TEST(GpuAttentionInput, TheKernelResolvesOnlyWithAGpu) {
+  if (cuda_device_count() == 0) {
+    EXPECT_THROW(CudaBackend().resolved_kernel(), Unsupported);
+    return;
+  }
+  const CudaKernel automatic = CudaBackend().resolved_kernel();
+  EXPECT_EQ(automatic, is_hopper() ? CudaKernel::Sm90 : CudaKernel::Sm80);
+  if (!is_hopper()) {
+    EXPECT_THROW(CudaBackend(CudaBackendOptions{CudaKernel::Sm90}).resolved_kernel(), Unsupported);
+    HostCall host;
+    DeviceProblem device(host.problem);
+    const CudaBackend hopper_only(CudaBackendOptions{CudaKernel::Sm90});
+    EXPECT_FALSE(hopper_only.supports(device.call).ok);
+    EXPECT_THROW(hopper_only.run(device.call), Unsupported);
+  }
 }
 
 TEST(GpuAttentionInput, TheBackendIsRegistered) {

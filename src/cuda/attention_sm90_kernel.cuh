@@ -1,0 +1,387 @@
+// The tile-sparse flash-attention forward kernel for Hopper (sm_90a).
+//
+// Work item: one 128-row query tile of one (batch, head), i.e. one row of the
+// plan. Items are ordered heaviest query tile first (q_tile_order) and handed
+// out statically: the grid has one block per SM and block b takes items b,
+// b + G, b + 2G, ... Because costs are sorted, every round of G items gives each
+// block a share within one item of every other block's, so the blocks finish
+// within about one item's time of each other (LPT-like, no atomics).
+//
+// A block is three warpgroups with fixed roles (warp specialization):
+//   producer (warpgroup 0, one thread): TMA loads of Q and of every kept key
+//     tile's K and V into a ring of shared-memory stages, gated by mbarriers;
+//     it runs ahead into the next item while the consumers finish this one;
+//   consumers (warpgroups 1, 2): 64 query rows each; S = Q K^T with wgmma from
+//     shared memory, mask (partial tiles: bitmask; last tile: bounds), online
+//     softmax in registers (exp2 units, fp32), O += P V with P from registers.
+// Full tiles skip all mask work; empty tiles are never listed, hence never loaded.
+//
+// Shared memory holds every tile as 64-column (128-byte) blocks with the 128-byte
+// swizzle that TMA writes and wgmma reads: [column block][row][64 elements].
+//
+// Ragged edges: TMA zero-fills rows past the sequence; scores of keys past it are
+// masked; query rows past it are computed and never stored. A row with no allowed
+// key ends with sum 0 and gets O = 0, LSE = -inf (same contract as the sm80 kernel).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/attention_params.hpp"
+#include "cuda/ptx.cuh"
+#include "cuda/ptx_sm90.cuh"
+#include "cuda/sm90_tile_layout.hpp"
+#include "cuda/wgmma_ops.cuh"
+
+namespace stsa::cuda_detail {
+
+// What one sm90 launch receives: the TMA descriptors of Q, K and V (built on the
+// host for these exact tensors) and the common parameter block.
+struct Sm90AttentionParams {  // 64-byte aligned through CUtensorMap
+  CUtensorMap q_map;
+  CUtensorMap k_map;
+  CUtensorMap v_map;
+  AttentionParams common;
+};
+
+template <class Element, int kHeadDimT>
+struct Sm90Traits {
+  using T = Element;
+  static constexpr int kHeadDim = kHeadDimT;
+  static constexpr int kBlockM = 128;  // query rows per item: one plan tile
+  static constexpr int kBlockN = 128;  // keys per stage: one plan tile
+  static constexpr int kConsumerGroups = 2;
+  static constexpr int kRowsPerGroup = kBlockM / kConsumerGroups;  // 64: one wgmma M
+  static constexpr int kConsumerWarps = kConsumerGroups * 4;
+  static constexpr int kThreads = 128 * (1 + kConsumerGroups);
+  // D = 128: 32 KB per K or V stage, so 2 stages (+ Q) = 160 KB; D = 64 takes 4.
+  static constexpr int kStages = kHeadDim == 64 ? 4 : 2;
+  static constexpr int kColumnBlocks = kHeadDim / 64;  // 128-byte swizzle spans per row
+  static constexpr int kBlockBytes = int(sm90_layout::column_block_bytes(128));  // 128 rows of Q, K or V
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // K or V of one stage
+  static constexpr int kMaskWordsPerRow = kBlockN / 64;
+  static constexpr int kBarriers = 2 + 4 * kStages;  // q full/empty; k, v full/empty per stage
+  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kQBytes + 2 * kStages * kTileBytes + 8 * kBarriers;
+  // Registers: the producer warpgroup gives most of its share to the consumers.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+
+  static_assert(sizeof(Element) == 2, "bf16 / fp16 only");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+  static_assert(kBlockM == kBlockN && kBlockM * 128 == kBlockBytes, "Q and K/V column blocks share one shape");
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumerGroups <= 65536, "register file");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+};
+
+// wgmma dispatch on element type and N.
+template <class T>
+__device__ __forceinline__ void wgmma_scores(float (&s)[64], std::uint64_t desc_q, std::uint64_t desc_k,
+                                             int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    wgmma_m64n128k16_ss_bf16(s, desc_q, desc_k, accumulate);
+  else
+    wgmma_m64n128k16_ss_f16(s, desc_q, desc_k, accumulate);
+}
+
+template <class T, int kAccumulators>
+__device__ __forceinline__ void wgmma_values(float (&o)[kAccumulators], const std::uint32_t (&p)[4],
+                                             std::uint64_t desc_v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (kAccumulators == 64)
+      wgmma_m64n128k16_rs_tb_bf16(o, p, desc_v, 1);
+    else
+      wgmma_m64n64k16_rs_tb_bf16(o, p, desc_v, 1);
+  } else {
+    if constexpr (kAccumulators == 64)
+      wgmma_m64n128k16_rs_tb_f16(o, p, desc_v, 1);
+    else
+      wgmma_m64n64k16_rs_tb_f16(o, p, desc_v, 1);
+  }
+}
+
+// Where one work item's data lives.
+struct WorkItem {
+  int q_tile, batch, head, entry_begin, partial_begin, tiles;
+};
+
+__device__ __forceinline__ WorkItem decode_item(const AttentionParams& p, int item) {
+  const int pairs = p.batch * p.head_count;
+  const int rank = item / pairs;
+  const int pair = item % pairs;
+  WorkItem w;
+  w.q_tile = p.q_tile_order[rank];
+  w.batch = pair / p.head_count;
+  w.head = p.heads[pair % p.head_count];
+  w.entry_begin = p.row_begin[w.q_tile];
+  w.partial_begin = p.partial_begin[w.q_tile];
+  w.tiles = p.row_begin[w.q_tile + 1] - w.entry_begin;
+  return w;
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    tile_sparse_attention_sm90_kernel(const __grid_constant__ Sm90AttentionParams params) {
+#if STSA_SM90_ENABLED
+  using T = typename Traits::T;
+  constexpr int kD = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kBlockBytes = Traits::kBlockBytes;
+  constexpr float kNegInf = -INFINITY;
+  const AttentionParams& p = params.common;
+
+  // Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes).
+  extern __shared__ unsigned char raw_shared[];
+  const std::uint32_t raw_address = shared_address(raw_shared);
+  unsigned char* const base = raw_shared + ((1024 - (raw_address & 1023)) & 1023);
+  unsigned char* const q_smem = base;
+  unsigned char* const k_smem = q_smem + Traits::kQBytes;
+  unsigned char* const v_smem = k_smem + kStages * Traits::kTileBytes;
+  auto* const barriers = reinterpret_cast<std::uint64_t*>(v_smem + kStages * Traits::kTileBytes);
+  std::uint64_t* const q_full = barriers;
+  std::uint64_t* const q_empty = barriers + 1;
+  std::uint64_t* const k_full = barriers + 2;
+  std::uint64_t* const k_empty = k_full + kStages;
+  std::uint64_t* const v_full = k_empty + kStages;
+  std::uint64_t* const v_empty = v_full + kStages;
+
+  const int warp_group = int(threadIdx.x) / 128;
+  const int lane = int(threadIdx.x) % 32;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+    mbarrier_init(q_empty, Traits::kConsumerWarps);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&k_full[s], 1);
+      mbarrier_init(&v_full[s], 1);
+      mbarrier_init(&k_empty[s], Traits::kConsumerWarps);
+      mbarrier_init(&v_empty[s], Traits::kConsumerWarps);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();  // the last block-wide barrier: roles split below
+
+  const int items = p.q_tiles * p.batch * p.head_count;
+
+  if (warp_group == 0) {
+    // ---------------- producer ----------------
+    registers_decrease<Traits::kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    tma_prefetch_descriptor(&params.q_map);
+    tma_prefetch_descriptor(&params.k_map);
+    tma_prefetch_descriptor(&params.v_map);
+    int kv_use = 0;
+    int local_item = 0;
+    for (int item = int(blockIdx.x); item < items; item += int(gridDim.x), ++local_item) {
+      const WorkItem w = decode_item(p, item);
+      mbarrier_wait(q_empty, (local_item & 1) ^ 1);
+      mbarrier_arrive_expect_bytes(q_full, Traits::kQBytes);
+      for (int c = 0; c < Traits::kColumnBlocks; ++c)
+        tma_load_4d(q_smem + c * kBlockBytes, &params.q_map, q_full, c * 64, w.q_tile * Traits::kBlockM, w.head,
+                    w.batch);
+      for (int t = 0; t < w.tiles; ++t, ++kv_use) {
+        const int stage = kv_use % kStages;
+        const std::uint32_t free_parity = ((kv_use / kStages) & 1) ^ 1;
+        const int first_key = p.key_tiles[w.entry_begin + t] * Traits::kBlockN;
+        mbarrier_wait(&k_empty[stage], free_parity);
+        mbarrier_arrive_expect_bytes(&k_full[stage], Traits::kTileBytes);
+        for (int c = 0; c < Traits::kColumnBlocks; ++c)
+          tma_load_4d(k_smem + stage * Traits::kTileBytes + c * kBlockBytes, &params.k_map, &k_full[stage], c * 64,
+                      first_key, w.head, w.batch);
+        mbarrier_wait(&v_empty[stage], free_parity);
+        mbarrier_arrive_expect_bytes(&v_full[stage], Traits::kTileBytes);
+        for (int c = 0; c < Traits::kColumnBlocks; ++c)
+          tma_load_4d(v_smem + stage * Traits::kTileBytes + c * kBlockBytes, &params.v_map, &v_full[stage], c * 64,
+                      first_key, w.head, w.batch);
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  registers_increase<Traits::kConsumerRegisters>();
+  const int consumer_group = warp_group - 1;                     // which 64 query rows of the tile
+  const int warp_in_group = (int(threadIdx.x) / 32) % 4;         // which 16 of those
+  const int group = lane / 4;                                    // fragment row g
+  const int quad_lane = lane % 4;                                // fragment column pair t
+  const int tile_row[2] = {consumer_group * 64 + warp_in_group * 16 + group,
+                           consumer_group * 64 + warp_in_group * 16 + group + 8};
+  const std::uint32_t q_address = shared_address(q_smem);
+  const std::uint32_t k_address = shared_address(k_smem);
+  const std::uint32_t v_address = shared_address(v_smem);
+
+  int kv_use = 0;
+  int local_item = 0;
+  for (int item = int(blockIdx.x); item < items; item += int(gridDim.x), ++local_item) {
+    const WorkItem w = decode_item(p, item);
+    const int q0 = w.q_tile * Traits::kBlockM;
+
+    float o_acc[kD / 2];
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o_acc[i] = 0.f;
+    float row_max[2] = {kNegInf, kNegInf};
+    float row_sum[2] = {0.f, 0.f};
+
+    mbarrier_wait(q_full, local_item & 1);
+    for (int t = 0; t < w.tiles; ++t, ++kv_use) {
+      const int stage = kv_use % kStages;
+      const std::uint32_t ready_parity = (kv_use / kStages) & 1;
+      const std::uint32_t k_stage = k_address + stage * Traits::kTileBytes;
+      const std::uint32_t v_stage = v_address + stage * Traits::kTileBytes;
+
+      // S = Q K^T: 64 rows x 128 keys for this warpgroup, K = head dim in steps of 16
+      // (32 bytes inside a 128-byte swizzle row, then the next column block).
+      float s[64];
+      mbarrier_wait(&k_full[stage], ready_parity);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const std::uint32_t q_offset =
+            sm90_layout::k_major_step_offset(kk, consumer_group * Traits::kRowsPerGroup, Traits::kBlockM);
+        const std::uint32_t k_offset = sm90_layout::k_major_step_offset(kk, 0, Traits::kBlockN);
+        wgmma_scores<T>(s, matrix_descriptor(q_address + q_offset, 16, sm90_layout::kGroupBytes),
+                        matrix_descriptor(k_stage + k_offset, 16, sm90_layout::kGroupBytes), kk > 0);
+      }
+      wgmma_commit();
+
+      // While the tensor cores run: this tile's mask words (partial tiles only).
+      const int entry = w.entry_begin + t;
+      const int first_key = p.key_tiles[entry] * Traits::kBlockN;
+      const bool partial = entry >= w.partial_begin;
+      std::uint64_t words[2][2] = {{~0ull, ~0ull}, {~0ull, ~0ull}};
+      if (partial) {
+        const std::uint64_t* mask =
+            p.masks + std::int64_t(p.mask_ids[entry]) * Traits::kBlockM * Traits::kMaskWordsPerRow;
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) words[r][h] = mask[tile_row[r] * Traits::kMaskWordsPerRow + h];
+      }
+
+      wgmma_wait<0>();
+      pin_registers(s);
+      __syncwarp();
+      if (lane == 0) {
+        mbarrier_arrive(&k_empty[stage]);
+        if (t == w.tiles - 1) mbarrier_arrive(q_empty);  // this warp is done with Q: the next item's may load
+      }
+
+      // Masks: partial tiles by their bitmask, the ragged last tile by bounds.
+      if (partial) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int bit = (j % 8) * 8 + quad_lane * 2 + e;
+              if (!((words[r][j / 8] >> bit) & 1u)) s[4 * j + 2 * r + e] = kNegInf;
+            }
+      }
+      if (first_key + Traits::kBlockN > p.tokens) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (first_key + j * 8 + quad_lane * 2 + e >= p.tokens) {
+              s[4 * j + e] = kNegInf;
+              s[4 * j + 2 + e] = kNegInf;
+            }
+      }
+
+      // Online softmax; the four lanes of a quad share each row.
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float tile_max = row_max[r];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) tile_max = fmaxf(tile_max, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        // Nothing allowed yet: subtract 0 so exp2(-inf) = 0 rather than NaN.
+        const float offset = (tile_max == kNegInf ? 0.f : tile_max) * p.scale_log2;
+        const float rescale = fast_exp2(row_max[r] * p.scale_log2 - offset);
+        row_max[r] = tile_max;
+        row_sum[r] *= rescale;
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j) {
+          o_acc[4 * j + 2 * r] *= rescale;
+          o_acc[4 * j + 2 * r + 1] *= rescale;
+        }
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          s[4 * j + 2 * r] = fast_exp2(fmaf(s[4 * j + 2 * r], p.scale_log2, -offset));
+          s[4 * j + 2 * r + 1] = fast_exp2(fmaf(s[4 * j + 2 * r + 1], p.scale_log2, -offset));
+          row_sum[r] += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+        }
+      }
+
+      // P as wgmma A fragments: keys 16kk..16kk+15 are accumulator blocks 2kk, 2kk+1.
+      std::uint32_t p_frag[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        p_frag[kk][0] = pack_pair<T>(s[8 * kk + 0], s[8 * kk + 1]);
+        p_frag[kk][1] = pack_pair<T>(s[8 * kk + 2], s[8 * kk + 3]);
+        p_frag[kk][2] = pack_pair<T>(s[8 * kk + 4], s[8 * kk + 5]);
+        p_frag[kk][3] = pack_pair<T>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+
+      // O += P V: V is [key][d] in shared memory (N-major for this product), 16 keys
+      // per step = two 8-key groups of 1024 bytes; LBO steps between 64-column blocks.
+      mbarrier_wait(&v_full[stage], ready_parity);
+      pin_registers(o_acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        wgmma_values<T>(o_acc, p_frag[kk],
+                        matrix_descriptor(v_stage + sm90_layout::mn_major_step_offset(kk),
+                                          sm90_layout::column_block_bytes(Traits::kBlockN), sm90_layout::kGroupBytes));
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_registers(o_acc);
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(&v_empty[stage]);
+    }
+    if (w.tiles == 0 && lane == 0) mbarrier_arrive(q_empty);  // nothing to compute: release Q at once
+
+    // Epilogue: O = acc / sum, LSE = ln(sum) + max * scale; empty rows O = 0, LSE = -inf.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int token = q0 + tile_row[r];
+      if (token >= p.tokens) continue;
+      const bool empty = sum == 0.f;  // NaN sums are not empty: they propagate
+      const float inverse = empty ? 0.f : 1.f / sum;
+      const std::int64_t o_row =
+          w.batch * p.o_stride[0] + std::int64_t(token) * p.o_stride[1] + std::int64_t(w.head) * p.o_stride[2];
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        const int column = j * 8 + quad_lane * 2;
+        const float x = o_acc[4 * j + 2 * r] * inverse;
+        const float y = o_acc[4 * j + 2 * r + 1] * inverse;
+        if (p.out_type == kOutF32) {
+          *reinterpret_cast<float2*>(static_cast<float*>(p.o) + o_row + column) = make_float2(x, y);
+        } else if (p.out_type == kOutBF16) {
+          *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.o) + o_row + column) =
+              __floats2bfloat162_rn(x, y);
+        } else {
+          *reinterpret_cast<__half2*>(static_cast<__half*>(p.o) + o_row + column) = __floats2half2_rn(x, y);
+        }
+      }
+      if (p.lse != nullptr && quad_lane == 0)
+        p.lse[w.batch * p.lse_stride[0] + std::int64_t(w.head) * p.lse_stride[1] +
+              std::int64_t(token) * p.lse_stride[2]] = empty ? kNegInf : logf(sum) + row_max[r] * p.scale;
+    }
+  }
+#else
+  __trap();  // built only for sm_90a; the launcher never selects it elsewhere
+#endif
+}
+
+}  // namespace stsa::cuda_detail

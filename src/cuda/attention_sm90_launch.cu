@@ -1,0 +1,64 @@
+// The sm90 kernel's instantiations (bf16 / fp16 x head dim 64 / 128), their TMA
+// descriptors and the persistent launch (one block per SM, at most one per item).
+#include <algorithm>
+#include <climits>
+
+#include "cuda/attention_launch.hpp"
+#include "cuda/attention_sm90_kernel.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/tensor_map.hpp"
+#include "stsa/error.hpp"
+
+namespace stsa::cuda_detail {
+namespace {
+
+template <class Element, int kHeadDim>
+void launch_sm90_typed(const AttentionParams& params, int multiprocessors, cudaStream_t stream) {
+  using Traits = Sm90Traits<Element, kHeadDim>;
+  constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
+  Sm90AttentionParams launch;
+  launch.common = params;
+  const auto map = [&](const void* data, const std::int64_t(&stride)[3], int rows) {
+    return make_row_tensor_map(data, kBf16, params.batch, params.tokens, params.total_heads, kHeadDim, stride, rows);
+  };
+  launch.q_map = map(params.q, params.q_stride, Traits::kBlockM);
+  launch.k_map = map(params.k, params.k_stride, Traits::kBlockN);
+  launch.v_map = map(params.v, params.v_stride, Traits::kBlockN);
+
+  const long long items = static_cast<long long>(params.q_tiles) * params.batch * params.head_count;
+  STSA_CHECK(items > 0 && items <= INT_MAX, ResourceError, "attention launch of ", items,
+             " work items does not fit the sm90 scheduler");
+  const int blocks = int(std::min<long long>(items, multiprocessors));
+  const auto kernel = tile_sparse_attention_sm90_kernel<Traits>;
+  STSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  kernel<<<blocks, Traits::kThreads, Traits::kSmemBytes, stream>>>(launch);
+  STSA_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int kHeadDim>
+void launch_sm90_dim(const AttentionParams& params, bool bf16_inputs, int multiprocessors, cudaStream_t stream) {
+  if (bf16_inputs)
+    launch_sm90_typed<__nv_bfloat16, kHeadDim>(params, multiprocessors, stream);
+  else
+    launch_sm90_typed<__half, kHeadDim>(params, multiprocessors, stream);
+}
+
+}  // namespace
+
+int attention_sm90_smem_bytes(int head_dim) {
+  return head_dim == 64 ? Sm90Traits<__nv_bfloat16, 64>::kSmemBytes : Sm90Traits<__nv_bfloat16, 128>::kSmemBytes;
+}
+
+void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors, void* stream) {
+  static_assert(Sm90Traits<__half, 128>::kBlockM == kTileQ && Sm90Traits<__half, 128>::kBlockN == kTileK,
+                "the kernel's tile is the plan tile it accepts");
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  switch (params.head_dim) {
+    case 64: launch_sm90_dim<64>(params, bf16_inputs, multiprocessors, cuda_stream); break;
+    case 128: launch_sm90_dim<128>(params, bf16_inputs, multiprocessors, cuda_stream); break;
+    default:
+      throw Unsupported(detail::concat("cuda sm90 attention: head dim ", params.head_dim, " (supported: 64, 128)"));
+  }
+}
+
+}  // namespace stsa::cuda_detail
