@@ -9,11 +9,13 @@
 #      yields every other result;
 #   3. run the GPU tests (ctest -L gpu; both kernels);
 #   4. run compute-sanitizer memcheck, racecheck and synccheck on small cases;
-#   5. benchmark at Wan2.1 shapes against cuDNN, FlashAttention-2 and
+#   5. time routing + permutation against routed attention at 1440p
+#      (stsa_gpu_route_bench; the issue's < 3% target);
+#   6. benchmark at Wan2.1 shapes against cuDNN, FlashAttention-2 and
 #      FlexAttention on the identical tile plan (bench/gpu/compare.py).
-# $OUT (default build-gpu/out) receives four files: check.log (everything this
-# prints), build.log (configure and compiler output), gpu_bench.json and
-# gpu_bench.txt (the benchmark). It keeps going after a failed step and exits 1 if
+# $OUT (default build-gpu/out) receives check.log (everything this prints),
+# build.log (configure and compiler output), gpu_route_bench.json (step 5),
+# gpu_bench.json and gpu_bench.txt (step 6). It keeps going after a failed step and exits 1 if
 # any step failed. The benchmark gets what is left of an 8-minute budget
 # (STSA_CHECK_BUDGET_S), measured from the start of this script.
 #
@@ -115,6 +117,11 @@ else
 fi
 
 if [ -z "${STSA_CHECK_SKIP_BENCH:-}" ]; then
+  step "routing + permutation vs attention, 1440p, s = 0.1 (90 s limit)"
+  ROUTE_KERNEL="${KERNELS%%,*}"
+  run_step route_bench sh -c "timeout 90 '$BUILD/stsa_gpu_route_bench' --kernel $ROUTE_KERNEL --repeats 3 \
+    > '$OUT/gpu_route_bench.json' && cat '$OUT/gpu_route_bench.json'"
+
   LEFT=$(( BUDGET_S - $(elapsed) - 15 ))
   if [ "$LEFT" -lt 60 ]; then LEFT=60; fi
   step "benchmark vs PyTorch ($LEFT s left)"

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "stsa/attention.hpp"
@@ -61,6 +63,58 @@ struct RoutedResult {
 
   double permutation_gbps() const { return permutation_ms > 0 ? permutation_bytes / permutation_ms / 1e6 : 0.0; }
 };
+
+// Packed buffers for the temporal heads: q, k, v, o logical [B, N, count, D] with
+// the call's dtypes, lse [B, count, N] when the call wants LSE (else data == nullptr).
+struct PackedHeads {
+  TensorView q, k, v, o;
+  LseView lse;
+  std::shared_ptr<void> storage;  // owns the memory behind the views
+};
+
+// Where run_routed()'s steps run and how they are timed: host memory on the
+// calling thread (HostRoutedExecutor), or device memory on a CUDA stream
+// (cuda_routing.hpp). Steps may be enqueued asynchronously; mark() records a
+// point on the executor's timeline and elapsed_ms() waits until both points
+// were reached. run_routed() reads its times last, so it returns with every
+// step complete.
+class RoutedExecutor {
+ public:
+  virtual ~RoutedExecutor() = default;
+  virtual PackedHeads allocate(const RoutedCall& call, std::int64_t count) = 0;
+  // gather_heads / scatter_heads (permute.hpp) in this executor's memory.
+  virtual void gather(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+                      std::span<const TensorView> sources, std::span<const TensorView> packed) = 0;
+  virtual void scatter(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+                       std::span<const TensorView> packed, std::span<const TensorView> dests,
+                       const LseView& packed_lse, const LseView& lse) = 0;
+  virtual void attend(const Backend& backend, const AttentionCall& call) = 0;
+  virtual int mark() = 0;
+  virtual double elapsed_ms(int from, int to) = 0;
+};
+
+// Host tensors, the calling thread, wall-clock times.
+class HostRoutedExecutor final : public RoutedExecutor {
+ public:
+  explicit HostRoutedExecutor(int permute_threads = 0) : threads_(permute_threads) {}
+  PackedHeads allocate(const RoutedCall& call, std::int64_t count) override;
+  void gather(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+              std::span<const TensorView> sources, std::span<const TensorView> packed) override;
+  void scatter(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+               std::span<const TensorView> packed, std::span<const TensorView> dests, const LseView& packed_lse,
+               const LseView& lse) override;
+  void attend(const Backend& backend, const AttentionCall& call) override;
+  int mark() override;
+  double elapsed_ms(int from, int to) override;
+
+ private:
+  int threads_;
+  std::vector<double> marks_ms_;  // steady-clock readings
+};
+
+// run_routed() below with its steps on `executor` (options.permute_threads is the executor's business).
+RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCache& plans, const RoutedCall& call,
+                        std::vector<HeadRoute> decisions, const RoutedOptions& options = {});
 
 // Routes with `router`, then runs (see above).
 RoutedResult routed_attention(const Backend& backend, PlanCache& plans, const RoutedCall& call, const Router& router,

@@ -124,15 +124,232 @@ __device__ __forceinline__ WorkItem decode_item(const AttentionParams& p, int it
   return w;
 }
 
+// What a consumer thread keeps across tiles: where its rows and the stages are.
+struct ConsumerContext {
+  int lane = 0, quad_lane = 0;  // quad_lane: fragment column pair t
+  int tile_row[2] = {};         // this thread's two rows of the 128-row tile (g, g + 8 of its warp)
+  std::uint32_t q_address = 0, k_address = 0, v_address = 0;
+  int q_first_row = 0;  // first of this warpgroup's 64 rows
+  std::uint64_t *q_empty = nullptr, *k_full = nullptr, *k_empty = nullptr, *v_full = nullptr, *v_empty = nullptr;
+};
+
+// Online-softmax state of this thread's two rows (exp2 units; max of raw scores).
+struct SoftmaxState {
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};  // this thread's share; the quad's lanes are summed at the end
+};
+
+// The mask of one kept tile, fetched while its scores are computed.
+struct TileMask {
+  int first_key = 0;
+  bool partial = false;
+  std::uint64_t words[2][2] = {{~0ull, ~0ull}, {~0ull, ~0ull}};  // [row][64-key half]
+};
+
+template <class Traits>
+__device__ __forceinline__ TileMask fetch_tile_mask(const AttentionParams& p, const ConsumerContext& c,
+                                                    const WorkItem& w, int t) {
+  TileMask m;
+  const int entry = w.entry_begin + t;
+  m.first_key = p.key_tiles[entry] * Traits::kBlockN;
+  m.partial = entry >= w.partial_begin;
+  if (m.partial) {
+    const std::uint64_t* mask = p.masks + std::int64_t(p.mask_ids[entry]) * Traits::kBlockM * Traits::kMaskWordsPerRow;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m.words[r][h] = mask[c.tile_row[r] * Traits::kMaskWordsPerRow + h];
+  }
+  return m;
+}
+
+// S = Q K^T for this warpgroup's 64 rows x 128 keys: D/16 wgmma, K = head dim in
+// steps of 16 (32 bytes inside a 128-byte swizzle row, then the next column block).
+template <class Traits>
+__device__ __forceinline__ void issue_scores(float (&s)[64], const ConsumerContext& c, std::uint32_t k_stage) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
+    const std::uint32_t q_offset = sm90_layout::k_major_step_offset(kk, c.q_first_row, Traits::kBlockM);
+    const std::uint32_t k_offset = sm90_layout::k_major_step_offset(kk, 0, Traits::kBlockN);
+    wgmma_scores<typename Traits::T>(s, matrix_descriptor(c.q_address + q_offset, 16, sm90_layout::kGroupBytes),
+                                     matrix_descriptor(k_stage + k_offset, 16, sm90_layout::kGroupBytes), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V: V is [key][d] in shared memory (N-major for this product), 16 keys per
+// step = two 8-key groups of 1024 bytes; LBO steps between 64-column blocks.
+template <class Traits>
+__device__ __forceinline__ void issue_values(float (&o_acc)[Traits::kHeadDim / 2], const std::uint32_t (&p_frag)[8][4],
+                                             std::uint32_t v_stage) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+    wgmma_values<typename Traits::T>(
+        o_acc, p_frag[kk],
+        matrix_descriptor(v_stage + sm90_layout::mn_major_step_offset(kk),
+                          sm90_layout::column_block_bytes(Traits::kBlockN), sm90_layout::kGroupBytes));
+  wgmma_commit();
+}
+
+// Partial tiles: their bitmask; the ragged last tile: bounds. Full tiles: nothing.
+template <class Traits>
+__device__ __forceinline__ void apply_tile_mask(float (&s)[64], const TileMask& m, const ConsumerContext& c,
+                                                int tokens) {
+  if (m.partial) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int bit = (j % 8) * 8 + c.quad_lane * 2 + e;
+          if (!((m.words[r][j / 8] >> bit) & 1u)) s[4 * j + 2 * r + e] = -INFINITY;
+        }
+  }
+  if (m.first_key + Traits::kBlockN > tokens) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (m.first_key + j * 8 + c.quad_lane * 2 + e >= tokens) {
+          s[4 * j + e] = -INFINITY;
+          s[4 * j + 2 + e] = -INFINITY;
+        }
+  }
+}
+
+// Online softmax over one tile's scores: updates max and sum, turns s into
+// unnormalised probabilities, and returns the factor the output accumulator
+// must be scaled by (the caller applies it: a kernel that overlaps P V of the
+// previous tile may only do so once that product has landed). The four lanes of
+// a quad share each row.
+__device__ __forceinline__ void softmax_update(float (&s)[64], SoftmaxState& state, float scale_log2,
+                                               float (&rescale)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float tile_max = state.row_max[r];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) tile_max = fmaxf(tile_max, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    // Nothing allowed yet: subtract 0 so exp2(-inf) = 0 rather than NaN.
+    const float offset = (tile_max == -INFINITY ? 0.f : tile_max) * scale_log2;
+    rescale[r] = fast_exp2(state.row_max[r] * scale_log2 - offset);  // 0 while row_max is -inf
+    state.row_max[r] = tile_max;
+    state.row_sum[r] *= rescale[r];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      s[4 * j + 2 * r] = fast_exp2(fmaf(s[4 * j + 2 * r], scale_log2, -offset));
+      s[4 * j + 2 * r + 1] = fast_exp2(fmaf(s[4 * j + 2 * r + 1], scale_log2, -offset));
+      state.row_sum[r] += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+    }
+  }
+}
+
+template <int kAccumulators>
+__device__ __forceinline__ void rescale_output(float (&o_acc)[kAccumulators], const float (&rescale)[2]) {
+#pragma unroll
+  for (int j = 0; j < kAccumulators / 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      o_acc[4 * j + 2 * r] *= rescale[r];
+      o_acc[4 * j + 2 * r + 1] *= rescale[r];
+    }
+}
+
+// P as wgmma A fragments: keys 16kk..16kk+15 are accumulator blocks 2kk and 2kk+1,
+// laid out exactly as the A operand wants them (rounded to the input type).
+template <class T>
+__device__ __forceinline__ void pack_probabilities(const float (&s)[64], std::uint32_t (&p_frag)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p_frag[kk][i] = pack_pair<T>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+}
+
+__device__ __forceinline__ void release(const ConsumerContext& c, std::uint64_t* barrier) {
+  __syncwarp();
+  if (c.lane == 0) mbarrier_arrive(barrier);
+}
+
+// One item, tile after tile: S, softmax, P V, each waited for before the next.
+template <class Traits>
+__device__ __forceinline__ void consume_item(const AttentionParams& p, const ConsumerContext& c, const WorkItem& w,
+                                             int kv_use, float (&o_acc)[Traits::kHeadDim / 2],
+                                             SoftmaxState& state) {
+  for (int t = 0; t < w.tiles; ++t, ++kv_use) {
+    const int stage = kv_use % Traits::kStages;
+    const std::uint32_t ready_parity = (kv_use / Traits::kStages) & 1;
+    float s[64];
+    mbarrier_wait(&c.k_full[stage], ready_parity);
+    issue_scores<Traits>(s, c, c.k_address + stage * Traits::kTileBytes);
+    const TileMask mask = fetch_tile_mask<Traits>(p, c, w, t);  // overlaps the tensor cores
+    wgmma_wait<0>();
+    pin_registers(s);
+    release(c, &c.k_empty[stage]);
+    if (t == w.tiles - 1) release(c, c.q_empty);  // done with Q: the next item's may load
+
+    apply_tile_mask<Traits>(s, mask, c, p.tokens);
+    float rescale[2];
+    softmax_update(s, state, p.scale_log2, rescale);
+    rescale_output(o_acc, rescale);
+    std::uint32_t p_frag[8][4];
+    pack_probabilities<typename Traits::T>(s, p_frag);
+
+    mbarrier_wait(&c.v_full[stage], ready_parity);
+    pin_registers(o_acc);
+    issue_values<Traits>(o_acc, p_frag, c.v_address + stage * Traits::kTileBytes);
+    wgmma_wait<0>();
+    pin_registers(o_acc);
+    release(c, &c.v_empty[stage]);
+  }
+}
+
+// O = acc / sum, LSE = ln(sum) + max * scale; rows with nothing allowed get
+// O = 0 and LSE = -inf; rows past the sequence are not stored.
+template <class Traits>
+__device__ __forceinline__ void store_output(const AttentionParams& p, const ConsumerContext& c, const WorkItem& w,
+                                             const float (&o_acc)[Traits::kHeadDim / 2], const SoftmaxState& state) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = state.row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int token = w.q_tile * Traits::kBlockM + c.tile_row[r];
+    if (token >= p.tokens) continue;
+    const bool empty = sum == 0.f;  // NaN sums are not empty: they propagate
+    const float inverse = empty ? 0.f : 1.f / sum;
+    const std::int64_t o_row =
+        w.batch * p.o_stride[0] + std::int64_t(token) * p.o_stride[1] + std::int64_t(w.head) * p.o_stride[2];
+#pragma unroll
+    for (int j = 0; j < Traits::kHeadDim / 8; ++j) {
+      const int column = j * 8 + c.quad_lane * 2;
+      const float x = o_acc[4 * j + 2 * r] * inverse;
+      const float y = o_acc[4 * j + 2 * r + 1] * inverse;
+      if (p.out_type == kOutF32) {
+        *reinterpret_cast<float2*>(static_cast<float*>(p.o) + o_row + column) = make_float2(x, y);
+      } else if (p.out_type == kOutBF16) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.o) + o_row + column) =
+            __floats2bfloat162_rn(x, y);
+      } else {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(p.o) + o_row + column) = __floats2half2_rn(x, y);
+      }
+    }
+    if (p.lse != nullptr && c.quad_lane == 0)
+      p.lse[w.batch * p.lse_stride[0] + std::int64_t(w.head) * p.lse_stride[1] +
+            std::int64_t(token) * p.lse_stride[2]] = empty ? -INFINITY : logf(sum) + state.row_max[r] * p.scale;
+  }
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     tile_sparse_attention_sm90_kernel(const __grid_constant__ Sm90AttentionParams params) {
 #if STSA_SM90_ENABLED
-  using T = typename Traits::T;
   constexpr int kD = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
   constexpr int kBlockBytes = Traits::kBlockBytes;
-  constexpr float kNegInf = -INFINITY;
   const AttentionParams& p = params.common;
 
   // Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes).
@@ -205,179 +422,37 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   // ---------------- consumers ----------------
   registers_increase<Traits::kConsumerRegisters>();
-  const int consumer_group = warp_group - 1;                     // which 64 query rows of the tile
-  const int warp_in_group = (int(threadIdx.x) / 32) % 4;         // which 16 of those
-  const int group = lane / 4;                                    // fragment row g
-  const int quad_lane = lane % 4;                                // fragment column pair t
-  const int tile_row[2] = {consumer_group * 64 + warp_in_group * 16 + group,
-                           consumer_group * 64 + warp_in_group * 16 + group + 8};
-  const std::uint32_t q_address = shared_address(q_smem);
-  const std::uint32_t k_address = shared_address(k_smem);
-  const std::uint32_t v_address = shared_address(v_smem);
+  const int consumer_group = warp_group - 1;              // which 64 query rows of the tile
+  const int warp_in_group = (int(threadIdx.x) / 32) % 4;  // which 16 of those
+  ConsumerContext c;
+  c.lane = lane;
+  c.quad_lane = lane % 4;
+  c.tile_row[0] = consumer_group * 64 + warp_in_group * 16 + lane / 4;
+  c.tile_row[1] = c.tile_row[0] + 8;
+  c.q_address = shared_address(q_smem);
+  c.q_first_row = consumer_group * Traits::kRowsPerGroup;
+  c.k_address = shared_address(k_smem);
+  c.v_address = shared_address(v_smem);
+  c.q_empty = q_empty;
+  c.k_full = k_full;
+  c.k_empty = k_empty;
+  c.v_full = v_full;
+  c.v_empty = v_empty;
 
   int kv_use = 0;
   int local_item = 0;
   for (int item = int(blockIdx.x); item < items; item += int(gridDim.x), ++local_item) {
     const WorkItem w = decode_item(p, item);
-    const int q0 = w.q_tile * Traits::kBlockM;
-
     float o_acc[kD / 2];
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o_acc[i] = 0.f;
-    float row_max[2] = {kNegInf, kNegInf};
-    float row_sum[2] = {0.f, 0.f};
+    SoftmaxState state;
 
     mbarrier_wait(q_full, local_item & 1);
-    for (int t = 0; t < w.tiles; ++t, ++kv_use) {
-      const int stage = kv_use % kStages;
-      const std::uint32_t ready_parity = (kv_use / kStages) & 1;
-      const std::uint32_t k_stage = k_address + stage * Traits::kTileBytes;
-      const std::uint32_t v_stage = v_address + stage * Traits::kTileBytes;
-
-      // S = Q K^T: 64 rows x 128 keys for this warpgroup, K = head dim in steps of 16
-      // (32 bytes inside a 128-byte swizzle row, then the next column block).
-      float s[64];
-      mbarrier_wait(&k_full[stage], ready_parity);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const std::uint32_t q_offset =
-            sm90_layout::k_major_step_offset(kk, consumer_group * Traits::kRowsPerGroup, Traits::kBlockM);
-        const std::uint32_t k_offset = sm90_layout::k_major_step_offset(kk, 0, Traits::kBlockN);
-        wgmma_scores<T>(s, matrix_descriptor(q_address + q_offset, 16, sm90_layout::kGroupBytes),
-                        matrix_descriptor(k_stage + k_offset, 16, sm90_layout::kGroupBytes), kk > 0);
-      }
-      wgmma_commit();
-
-      // While the tensor cores run: this tile's mask words (partial tiles only).
-      const int entry = w.entry_begin + t;
-      const int first_key = p.key_tiles[entry] * Traits::kBlockN;
-      const bool partial = entry >= w.partial_begin;
-      std::uint64_t words[2][2] = {{~0ull, ~0ull}, {~0ull, ~0ull}};
-      if (partial) {
-        const std::uint64_t* mask =
-            p.masks + std::int64_t(p.mask_ids[entry]) * Traits::kBlockM * Traits::kMaskWordsPerRow;
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) words[r][h] = mask[tile_row[r] * Traits::kMaskWordsPerRow + h];
-      }
-
-      wgmma_wait<0>();
-      pin_registers(s);
-      __syncwarp();
-      if (lane == 0) {
-        mbarrier_arrive(&k_empty[stage]);
-        if (t == w.tiles - 1) mbarrier_arrive(q_empty);  // this warp is done with Q: the next item's may load
-      }
-
-      // Masks: partial tiles by their bitmask, the ragged last tile by bounds.
-      if (partial) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int bit = (j % 8) * 8 + quad_lane * 2 + e;
-              if (!((words[r][j / 8] >> bit) & 1u)) s[4 * j + 2 * r + e] = kNegInf;
-            }
-      }
-      if (first_key + Traits::kBlockN > p.tokens) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (first_key + j * 8 + quad_lane * 2 + e >= p.tokens) {
-              s[4 * j + e] = kNegInf;
-              s[4 * j + 2 + e] = kNegInf;
-            }
-      }
-
-      // Online softmax; the four lanes of a quad share each row.
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float tile_max = row_max[r];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) tile_max = fmaxf(tile_max, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        // Nothing allowed yet: subtract 0 so exp2(-inf) = 0 rather than NaN.
-        const float offset = (tile_max == kNegInf ? 0.f : tile_max) * p.scale_log2;
-        const float rescale = fast_exp2(row_max[r] * p.scale_log2 - offset);
-        row_max[r] = tile_max;
-        row_sum[r] *= rescale;
-#pragma unroll
-        for (int j = 0; j < kD / 8; ++j) {
-          o_acc[4 * j + 2 * r] *= rescale;
-          o_acc[4 * j + 2 * r + 1] *= rescale;
-        }
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          s[4 * j + 2 * r] = fast_exp2(fmaf(s[4 * j + 2 * r], p.scale_log2, -offset));
-          s[4 * j + 2 * r + 1] = fast_exp2(fmaf(s[4 * j + 2 * r + 1], p.scale_log2, -offset));
-          row_sum[r] += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-        }
-      }
-
-      // P as wgmma A fragments: keys 16kk..16kk+15 are accumulator blocks 2kk, 2kk+1.
-      std::uint32_t p_frag[8][4];
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        p_frag[kk][0] = pack_pair<T>(s[8 * kk + 0], s[8 * kk + 1]);
-        p_frag[kk][1] = pack_pair<T>(s[8 * kk + 2], s[8 * kk + 3]);
-        p_frag[kk][2] = pack_pair<T>(s[8 * kk + 4], s[8 * kk + 5]);
-        p_frag[kk][3] = pack_pair<T>(s[8 * kk + 6], s[8 * kk + 7]);
-      }
-
-      // O += P V: V is [key][d] in shared memory (N-major for this product), 16 keys
-      // per step = two 8-key groups of 1024 bytes; LBO steps between 64-column blocks.
-      mbarrier_wait(&v_full[stage], ready_parity);
-      pin_registers(o_acc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)
-        wgmma_values<T>(o_acc, p_frag[kk],
-                        matrix_descriptor(v_stage + sm90_layout::mn_major_step_offset(kk),
-                                          sm90_layout::column_block_bytes(Traits::kBlockN), sm90_layout::kGroupBytes));
-      wgmma_commit();
-      wgmma_wait<0>();
-      pin_registers(o_acc);
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(&v_empty[stage]);
-    }
+    consume_item<Traits>(p, c, w, kv_use, o_acc, state);
+    kv_use += w.tiles;
     if (w.tiles == 0 && lane == 0) mbarrier_arrive(q_empty);  // nothing to compute: release Q at once
-
-    // Epilogue: O = acc / sum, LSE = ln(sum) + max * scale; empty rows O = 0, LSE = -inf.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = row_sum[r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int token = q0 + tile_row[r];
-      if (token >= p.tokens) continue;
-      const bool empty = sum == 0.f;  // NaN sums are not empty: they propagate
-      const float inverse = empty ? 0.f : 1.f / sum;
-      const std::int64_t o_row =
-          w.batch * p.o_stride[0] + std::int64_t(token) * p.o_stride[1] + std::int64_t(w.head) * p.o_stride[2];
-#pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
-        const int column = j * 8 + quad_lane * 2;
-        const float x = o_acc[4 * j + 2 * r] * inverse;
-        const float y = o_acc[4 * j + 2 * r + 1] * inverse;
-        if (p.out_type == kOutF32) {
-          *reinterpret_cast<float2*>(static_cast<float*>(p.o) + o_row + column) = make_float2(x, y);
-        } else if (p.out_type == kOutBF16) {
-          *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.o) + o_row + column) =
-              __floats2bfloat162_rn(x, y);
-        } else {
-          *reinterpret_cast<__half2*>(static_cast<__half*>(p.o) + o_row + column) = __floats2half2_rn(x, y);
-        }
-      }
-      if (p.lse != nullptr && quad_lane == 0)
-        p.lse[w.batch * p.lse_stride[0] + std::int64_t(w.head) * p.lse_stride[1] +
-              std::int64_t(token) * p.lse_stride[2]] = empty ? kNegInf : logf(sum) + row_max[r] * p.scale;
-    }
+    store_output<Traits>(p, c, w, o_acc, state);
   }
 #else
   __trap();  // built only for sm_90a; the launcher never selects it elsewhere

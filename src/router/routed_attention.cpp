@@ -1,6 +1,7 @@
 #include "stsa/routed.hpp"
 
 #include <chrono>
+#include <memory>
 
 #include "stsa/error.hpp"
 #include "stsa/flops.hpp"
@@ -10,11 +11,6 @@ namespace stsa {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
 
 }  // namespace
 
@@ -33,6 +29,12 @@ RoutedResult routed_attention(const Backend& backend, PlanCache& plans, const Ro
 }
 
 RoutedResult run_routed(const Backend& backend, PlanCache& plans, const RoutedCall& call,
+                        std::vector<HeadRoute> decisions, const RoutedOptions& options) {
+  HostRoutedExecutor executor(options.permute_threads);
+  return run_routed(executor, backend, plans, call, std::move(decisions), options);
+}
+
+RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCache& plans, const RoutedCall& call,
                         std::vector<HeadRoute> decisions, const RoutedOptions& options) {
   const VideoLayout& layout = call.layout;
   layout.validate();
@@ -54,60 +56,99 @@ RoutedResult run_routed(const Backend& backend, PlanCache& plans, const RoutedCa
   validate(direct, /*require_plans=*/false);
 
   const auto count = std::int64_t(result.temporal.size());
+  // Times are read after everything was enqueued, so an asynchronous executor never waits in between.
+  int direct_start = -1, direct_end = -1;
   if (count < layout.heads) {
-    const auto start = Clock::now();
-    backend.run(direct);
-    result.attention_ms += ms_since(start);
+    direct_start = executor.mark();
+    executor.attend(backend, direct);
+    direct_end = executor.mark();
   }
-  if (count == 0) return result;
+  if (count == 0) {
+    result.attention_ms = executor.elapsed_ms(direct_start, direct_end);
+    return result;
+  }
 
   // Temporal heads: packed [B, N, Ht, D] copies in spatial-major order.
-  const VideoLayout packed_layout{layout.grid, layout.batch, count, layout.head_dim};
-  const std::uint64_t packed_bytes =
-      std::uint64_t(layout.batch * layout.tokens() * count * layout.head_dim) *
-      (3 * element_size(call.q.dtype) + element_size(call.o.dtype));
-  check_host_allocation(packed_bytes, "packed temporal heads");
-  Tensor pq(call.q.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
-  Tensor pk(call.k.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
-  Tensor pv(call.v.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
-  Tensor po(call.o.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
-  LseBuffer plse;
-  if (call.lse.data != nullptr) plse = LseBuffer(layout.batch, count, layout.tokens());
-
-  auto start = Clock::now();
+  const PackedHeads packed_heads = executor.allocate(call, count);
+  const int gather_start = executor.mark();
   const TensorView sources[] = {call.q, call.k, call.v};
-  const TensorView packed[] = {pq.view(), pk.view(), pv.view()};
-  gather_heads(layout.grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, result.temporal, sources, packed,
-               options.permute_threads);
-  result.permutation_ms += ms_since(start);
+  const TensorView packed[] = {packed_heads.q, packed_heads.k, packed_heads.v};
+  executor.gather(layout.grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, result.temporal, sources, packed);
+  const int gather_end = executor.mark();
 
   AttentionCall gathered;
-  gathered.layout = packed_layout;
-  gathered.q = pq.view();
-  gathered.k = pk.view();
-  gathered.v = pv.view();
-  gathered.o = po.view();
-  gathered.lse = plse.view();
+  gathered.layout = VideoLayout{layout.grid, layout.batch, count, layout.head_dim};
+  gathered.q = packed_heads.q;
+  gathered.k = packed_heads.k;
+  gathered.v = packed_heads.v;
+  gathered.o = packed_heads.o;
+  gathered.lse = packed_heads.lse;
   gathered.softmax_scale = call.softmax_scale;
   for (std::int64_t h : result.temporal) {
     const MaskSpec& spec = result.heads[std::size_t(h)].spec;
     gathered.heads.push_back(
         HeadMask{spec, TokenOrder::SpatialMajor, plans.get(layout.grid, spec, options.tile, options.alignment), true});
   }
-  start = Clock::now();
-  backend.run(gathered);
-  result.attention_ms += ms_since(start);
+  executor.attend(backend, gathered);
+  const int attention_end = executor.mark();
 
-  start = Clock::now();
-  const TensorView packed_out[] = {po.view()};
+  const TensorView packed_out[] = {packed_heads.o};
   const TensorView outputs[] = {call.o};
-  scatter_heads(layout.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, result.temporal, packed_out, outputs,
-                plse.view(), call.lse, options.permute_threads);
-  result.permutation_ms += ms_since(start);
+  executor.scatter(layout.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, result.temporal, packed_out, outputs,
+                   packed_heads.lse, call.lse);
+  const int scatter_end = executor.mark();
+  result.attention_ms = executor.elapsed_ms(gather_end, attention_end);
+  if (direct_start >= 0) result.attention_ms += executor.elapsed_ms(direct_start, direct_end);
+  result.permutation_ms =
+      executor.elapsed_ms(gather_start, gather_end) + executor.elapsed_ms(attention_end, scatter_end);
   result.permutation_bytes = permutation_bytes(layout, count, 3, element_size(call.q.dtype)) +
                              permutation_bytes(layout, count, 1, element_size(call.o.dtype)) +
                              (call.lse.data ? 2.0 * double(layout.batch * count * layout.tokens()) * 4.0 : 0.0);
   return result;
+}
+
+PackedHeads HostRoutedExecutor::allocate(const RoutedCall& call, std::int64_t count) {
+  const VideoLayout& layout = call.layout;
+  const std::uint64_t bytes = std::uint64_t(layout.batch * layout.tokens() * count * layout.head_dim) *
+                              (3 * element_size(call.q.dtype) + element_size(call.o.dtype));
+  check_host_allocation(bytes, "packed temporal heads");
+  struct Storage {
+    Tensor q, k, v, o;
+    LseBuffer lse;
+  };
+  auto storage = std::make_shared<Storage>();
+  storage->q = Tensor(call.q.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
+  storage->k = Tensor(call.k.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
+  storage->v = Tensor(call.v.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
+  storage->o = Tensor(call.o.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
+  if (call.lse.data != nullptr) storage->lse = LseBuffer(layout.batch, count, layout.tokens());
+  PackedHeads packed{storage->q.view(), storage->k.view(), storage->v.view(), storage->o.view(), storage->lse.view(),
+                     nullptr};
+  packed.storage = std::move(storage);
+  return packed;
+}
+
+void HostRoutedExecutor::gather(const VideoGrid& grid, TokenOrder from, TokenOrder to,
+                                std::span<const std::int64_t> heads, std::span<const TensorView> sources,
+                                std::span<const TensorView> packed) {
+  gather_heads(grid, from, to, heads, sources, packed, threads_);
+}
+
+void HostRoutedExecutor::scatter(const VideoGrid& grid, TokenOrder from, TokenOrder to,
+                                 std::span<const std::int64_t> heads, std::span<const TensorView> packed,
+                                 std::span<const TensorView> dests, const LseView& packed_lse, const LseView& lse) {
+  scatter_heads(grid, from, to, heads, packed, dests, packed_lse, lse, threads_);
+}
+
+void HostRoutedExecutor::attend(const Backend& backend, const AttentionCall& call) { backend.run(call); }
+
+int HostRoutedExecutor::mark() {
+  marks_ms_.push_back(std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count());
+  return int(marks_ms_.size()) - 1;
+}
+
+double HostRoutedExecutor::elapsed_ms(int from, int to) {
+  return marks_ms_.at(std::size_t(to)) - marks_ms_.at(std::size_t(from));
 }
 
 }  // namespace stsa

@@ -1,0 +1,147 @@
+// stsa_gpu_route_bench: the overhead of routed attention on the GPU at one
+// shape (default 1440p: 21 x 90 x 160 tokens, 12 heads, D = 128, bf16):
+// routing (cuda_route over all heads) and the temporal heads' permutation
+// against the attention itself (cuda_run_routed with given decisions: the
+// first --temporal-heads heads temporal, the rest spatial, at --density).
+// Warm-up, then the median of --repeats runs of each (statistics and figures
+// from the shared benchmark harness, src/bench); prints one JSON record with the
+// share (routing + permutation) / attention. Random inputs: the values
+// do not change the amount of work, only the decisions, which are given here.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/figures.hpp"
+#include "bench/record.hpp"
+#include "bench/samples.hpp"
+#include "stsa/cuda.hpp"
+#include "stsa/cuda_routing.hpp"
+#include "stsa/dtype.hpp"
+#include "stsa/error.hpp"
+#include "stsa/routed.hpp"
+#include "stsa/router.hpp"
+
+namespace {
+
+struct Options {
+  std::int64_t frames = 21, height = 90, width = 160, heads = 12, head_dim = 128, temporal_heads = 6;
+  double density = 0.1;
+  int samples = 64;
+  bool frame_window = false;
+  int warmup = 1, repeats = 5;
+  std::string kernel = "auto";  // attention kernel: auto | sm90 | sm80
+};
+
+void fill_random(stsa::DeviceBuffer& buffer, std::uint64_t seed) {
+  const std::size_t block = std::min<std::size_t>(buffer.bytes() / 2, std::size_t(1) << 24);
+  std::vector<std::uint16_t> values(block);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  for (auto& v : values) v = stsa::float_to_bf16(normal(rng));
+  for (std::size_t at = 0; at < buffer.bytes(); at += block * 2)
+    buffer.copy_from_host(values.data(), std::min(block * 2, buffer.bytes() - at), at);
+}
+
+nlohmann::json run(const Options& opt) {
+  STSA_CHECK(stsa::cuda_device_count() > 0, stsa::Unsupported, "no CUDA device (", stsa::cuda_unavailable_reason(), ")");
+  stsa::VideoLayout layout{{opt.frames, opt.height, opt.width, 0, stsa::TextPlacement::After}, 1, opt.heads,
+                           opt.head_dim};
+  layout.validate();
+  STSA_CHECK(opt.temporal_heads >= 0 && opt.temporal_heads <= opt.heads, stsa::InvalidArgument,
+             "--temporal-heads must be in [0, heads]");
+  const std::int64_t n = layout.tokens();
+  const std::size_t elements = std::size_t(n * layout.heads * layout.head_dim);
+  stsa::DeviceBuffer q(elements * 2), k(elements * 2), v(elements * 2), o(elements * 2);
+  fill_random(q, 1);
+  fill_random(k, 2);
+  fill_random(v, 3);
+  auto view = [&](const stsa::DeviceBuffer& b) {
+    return stsa::TensorView::contiguous(b.data(), stsa::DType::BF16, 1, n, layout.heads, layout.head_dim,
+                                        stsa::MemoryLayout::BNHD);
+  };
+  const stsa::RoutedCall call{layout, view(q), view(k), view(v), view(o), {}, 0.f};
+
+  stsa::RouterOptions ro;
+  ro.samples = opt.samples;
+  ro.spatial_density = ro.temporal_density = ro.frame_window_density = opt.density;
+  ro.try_frame_window = opt.frame_window;
+  const stsa::Router router(ro);
+  std::vector<stsa::HeadRoute> decisions;
+  for (std::int64_t h = 0; h < layout.heads; ++h) {
+    stsa::HeadRoute d;
+    d.route = h < opt.temporal_heads ? stsa::Route::Temporal : stsa::Route::Spatial;
+    d.spec = stsa::route_spec(layout.grid, d.route, ro);
+    decisions.push_back(d);
+  }
+
+  const stsa::CudaBackend backend(stsa::CudaBackendOptions{stsa::parse_cuda_kernel(opt.kernel)});
+  stsa::PlanCache plans;
+  stsa::bench::Samples routing, permutation, attention;
+  double routing_flops = 0;
+  for (int i = 0; i < opt.warmup + opt.repeats; ++i) {
+    const stsa::RoutingReport report = stsa::cuda_route(router, layout, call.q, call.k, call.v);
+    const stsa::RoutedResult r = stsa::cuda_run_routed(backend, plans, call, decisions);
+    if (i < opt.warmup) continue;
+    routing.ms.push_back(report.routing_ms);
+    routing_flops = report.flops;
+    permutation.ms.push_back(r.permutation_ms);
+    attention.ms.push_back(r.attention_ms);
+  }
+  const double routing_ms = routing.median_ms(), permutation_ms = permutation.median_ms(),
+               attention_ms = attention.median_ms();
+  const stsa::CudaDeviceInfo info = stsa::cuda_device_info();
+  nlohmann::json record = {{"device", info.name},
+          {"shape", layout.grid.describe()},
+          {"heads", layout.heads},
+          {"head_dim", layout.head_dim},
+          {"density", opt.density},
+          {"samples", opt.samples},
+          {"candidates", opt.frame_window ? 3 : 2},
+          {"temporal_heads", opt.temporal_heads},
+          {"kernel", std::string(stsa::to_string(backend.resolved_kernel()))},
+          {"routing_ms", routing_ms},
+          {"routing_tflops", stsa::bench::json_number(stsa::bench::tflops(routing_flops, routing_ms))},
+          {"permutation_ms", permutation_ms},
+          {"attention_ms", attention_ms},
+          {"overhead_share", (routing_ms + permutation_ms) / attention_ms},
+          {"target_share", 0.03}};
+  stsa::bench::add_timing(record, "routing_", routing);
+  stsa::bench::add_timing(record, "permutation_", permutation);
+  stsa::bench::add_timing(record, "attention_", attention);
+  return record;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"GPU routing + permutation against attention (routed attention overhead)"};
+  Options opt;
+  app.add_option("--frames", opt.frames);
+  app.add_option("--height", opt.height);
+  app.add_option("--width", opt.width);
+  app.add_option("--heads", opt.heads);
+  app.add_option("--head-dim", opt.head_dim);
+  app.add_option("--temporal-heads", opt.temporal_heads, "heads run temporal (permuted); the rest spatial");
+  app.add_option("--density", opt.density, "kept density of every candidate and of the run masks");
+  app.add_option("--samples", opt.samples, "sampled query rows per head");
+  app.add_flag("--frame-window", opt.frame_window, "also try the frame-window candidate");
+  app.add_option("--kernel", opt.kernel, "attention kernel: auto, sm90 or sm80");
+  app.add_option("--warmup", opt.warmup);
+  app.add_option("--repeats", opt.repeats);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    stsa::parse_cuda_kernel(opt.kernel);  // bad options fail before the GPU is looked for
+    STSA_CHECK(opt.warmup >= 0 && opt.repeats >= 1, stsa::InvalidArgument, "--warmup must be >= 0 and --repeats >= 1");
+    std::cout << run(opt).dump(2) << "\n";
+  } catch (const stsa::Error& e) {
+    std::cerr << "stsa_gpu_route_bench: " << e.what() << "\n";
+    return 2;
+  }
+  return 0;
+}

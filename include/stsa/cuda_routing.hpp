@@ -1,0 +1,50 @@
+// Routing and routed attention with every tensor on the GPU: a whole call
+// (route, plans, permutation, attention, inverse permutation) never copies a
+// tensor to the host; only the per-head routing errors come back.
+//
+// Plain C++: using it needs no CUDA header. q, k, v (and o, lse) must be device
+// memory of the current device. Checked before anything is launched: shapes
+// against the layout (InvalidArgument, as Router::route), then what the GPU
+// router takes (Unsupported): q, k, v all bf16 or all fp16; head dim a multiple
+// of 16 up to 128; head dim contiguous; data pointers and the B, N, H strides
+// 16-byte aligned; device pointers; compute capability 8.0 or newer. Routed
+// attention adds the CudaBackend's own requirements (cuda.hpp).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "stsa/cuda.hpp"
+#include "stsa/layout.hpp"
+#include "stsa/plan.hpp"
+#include "stsa/routed.hpp"
+#include "stsa/router.hpp"
+#include "stsa/tensor.hpp"
+
+namespace stsa {
+
+// Router::route() on the GPU: the same sampled rows (Router::sample_rows), the
+// same candidates, errors and decision rule, computed on `stream` (a
+// cudaStream_t; nullptr: the default stream); returns once the errors are on
+// the host. The errors differ from the CPU router's by the rounding of the
+// attention weights to the input type before P.V (as in any tensor-core
+// attention); the report's flops equal the CPU router's exactly. routing_ms is
+// the wall time of the whole call.
+RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const TensorView& q, const TensorView& k,
+                         const TensorView& v, TokenOrder order = TokenOrder::FrameMajor, float softmax_scale = 0.f,
+                         std::span<const std::int64_t> heads = {}, void* stream = nullptr);
+
+// run_routed() on the GPU: plans from `plans`, non-temporal heads in place,
+// temporal heads gathered into packed device buffers (cuda_gather_heads), run,
+// and scattered back, all enqueued on `stream`; returns when the outputs are
+// written. Times come from CUDA events.
+RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
+                             std::vector<HeadRoute> decisions, const RoutedOptions& options = {},
+                             void* stream = nullptr);
+
+// routed_attention() on the GPU: cuda_route() over all heads, then cuda_run_routed().
+RoutedResult cuda_routed_attention(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
+                                   const Router& router, const RoutedOptions& options = {}, void* stream = nullptr);
+
+}  // namespace stsa

@@ -1,0 +1,90 @@
+// The candidate-mask predicate of stsa::allowed() (mask.hpp) in a form the
+// routing kernels evaluate on the device. Plain C++17 with 32-bit arithmetic
+// (a grid holds at most 2^31 - 1 tokens), no stsa headers, so the same code
+// compiles for the host and is tested there pair by pair against allowed()
+// (tests/cuda_mask_predicate_test.cpp).
+//
+// The predicate is factored in two steps so a kernel pays the coordinate
+// arithmetic once per token, not once per (query, key) pair:
+//   mask_token(): what the mask needs of one token: `forced` (text, every token
+//                 under a dense mask, frame 0 with the anchor on: every pair with
+//                 it is allowed) or `code` (video position in the band's order,
+//                 or the frame index for a frame window);
+//   mask_allows(): a pair is allowed when either side is forced or the codes
+//                 differ by at most the mask's width (-1 keeps no pair).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define STSA_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define STSA_HOST_DEVICE inline
+#endif
+
+namespace stsa::cuda_detail {
+
+// A token grid (layout.hpp) and the order its tokens are stored in.
+struct PredicateGrid {
+  std::int32_t frames = 1;
+  std::int32_t per_frame = 1;
+  std::int32_t text_tokens = 0;
+  bool text_before = false;
+  bool spatial_major = false;  // storage order of the tensors
+};
+
+enum class PredicateKind : std::int32_t { Dense, Band, FrameWindow };
+
+struct PredicateMask {
+  PredicateKind kind = PredicateKind::Dense;
+  bool band_spatial_major = false;  // Band: the order the band is measured in
+  std::int32_t width = -1;          // band or frame radius, clamped to 2^31 - 1; -1 keeps no pair
+  bool anchor = true;
+};
+
+struct MaskToken {
+  bool forced = true;
+  std::int32_t code = 0;
+};
+
+// Frame-major / spatial-major video position of (frame, patch) (layout.hpp:
+// frame 0 in front in both orders).
+STSA_HOST_DEVICE std::int32_t predicate_video_position(const PredicateGrid& g, std::int32_t frame, std::int32_t patch,
+                                                       bool spatial_major) {
+  if (!spatial_major || frame == 0) return frame * g.per_frame + patch;
+  return g.per_frame + patch * (g.frames - 1) + (frame - 1);
+}
+
+// `position` is a token position in [0, tokens) in the grid's storage order.
+STSA_HOST_DEVICE MaskToken mask_token(const PredicateGrid& g, const PredicateMask& m, std::int32_t position) {
+  const std::int32_t begin = g.text_before ? g.text_tokens : 0;
+  const std::int32_t video = g.frames * g.per_frame;
+  if (position < begin || position - begin >= video) return {true, 0};  // text
+  const std::int32_t v = position - begin;
+  std::int32_t frame, patch;
+  if (!g.spatial_major || v < g.per_frame) {
+    frame = v / g.per_frame;
+    patch = v % g.per_frame;
+  } else {
+    const std::int32_t rest = v - g.per_frame;  // frames >= 2 here, since v >= per_frame
+    patch = rest / (g.frames - 1);
+    frame = 1 + rest % (g.frames - 1);
+  }
+  if (m.kind == PredicateKind::Dense || (m.anchor && frame == 0)) return {true, 0};
+  if (m.kind == PredicateKind::FrameWindow) return {false, frame};
+  return {false, predicate_video_position(g, frame, patch, m.band_spatial_major)};
+}
+
+STSA_HOST_DEVICE bool mask_allows(const PredicateMask& m, MaskToken q, MaskToken k) {
+  if (q.forced || k.forced) return true;
+  // Codes lie in [0, 2^31 - 1), so the difference fits 32 bits.
+  const std::int32_t distance = q.code > k.code ? q.code - k.code : k.code - q.code;
+  return distance <= m.width;
+}
+
+STSA_HOST_DEVICE bool mask_allows_at(const PredicateGrid& g, const PredicateMask& m, std::int32_t q_position,
+                                     std::int32_t k_position) {
+  return mask_allows(m, mask_token(g, m, q_position), mask_token(g, m, k_position));
+}
+
+}  // namespace stsa::cuda_detail

@@ -1,0 +1,301 @@
+// The GPU router (cuda_route) against the CPU Router: the same decisions on
+// synthetic heads of known kind, errors within the rounding of P to the input
+// type, identical flops; NaN heads stay dense. GPU routed attention against the
+// fp64 reference on awkward shapes (ragged tiles, text before and after, one
+// frame). Bad input throws before any launch (also without a GPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gpu/gpu_support.hpp"
+#include "stsa/cuda.hpp"
+#include "stsa/cuda_routing.hpp"
+#include "stsa/error.hpp"
+#include "stsa/routed.hpp"
+#include "stsa/router.hpp"
+#include "stsa/synth.hpp"
+
+namespace stsa {
+namespace {
+
+using gpu_testing::tensor_bytes;
+
+struct DeviceTensor {
+  DeviceBuffer buffer;
+  TensorView view;
+  explicit DeviceTensor(const TensorView& host) : buffer(tensor_bytes(host)), view(host) {
+    buffer.copy_from_host(host.data, tensor_bytes(host));
+    view.data = buffer.data();
+  }
+};
+
+// GPU and CPU reports of the same call agree: decisions (unless the two best
+// candidates are within the rounding tolerance of each other), each error, flops.
+void expect_same_report(const RoutingReport& gpu, const RoutingReport& cpu, double max_abs_v, DType dtype,
+                        const std::string& label) {
+  SCOPED_TRACE(label);
+  ASSERT_EQ(gpu.heads.size(), cpu.heads.size());
+  EXPECT_EQ(gpu.sampled_rows, cpu.sampled_rows);
+  EXPECT_EQ(gpu.flops, cpu.flops);  // integer counts: exact
+  // P is rounded to the input type before P.V: each output moves by at most
+  // about u * max|v| (u the unit roundoff), so an error vector e = O_mask - O_dense
+  // moves by delta <= 2 u max|v| per element.
+  const double delta = 2.0 * gpu_testing::unit_roundoff(dtype) * std::max(1.0, max_abs_v);
+  for (std::size_t h = 0; h < cpu.heads.size(); ++h) {
+    const HeadRoute& g = gpu.heads[h];
+    const HeadRoute& c = cpu.heads[h];
+    ASSERT_EQ(g.candidates.size(), c.candidates.size());
+    bool close_call = false;
+    for (std::size_t i = 0; i < c.candidates.size(); ++i) {
+      const CandidateError& ge = g.candidates[i];
+      const CandidateError& ce = c.candidates[i];
+      EXPECT_EQ(ge.route, ce.route);
+      EXPECT_EQ(ge.spec, ce.spec);
+      if (std::isnan(ce.mse)) {
+        EXPECT_TRUE(std::isnan(ge.mse)) << "head " << h;
+        continue;
+      }
+      const double mse_tol = 2.0 * std::sqrt(ce.mse) * delta + delta * delta;
+      EXPECT_NEAR(ge.mse, ce.mse, mse_tol) << "head " << h << " " << ce.spec.describe();
+      const double ref_mean = ce.rel_l2 > 0 ? ce.mse / (ce.rel_l2 * ce.rel_l2) : 0.0;  // mean of O_dense^2
+      if (ref_mean > 0) {
+        EXPECT_NEAR(ge.rel_l2, ce.rel_l2, 2.0 * delta / std::sqrt(ref_mean) + 0.02 * ce.rel_l2)
+            << "head " << h << " " << ce.spec.describe();
+      }
+      for (std::size_t j = 0; j < i; ++j)
+        close_call = close_call || std::abs(ce.mse - c.candidates[j].mse) <= 2 * mse_tol;
+    }
+    if (!close_call) {
+      EXPECT_EQ(g.route, c.route) << "head " << h;
+      EXPECT_EQ(g.spec, c.spec) << "head " << h;
+    }
+  }
+}
+
+TEST(GpuRouter, DecidesLikeTheCpuRouterOnSyntheticHeads) {
+  STSA_REQUIRE_GPU();
+  struct Case {
+    VideoGrid grid;
+    std::int64_t batch, heads, head_dim;
+    DType dtype;
+    bool frame_window;
+  };
+  const std::vector<Case> cases = {
+      {{13, 12, 16, 0, TextPlacement::After}, 1, 16, 64, DType::BF16, false},
+      {{9, 10, 14, 7, TextPlacement::Before}, 2, 6, 128, DType::BF16, true},   // text, two batch entries
+      {{7, 11, 13, 5, TextPlacement::After}, 1, 6, 80, DType::F16, false},      // 1,006 tokens: ragged tiles
+  };
+  const std::uint64_t seed = testing::fresh_seed();
+  for (const Case& c : cases) {
+    synth::Options o;
+    o.grid = c.grid;
+    o.batch = c.batch;
+    o.heads = c.heads;
+    o.head_dim = c.head_dim;
+    o.dtype = c.dtype;
+    o.seed = seed;
+    const synth::Data data = synth::make_video_tokens(o);
+    RouterOptions ro;
+    ro.seed = seed;
+    ro.samples = 40;  // a ragged row block
+    ro.try_frame_window = c.frame_window;
+    const Router router(ro);
+    const RoutingReport cpu = router.route(data.layout, data.q.view(), data.k.view(), data.v.view());
+    const DeviceTensor q(data.q.view()), k(data.k.view()), v(data.v.view());
+    const RoutingReport gpu = cuda_route(router, data.layout, q.view, k.view, v.view);
+    const std::string label = c.grid.describe() + " D=" + std::to_string(c.head_dim) + " seed " + std::to_string(seed);
+    expect_same_report(gpu, cpu, gpu_testing::max_abs(data.v.view()), c.dtype, label);
+    // Against the known kinds: as good as the CPU router (it may differ only on close calls).
+    int gpu_correct = 0, cpu_correct = 0;
+    for (std::size_t h = 0; h < gpu.heads.size(); ++h) {
+      gpu_correct += gpu.heads[h].route == data.truth[h];
+      cpu_correct += cpu.heads[h].route == data.truth[h];
+    }
+    EXPECT_GE(gpu_correct, cpu_correct - 1) << label;
+    EXPECT_GT(cpu_correct, 0) << label;
+  }
+}
+
+// Random heads, both storage orders, a subset of heads, several key splits.
+TEST(GpuRouter, ErrorsMatchTheCpuRouterOnRandomAwkwardShapes) {
+  STSA_REQUIRE_GPU();
+  struct Case {
+    VideoLayout layout;
+    DType dtype;
+    TokenOrder order;
+    int samples;
+  };
+  const std::vector<Case> cases = {
+      {{{1, 9, 10, 0, TextPlacement::After}, 1, 3, 64}, DType::BF16, TokenOrder::FrameMajor, 24},    // one frame
+      {{{5, 7, 9, 13, TextPlacement::Before}, 2, 4, 128}, DType::BF16, TokenOrder::SpatialMajor, 33},
+      {{{4, 5, 6, 70, TextPlacement::After}, 1, 2, 32}, DType::F16, TokenOrder::FrameMajor, 64},
+      {{{7, 30, 45, 13, TextPlacement::Before}, 1, 3, 112}, DType::BF16, TokenOrder::FrameMajor, 64},  // 9,463 keys
+  };
+  const std::uint64_t seed = testing::fresh_seed();
+  for (const Case& c : cases) {
+    testing::Problem p = testing::make_problem(
+        c.layout, c.dtype, std::vector<HeadMask>(std::size_t(c.layout.heads), HeadMask{MaskSpec::dense(), c.order, nullptr, true}),
+        seed);
+    RouterOptions ro;
+    ro.samples = c.samples;
+    ro.seed = seed;
+    ro.try_frame_window = true;
+    ro.spatial_density = 0.2;
+    ro.temporal_density = 0.3;
+    ro.frame_window_density = 0.4;
+    const Router router(ro);
+    const AttentionCall call = p.call();
+    const std::vector<std::int64_t> heads = c.layout.heads > 2 ? std::vector<std::int64_t>{2, 0}
+                                                               : std::vector<std::int64_t>{};
+    const RoutingReport cpu = router.route(c.layout, call.q, call.k, call.v, c.order, 0.f, heads);
+    const DeviceTensor q(call.q), k(call.k), v(call.v);
+    const RoutingReport gpu = cuda_route(router, c.layout, q.view, k.view, v.view, c.order, 0.f, heads);
+    expect_same_report(gpu, cpu, gpu_testing::max_abs(call.v), c.dtype, p.label + " " + std::string(to_string(c.order)));
+  }
+}
+
+TEST(GpuRouter, NonFiniteScoresKeepTheHeadDense) {
+  STSA_REQUIRE_GPU();
+  const VideoLayout layout{{4, 4, 4, 0, TextPlacement::After}, 1, 2, 64};
+  testing::Problem p = testing::make_problem(layout, DType::BF16, std::vector<HeadMask>(2), 4);
+  for (std::int64_t n = 0; n < layout.tokens(); ++n) p.k.view().store(0, n, 1, 0, NAN);
+  RouterOptions lenient;
+  lenient.max_rel_l2 = 100;
+  lenient.samples = 16;
+  const AttentionCall call = p.call();
+  const DeviceTensor q(call.q), k(call.k), v(call.v);
+  const RoutingReport r = cuda_route(Router(lenient), layout, q.view, k.view, v.view);
+  EXPECT_EQ(r.heads[1].route, Route::Dense);
+  EXPECT_TRUE(std::isnan(r.heads[1].candidates[0].mse));
+  EXPECT_NE(r.heads[0].route, Route::Dense);
+}
+
+// Runs without a GPU too: the checks come before any device work.
+TEST(GpuRouter, RejectsBadInputBeforeLaunching) {
+  const VideoLayout layout{{3, 4, 4, 0, TextPlacement::After}, 1, 2, 64};
+  RouterOptions ro;
+  ro.samples = 8;
+  const Router router(ro);
+  testing::Problem f32 = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), 1);
+  AttentionCall c = f32.call();
+  EXPECT_THROW(cuda_route(router, layout, c.q, c.k, c.v), Unsupported);  // fp32
+  testing::Problem bf16 = testing::make_problem(layout, DType::BF16, std::vector<HeadMask>(2), 1);
+  c = bf16.call();
+  EXPECT_THROW(cuda_route(router, layout, c.q, c.k, c.v), Unsupported);  // host memory (or no GPU)
+  VideoLayout other = layout;
+  other.grid.frames = 4;
+  EXPECT_THROW(cuda_route(router, other, c.q, c.k, c.v), InvalidArgument);  // shape
+  const std::vector<std::int64_t> bad_head = {2};
+  EXPECT_THROW(cuda_route(router, layout, c.q, c.k, c.v, TokenOrder::FrameMajor, 0.f, bad_head), InvalidArgument);
+  RouterOptions many;
+  many.samples = 64;  // more than the 48 tokens
+  EXPECT_THROW(cuda_route(Router(many), layout, c.q, c.k, c.v), InvalidArgument);
+  const VideoLayout odd{{3, 4, 4, 0, TextPlacement::After}, 1, 2, 72};  // head dim not a multiple of 16
+  testing::Problem p72 = testing::make_problem(odd, DType::BF16, std::vector<HeadMask>(2), 1);
+  c = p72.call();
+  EXPECT_THROW(cuda_route(router, odd, c.q, c.k, c.v), Unsupported);
+  if (cuda_device_count() == 0) return;
+  // Device memory, but misaligned rows: a view that starts one element in.
+  const DeviceTensor q(bf16.call().q);
+  TensorView shifted = q.view;
+  shifted.data = static_cast<std::byte*>(shifted.data) + 2;
+  c = bf16.call();
+  EXPECT_THROW(cuda_route(router, layout, shifted, q.view, q.view), Unsupported);
+  EXPECT_THROW(cuda_route(router, layout, q.view, c.k, q.view), Unsupported);  // k on the host
+}
+
+RoutedCall routed_call(const AttentionCall& c) { return RoutedCall{c.layout, c.q, c.k, c.v, c.o, c.lse, c.softmax_scale}; }
+
+// Given decisions cycling through every route, against the fp64 reference.
+TEST(GpuRoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
+  STSA_REQUIRE_GPU();
+  const Route cycle[] = {Route::Temporal, Route::Spatial, Route::Dense, Route::FrameWindow};
+  const std::vector<std::pair<VideoLayout, DType>> cases = {
+      {{{1, 7, 9, 0, TextPlacement::After}, 1, 4, 64}, DType::BF16},     // one frame (no temporal order)
+      {{{5, 7, 9, 13, TextPlacement::Before}, 2, 5, 128}, DType::BF16},  // text before, two batch entries
+      {{{4, 5, 6, 70, TextPlacement::After}, 1, 4, 64}, DType::F16},     // text after
+      {{{6, 11, 13, 0, TextPlacement::After}, 1, 4, 128}, DType::BF16},  // 858 tokens
+  };
+  const std::uint64_t seed = testing::fresh_seed();
+  RouterOptions options;
+  options.spatial_density = 0.3;
+  options.temporal_density = 0.2;
+  options.frame_window_density = 0.5;
+  const CudaBackend backend;
+  for (const auto& [layout, dtype] : cases) {
+    std::vector<HeadRoute> decisions;
+    std::vector<HeadMask> masks;
+    for (std::int64_t h = 0; h < layout.heads; ++h) {
+      HeadRoute d;
+      d.route = cycle[h % 4];
+      d.spec = route_spec(layout.grid, d.route, options);
+      decisions.push_back(d);
+      masks.push_back(HeadMask{d.spec, TokenOrder::FrameMajor, nullptr, true});
+    }
+    testing::Problem p = testing::make_problem(layout, dtype, masks, seed);
+    gpu_testing::DeviceProblem d(p);
+    PlanCache plans;
+    const RoutedResult r = cuda_run_routed(backend, plans, routed_call(d.call), decisions);
+    EXPECT_TRUE(d.o.guards_intact() && d.lse.guards_intact()) << p.label;
+    d.download_into(p);
+    gpu_testing::expect_matches_reference(p);
+    std::int64_t temporal = 0;
+    for (const auto& x : decisions) temporal += x.route == Route::Temporal;
+    EXPECT_EQ(std::int64_t(r.temporal.size()), temporal) << p.label;
+    EXPECT_GT(r.attention_ms, 0.0) << p.label;
+    if (temporal > 0) {
+      EXPECT_GT(r.permutation_bytes, 0.0);
+      EXPECT_GT(r.permutation_ms, 0.0);
+    }
+  }
+}
+
+// Routed on the GPU: decisions equal the CPU router's, the output the reference's.
+TEST(GpuRoutedAttention, RoutesSyntheticHeadsAndMatchesTheReference) {
+  STSA_REQUIRE_GPU();
+  synth::Options o;
+  o.grid = {7, 8, 10, 6, TextPlacement::Before};
+  o.heads = 6;
+  o.head_dim = 64;
+  o.dtype = DType::BF16;
+  o.seed = testing::fresh_seed();
+  const synth::Data data = synth::make_video_tokens(o);
+  RouterOptions ro;
+  ro.samples = 32;
+  const Router router(ro);
+  const RoutingReport cpu = router.route(data.layout, data.q.view(), data.k.view(), data.v.view());
+  std::vector<HeadMask> masks;
+  for (const auto& h : cpu.heads) masks.push_back(HeadMask{h.spec, TokenOrder::FrameMajor, nullptr, true});
+  testing::Problem p = testing::make_problem(data.layout, DType::BF16, masks, 1);
+  std::memcpy(p.q.view().data, data.q.view().data, data.q.bytes());
+  std::memcpy(p.k.view().data, data.k.view().data, data.k.bytes());
+  std::memcpy(p.v.view().data, data.v.view().data, data.v.bytes());
+  gpu_testing::DeviceProblem d(p);
+  const CudaBackend backend;
+  PlanCache plans;
+  const RoutedResult r = cuda_routed_attention(backend, plans, routed_call(d.call), router);
+  ASSERT_EQ(r.heads.size(), cpu.heads.size());
+  for (std::size_t h = 0; h < r.heads.size(); ++h) EXPECT_EQ(r.heads[h].route, cpu.heads[h].route) << "head " << h;
+  EXPECT_GT(r.routing_ms, 0.0);
+  EXPECT_EQ(r.routing_flops, cpu.flops);
+  d.download_into(p);
+  gpu_testing::expect_matches_reference(p);
+}
+
+TEST(GpuRoutedAttention, RejectsHostTensorsBeforeRouting) {
+  const VideoLayout layout{{3, 4, 4, 0, TextPlacement::After}, 1, 2, 64};
+  testing::Problem p = testing::make_problem(layout, DType::BF16, std::vector<HeadMask>(2), 1);
+  RouterOptions ro;
+  ro.samples = 8;
+  const CudaBackend backend;
+  PlanCache plans;
+  EXPECT_THROW(cuda_routed_attention(backend, plans, routed_call(p.call()), Router(ro)), Unsupported);
+  RoutedCall bad = routed_call(p.call());
+  bad.o = bad.q;  // output aliases an input
+  EXPECT_THROW(cuda_routed_attention(backend, plans, bad, Router(ro)), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace stsa
