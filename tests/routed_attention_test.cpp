@@ -6,6 +6,7 @@
 #include "stsa/error.hpp"
 #include "stsa/routed.hpp"
 #include "stsa/synth.hpp"
+#include "support/routed_cases.hpp"
 #include "support/testing.hpp"
 
 namespace stsa {
@@ -18,23 +19,10 @@ RoutedCall routed_call(const testing::Problem& p) {
 
 // Decisions cycling through every route, checked on every backend that supports the call.
 void check_given_decisions(const VideoLayout& layout, DType dtype, std::uint64_t seed) {
-  const Route cycle[] = {Route::Temporal, Route::Spatial, Route::Dense, Route::FrameWindow};
-  RouterOptions options;
-  options.spatial_density = 0.3;
-  options.temporal_density = 0.2;
-  options.frame_window_density = 0.5;
-  std::vector<HeadRoute> decisions;
-  std::vector<HeadMask> masks;
-  for (std::int64_t h = 0; h < layout.heads; ++h) {
-    HeadRoute d;
-    d.route = cycle[h % 4];
-    d.spec = route_spec(layout.grid, d.route, options);
-    decisions.push_back(d);
-    // What the routed output must equal: each head's mask on the frame-major tensors.
-    masks.push_back(HeadMask{d.spec, TokenOrder::FrameMajor, nullptr, true});
-  }
+  const testing::CyclingDecisions given = testing::cycling_decisions(layout);
+  const std::vector<HeadRoute>& decisions = given.decisions;
   for (const Backend* backend : backends()) {
-    testing::Problem p = testing::make_problem(layout, dtype, masks, seed);
+    testing::Problem p = testing::make_problem(layout, dtype, given.reference_masks, seed);
     SCOPED_TRACE(std::string(backend->name()) + " " + p.label);
     AttentionCall probe = p.call();
     if (!backend->supports(probe).ok) continue;

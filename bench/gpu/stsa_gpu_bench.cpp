@@ -46,7 +46,7 @@ struct Options {
   std::int64_t frames = 21, height = 45, width = 80, heads = 12, head_dim = 128, batch = 1;
   std::vector<double> densities{0.1, 0.2, 0.3, 0.5, 1.0};
   std::string dtype = "bf16";
-  std::string kernels = "sm90,sm80";
+  std::string kernels = "sm90,sm90-overlap,sm80";
   std::string inputs;       // directory with q.bin, k.bin, v.bin
   std::string export_dir;   // plan_<label>.bin/.json and o_<label>.f32 go here
   int sample_rows = 0;

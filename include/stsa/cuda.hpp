@@ -105,11 +105,14 @@ class DevicePlan {
 // Which attention kernel the backend launches.
 //   Sm90: Hopper path (wgmma from warpgroups, TMA loads, producer/consumer warp
 //         specialization, persistent scheduler); needs compute capability 9.0.
+//   Sm90Overlap: the same with each consumer warpgroup overlapping the scores of
+//         tile t with P V of tile t-1 (FlashAttention-3's intra-warpgroup
+//         overlap); the default once a GPU run shows it correct and faster.
 //   Sm80: portable path (mma.sync, cp.async); any GPU of compute capability >= 8.0.
-//   Auto: Sm90 on compute capability 9.x, Sm80 elsewhere.
-enum class CudaKernel : std::uint8_t { Auto, Sm80, Sm90 };
-std::string_view to_string(CudaKernel kernel);
-CudaKernel parse_cuda_kernel(std::string_view name);  // "auto" | "sm80" | "sm90"; throws InvalidArgument
+//   Auto: Sm90 on compute capability 9.0, Sm80 elsewhere.
+enum class CudaKernel : std::uint8_t { Auto, Sm80, Sm90, Sm90Overlap };
+std::string_view to_string(CudaKernel kernel);  // "auto", "sm80", "sm90", "sm90-overlap"
+CudaKernel parse_cuda_kernel(std::string_view name);  // the names above; throws InvalidArgument
 
 struct CudaBackendOptions {
   CudaKernel kernel = CudaKernel::Auto;

@@ -21,7 +21,9 @@ void launch_attention(const AttentionParams& params, bool bf16_inputs, int head_
 // The Hopper kernel (sm_90a only): dynamic shared memory per block, and the
 // persistent launch over min(work items, multiprocessors) blocks. Builds the TMA
 // descriptors of q, k, v from params (head_dim, total_heads and strides set).
+// `overlap`: the consumer schedule that overlaps S(t) with P V(t-1).
 int attention_sm90_smem_bytes(int head_dim);
-void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors, void* stream);
+void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors, bool overlap,
+                           void* stream);
 
 }  // namespace stsa::cuda_detail

@@ -49,10 +49,12 @@ struct Sm90AttentionParams {  // 64-byte aligned through CUtensorMap
   AttentionParams common;
 };
 
-template <class Element, int kHeadDimT>
+template <class Element, int kHeadDimT, bool kOverlapT>
 struct Sm90Traits {
   using T = Element;
   static constexpr int kHeadDim = kHeadDimT;
+  // Consumer schedule: tile after tile (false) or S(t) overlapped with P V(t-1) (true).
+  static constexpr bool kOverlap = kOverlapT;
   static constexpr int kBlockM = 128;  // query rows per item: one plan tile
   static constexpr int kBlockN = 128;  // keys per stage: one plan tile
   static constexpr int kConsumerGroups = 2;
@@ -307,6 +309,67 @@ __device__ __forceinline__ void consume_item(const AttentionParams& p, const Con
   }
 }
 
+// Intra-warpgroup overlap: the tensor cores compute the scores of tile t while
+// they also run P V of tile t-1, and the softmax of tile t runs while that P V
+// finishes. Registers a wgmma reads or writes are never written by other
+// instructions while it may run: P is packed and O rescaled only when no product
+// that uses them is in flight (ptxas serializes the wgmma otherwise, C7513).
+template <class Traits>
+__device__ __forceinline__ void consume_item_overlapped(const AttentionParams& p, const ConsumerContext& c,
+                                                        const WorkItem& w, int kv_use,
+                                                        float (&o_acc)[Traits::kHeadDim / 2], SoftmaxState& state) {
+  if (w.tiles == 0) return;
+  auto stage_of = [&](int t) { return (kv_use + t) % Traits::kStages; };
+  auto parity_of = [&](int t) { return std::uint32_t(((kv_use + t) / Traits::kStages) & 1); };
+  float s[64];
+  std::uint32_t p_frag[8][4];
+  float rescale[2];
+
+  // Tile 0: nothing to overlap with yet.
+  mbarrier_wait(&c.k_full[stage_of(0)], parity_of(0));
+  issue_scores<Traits>(s, c, c.k_address + stage_of(0) * Traits::kTileBytes);
+  {
+    const TileMask mask = fetch_tile_mask<Traits>(p, c, w, 0);
+    wgmma_wait<0>();
+    pin_registers(s);
+    release(c, &c.k_empty[stage_of(0)]);
+    if (w.tiles == 1) release(c, c.q_empty);
+    apply_tile_mask<Traits>(s, mask, c, p.tokens);
+    softmax_update(s, state, p.scale_log2, rescale);
+    pack_probabilities<typename Traits::T>(s, p_frag);
+  }
+
+  for (int t = 1; t < w.tiles; ++t) {
+    const int stage = stage_of(t), previous = stage_of(t - 1);
+    mbarrier_wait(&c.k_full[stage], parity_of(t));
+    issue_scores<Traits>(s, c, c.k_address + stage * Traits::kTileBytes);
+    rescale_output(o_acc, rescale);  // to tile t-1's max, before P V of tile t-1 adds to it
+    mbarrier_wait(&c.v_full[previous], parity_of(t - 1));
+    issue_values<Traits>(o_acc, p_frag, c.v_address + previous * Traits::kTileBytes);
+    const TileMask mask = fetch_tile_mask<Traits>(p, c, w, t);
+
+    wgmma_wait<1>();  // the scores (the older group) have landed; P V may still run
+    pin_registers(s);
+    release(c, &c.k_empty[stage]);
+    if (t == w.tiles - 1) release(c, c.q_empty);
+    apply_tile_mask<Traits>(s, mask, c, p.tokens);
+    softmax_update(s, state, p.scale_log2, rescale);
+
+    wgmma_wait<0>();  // P V of tile t-1 is in o_acc; its P fragments are free again
+    pin_registers(o_acc);
+    release(c, &c.v_empty[previous]);
+    pack_probabilities<typename Traits::T>(s, p_frag);
+  }
+
+  const int last = stage_of(w.tiles - 1);
+  rescale_output(o_acc, rescale);
+  mbarrier_wait(&c.v_full[last], parity_of(w.tiles - 1));
+  issue_values<Traits>(o_acc, p_frag, c.v_address + last * Traits::kTileBytes);
+  wgmma_wait<0>();
+  pin_registers(o_acc);
+  release(c, &c.v_empty[last]);
+}
+
 // O = acc / sum, LSE = ln(sum) + max * scale; rows with nothing allowed get
 // O = 0 and LSE = -inf; rows past the sequence are not stored.
 template <class Traits>
@@ -449,7 +512,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     SoftmaxState state;
 
     mbarrier_wait(q_full, local_item & 1);
-    consume_item<Traits>(p, c, w, kv_use, o_acc, state);
+    if constexpr (Traits::kOverlap)
+      consume_item_overlapped<Traits>(p, c, w, kv_use, o_acc, state);
+    else
+      consume_item<Traits>(p, c, w, kv_use, o_acc, state);
     kv_use += w.tiles;
     if (w.tiles == 0 && lane == 0) mbarrier_arrive(q_empty);  // nothing to compute: release Q at once
     store_output<Traits>(p, c, w, o_acc, state);

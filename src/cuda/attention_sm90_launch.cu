@@ -1,4 +1,5 @@
-// The sm90 kernel's instantiations (bf16 / fp16 x head dim 64 / 128), their TMA
+// The sm90 kernel's instantiations (bf16 / fp16 x head dim 64 / 128 x the two
+// consumer schedules), their TMA
 // descriptors and the persistent launch (one block per SM, at most one per item).
 #include <algorithm>
 #include <climits>
@@ -12,9 +13,9 @@
 namespace stsa::cuda_detail {
 namespace {
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kOverlap>
 void launch_sm90_typed(const AttentionParams& params, int multiprocessors, cudaStream_t stream) {
-  using Traits = Sm90Traits<Element, kHeadDim>;
+  using Traits = Sm90Traits<Element, kHeadDim, kOverlap>;
   constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
   Sm90AttentionParams launch;
   launch.common = params;
@@ -35,30 +36,42 @@ void launch_sm90_typed(const AttentionParams& params, int multiprocessors, cudaS
   STSA_CUDA_CHECK(cudaGetLastError());
 }
 
-template <int kHeadDim>
+template <int kHeadDim, bool kOverlap>
 void launch_sm90_dim(const AttentionParams& params, bool bf16_inputs, int multiprocessors, cudaStream_t stream) {
   if (bf16_inputs)
-    launch_sm90_typed<__nv_bfloat16, kHeadDim>(params, multiprocessors, stream);
+    launch_sm90_typed<__nv_bfloat16, kHeadDim, kOverlap>(params, multiprocessors, stream);
   else
-    launch_sm90_typed<__half, kHeadDim>(params, multiprocessors, stream);
+    launch_sm90_typed<__half, kHeadDim, kOverlap>(params, multiprocessors, stream);
+}
+
+template <bool kOverlap>
+void launch_sm90_schedule(const AttentionParams& params, bool bf16_inputs, int multiprocessors,
+                          cudaStream_t stream) {
+  switch (params.head_dim) {
+    case 64: launch_sm90_dim<64, kOverlap>(params, bf16_inputs, multiprocessors, stream); break;
+    case 128: launch_sm90_dim<128, kOverlap>(params, bf16_inputs, multiprocessors, stream); break;
+    default:
+      throw Unsupported(detail::concat("cuda sm90 attention: head dim ", params.head_dim, " (supported: 64, 128)"));
+  }
 }
 
 }  // namespace
 
 int attention_sm90_smem_bytes(int head_dim) {
-  return head_dim == 64 ? Sm90Traits<__nv_bfloat16, 64>::kSmemBytes : Sm90Traits<__nv_bfloat16, 128>::kSmemBytes;
+  // Both schedules use the same shared memory.
+  return head_dim == 64 ? Sm90Traits<__nv_bfloat16, 64, false>::kSmemBytes
+                        : Sm90Traits<__nv_bfloat16, 128, false>::kSmemBytes;
 }
 
-void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors, void* stream) {
-  static_assert(Sm90Traits<__half, 128>::kBlockM == kTileQ && Sm90Traits<__half, 128>::kBlockN == kTileK,
+void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors, bool overlap,
+                           void* stream) {
+  static_assert(Sm90Traits<__half, 128, false>::kBlockM == kTileQ && Sm90Traits<__half, 128, false>::kBlockN == kTileK,
                 "the kernel's tile is the plan tile it accepts");
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  switch (params.head_dim) {
-    case 64: launch_sm90_dim<64>(params, bf16_inputs, multiprocessors, cuda_stream); break;
-    case 128: launch_sm90_dim<128>(params, bf16_inputs, multiprocessors, cuda_stream); break;
-    default:
-      throw Unsupported(detail::concat("cuda sm90 attention: head dim ", params.head_dim, " (supported: 64, 128)"));
-  }
+  if (overlap)
+    launch_sm90_schedule<true>(params, bf16_inputs, multiprocessors, cuda_stream);
+  else
+    launch_sm90_schedule<false>(params, bf16_inputs, multiprocessors, cuda_stream);
 }
 
 }  // namespace stsa::cuda_detail

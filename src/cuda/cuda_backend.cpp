@@ -100,14 +100,16 @@ CudaKernel resolve_kernel(CudaKernel requested, const DeviceFacts& f) {
   // sm_90a machine code runs on compute capability 9.0 only (no PTX is shipped for it).
   const bool hopper = f.major == 9 && f.minor == 0;
   if (requested == CudaKernel::Auto) return hopper ? CudaKernel::Sm90 : CudaKernel::Sm80;
-  STSA_CHECK(requested != CudaKernel::Sm90 || hopper, Unsupported, "the sm90 kernel needs compute capability 9.0, ",
-             "device ", f.device, " has ", f.major, ".", f.minor);
+  STSA_CHECK(requested == CudaKernel::Sm80 || hopper, Unsupported, "the ", to_string(requested),
+             " kernel needs compute capability 9.0, device ", f.device, " has ", f.major, ".", f.minor);
   return requested;
 }
 
+bool is_sm90(CudaKernel kernel) { return kernel == CudaKernel::Sm90 || kernel == CudaKernel::Sm90Overlap; }
+
 int smem_bytes(CudaKernel kernel, int head_dim) {
-  return kernel == CudaKernel::Sm90 ? cuda_detail::attention_sm90_smem_bytes(head_dim)
-                                    : cuda_detail::attention_smem_bytes(head_dim);
+  return is_sm90(kernel) ? cuda_detail::attention_sm90_smem_bytes(head_dim)
+                         : cuda_detail::attention_smem_bytes(head_dim);
 }
 
 // What needs the GPU: its presence and size, and that every tensor lives on it.
@@ -147,14 +149,16 @@ std::string_view to_string(CudaKernel kernel) {
     case CudaKernel::Auto: return "auto";
     case CudaKernel::Sm80: return "sm80";
     case CudaKernel::Sm90: return "sm90";
+    case CudaKernel::Sm90Overlap: return "sm90-overlap";
   }
   return "?";
 }
 
 CudaKernel parse_cuda_kernel(std::string_view name) {
-  for (const CudaKernel k : {CudaKernel::Auto, CudaKernel::Sm80, CudaKernel::Sm90})
+  for (const CudaKernel k : {CudaKernel::Auto, CudaKernel::Sm80, CudaKernel::Sm90, CudaKernel::Sm90Overlap})
     if (name == to_string(k)) return k;
-  throw InvalidArgument(detail::concat("unknown cuda kernel '", name, "' (expected auto, sm80 or sm90)"));
+  throw InvalidArgument(
+      detail::concat("unknown cuda kernel '", name, "' (expected auto, sm80, sm90 or sm90-overlap)"));
 }
 
 struct CudaBackend::State {
@@ -265,8 +269,9 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
       const std::size_t count = std::min<std::size_t>(cuda_detail::kMaxHeadsPerLaunch, heads.size() - first);
       params.head_count = int(count);
       std::copy_n(heads.begin() + std::ptrdiff_t(first), count, params.heads);
-      if (kernel == CudaKernel::Sm90)
-        cuda_detail::launch_attention_sm90(params, bf16, facts.multiprocessors, stream);
+      if (is_sm90(kernel))
+        cuda_detail::launch_attention_sm90(params, bf16, facts.multiprocessors, kernel == CudaKernel::Sm90Overlap,
+                                           stream);
       else
         cuda_detail::launch_attention(params, bf16, int(call.layout.head_dim), stream);
     }

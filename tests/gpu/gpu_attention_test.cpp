@@ -66,6 +66,22 @@ struct Case {
   int sample_rows = 0;  // 0: every row
 };
 
+// Two runs of the same problem: O within `bound` everywhere, LSE within 1e-4.
+void expect_outputs_agree(const testing::Problem& a, const testing::Problem& b, double bound) {
+  const VideoLayout& layout = a.layout;
+  double worst = 0;
+  for (std::int64_t batch = 0; batch < layout.batch; ++batch)
+    for (std::int64_t n = 0; n < layout.tokens(); ++n)
+      for (std::int64_t h = 0; h < layout.heads; ++h) {
+        for (std::int64_t d = 0; d < layout.head_dim; ++d)
+          worst = std::max(
+              worst, double(std::abs(a.o.view().load(batch, n, h, d) - b.o.view().load(batch, n, h, d))));
+        EXPECT_NEAR(a.lse.view().at(batch, h, n), b.lse.view().at(batch, h, n), 1e-4)
+            << "batch " << batch << " row " << n << " head " << h;
+      }
+  EXPECT_LE(worst, bound) << a.label;
+}
+
 bool is_hopper() {
   const CudaDeviceInfo info = cuda_device_info();
   return info.major == 9 && info.minor == 0;
@@ -76,13 +92,19 @@ class GpuAttention : public ::testing::TestWithParam<CudaKernel> {
  protected:
   void SetUp() override {
     STSA_REQUIRE_GPU();
-    if (GetParam() == CudaKernel::Sm90 && !is_hopper()) GTEST_SKIP() << "the sm90 kernel needs compute capability 9.0";
+    if (GetParam() != CudaKernel::Sm80 && !is_hopper())
+      GTEST_SKIP() << "the " << to_string(GetParam()) << " kernel needs compute capability 9.0";
   }
   CudaBackend backend() const { return CudaBackend(CudaBackendOptions{GetParam()}); }
   void run_case(const Case& c) const;
 };
 
-std::string kernel_name(const ::testing::TestParamInfo<CudaKernel>& info) { return std::string(to_string(info.param)); }
+// Test-name suffix: sm80, sm90, sm90_overlap (GoogleTest allows no '-').
+std::string kernel_name(const ::testing::TestParamInfo<CudaKernel>& info) {
+  std::string name(to_string(info.param));
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
 
 void GpuAttention::run_case(const Case& c) const {
   PlanCache cache;
@@ -176,15 +198,7 @@ TEST_P(GpuAttention, AgreesWithTheCpuBackend) {
   make_cpu_backend()->run(cpu.call());
   // Both are within their bounds of the reference; against each other they differ
   // by at most the GPU's P rounding (fp16: 2^-11 relative) times the largest |v|.
-  const double bound = 4 * 0x1p-11 * gpu_testing::max_abs(gpu.v.view());
-  double worst = 0;
-  for (std::int64_t n = 0; n < layout.tokens(); ++n)
-    for (std::int64_t h = 0; h < layout.heads; ++h) {
-      for (std::int64_t d = 0; d < layout.head_dim; ++d)
-        worst = std::max(worst, double(std::abs(gpu.o.view().load(0, n, h, d) - cpu.o.view().load(0, n, h, d))));
-      EXPECT_NEAR(gpu.lse.view().at(0, h, n), cpu.lse.view().at(0, h, n), 1e-4) << "row " << n << " head " << h;
-    }
-  EXPECT_LE(worst, bound) << gpu.label;
+  expect_outputs_agree(gpu, cpu, 4 * 0x1p-11 * gpu_testing::max_abs(gpu.v.view()));
 }
 
 // A temporal head stored frame-major: gather into spatial-major order on the
@@ -258,10 +272,11 @@ TEST_P(GpuAttention, MoreQueryTilesThanMultiprocessors) {
             MemoryLayout::BHND, 0.3, /*sample_rows=*/96});
 }
 
-// The two kernels on identical inputs: both round P to the input type, in a
-// different order of accumulation, so they agree to that rounding.
-TEST_P(GpuAttention, KernelsAgree) {
-  if (GetParam() != CudaKernel::Sm90) GTEST_SKIP() << "compares sm90 with sm80; runs once";
+// Each Hopper kernel against the portable one on identical inputs: both round P
+// to the input type, in a different order of accumulation, so they agree to
+// that rounding.
+TEST_P(GpuAttention, AgreesWithTheSm80Kernel) {
+  if (GetParam() == CudaKernel::Sm80) GTEST_SKIP() << "compares a Hopper kernel with sm80";
   const VideoLayout layout = make_layout(4, 11, 13, 9, TextPlacement::After, 1, 4, 128);
   PlanCache cache;
   const auto heads = mixed_heads(layout, 0.25, cache);
@@ -269,19 +284,11 @@ TEST_P(GpuAttention, KernelsAgree) {
   auto hopper = testing::make_problem(layout, DType::BF16, heads, seed);
   auto portable = testing::make_problem(layout, DType::BF16, heads, seed);
   DeviceProblem on_hopper(hopper), on_portable(portable);
-  CudaBackend(CudaBackendOptions{CudaKernel::Sm90}).run(on_hopper.call);
+  backend().run(on_hopper.call);
   CudaBackend(CudaBackendOptions{CudaKernel::Sm80}).run(on_portable.call);
   on_hopper.download_into(hopper);
   on_portable.download_into(portable);
-  const double bound = 4 * 0x1p-8 * gpu_testing::max_abs(hopper.v.view());
-  double worst = 0;
-  for (std::int64_t n = 0; n < layout.tokens(); ++n)
-    for (std::int64_t h = 0; h < layout.heads; ++h) {
-      for (std::int64_t d = 0; d < layout.head_dim; ++d)
-        worst = std::max(worst, double(std::abs(hopper.o.view().load(0, n, h, d) - portable.o.view().load(0, n, h, d))));
-      EXPECT_NEAR(hopper.lse.view().at(0, h, n), portable.lse.view().at(0, h, n), 1e-4) << "row " << n << " head " << h;
-    }
-  EXPECT_LE(worst, bound) << hopper.label;
+  expect_outputs_agree(hopper, portable, 4 * 0x1p-8 * gpu_testing::max_abs(hopper.v.view()));
 }
 
 // What compute-sanitizer runs (bench/gpu/check.sh): one small mixed call and
@@ -294,8 +301,9 @@ TEST_P(GpuSanitize, SmallMixedCalls) {
       run_case({make_layout(2, 9, 9, 7, TextPlacement::After, 1, 4, dim), in, DType::BF16});
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, GpuAttention, ::testing::Values(CudaKernel::Sm80, CudaKernel::Sm90), kernel_name);
-INSTANTIATE_TEST_SUITE_P(Kernels, GpuSanitize, ::testing::Values(CudaKernel::Sm80, CudaKernel::Sm90), kernel_name);
+const auto kAllKernels = ::testing::Values(CudaKernel::Sm80, CudaKernel::Sm90, CudaKernel::Sm90Overlap);
+INSTANTIATE_TEST_SUITE_P(Kernels, GpuAttention, kAllKernels, kernel_name);
+INSTANTIATE_TEST_SUITE_P(Kernels, GpuSanitize, kAllKernels, kernel_name);
 
 // ---- Bad input: checked before any launch (most of it without a GPU). ----
 
@@ -373,7 +381,7 @@ TEST(GpuAttentionInput, HostMemoryOrNoGpuIsUnsupported) {
 }
 
 TEST(GpuAttentionInput, KernelNamesRoundTrip) {
-  for (const CudaKernel k : {CudaKernel::Auto, CudaKernel::Sm80, CudaKernel::Sm90})
+  for (const CudaKernel k : {CudaKernel::Auto, CudaKernel::Sm80, CudaKernel::Sm90, CudaKernel::Sm90Overlap})
     EXPECT_EQ(parse_cuda_kernel(to_string(k)), k);
   EXPECT_THROW(parse_cuda_kernel("sm100"), InvalidArgument);
   EXPECT_EQ(CudaBackend().options().kernel, CudaKernel::Auto);
@@ -388,12 +396,14 @@ TEST(GpuAttentionInput, TheKernelResolvesOnlyWithAGpu) {
   const CudaKernel automatic = CudaBackend().resolved_kernel();
   EXPECT_EQ(automatic, is_hopper() ? CudaKernel::Sm90 : CudaKernel::Sm80);
   if (!is_hopper()) {
-    EXPECT_THROW(CudaBackend(CudaBackendOptions{CudaKernel::Sm90}).resolved_kernel(), Unsupported);
-    HostCall host;
-    DeviceProblem device(host.problem);
-    const CudaBackend hopper_only(CudaBackendOptions{CudaKernel::Sm90});
-    EXPECT_FALSE(hopper_only.supports(device.call).ok);
-    EXPECT_THROW(hopper_only.run(device.call), Unsupported);
+    for (const CudaKernel k : {CudaKernel::Sm90, CudaKernel::Sm90Overlap}) {
+      EXPECT_THROW(CudaBackend(CudaBackendOptions{k}).resolved_kernel(), Unsupported);
+      HostCall host;
+      DeviceProblem device(host.problem);
+      const CudaBackend hopper_only(CudaBackendOptions{k});
+      EXPECT_FALSE(hopper_only.supports(device.call).ok);
+      EXPECT_THROW(hopper_only.run(device.call), Unsupported);
+    }
   }
 }
 

@@ -16,6 +16,7 @@
 #include "stsa/routed.hpp"
 #include "stsa/router.hpp"
 #include "stsa/synth.hpp"
+#include "support/routed_cases.hpp"
 
 namespace stsa {
 namespace {
@@ -211,7 +212,6 @@ RoutedCall routed_call(const AttentionCall& c) { return RoutedCall{c.layout, c.q
 // Given decisions cycling through every route, against the fp64 reference.
 TEST(GpuRoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
   STSA_REQUIRE_GPU();
-  const Route cycle[] = {Route::Temporal, Route::Spatial, Route::Dense, Route::FrameWindow};
   const std::vector<std::pair<VideoLayout, DType>> cases = {
       {{{1, 7, 9, 0, TextPlacement::After}, 1, 4, 64}, DType::BF16},     // one frame (no temporal order)
       {{{5, 7, 9, 13, TextPlacement::Before}, 2, 5, 128}, DType::BF16},  // text before, two batch entries
@@ -219,22 +219,11 @@ TEST(GpuRoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
       {{{6, 11, 13, 0, TextPlacement::After}, 1, 4, 128}, DType::BF16},  // 858 tokens
   };
   const std::uint64_t seed = testing::fresh_seed();
-  RouterOptions options;
-  options.spatial_density = 0.3;
-  options.temporal_density = 0.2;
-  options.frame_window_density = 0.5;
   const CudaBackend backend;
   for (const auto& [layout, dtype] : cases) {
-    std::vector<HeadRoute> decisions;
-    std::vector<HeadMask> masks;
-    for (std::int64_t h = 0; h < layout.heads; ++h) {
-      HeadRoute d;
-      d.route = cycle[h % 4];
-      d.spec = route_spec(layout.grid, d.route, options);
-      decisions.push_back(d);
-      masks.push_back(HeadMask{d.spec, TokenOrder::FrameMajor, nullptr, true});
-    }
-    testing::Problem p = testing::make_problem(layout, dtype, masks, seed);
+    const testing::CyclingDecisions given = testing::cycling_decisions(layout);
+    const std::vector<HeadRoute>& decisions = given.decisions;
+    testing::Problem p = testing::make_problem(layout, dtype, given.reference_masks, seed);
     gpu_testing::DeviceProblem d(p);
     PlanCache plans;
     const RoutedResult r = cuda_run_routed(backend, plans, routed_call(d.call), decisions);
