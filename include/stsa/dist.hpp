@@ -206,10 +206,34 @@ struct UlyssesReport {
   double routing_ms = 0, permutation_ms = 0, attention_ms = 0;  // parts of local_ms
 };
 
+// Host memory one rank reuses across ulysses_attention calls: the exchange
+// buffers and this rank's head-shard tensors. It grows to the largest call seen
+// and keeps that; without it every call allocates (and page-faults) them anew.
+// One workspace per thread that makes calls.
+class UlyssesWorkspace {
+ public:
+  UlyssesWorkspace();
+  ~UlyssesWorkspace();
+  UlyssesWorkspace(UlyssesWorkspace&&) noexcept;
+  UlyssesWorkspace& operator=(UlyssesWorkspace&&) noexcept;
+  std::size_t bytes() const;  // held now
+  void release();             // frees everything it holds
+
+  struct Buffers;  // src/dist/ulysses.cpp
+
+ private:
+  std::unique_ptr<Buffers> buffers_;
+  friend UlyssesReport ulysses_attention(Communicator&, const UlyssesCall&, const Backend&, PlanCache&,
+                                         UlyssesWorkspace&);
+};
+
 // The distributed call. Every rank of `comm` must call it. Throws (on every rank
 // alike): DistError when ranks disagree on the problem or one rank's input is
 // invalid (the message names the rank and why), InvalidArgument when the rank
 // count does not divide H, CommTimeout when a rank does not show up in time.
+UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, const Backend& backend,
+                                PlanCache& plans, UlyssesWorkspace& workspace);
+// The same with a workspace of its own, freed on return.
 UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, const Backend& backend,
                                 PlanCache& plans);
 

@@ -38,11 +38,6 @@ std::int64_t total_of(const std::vector<std::int64_t>& counts) {
   return total;
 }
 
-// Exchange buffers are written in full before they are read: no zero fill.
-std::unique_ptr<std::byte[]> allocate(std::int64_t bytes, const char* what) {
-  check_host_allocation(std::uint64_t(bytes), what);
-  return std::unique_ptr<std::byte[]>(new std::byte[std::size_t(std::max<std::int64_t>(bytes, 1))]);
-}
 
 // Position of text token j in the full sequence.
 std::int64_t text_position(const VideoGrid& grid, std::int64_t j) {
@@ -51,14 +46,61 @@ std::int64_t text_position(const VideoGrid& grid, std::int64_t j) {
 
 // This rank's heads of the whole sequence, frame-major, as the exchange delivers them.
 struct LocalTensors {
-  Tensor q, k, v, o;
-  LseBuffer lse;
+  TensorView q, k, v, o;
+  LseView lse;
 };
 
 }  // namespace
 
+// Named regions of reusable memory. Everything in them is written in full before
+// it is read, so growing one does not keep (or zero) its contents.
+struct UlyssesWorkspace::Buffers {
+  enum Region { kSend, kReceive, kQ, kK, kV, kO, kLse, kRegions };
+  struct Block {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t bytes = 0;
+  };
+  Block blocks[kRegions];
+
+  std::byte* get(Region region, std::int64_t bytes, const char* what) {
+    Block& block = blocks[region];
+    const auto wanted = std::size_t(std::max<std::int64_t>(bytes, 1));
+    if (block.bytes < wanted) {
+      block.data.reset();  // the old block is not needed while the new one is made
+      block.bytes = 0;
+      check_host_allocation(std::uint64_t(wanted), what);
+      block.data.reset(new std::byte[wanted]);
+      block.bytes = wanted;
+    }
+    return block.data.get();
+  }
+};
+
+UlyssesWorkspace::UlyssesWorkspace() : buffers_(std::make_unique<Buffers>()) {}
+UlyssesWorkspace::~UlyssesWorkspace() = default;
+UlyssesWorkspace::UlyssesWorkspace(UlyssesWorkspace&&) noexcept = default;
+UlyssesWorkspace& UlyssesWorkspace::operator=(UlyssesWorkspace&&) noexcept = default;
+
+std::size_t UlyssesWorkspace::bytes() const {
+  std::size_t total = 0;
+  if (buffers_)
+    for (const auto& block : buffers_->blocks) total += block.bytes;
+  return total;
+}
+
+void UlyssesWorkspace::release() { buffers_ = std::make_unique<Buffers>(); }
+
 UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, const Backend& backend,
                                 PlanCache& plans) {
+  UlyssesWorkspace workspace;
+  return ulysses_attention(comm, call, backend, plans, workspace);
+}
+
+UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, const Backend& backend,
+                                PlanCache& plans, UlyssesWorkspace& workspace) {
+  using Buffers = UlyssesWorkspace::Buffers;
+  if (!workspace.buffers_) workspace.buffers_ = std::make_unique<Buffers>();  // a moved-from workspace
+  Buffers& memory = *workspace.buffers_;
   const auto start = Clock::now();
   const Traffic at_start = comm.traffic();
   const detail::Agreement agreed = detail::agree(comm, call, backend);
@@ -81,15 +123,27 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
 
   VideoLayout local_layout = call.layout;
   local_layout.heads = local_heads;
-  LocalTensors local{Tensor(call.q.dtype, batch, tokens, local_heads, call.layout.head_dim),
-                     Tensor(call.q.dtype, batch, tokens, local_heads, call.layout.head_dim),
-                     Tensor(call.q.dtype, batch, tokens, local_heads, call.layout.head_dim),
-                     Tensor(call.o.dtype, batch, tokens, local_heads, call.layout.head_dim),
+  // This rank's head shard of the whole sequence, in the workspace (every row is
+  // written below: by the exchange, the text slice, or the local attention).
+  const std::int64_t head_dim = call.layout.head_dim;
+  const auto local_tensor = [&](Buffers::Region region, DType dtype, const char* what) {
+    const std::int64_t bytes = batch * tokens * local_heads * head_dim * std::int64_t(element_size(dtype));
+    return TensorView::contiguous(memory.get(region, bytes, what), dtype, batch, tokens, local_heads, head_dim,
+                                  MemoryLayout::BNHD);
+  };
+  LocalTensors local{local_tensor(Buffers::kQ, call.q.dtype, "Ulysses local q"),
+                     local_tensor(Buffers::kK, call.q.dtype, "Ulysses local k"),
+                     local_tensor(Buffers::kV, call.q.dtype, "Ulysses local v"),
+                     local_tensor(Buffers::kO, call.o.dtype, "Ulysses local o"),
                      {}};
-  if (agreed.with_lse) local.lse = LseBuffer(batch, local_heads, tokens);
+  if (agreed.with_lse) {
+    const std::int64_t bytes = batch * local_heads * tokens * std::int64_t(sizeof(float));
+    local.lse = LseView::contiguous(reinterpret_cast<float*>(memory.get(Buffers::kLse, bytes, "Ulysses local lse")),
+                                    batch, local_heads, tokens);
+  }
   const TensorView inputs[3] = {call.q, call.k, call.v};
   const TensorView text_inputs[3] = {call.text_q, call.text_k, call.text_v};
-  const TensorView local_inputs[3] = {local.q.view(), local.k.view(), local.v.view()};
+  const TensorView local_inputs[3] = {local.q, local.k, local.v};
 
   // --- Scatter: sequence shards -> head shards.
   auto phase = Clock::now();
@@ -102,22 +156,22 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
       recv_counts[std::size_t(s)] = 3 * batch * agreed.shards[std::size_t(s)].count * local_heads * std::int64_t(in_row);
     }
     const auto send_offsets = offsets_of(send_counts), recv_offsets = offsets_of(recv_counts);
-    const auto send = allocate(total_of(send_counts), "Ulysses send buffer");
-    const auto recv = allocate(total_of(recv_counts), "Ulysses receive buffer");
+    std::byte* const send = memory.get(Buffers::kSend, total_of(send_counts), "Ulysses send buffer");
+    std::byte* const recv = memory.get(Buffers::kReceive, total_of(recv_counts), "Ulysses receive buffer");
     for (int s = 0; s < ranks; ++s) {
-      std::byte* out = send.get() + send_offsets[std::size_t(s)];
+      std::byte* out = send + send_offsets[std::size_t(s)];
       for (const TensorView& t : inputs)
         for (std::int64_t b = 0; b < batch; ++b)
           for (std::int64_t i = 0; i < n_mine; ++i)
             for (std::int64_t h = 0; h < local_heads; ++h, out += in_row)
               detail::read_row(t, b, i, s * local_heads + h, out);
     }
-    comm.alltoallv(send.get(), send_counts, send_offsets, recv.get(), recv_counts, recv_offsets);
+    comm.alltoallv(send, send_counts, send_offsets, recv, recv_counts, recv_offsets);
     // A received token row holds this rank's heads contiguously, exactly a row of the local tensors.
     const std::size_t token_bytes = std::size_t(local_heads) * in_row;
     for (int s = 0; s < ranks; ++s) {
       const Shard& from = agreed.shards[std::size_t(s)];
-      const std::byte* in = recv.get() + recv_offsets[std::size_t(s)];
+      const std::byte* in = recv + recv_offsets[std::size_t(s)];
       for (const TensorView& t : local_inputs)
         for (std::int64_t b = 0; b < batch; ++b)
           for (std::int64_t i = 0; i < from.count; ++i, in += token_bytes) {
@@ -145,8 +199,7 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
   // is shared before the return exchange, so no rank is left waiting in it.
   phase = Clock::now();
   before = comm.traffic();
-  const RoutedCall routed{local_layout,   local.q.view(), local.k.view(), local.v.view(), local.o.view(),
-                          agreed.with_lse ? local.lse.view() : LseView{}, call.softmax_scale};
+  const RoutedCall routed{local_layout, local.q, local.k, local.v, local.o, local.lse, call.softmax_scale};
   const RoutedOptions options{call.tile, call.alignment};
   std::string failure;
   try {
@@ -182,10 +235,10 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
       recv_counts[std::size_t(s)] = batch * (n_mine + text) * local_heads * row_total;
     }
     const auto send_offsets = offsets_of(send_counts), recv_offsets = offsets_of(recv_counts);
-    const auto send = allocate(total_of(send_counts), "Ulysses send buffer");
-    const auto recv = allocate(total_of(recv_counts), "Ulysses receive buffer");
-    const TensorView o = local.o.view();
-    const LseView lse = agreed.with_lse ? local.lse.view() : LseView{};
+    std::byte* const send = memory.get(Buffers::kSend, total_of(send_counts), "Ulysses send buffer");
+    std::byte* const recv = memory.get(Buffers::kReceive, total_of(recv_counts), "Ulysses receive buffer");
+    const TensorView o = local.o;
+    const LseView lse = local.lse;
     const std::size_t token_bytes = std::size_t(local_heads) * out_row;
     const auto element_offset = [&](std::int64_t b, std::int64_t position) {
       return static_cast<const std::byte*>(o.data) + o.offset(b, position, 0, 0) * std::int64_t(element_size(o.dtype));
@@ -198,7 +251,7 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
     };
     for (int s = 0; s < ranks; ++s) {
       const Shard& to = agreed.shards[std::size_t(s)];
-      std::byte* out = send.get() + send_offsets[std::size_t(s)];
+      std::byte* out = send + send_offsets[std::size_t(s)];
       for (std::int64_t b = 0; b < batch; ++b)
         for (std::int64_t i = 0; i < to.count; ++i, out += token_bytes)
           std::memcpy(out, element_offset(b, grid.video_begin() + to.begin + i), token_bytes);
@@ -208,10 +261,10 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
           std::memcpy(out, element_offset(b, text_position(grid, j)), token_bytes);
       if (agreed.with_lse && text > 0) pack_lse(out, text_position(grid, 0), text);
     }
-    comm.alltoallv(send.get(), send_counts, send_offsets, recv.get(), recv_counts, recv_offsets);
+    comm.alltoallv(send, send_counts, send_offsets, recv, recv_counts, recv_offsets);
     for (int s = 0; s < ranks; ++s) {
       const std::int64_t heads_of_s = s * local_heads;
-      const std::byte* in = recv.get() + recv_offsets[std::size_t(s)];
+      const std::byte* in = recv + recv_offsets[std::size_t(s)];
       for (std::int64_t b = 0; b < batch; ++b)
         for (std::int64_t i = 0; i < n_mine; ++i)
           for (std::int64_t h = 0; h < local_heads; ++h, in += out_row) detail::write_row(call.o, b, i, heads_of_s + h, in);

@@ -231,6 +231,44 @@ TEST(UlyssesLocal, OneRankEqualsTheSingleDevicePathBitForBit) {
   EXPECT_EQ(report.gather.exchanges, 1);
 }
 
+// One workspace across calls of different shapes (larger, smaller, larger again):
+// every result is bit-identical to the single-device path, so nothing of an
+// earlier call's data survives in the reused memory, and the memory is kept.
+TEST(UlyssesLocal, AReusedWorkspaceGivesTheSameBitsAcrossShapes) {
+  struct Shape {
+    VideoGrid grid;
+    std::int64_t heads, head_dim;
+  };
+  const Shape shapes[] = {{VideoGrid{4, 6, 7, 9, TextPlacement::After}, 4, 64},
+                          {VideoGrid{2, 5, 5, 6, TextPlacement::Before}, 2, 80},
+                          {VideoGrid{4, 6, 7, 9, TextPlacement::After}, 4, 64}};
+  const Backend& cpu = backend("cpu");
+  auto comm = make_local_communicator();
+  PlanCache plans;
+  UlyssesWorkspace workspace;
+  EXPECT_EQ(workspace.bytes(), 0u);
+  std::size_t largest = 0;
+  for (const Shape& shape : shapes) {
+    const VideoLayout l = make_layout(shape.grid, shape.heads, shape.head_dim);
+    const auto masks = mixed_masks(shape.grid, shape.heads, 0.25);
+    auto single = make_problem(l, DType::F32, reference_heads(l, masks), fresh_seed());
+    run_single(single, masks, true, cpu, plans);
+    auto rank = shard_problem(single, masks, 1, 0, true);
+    ulysses_attention(*comm, rank.call, cpu, plans, workspace);
+    const VideoGrid& g = shape.grid;
+    const std::int64_t text_begin = g.text_placement == TextPlacement::Before ? 0 : g.video_end();
+    EXPECT_EQ(compare_tokens(rank.o.view(), single.o.view(), g.video_begin(), g.video_tokens()).differing_bits, 0);
+    EXPECT_EQ(compare_tokens(rank.text_o.view(), single.o.view(), text_begin, g.text_tokens).differing_bits, 0);
+    EXPECT_EQ(compare_lse(rank.text_lse.view(), single.lse.view(), text_begin, g.text_tokens).differing_bits, 0);
+    EXPECT_EQ(compare_lse(rank.lse.view(), single.lse.view(), g.video_begin(), g.video_tokens()).differing_bits, 0);
+    largest = std::max(largest, workspace.bytes());
+    EXPECT_EQ(workspace.bytes(), largest) << "the workspace keeps what it has grown to";
+  }
+  EXPECT_GT(largest, 0u);
+  workspace.release();
+  EXPECT_EQ(workspace.bytes(), 0u);
+}
+
 TEST(UlyssesLocal, RejectsBadInputWithTheReason) {
   VideoGrid g{2, 4, 4};
   const VideoLayout l = make_layout(g, 2, 64);
