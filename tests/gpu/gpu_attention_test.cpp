@@ -301,6 +301,12 @@ TEST_P(GpuSanitize, SmallMixedCalls) {
       run_case({make_layout(2, 9, 9, 7, TextPlacement::After, 1, 4, dim), in, DType::BF16});
 }
 
+// One call (two query tiles, every mask kind, a ragged tile): what the slow
+// shared-memory checkers (racecheck, synccheck) run.
+TEST_P(GpuSanitize, OneSmallCall) {
+  run_case({make_layout(2, 9, 9, 7, TextPlacement::After, 1, 4, 128), DType::BF16, DType::BF16});
+}
+
 const auto kAllKernels = ::testing::Values(CudaKernel::Sm80, CudaKernel::Sm90, CudaKernel::Sm90Overlap);
 INSTANTIATE_TEST_SUITE_P(Kernels, GpuAttention, kAllKernels, kernel_name);
 INSTANTIATE_TEST_SUITE_P(Kernels, GpuSanitize, kAllKernels, kernel_name);
