@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "cuda/tensor_map_shape.hpp"
+
 namespace stsa::cuda_detail {
 
 // A [B, N, H, D] tensor of 2-byte elements with element strides (batch, token,
