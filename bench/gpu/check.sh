@@ -11,7 +11,8 @@
 #   4. time routing + permutation against routed attention at 1440p
 #      (stsa_gpu_route_bench; the issue's < 3% target);
 #   5. benchmark at Wan2.1 shapes against cuDNN, FlashAttention-2 and
-#      FlexAttention on the identical tile plan (bench/gpu/compare.py);
+#      FlexAttention on the identical tile plan (bench/gpu/compare.py, after
+#      compare_selfcheck.py has checked its plan -> BlockMask path on the CPU);
 #   6. run compute-sanitizer memcheck, racecheck and synccheck on small cases
 #      (after the benchmarks, with the time they left, at least 100 s in all).
 # $OUT (default build-gpu/out) receives check.log (everything this prints),
@@ -116,6 +117,9 @@ if [ -z "${STSA_CHECK_SKIP_BENCH:-}" ]; then
   ROUTE_KERNEL="${KERNELS%%,*}"
   run_step route_bench sh -c "timeout 90 '$BUILD/stsa_gpu_route_bench' --kernel $ROUTE_KERNEL --repeats 3 \
     > '$OUT/gpu_route_bench.json' && cat '$OUT/gpu_route_bench.json'"
+
+  step "compare.py self-check: plan -> FlexAttention BlockMask, on the CPU (60 s limit)"
+  run_step compare_selfcheck timeout 60 python3 "$ROOT/bench/gpu/compare_selfcheck.py"
 
   LEFT=$(( BUDGET_S - $(elapsed) - SANITIZER_RESERVE_S - 10 ))
   if [ "$LEFT" -lt 60 ]; then LEFT=60; fi
