@@ -25,26 +25,29 @@ namespace {
 // K/V panels of the (batch, head) pairs packed at once stay under this (one pair always fits).
 constexpr std::int64_t kPanelBudgetBytes = std::int64_t(128) << 20;
 
-// 64-byte aligned float storage (whole cache lines for the SIMD loads).
-class FloatBuffer {
+// 64-byte aligned storage (whole cache lines for the SIMD loads); grows, never shrinks.
+template <class T>
+class AlignedBuffer {
  public:
   void resize(std::int64_t count) {
     if (count <= size_) return;
-    const std::size_t bytes = (std::size_t(count) * sizeof(float) + 63) / 64 * 64;
-    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    const std::size_t bytes = (std::size_t(count) * sizeof(T) + 63) / 64 * 64;
+    T* p = static_cast<T*>(std::aligned_alloc(64, bytes));
     if (p == nullptr) throw ResourceError(detail::concat("cpu backend: cannot allocate ", bytes, " bytes"));
     data_.reset(p);
     size_ = count;
   }
-  float* data() const { return data_.get(); }
+  T* data() const { return data_.get(); }
 
  private:
   struct Free {
-    void operator()(float* p) const { std::free(p); }
+    void operator()(T* p) const { std::free(p); }
   };
-  std::unique_ptr<float, Free> data_;
+  std::unique_ptr<T, Free> data_;
   std::int64_t size_ = 0;
 };
+using FloatBuffer = AlignedBuffer<float>;
+using PairBuffer = AlignedBuffer<std::uint32_t>;  // bf16 pairs (pack.hpp: bf16_pair)
 
 AttendFn kernel_for(Isa isa, std::int64_t head_dim) {
   if (head_dim <= 0 || head_dim > 1024) return nullptr;
@@ -75,6 +78,7 @@ struct PairWork {
   const TilePlan* plan = nullptr;
   std::int64_t panel_offset = 0;  // floats into the chunk's panel buffer (Kt panel, then V panel)
   std::int64_t panel_floats = 0;
+  std::int64_t pair_offset = 0;   // words into the chunk's bf16-pair K panels (bf16 inputs on AVX-512 only)
   bool v_nonfinite = false;
 };
 
@@ -86,6 +90,7 @@ struct TileItem {
 
 struct WorkerScratch {
   FloatBuffer q, o, m, l, s;
+  PairBuffer q_pairs;
   std::vector<const std::uint64_t*> masks;
 };
 
@@ -127,6 +132,9 @@ class CpuBackend final : public Backend {
     const float q_scale = call.scale() < 0 ? -1.0f : 1.0f;
     const double score_scale = std::abs(double(call.scale()));
     const float exp_scale = float(score_scale * 1.44269504088896340736);
+    // bf16 inputs on AVX-512 (which here includes BF16) compute S = Q K^T from bf16
+    // pairs with VDPBF16PS: the values are exact either way, the products too.
+    const bool bf16_pairs = isa_.isa == Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16;
 
     std::vector<PairWork> pairs;
     for (std::int64_t b = 0; b < layout.batch; ++b)
@@ -149,6 +157,7 @@ class CpuBackend final : public Backend {
       w.m.resize(max_q);
       w.l.resize(max_q);
       w.s.resize(std::int64_t(kScratchRows) * max_k);
+      if (bf16_pairs) w.q_pairs.resize(max_q * d / 2);
       if (w.masks.size() < std::size_t(max_partial)) w.masks.resize(std::size_t(max_partial));
     }
 
@@ -157,25 +166,30 @@ class CpuBackend final : public Backend {
     while (first < pairs.size()) {
       // A chunk of pairs whose panels fit the budget.
       std::size_t last = first;
-      std::int64_t floats = 0;
+      std::int64_t floats = 0, pair_words = 0;
       while (last < pairs.size()) {
         const TilePlan& plan = *pairs[last].plan;
         const std::int64_t need = 2 * plan.k_tiles() * plan.tile().k * d;
         if (last > first && (floats + need) * std::int64_t(sizeof(float)) > kPanelBudgetBytes) break;
         pairs[last].panel_offset = floats;
         pairs[last].panel_floats = need;
+        pairs[last].pair_offset = pair_words;
         floats += need;
+        pair_words += plan.k_tiles() * plan.tile().k * d / 2;
         ++last;
       }
       panels.resize(floats);
-      run_chunk(call, pairs, first, last, panels.data(), attend, q_scale, exp_scale, score_scale, scratch);
+      if (bf16_pairs) pair_panels_.resize(pair_words);
+      run_chunk(call, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, attend, q_scale,
+                exp_scale, score_scale, scratch);
       first = last;
     }
   }
 
+  // pair_panels: bf16-pair K panels (S = Q K^T from bf16 pairs), nullptr for the fp32 path.
   void run_chunk(const AttentionCall& call, std::vector<PairWork>& pairs, std::size_t first, std::size_t last,
-                 float* panels, AttendFn attend, float q_scale, float exp_scale, double score_scale,
-                 std::vector<WorkerScratch>& scratch) const {
+                 float* panels, std::uint32_t* pair_panels, AttendFn attend, float q_scale, float exp_scale,
+                 double score_scale, std::vector<WorkerScratch>& scratch) const {
     const std::int64_t d = call.layout.head_dim;
     const std::int64_t n = call.layout.tokens();
 
@@ -202,7 +216,8 @@ class CpuBackend final : public Backend {
       const std::int64_t tile = packs[std::size_t(i)].tile;
       float* kt = panels + pw.panel_offset + tile * d * tile_k;
       float* v = panels + pw.panel_offset + pw.panel_floats / 2 + tile * tile_k * d;
-      nonfinite[std::size_t(i)] = pack_kv_tile(call.k, call.v, pw.batch, pw.head, tile, int(tile_k), kt, v);
+      std::uint32_t* kt_pairs = pair_panels ? pair_panels + pw.pair_offset + tile * d / 2 * tile_k : nullptr;
+      nonfinite[std::size_t(i)] = pack_kv_tile(call.k, call.v, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs);
     });
     for (std::size_t i = 0; i < packs.size(); ++i)
       if (nonfinite[i]) pairs[packs[i].pair].v_nonfinite = true;
@@ -228,6 +243,9 @@ class CpuBackend final : public Backend {
       const std::int64_t q0 = std::int64_t(item.q_tile) * tile_q;
       const int rows = int(std::min<std::int64_t>(tile_q, n - q0));
       for (int r = 0; r < rows; ++r) load_row(call.q, pw.batch, q0 + r, pw.head, q_scale, w.q.data() + r * d);
+      if (pair_panels != nullptr)
+        for (std::int64_t e = 0; e < std::int64_t(rows) * d / 2; ++e)
+          w.q_pairs.data()[e] = bf16_pair(w.q.data()[2 * e], w.q.data()[2 * e + 1]);
 
       const auto full = plan.full_tiles(item.q_tile);
       const auto partial = plan.partial_tiles(item.q_tile);
@@ -243,6 +261,10 @@ class CpuBackend final : public Backend {
       job.kv.kt = panels + pw.panel_offset;
       job.kv.v = panels + pw.panel_offset + pw.panel_floats / 2;
       job.kv.v_nonfinite = pw.v_nonfinite;
+      if (pair_panels != nullptr) {
+        job.q_pairs = w.q_pairs.data();
+        job.kv.kt_pairs = pair_panels + pw.pair_offset;
+      }
       job.full = full.data();
       job.n_full = int(full.size());
       job.partial = partial.data();
@@ -265,6 +287,7 @@ class CpuBackend final : public Backend {
   mutable std::unique_ptr<ThreadPool> pool_;  // started on the first run
   // Kept across runs (guarded by mutex_): fresh pages would be faulted in on every call.
   mutable FloatBuffer panels_;
+  mutable PairBuffer pair_panels_;
   mutable std::vector<WorkerScratch> scratch_;
 };
 

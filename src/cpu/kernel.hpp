@@ -13,12 +13,19 @@ namespace stsa::cpu {
 // K and V of one (batch, head), packed once and shared by all its query tiles.
 struct KvPanels {
   const float* kt = nullptr;   // per key tile t: [head_dim][tile_k] (K transposed), at kt + t * head_dim * tile_k
+  // With QueryTileJob::q_pairs: K as bf16 pairs instead, per key tile t
+  // [head_dim / 2][tile_k] at kt_pairs + t * head_dim / 2 * tile_k (kt unused).
+  const std::uint32_t* kt_pairs = nullptr;
   const float* v = nullptr;    // [k_tiles * tile_k][head_dim]; rows past the sequence are zero
   bool v_nonfinite = false;    // some V value is Inf/NaN: masked columns must then be skipped, not multiplied by 0
 };
 
 struct QueryTileJob {
   const float* q = nullptr;  // [rows][head_dim], negated when the softmax scale is negative
+  // bf16 inputs on kernels with a bf16 dot product (attend_avx512): Q as bf16
+  // pairs [rows][head_dim / 2] (bf16_pair, pack.hpp), used instead of q for S = Q K^T
+  // together with kv.kt_pairs. nullptr: the fp32 path.
+  const std::uint32_t* q_pairs = nullptr;
   float exp_scale = 0;       // |softmax scale| * log2(e): p = exp2((s - m) * exp_scale)
   int rows = 0;              // valid query rows of this tile (ragged last tile: fewer than tile_q)
   int tile_k = 0;            // key columns per tile (a multiple of 64)

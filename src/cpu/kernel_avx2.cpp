@@ -7,6 +7,7 @@ namespace stsa::cpu {
 namespace {
 
 struct Vec {
+  static constexpr bool kHasBf16Dot = false;
   static constexpr int W = 8;
   using reg = __m256;
   static reg load(const float* p) { return _mm256_loadu_ps(p); }

@@ -26,6 +26,14 @@ struct Vec {
   static float reduce_add(reg x) { return _mm512_reduce_add_ps(x); }
   static reg select(unsigned bits, reg x, reg fill) { return _mm512_mask_blend_ps(__mmask16(bits), fill, x); }
   static bool any_nan(reg x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
+  // VDPBF16PS: per lane acc + a.hi * b.hi + a.lo * b.lo, the products exact in fp32
+  // and each sum rounded (two FMAs); bf16 subnormal inputs count as zero.
+  static constexpr bool kHasBf16Dot = true;
+  using pairs = __m512i;  // 16 lanes of two bf16
+  static pairs load_pairs(const std::uint32_t* p) { return _mm512_loadu_si512(p); }
+  static reg dot_pairs(reg acc, std::uint32_t a, pairs b) {
+    return _mm512_dpbf16_ps(acc, __m512bh(_mm512_set1_epi32(int(a))), __m512bh(b));
+  }
   // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by its degree-7 Taylor series
   // (truncation < 6e-9 relative). Clamping at -150 makes -inf give exactly 0; the
   // clamp keeps x when x is NaN (MAXPS returns its second operand then).

@@ -10,6 +10,8 @@
 //     reduce_max, reduce_add, exp2 (0 for -inf, NaN for NaN),
 //     select(bits, x, fill)  // lane i: bit i of bits ? x : fill
 //     any_nan(x)
+//     kHasBf16Dot            // true: also load_pairs(p) and dot_pairs(acc, pair, pairs) =
+//                            //   acc + a.lo * b.lo + a.hi * b.hi per lane (bf16 pairs, fp32 sums)
 //   };
 //   constexpr int kQkRows, kQkVecs;   // S = Q K^T register block: rows x (vecs * W) columns
 //   constexpr int kPvAccumulators, kPvMaxVecs;  // O += P V register budget
@@ -72,6 +74,36 @@ inline void qk_rows(const float* q, int rows, const float* kt, int tile_k, int c
     for (int c = 0; c < cols; c += kCols) qk_block<kD, Mr>(q + r * kD, kt + c, tile_k, s + r * tile_k + c, tile_k);
   if constexpr (Mr > 1) {
     if (r < rows) qk_rows<kD, Mr - 1>(q + r * kD, rows - r, kt, tile_k, cols, s + r * tile_k);
+  }
+}
+
+// The same from bf16 pairs (QueryTileJob::q_pairs): q row i at q + i * kD / 2,
+// key-panel pair row d2 at kt + d2 * kt_stride; half the instructions of qk_block.
+// V is a template parameter so that ISAs without the dot product never see it.
+template <class V, int kD, int Mr>
+inline void qk_block_bf16(const std::uint32_t* q, const std::uint32_t* kt, int kt_stride, float* s, int s_stride) {
+  typename V::reg acc[Mr][kQkVecs];
+  for (int i = 0; i < Mr; ++i)
+    for (int j = 0; j < kQkVecs; ++j) acc[i][j] = V::zero();
+  for (int d2 = 0; d2 < kD / 2; ++d2) {
+    typename V::pairs kv[kQkVecs];
+    for (int j = 0; j < kQkVecs; ++j) kv[j] = V::load_pairs(kt + d2 * kt_stride + j * V::W);
+    for (int i = 0; i < Mr; ++i)
+      for (int j = 0; j < kQkVecs; ++j) acc[i][j] = V::dot_pairs(acc[i][j], q[i * (kD / 2) + d2], kv[j]);
+  }
+  for (int i = 0; i < Mr; ++i)
+    for (int j = 0; j < kQkVecs; ++j) V::store(s + i * s_stride + j * V::W, acc[i][j]);
+}
+
+template <class V, int kD, int Mr>
+inline void qk_rows_bf16(const std::uint32_t* q, int rows, const std::uint32_t* kt, int tile_k, int cols, float* s) {
+  constexpr int kCols = kQkVecs * V::W;
+  int r = 0;
+  for (; r + Mr <= rows; r += Mr)
+    for (int c = 0; c < cols; c += kCols)
+      qk_block_bf16<V, kD, Mr>(q + r * (kD / 2), kt + c, tile_k, s + r * tile_k + c, tile_k);
+  if constexpr (Mr > 1) {
+    if (r < rows) qk_rows_bf16<V, kD, Mr - 1>(q + r * (kD / 2), rows - r, kt, tile_k, cols, s + r * tile_k);
   }
 }
 
@@ -214,7 +246,16 @@ void attend(const QueryTileJob& job) {
       const int rows = job.rows - r0 < kScratchRows ? job.rows - r0 : kScratchRows;
       const std::uint64_t* block_mask = mask ? mask + std::int64_t(r0) * job.mask_words : nullptr;
       float* o = job.o + std::int64_t(r0) * kD;
-      qk_rows<kD, kQkRows>(job.q + std::int64_t(r0) * kD, rows, kt, tile_k, cols, job.scratch);
+      bool scored = false;
+      if constexpr (Vec::kHasBf16Dot) {
+        if (job.q_pairs != nullptr) {
+          qk_rows_bf16<Vec, kD, kQkRows>(job.q_pairs + std::int64_t(r0) * (kD / 2), rows,
+                                         job.kv.kt_pairs + std::int64_t(tile) * (kD / 2) * tile_k, tile_k, cols,
+                                         job.scratch);
+          scored = true;
+        }
+      }
+      if (!scored) qk_rows<kD, kQkRows>(job.q + std::int64_t(r0) * kD, rows, kt, tile_k, cols, job.scratch);
       if (masked)
         softmax_rows<kD, true>(job.scratch, tile_k, rows, cols, valid_cols, block_mask, job.mask_words,
                                job.exp_scale, job.m + r0, job.l + r0, o);

@@ -6,6 +6,7 @@ namespace stsa::cpu {
 namespace {
 
 struct Vec {
+  static constexpr bool kHasBf16Dot = false;
   static constexpr int W = 1;
   using reg = float;
   static reg load(const float* p) { return *p; }

@@ -39,7 +39,7 @@ void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t 
 }
 
 bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t tile,
-                  int tile_k, float* kt, float* v_rows) {
+                  int tile_k, float* kt, float* v_rows, std::uint32_t* kt_pairs) {
   const std::int64_t d_count = k.head_dim();
   const std::int64_t n0 = tile * tile_k;
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
@@ -47,13 +47,22 @@ bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std:
   bool nonfinite = false;
   for (std::int64_t c = 0; c < valid; ++c) {
     load_row(k, b, n0 + c, h, 1.0f, row);
-    for (std::int64_t d = 0; d < d_count; ++d) kt[d * tile_k + c] = row[d];
+    if (kt_pairs != nullptr) {
+      for (std::int64_t i = 0; i < d_count / 2; ++i) kt_pairs[i * tile_k + c] = bf16_pair(row[2 * i], row[2 * i + 1]);
+    } else {
+      for (std::int64_t d = 0; d < d_count; ++d) kt[d * tile_k + c] = row[d];
+    }
     float* vr = v_rows + c * d_count;
     load_row(v, b, n0 + c, h, 1.0f, vr);
     for (std::int64_t d = 0; d < d_count; ++d) nonfinite |= !std::isfinite(vr[d]);
   }
-  for (std::int64_t d = 0; d < d_count; ++d)
-    for (std::int64_t c = valid; c < tile_k; ++c) kt[d * tile_k + c] = 0.0f;
+  if (kt_pairs != nullptr) {
+    for (std::int64_t i = 0; i < d_count / 2; ++i)
+      for (std::int64_t c = valid; c < tile_k; ++c) kt_pairs[i * tile_k + c] = 0;
+  } else {
+    for (std::int64_t d = 0; d < d_count; ++d)
+      for (std::int64_t c = valid; c < tile_k; ++c) kt[d * tile_k + c] = 0.0f;
+  }
   if (valid < tile_k) std::memset(v_rows + valid * d_count, 0, std::size_t((tile_k - valid) * d_count) * sizeof(float));
   return nonfinite;
 }
