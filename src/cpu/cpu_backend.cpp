@@ -76,9 +76,9 @@ int threads_from(int requested, std::string& why) {
 struct PairWork {
   std::int64_t batch = 0, head = 0;
   const TilePlan* plan = nullptr;
-  std::int64_t panel_offset = 0;  // floats into the chunk's panel buffer (Kt panel, then V panel)
-  std::int64_t panel_floats = 0;
-  std::int64_t pair_offset = 0;   // words into the chunk's bf16-pair K panels (bf16 inputs on AVX-512 only)
+  // Offsets into the chunk's buffers: the fp32 Kt panel (absent when K is packed
+  // as bf16 pairs) and the V panel in floats, the bf16-pair K panel in words.
+  std::int64_t kt_offset = 0, v_offset = 0, pair_offset = 0;
   bool v_nonfinite = false;
 };
 
@@ -169,13 +169,15 @@ class CpuBackend final : public Backend {
       std::int64_t floats = 0, pair_words = 0;
       while (last < pairs.size()) {
         const TilePlan& plan = *pairs[last].plan;
-        const std::int64_t need = 2 * plan.k_tiles() * plan.tile().k * d;
-        if (last > first && (floats + need) * std::int64_t(sizeof(float)) > kPanelBudgetBytes) break;
-        pairs[last].panel_offset = floats;
-        pairs[last].panel_floats = need;
+        const std::int64_t panel = plan.k_tiles() * plan.tile().k * d;  // elements of K (or V) for all key tiles
+        const std::int64_t kt_floats = bf16_pairs ? 0 : panel, words = bf16_pairs ? panel / 2 : 0;
+        const std::int64_t bytes = (floats + kt_floats + panel + pair_words + words) * std::int64_t(sizeof(float));
+        if (last > first && bytes > kPanelBudgetBytes) break;
+        pairs[last].kt_offset = floats;
+        pairs[last].v_offset = floats + kt_floats;
         pairs[last].pair_offset = pair_words;
-        floats += need;
-        pair_words += plan.k_tiles() * plan.tile().k * d / 2;
+        floats += kt_floats + panel;
+        pair_words += words;
         ++last;
       }
       panels.resize(floats);
@@ -214,8 +216,8 @@ class CpuBackend final : public Backend {
       const PairWork& pw = pairs[packs[std::size_t(i)].pair];
       const std::int64_t tile_k = pw.plan->tile().k;
       const std::int64_t tile = packs[std::size_t(i)].tile;
-      float* kt = panels + pw.panel_offset + tile * d * tile_k;
-      float* v = panels + pw.panel_offset + pw.panel_floats / 2 + tile * tile_k * d;
+      float* kt = pair_panels ? nullptr : panels + pw.kt_offset + tile * d * tile_k;
+      float* v = panels + pw.v_offset + tile * tile_k * d;
       std::uint32_t* kt_pairs = pair_panels ? pair_panels + pw.pair_offset + tile * d / 2 * tile_k : nullptr;
       nonfinite[std::size_t(i)] = pack_kv_tile(call.k, call.v, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs);
     });
@@ -258,8 +260,8 @@ class CpuBackend final : public Backend {
       job.rows = rows;
       job.tile_k = int(tile_k);
       job.tokens = n;
-      job.kv.kt = panels + pw.panel_offset;
-      job.kv.v = panels + pw.panel_offset + pw.panel_floats / 2;
+      job.kv.kt = pair_panels ? nullptr : panels + pw.kt_offset;
+      job.kv.v = panels + pw.v_offset;
       job.kv.v_nonfinite = pw.v_nonfinite;
       if (pair_panels != nullptr) {
         job.q_pairs = w.q_pairs.data();
