@@ -16,11 +16,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define STSA_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define STSA_HOST_DEVICE inline
-#endif
+#include "cuda/video_order.hpp"
 
 namespace stsa::cuda_detail {
 
@@ -47,32 +43,15 @@ struct MaskToken {
   std::int32_t code = 0;
 };
 
-// Frame-major / spatial-major video position of (frame, patch) (layout.hpp:
-// frame 0 in front in both orders).
-STSA_HOST_DEVICE std::int32_t predicate_video_position(const PredicateGrid& g, std::int32_t frame, std::int32_t patch,
-                                                       bool spatial_major) {
-  if (!spatial_major || frame == 0) return frame * g.per_frame + patch;
-  return g.per_frame + patch * (g.frames - 1) + (frame - 1);
-}
-
 // `position` is a token position in [0, tokens) in the grid's storage order.
 STSA_HOST_DEVICE MaskToken mask_token(const PredicateGrid& g, const PredicateMask& m, std::int32_t position) {
   const std::int32_t begin = g.text_before ? g.text_tokens : 0;
   const std::int32_t video = g.frames * g.per_frame;
   if (position < begin || position - begin >= video) return {true, 0};  // text
-  const std::int32_t v = position - begin;
-  std::int32_t frame, patch;
-  if (!g.spatial_major || v < g.per_frame) {
-    frame = v / g.per_frame;
-    patch = v % g.per_frame;
-  } else {
-    const std::int32_t rest = v - g.per_frame;  // frames >= 2 here, since v >= per_frame
-    patch = rest / (g.frames - 1);
-    frame = 1 + rest % (g.frames - 1);
-  }
-  if (m.kind == PredicateKind::Dense || (m.anchor && frame == 0)) return {true, 0};
-  if (m.kind == PredicateKind::FrameWindow) return {false, frame};
-  return {false, predicate_video_position(g, frame, patch, m.band_spatial_major)};
+  const auto at = video_coordinates<std::int32_t>(position - begin, g.frames, g.per_frame, g.spatial_major);
+  if (m.kind == PredicateKind::Dense || (m.anchor && at.frame == 0)) return {true, 0};
+  if (m.kind == PredicateKind::FrameWindow) return {false, at.frame};
+  return {false, video_position<std::int32_t>(at.frame, at.patch, g.frames, g.per_frame, m.band_spatial_major)};
 }
 
 STSA_HOST_DEVICE bool mask_allows(const PredicateMask& m, MaskToken q, MaskToken k) {

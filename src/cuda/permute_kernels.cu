@@ -6,6 +6,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/permute_launch.hpp"
+#include "cuda/video_order.hpp"
 #include "stsa/error.hpp"
 
 namespace stsa::cuda_detail {
@@ -19,18 +20,9 @@ __device__ __forceinline__ std::int64_t source_position(std::int64_t position, c
   const std::int64_t begin = g.text_before ? g.text_tokens : 0;
   const std::int64_t video = g.frames * g.per_frame;
   if (position < begin || position >= begin + video) return position;
-  const std::int64_t v = position - begin;
-  std::int64_t frame, patch;
-  if (!g.to_spatial_major || v < g.per_frame) {
-    frame = v / g.per_frame;
-    patch = v % g.per_frame;
-  } else {
-    const std::int64_t rest = v - g.per_frame;
-    patch = rest / (g.frames - 1);
-    frame = 1 + rest % (g.frames - 1);
-  }
-  const std::int64_t from_v = (!g.from_spatial_major || frame == 0) ? frame * g.per_frame + patch
-                                                                   : g.per_frame + patch * (g.frames - 1) + frame - 1;
+  const auto at = video_coordinates<std::int64_t>(position - begin, g.frames, g.per_frame, g.to_spatial_major);
+  const std::int64_t from_v =
+      video_position<std::int64_t>(at.frame, at.patch, g.frames, g.per_frame, g.from_spatial_major);
   return begin + from_v;
 }
 

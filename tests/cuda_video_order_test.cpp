@@ -1,0 +1,38 @@
+// The device token-order arithmetic (src/cuda/video_order.hpp), shared by the
+// GPU permutation and the device mask predicate, against VideoGrid's own
+// coord() / video_position() in both orders: plain C++, runs in every build.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "cuda/video_order.hpp"
+#include "stsa/layout.hpp"
+
+namespace stsa {
+namespace {
+
+TEST(CudaVideoOrder, MatchesTheGridInBothOrdersAndBothWidths) {
+  const VideoGrid grids[] = {{1, 3, 5}, {2, 1, 1}, {7, 3, 4, 5, TextPlacement::Before}, {21, 6, 9}};
+  for (const VideoGrid& g : grids)
+    for (const TokenOrder order : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor}) {
+      const bool spatial = order == TokenOrder::SpatialMajor;
+      const std::int64_t per_frame = g.tokens_per_frame();
+      for (std::int64_t v = 0; v < g.video_tokens(); ++v) {
+        const TokenCoord c = g.coord(g.video_begin() + v, order);
+        const auto at64 = cuda_detail::video_coordinates<std::int64_t>(v, g.frames, per_frame, spatial);
+        const auto at32 = cuda_detail::video_coordinates<std::int32_t>(std::int32_t(v), std::int32_t(g.frames),
+                                                                        std::int32_t(per_frame), spatial);
+        ASSERT_EQ(at64.frame, c.frame) << g.describe() << " v " << v;
+        ASSERT_EQ(at64.patch, c.patch) << g.describe() << " v " << v;
+        ASSERT_EQ(at32.frame, c.frame);
+        ASSERT_EQ(at32.patch, c.patch);
+        for (const TokenOrder to : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor})
+          ASSERT_EQ(cuda_detail::video_position<std::int64_t>(c.frame, c.patch, g.frames, per_frame,
+                                                              to == TokenOrder::SpatialMajor),
+                    g.video_position(c.frame, c.patch, to));
+      }
+    }
+}
+
+}  // namespace
+}  // namespace stsa
