@@ -112,9 +112,14 @@ int smem_bytes(CudaKernel kernel, int head_dim) {
                          : cuda_detail::attention_smem_bytes(head_dim);
 }
 
+// The device a call runs on and the kernel it runs with there.
+struct Launch {
+  DeviceFacts facts;
+  CudaKernel kernel = CudaKernel::Sm80;
+};
+
 // What needs the GPU: its presence and size, and that every tensor lives on it.
-// Returns the device's facts.
-DeviceFacts check_on_device(const AttentionCall& call, CudaKernel requested) {
+Launch check_on_device(const AttentionCall& call, CudaKernel requested) {
   const DeviceFacts f = device_facts();
   const int device = f.device;
   const CudaKernel kernel = resolve_kernel(requested, f);
@@ -126,7 +131,7 @@ DeviceFacts check_on_device(const AttentionCall& call, CudaKernel requested) {
   check_device_memory("v", call.v.byte_extent(), device);
   check_device_memory("o", call.o.byte_extent(), device);
   if (call.lse.data != nullptr) check_device_memory("lse", call.lse.byte_extent(), device);
-  return f;
+  return {f, kernel};
 }
 
 void copy_strides(std::int64_t (&out)[3], const TensorView& t) {
@@ -218,8 +223,7 @@ void CudaBackend::run(const AttentionCall& call) const {
 
 void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
   check_on_host(call);
-  const DeviceFacts facts = check_on_device(call, state_->options.kernel);
-  const CudaKernel kernel = resolve_kernel(state_->options.kernel, facts);
+  const auto [facts, kernel] = check_on_device(call, state_->options.kernel);
 
   AttentionParams params;
   params.q = call.q.data;

@@ -111,11 +111,6 @@ __device__ __forceinline__ void pin_registers(float (&r)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
-template <int kCount>
-__device__ __forceinline__ void pin_registers(std::uint32_t (&r)[kCount]) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
 
 // ---- Register reallocation between warpgroups (producer gives, consumers take).
 template <int kRegisters>
@@ -125,11 +120,6 @@ __device__ __forceinline__ void registers_decrease() {
 template <int kRegisters>
 __device__ __forceinline__ void registers_increase() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
-}
-
-// Synchronises the `threads` threads that use named barrier `id` (1..15; 0 is __syncthreads).
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace stsa::cuda_detail

@@ -1,13 +1,12 @@
-// The sm90 building-block probe (see sm90_probe.hpp). Shares every piece with the
-// attention kernel except the softmax and the pipeline: one tile, one pass.
+// The sm90 building-block probe (see sm90_probe.hpp): the attention kernel's own
+// TMA tile layout and consumer steps (issue_scores, pack_probabilities,
+// issue_values) on one tile, without the softmax and the pipeline.
 #include <cuda_bf16.h>
 
+#include "cuda/attention_sm90_kernel.cuh"
 #include "cuda/cuda_check.hpp"
-#include "cuda/ptx_sm90.cuh"
 #include "cuda/sm90_probe.hpp"
-#include "cuda/sm90_tile_layout.hpp"
 #include "cuda/tensor_map.hpp"
-#include "cuda/wgmma_ops.cuh"
 #include "stsa/error.hpp"
 
 namespace stsa::cuda_detail {
@@ -51,18 +50,14 @@ __global__ void __launch_bounds__(256, 1) sm90_probe_kernel(const __grid_constan
   const int row0 = group * 64 + warp * 16 + lane / 4;
   const int column0 = (lane % 4) * 2;
 
+  // The kernel's own steps (attention_sm90_kernel.cuh): its descriptors, its
+  // fragment packing, its wgmma calls.
+  using Traits = Sm90Traits<__nv_bfloat16, kHeadDim, false>;
+  ConsumerContext c;
+  c.q_address = shared_address(tiles[0]);
+  c.q_first_row = group * Traits::kRowsPerGroup;
   float s[64];
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk)
-    wgmma_m64n128k16_ss_bf16(
-        s,
-        matrix_descriptor(shared_address(tiles[0]) + sm90_layout::k_major_step_offset(kk, group * 64, kRows), 16,
-                          sm90_layout::kGroupBytes),
-        matrix_descriptor(shared_address(tiles[1]) + sm90_layout::k_major_step_offset(kk, 0, kRows), 16,
-                          sm90_layout::kGroupBytes),
-        kk > 0);
-  wgmma_commit();
+  issue_scores<Traits>(s, c, shared_address(tiles[1]));
   wgmma_wait<0>();
   pin_registers(s);
   for (int j = 0; j < 16; ++j)
@@ -70,34 +65,19 @@ __global__ void __launch_bounds__(256, 1) sm90_probe_kernel(const __grid_constan
       for (int e = 0; e < 2; ++e)
         params.s_out[(row0 + 8 * half) * kRows + j * 8 + column0 + e] = s[4 * j + 2 * half + e];
 
-  // A fragments of P read from global memory in the layout the kernel builds them in.
-  auto p_at = [&](int row, int column) {
-    const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(params.p + row * kRows + column);
-    return *reinterpret_cast<const std::uint32_t*>(&pair);
-  };
+  // P (given) in the accumulator layout the softmax leaves it in, packed as the kernel packs it.
+  float p_values[64];
+  for (int j = 0; j < 16; ++j)
+    for (int half = 0; half < 2; ++half)
+      for (int e = 0; e < 2; ++e)
+        p_values[4 * j + 2 * half + e] = __bfloat162float(params.p[(row0 + 8 * half) * kRows + j * 8 + column0 + e]);
+  std::uint32_t p_frag[8][4];
+  pack_probabilities<__nv_bfloat16>(p_values, p_frag);
   float o[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
-  std::uint32_t a[8][4];
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    a[kk][0] = p_at(row0, kk * 16 + column0);
-    a[kk][1] = p_at(row0 + 8, kk * 16 + column0);
-    a[kk][2] = p_at(row0, kk * 16 + 8 + column0);
-    a[kk][3] = p_at(row0 + 8, kk * 16 + 8 + column0);
-  }
   pin_registers(o);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    const std::uint64_t desc_v = matrix_descriptor(shared_address(tiles[2]) + sm90_layout::mn_major_step_offset(kk),
-                                                   sm90_layout::column_block_bytes(kRows), sm90_layout::kGroupBytes);
-    if constexpr (kHeadDim == 128)
-      wgmma_m64n128k16_rs_tb_bf16(o, a[kk], desc_v, 1);
-    else
-      wgmma_m64n64k16_rs_tb_bf16(o, a[kk], desc_v, 1);
-  }
-  wgmma_commit();
+  issue_values<Traits>(o, p_frag, shared_address(tiles[2]));
   wgmma_wait<0>();
   pin_registers(o);
   for (int j = 0; j < kHeadDim / 8; ++j)
