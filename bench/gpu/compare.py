@@ -7,7 +7,7 @@ Run by bench/gpu/check.sh. For each shape (21 frames; 720p = 45x80 and 1440p =
   1. draws Q, K, V with torch ([B, N, H, D], the layout stsa takes) and writes
      them as raw bf16 to a RAM disk;
   2. runs build-gpu/stsa_gpu_bench on those inputs once per attention kernel
-     (--kernels, default sm90,sm90-overlap,sm80), each in its own process so that a kernel
+     (--kernels, default sm90,sm90-overlap,sm90-pingpong,sm80), each in its own process so that a kernel
      that fails or hangs costs only its own rows: stsa sparse at each kept
      density and stsa dense, timed with CUDA events by the shared benchmark
      harness; it also exports every plan's full and partial tile lists and
@@ -394,7 +394,7 @@ def main():
     parser.add_argument("--densities", type=lambda s: [float(x) for x in s.split(",")],
                         default=[0.1, 0.2, 0.3, 0.5, 1.0])
     parser.add_argument("--kernels", type=lambda s: [k for k in s.split(",") if k],
-                        default=["sm90", "sm90-overlap", "sm80"],
+                        default=["sm90", "sm90-overlap", "sm90-pingpong", "sm80"],
                         help="stsa attention kernels, one stsa_gpu_bench process and one table row each")
     parser.add_argument("--sample-rows", type=int, default=512)
     parser.add_argument("--deadline-s", type=float, default=420.0)

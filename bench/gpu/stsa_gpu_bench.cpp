@@ -46,7 +46,7 @@ struct Options {
   std::int64_t frames = 21, height = 45, width = 80, heads = 12, head_dim = 128, batch = 1;
   std::vector<double> densities{0.1, 0.2, 0.3, 0.5, 1.0};
   std::string dtype = "bf16";
-  std::string kernels = "sm90,sm90-overlap,sm80";
+  std::string kernels = "sm90,sm90-overlap,sm90-pingpong,sm80";
   std::string inputs;       // directory with q.bin, k.bin, v.bin
   std::string export_dir;   // plan_<label>.bin/.json and o_<label>.f32 go here
   int sample_rows = 0;
@@ -411,7 +411,7 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", opt.head_dim);
   app.add_option("--batch", opt.batch);
   app.add_option("--densities", opt.densities, "kept densities; 1 means the dense mask")->delimiter(',');
-  app.add_option("--kernels", opt.kernels, "attention kernels to time, each on every case: comma list of sm90, sm80, auto")
+  app.add_option("--kernels", opt.kernels, "attention kernels to time, each on every case: comma list of auto, sm80, sm90, sm90-overlap, sm90-pingpong")
       ->capture_default_str();
   app.add_option("--dtype", opt.dtype, "bf16 | fp16");
   app.add_option("--inputs", opt.inputs, "directory with q.bin, k.bin, v.bin (raw [B, N, H, D])");

@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
   app.add_option("--density", opt.density, "kept density of every candidate and of the run masks");
   app.add_option("--samples", opt.samples, "sampled query rows per head");
   app.add_flag("--frame-window", opt.frame_window, "also try the frame-window candidate");
-  app.add_option("--kernel", opt.kernel, "attention kernel: auto, sm90 or sm80");
+  app.add_option("--kernel", opt.kernel, "attention kernel: auto, sm80, sm90, sm90-overlap or sm90-pingpong");
   app.add_option("--warmup", opt.warmup);
   app.add_option("--repeats", opt.repeats);
   CLI11_PARSE(app, argc, argv);

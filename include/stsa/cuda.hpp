@@ -108,10 +108,14 @@ class DevicePlan {
 //   Sm90Overlap: the same with each consumer warpgroup overlapping the scores of
 //         tile t with P V of tile t-1 (FlashAttention-3's intra-warpgroup
 //         overlap); the default once a GPU run shows it correct and faster.
+//   Sm90PingPong: Sm90Overlap with the two consumer warpgroups taking turns to
+//         issue their products (ping-pong), so one's softmax runs under the
+//         other's products.
 //   Sm80: portable path (mma.sync, cp.async); any GPU of compute capability >= 8.0.
 //   Auto: Sm90 on compute capability 9.0, Sm80 elsewhere.
-enum class CudaKernel : std::uint8_t { Auto, Sm80, Sm90, Sm90Overlap };
-std::string_view to_string(CudaKernel kernel);  // "auto", "sm80", "sm90", "sm90-overlap"
+enum class CudaKernel : std::uint8_t { Auto, Sm80, Sm90, Sm90Overlap, Sm90PingPong };
+// "auto", "sm80", "sm90", "sm90-overlap", "sm90-pingpong"
+std::string_view to_string(CudaKernel kernel);
 CudaKernel parse_cuda_kernel(std::string_view name);  // the names above; throws InvalidArgument
 
 struct CudaBackendOptions {

@@ -21,9 +21,15 @@ void launch_attention(const AttentionParams& params, bool bf16_inputs, int head_
 // The Hopper kernel (sm_90a only): dynamic shared memory per block, and the
 // persistent launch over min(work items, multiprocessors) blocks. Builds the TMA
 // descriptors of q, k, v from params (head_dim, total_heads and strides set).
-// `overlap`: the consumer schedule that overlaps S(t) with P V(t-1).
 int attention_sm90_smem_bytes(int head_dim);
-void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors, bool overlap,
-                           void* stream);
+
+// How the sm90 consumer warpgroups schedule a tile's two products.
+//   Serial: S, softmax, P V, each waited for before the next.
+//   Overlap: S(t) in flight together with P V(t-1) (intra-warpgroup overlap).
+//   PingPong: Overlap, and the two consumer warpgroups take turns issuing their
+//             products, so one's softmax runs under the other's products.
+enum class Sm90Schedule { Serial, Overlap, PingPong };
+void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors,
+                           Sm90Schedule schedule, void* stream);
 
 }  // namespace stsa::cuda_detail

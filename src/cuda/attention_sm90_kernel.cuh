@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/attention_launch.hpp"
 #include "cuda/attention_params.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/ptx_sm90.cuh"
@@ -49,12 +50,13 @@ struct Sm90AttentionParams {  // 64-byte aligned through CUtensorMap
   AttentionParams common;
 };
 
-template <class Element, int kHeadDimT, bool kOverlapT>
+template <class Element, int kHeadDimT, Sm90Schedule kScheduleT>
 struct Sm90Traits {
   using T = Element;
   static constexpr int kHeadDim = kHeadDimT;
-  // Consumer schedule: tile after tile (false) or S(t) overlapped with P V(t-1) (true).
-  static constexpr bool kOverlap = kOverlapT;
+  static constexpr Sm90Schedule kSchedule = kScheduleT;
+  static constexpr bool kOverlap = kSchedule != Sm90Schedule::Serial;  // S(t) with P V(t-1)
+  static constexpr bool kPingPong = kSchedule == Sm90Schedule::PingPong;
   static constexpr int kBlockM = 128;  // query rows per item: one plan tile
   static constexpr int kBlockN = 128;  // keys per stage: one plan tile
   static constexpr int kConsumerGroups = 2;
@@ -276,6 +278,47 @@ __device__ __forceinline__ void release(const ConsumerContext& c, std::uint64_t*
   if (c.lane == 0) mbarrier_arrive(barrier);
 }
 
+// Ping-pong (FlashAttention-3's warp-scheduler barriers): a consumer warpgroup
+// issues a tile's products only in its turn and then hands the turn to the
+// other group, so while one group runs its softmax the other's products have
+// the tensor cores, instead of both groups' products and softmaxes coinciding.
+// Named barrier kTurnBarrier[g] is group g's turn; each phase is the waiting
+// group's 128 threads (sync) plus the other group's 128 (arrive). Group 1 grants
+// group 0 the first turn. Both groups take the same number of turns (they walk
+// the same items and tiles), so the only arrival left pending at exit is group
+// 1's last hand-off; named barriers start fresh with each block. (Taking that
+// turn back with a bar.sync after the item loop made ptxas spill 150-400 bytes
+// at every head dim, bench/NOTES.md.) The ids are immediates so that ptxas
+// reserves 3 barriers, not all 16. A named-barrier wait cannot time out like the
+// mbarrier waits: a protocol bug here hangs, which the GPU check's per-process
+// timeouts cover.
+template <bool kEnabled>
+struct ConsumerTurns {
+  static constexpr int kTurnBarrier[2] = {1, 2};
+  static constexpr int kThreads = 256;
+  int group = 0;
+
+  template <int kGroup>
+  __device__ __forceinline__ static void wait_for() {
+    named_barrier_sync<kTurnBarrier[kGroup], kThreads>();
+  }
+  template <int kGroup>
+  __device__ __forceinline__ static void hand_to() {
+    named_barrier_arrive<kTurnBarrier[kGroup], kThreads>();
+  }
+
+  __device__ __forceinline__ void grant_first() const {
+    if constexpr (kEnabled)
+      if (group == 1) hand_to<0>();
+  }
+  __device__ __forceinline__ void wait() const {
+    if constexpr (kEnabled) group == 0 ? wait_for<0>() : wait_for<1>();
+  }
+  __device__ __forceinline__ void pass() const {
+    if constexpr (kEnabled) group == 0 ? hand_to<1>() : hand_to<0>();
+  }
+};
+
 // One item, tile after tile: S, softmax, P V, each waited for before the next.
 template <class Traits>
 __device__ __forceinline__ void consume_item(const AttentionParams& p, const ConsumerContext& c, const WorkItem& w,
@@ -314,10 +357,13 @@ __device__ __forceinline__ void consume_item(const AttentionParams& p, const Con
 // finishes. Registers a wgmma reads or writes are never written by other
 // instructions while it may run: P is packed and O rescaled only when no product
 // that uses them is in flight (ptxas serializes the wgmma otherwise, C7513).
+// With ping-pong, a turn covers the issue of S(t) and P V(t-1), as in
+// FlashAttention-3; the last P V of an item is issued outside any turn.
 template <class Traits>
 __device__ __forceinline__ void consume_item_overlapped(const AttentionParams& p, const ConsumerContext& c,
                                                         const WorkItem& w, int kv_use,
-                                                        float (&o_acc)[Traits::kHeadDim / 2], SoftmaxState& state) {
+                                                        float (&o_acc)[Traits::kHeadDim / 2], SoftmaxState& state,
+                                                        const ConsumerTurns<Traits::kPingPong>& turns) {
   if (w.tiles == 0) return;
   auto stage_of = [&](int t) { return (kv_use + t) % Traits::kStages; };
   auto parity_of = [&](int t) { return std::uint32_t(((kv_use + t) / Traits::kStages) & 1); };
@@ -326,8 +372,10 @@ __device__ __forceinline__ void consume_item_overlapped(const AttentionParams& p
   float rescale[2];
 
   // Tile 0: nothing to overlap with yet.
+  turns.wait();
   mbarrier_wait(&c.k_full[stage_of(0)], parity_of(0));
   issue_scores<Traits>(s, c, c.k_address + stage_of(0) * Traits::kTileBytes);
+  turns.pass();
   {
     const TileMask mask = fetch_tile_mask<Traits>(p, c, w, 0);
     wgmma_wait<0>();
@@ -341,11 +389,13 @@ __device__ __forceinline__ void consume_item_overlapped(const AttentionParams& p
 
   for (int t = 1; t < w.tiles; ++t) {
     const int stage = stage_of(t), previous = stage_of(t - 1);
+    turns.wait();
     mbarrier_wait(&c.k_full[stage], parity_of(t));
     issue_scores<Traits>(s, c, c.k_address + stage * Traits::kTileBytes);
     rescale_output(o_acc, rescale);  // to tile t-1's max, before P V of tile t-1 adds to it
     mbarrier_wait(&c.v_full[previous], parity_of(t - 1));
     issue_values<Traits>(o_acc, p_frag, c.v_address + previous * Traits::kTileBytes);
+    turns.pass();
     const TileMask mask = fetch_tile_mask<Traits>(p, c, w, t);
 
     wgmma_wait<1>();  // the scores (the older group) have landed; P V may still run
@@ -502,6 +552,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   c.v_full = v_full;
   c.v_empty = v_empty;
 
+  ConsumerTurns<Traits::kPingPong> turns;
+  turns.group = consumer_group;
+  turns.grant_first();
+
   int kv_use = 0;
   int local_item = 0;
   for (int item = int(blockIdx.x); item < items; item += int(gridDim.x), ++local_item) {
@@ -513,7 +567,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     mbarrier_wait(q_full, local_item & 1);
     if constexpr (Traits::kOverlap)
-      consume_item_overlapped<Traits>(p, c, w, kv_use, o_acc, state);
+      consume_item_overlapped<Traits>(p, c, w, kv_use, o_acc, state, turns);
     else
       consume_item<Traits>(p, c, w, kv_use, o_acc, state);
     kv_use += w.tiles;

@@ -1,6 +1,6 @@
-// The sm90 kernel's instantiations (bf16 / fp16 x head dim 64 / 128 x the two
-// consumer schedules), their TMA
-// descriptors and the persistent launch (one block per SM, at most one per item).
+// The sm90 kernel's instantiations (bf16 / fp16 x head dim 64 / 128 x the three
+// consumer schedules), their TMA descriptors and the persistent launch (one
+// block per SM, at most one per item).
 #include <algorithm>
 #include <climits>
 
@@ -13,9 +13,9 @@
 namespace stsa::cuda_detail {
 namespace {
 
-template <class Element, int kHeadDim, bool kOverlap>
+template <class Element, int kHeadDim, Sm90Schedule kSchedule>
 void launch_sm90_typed(const AttentionParams& params, int multiprocessors, cudaStream_t stream) {
-  using Traits = Sm90Traits<Element, kHeadDim, kOverlap>;
+  using Traits = Sm90Traits<Element, kHeadDim, kSchedule>;
   constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
   Sm90AttentionParams launch;
   launch.common = params;
@@ -36,20 +36,20 @@ void launch_sm90_typed(const AttentionParams& params, int multiprocessors, cudaS
   STSA_CUDA_CHECK(cudaGetLastError());
 }
 
-template <int kHeadDim, bool kOverlap>
+template <int kHeadDim, Sm90Schedule kSchedule>
 void launch_sm90_dim(const AttentionParams& params, bool bf16_inputs, int multiprocessors, cudaStream_t stream) {
   if (bf16_inputs)
-    launch_sm90_typed<__nv_bfloat16, kHeadDim, kOverlap>(params, multiprocessors, stream);
+    launch_sm90_typed<__nv_bfloat16, kHeadDim, kSchedule>(params, multiprocessors, stream);
   else
-    launch_sm90_typed<__half, kHeadDim, kOverlap>(params, multiprocessors, stream);
+    launch_sm90_typed<__half, kHeadDim, kSchedule>(params, multiprocessors, stream);
 }
 
-template <bool kOverlap>
+template <Sm90Schedule kSchedule>
 void launch_sm90_schedule(const AttentionParams& params, bool bf16_inputs, int multiprocessors,
                           cudaStream_t stream) {
   switch (params.head_dim) {
-    case 64: launch_sm90_dim<64, kOverlap>(params, bf16_inputs, multiprocessors, stream); break;
-    case 128: launch_sm90_dim<128, kOverlap>(params, bf16_inputs, multiprocessors, stream); break;
+    case 64: launch_sm90_dim<64, kSchedule>(params, bf16_inputs, multiprocessors, stream); break;
+    case 128: launch_sm90_dim<128, kSchedule>(params, bf16_inputs, multiprocessors, stream); break;
     default:
       throw Unsupported(detail::concat("cuda sm90 attention: head dim ", params.head_dim, " (supported: 64, 128)"));
   }
@@ -58,20 +58,27 @@ void launch_sm90_schedule(const AttentionParams& params, bool bf16_inputs, int m
 }  // namespace
 
 int attention_sm90_smem_bytes(int head_dim) {
-  // Both schedules use the same shared memory.
-  return head_dim == 64 ? Sm90Traits<__nv_bfloat16, 64, false>::kSmemBytes
-                        : Sm90Traits<__nv_bfloat16, 128, false>::kSmemBytes;
+  // Every schedule uses the same shared memory.
+  return head_dim == 64 ? Sm90Traits<__nv_bfloat16, 64, Sm90Schedule::Serial>::kSmemBytes
+                        : Sm90Traits<__nv_bfloat16, 128, Sm90Schedule::Serial>::kSmemBytes;
 }
 
-void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors, bool overlap,
-                           void* stream) {
-  static_assert(Sm90Traits<__half, 128, false>::kBlockM == kTileQ && Sm90Traits<__half, 128, false>::kBlockN == kTileK,
-                "the kernel's tile is the plan tile it accepts");
+void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors,
+                           Sm90Schedule schedule, void* stream) {
+  using Any = Sm90Traits<__half, 128, Sm90Schedule::Serial>;
+  static_assert(Any::kBlockM == kTileQ && Any::kBlockN == kTileK, "the kernel's tile is the plan tile it accepts");
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  if (overlap)
-    launch_sm90_schedule<true>(params, bf16_inputs, multiprocessors, cuda_stream);
-  else
-    launch_sm90_schedule<false>(params, bf16_inputs, multiprocessors, cuda_stream);
+  switch (schedule) {
+    case Sm90Schedule::Serial:
+      launch_sm90_schedule<Sm90Schedule::Serial>(params, bf16_inputs, multiprocessors, cuda_stream);
+      break;
+    case Sm90Schedule::Overlap:
+      launch_sm90_schedule<Sm90Schedule::Overlap>(params, bf16_inputs, multiprocessors, cuda_stream);
+      break;
+    case Sm90Schedule::PingPong:
+      launch_sm90_schedule<Sm90Schedule::PingPong>(params, bf16_inputs, multiprocessors, cuda_stream);
+      break;
+  }
 }
 
 }  // namespace stsa::cuda_detail

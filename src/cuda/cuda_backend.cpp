@@ -105,7 +105,17 @@ CudaKernel resolve_kernel(CudaKernel requested, const DeviceFacts& f) {
   return requested;
 }
 
-bool is_sm90(CudaKernel kernel) { return kernel == CudaKernel::Sm90 || kernel == CudaKernel::Sm90Overlap; }
+bool is_sm90(CudaKernel kernel) {
+  return kernel == CudaKernel::Sm90 || kernel == CudaKernel::Sm90Overlap || kernel == CudaKernel::Sm90PingPong;
+}
+
+cuda_detail::Sm90Schedule sm90_schedule(CudaKernel kernel) {
+  switch (kernel) {
+    case CudaKernel::Sm90Overlap: return cuda_detail::Sm90Schedule::Overlap;
+    case CudaKernel::Sm90PingPong: return cuda_detail::Sm90Schedule::PingPong;
+    default: return cuda_detail::Sm90Schedule::Serial;
+  }
+}
 
 int smem_bytes(CudaKernel kernel, int head_dim) {
   return is_sm90(kernel) ? cuda_detail::attention_sm90_smem_bytes(head_dim)
@@ -155,15 +165,17 @@ std::string_view to_string(CudaKernel kernel) {
     case CudaKernel::Sm80: return "sm80";
     case CudaKernel::Sm90: return "sm90";
     case CudaKernel::Sm90Overlap: return "sm90-overlap";
+    case CudaKernel::Sm90PingPong: return "sm90-pingpong";
   }
   return "?";
 }
 
 CudaKernel parse_cuda_kernel(std::string_view name) {
-  for (const CudaKernel k : {CudaKernel::Auto, CudaKernel::Sm80, CudaKernel::Sm90, CudaKernel::Sm90Overlap})
+  for (const CudaKernel k : {CudaKernel::Auto, CudaKernel::Sm80, CudaKernel::Sm90, CudaKernel::Sm90Overlap,
+                             CudaKernel::Sm90PingPong})
     if (name == to_string(k)) return k;
-  throw InvalidArgument(
-      detail::concat("unknown cuda kernel '", name, "' (expected auto, sm80, sm90 or sm90-overlap)"));
+  throw InvalidArgument(detail::concat("unknown cuda kernel '", name,
+                                       "' (expected auto, sm80, sm90, sm90-overlap or sm90-pingpong)"));
 }
 
 struct CudaBackend::State {
@@ -274,8 +286,7 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
       params.head_count = int(count);
       std::copy_n(heads.begin() + std::ptrdiff_t(first), count, params.heads);
       if (is_sm90(kernel))
-        cuda_detail::launch_attention_sm90(params, bf16, facts.multiprocessors, kernel == CudaKernel::Sm90Overlap,
-                                           stream);
+        cuda_detail::launch_attention_sm90(params, bf16, facts.multiprocessors, sm90_schedule(kernel), stream);
       else
         cuda_detail::launch_attention(params, bf16, int(call.layout.head_dim), stream);
     }

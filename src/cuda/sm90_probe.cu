@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(256, 1) sm90_probe_kernel(const __grid_constan
 
   // The kernel's own steps (attention_sm90_kernel.cuh): its descriptors, its
   // fragment packing, its wgmma calls.
-  using Traits = Sm90Traits<__nv_bfloat16, kHeadDim, false>;
+  using Traits = Sm90Traits<__nv_bfloat16, kHeadDim, Sm90Schedule::Serial>;
   ConsumerContext c;
   c.q_address = shared_address(tiles[0]);
   c.q_first_row = group * Traits::kRowsPerGroup;

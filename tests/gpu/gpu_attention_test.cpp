@@ -99,7 +99,7 @@ class GpuAttention : public ::testing::TestWithParam<CudaKernel> {
   void run_case(const Case& c) const;
 };
 
-// Test-name suffix: sm80, sm90, sm90_overlap (GoogleTest allows no '-').
+// Test-name suffix: sm80, sm90, sm90_overlap, sm90_pingpong (GoogleTest allows no '-').
 std::string kernel_name(const ::testing::TestParamInfo<CudaKernel>& info) {
   std::string name(to_string(info.param));
   std::replace(name.begin(), name.end(), '-', '_');
@@ -307,7 +307,8 @@ TEST_P(GpuSanitize, OneSmallCall) {
   run_case({make_layout(2, 9, 9, 7, TextPlacement::After, 1, 4, 128), DType::BF16, DType::BF16});
 }
 
-const auto kAllKernels = ::testing::Values(CudaKernel::Sm80, CudaKernel::Sm90, CudaKernel::Sm90Overlap);
+const auto kAllKernels =
+    ::testing::Values(CudaKernel::Sm80, CudaKernel::Sm90, CudaKernel::Sm90Overlap, CudaKernel::Sm90PingPong);
 INSTANTIATE_TEST_SUITE_P(Kernels, GpuAttention, kAllKernels, kernel_name);
 INSTANTIATE_TEST_SUITE_P(Kernels, GpuSanitize, kAllKernels, kernel_name);
 
@@ -387,7 +388,8 @@ TEST(GpuAttentionInput, HostMemoryOrNoGpuIsUnsupported) {
 }
 
 TEST(GpuAttentionInput, KernelNamesRoundTrip) {
-  for (const CudaKernel k : {CudaKernel::Auto, CudaKernel::Sm80, CudaKernel::Sm90, CudaKernel::Sm90Overlap})
+  for (const CudaKernel k : {CudaKernel::Auto, CudaKernel::Sm80, CudaKernel::Sm90, CudaKernel::Sm90Overlap,
+                             CudaKernel::Sm90PingPong})
     EXPECT_EQ(parse_cuda_kernel(to_string(k)), k);
   EXPECT_THROW(parse_cuda_kernel("sm100"), InvalidArgument);
   EXPECT_EQ(CudaBackend().options().kernel, CudaKernel::Auto);
@@ -402,7 +404,7 @@ TEST(GpuAttentionInput, TheKernelResolvesOnlyWithAGpu) {
   const CudaKernel automatic = CudaBackend().resolved_kernel();
   EXPECT_EQ(automatic, is_hopper() ? CudaKernel::Sm90 : CudaKernel::Sm80);
   if (!is_hopper()) {
-    for (const CudaKernel k : {CudaKernel::Sm90, CudaKernel::Sm90Overlap}) {
+    for (const CudaKernel k : {CudaKernel::Sm90, CudaKernel::Sm90Overlap, CudaKernel::Sm90PingPong}) {
       EXPECT_THROW(CudaBackend(CudaBackendOptions{k}).resolved_kernel(), Unsupported);
       HostCall host;
       DeviceProblem device(host.problem);
