@@ -114,7 +114,9 @@ step "GPU tests"
 # every one of its tests: they are left out, its smoke failure already counts.
 EXCLUDE=()
 if [ -n "$DROPPED" ]; then EXCLUDE=(-E "$DROPPED"); echo "left out: $DROPPED"; fi
-run_step gpu_tests ctest --test-dir "$BUILD" -L gpu "${EXCLUDE[@]}" --output-on-failure --timeout 120
+# Eight test processes at a time share the GPU: the tests are small, and each
+# spends most of its time in the single-threaded fp64 reference on the host.
+run_step gpu_tests ctest --test-dir "$BUILD" -L gpu "${EXCLUDE[@]}" -j 8 --output-on-failure --timeout 120
 
 step "NCCL communicator, one rank (issue 5)"
 run_step nccl_one_rank ctest --test-dir "$BUILD" -R '^dist_nccl_one_rank$' --output-on-failure --timeout 120

@@ -251,11 +251,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) tile_sparse_attention_ker
   cp_async_wait<0>();  // only empty groups can remain; leave nothing in flight
 
   // Epilogue: O = acc / sum, LSE = ln(sum) + max * scale; empty rows O = 0, LSE = -inf.
+  // Both rows' quad sums first: the shuffles run with the whole warp, before
+  // any lane leaves for a row past the sequence.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = row_sum[r];
     const int token = q0 + tile_row[r];
     if (token >= p.tokens) continue;
     const bool empty = sum == 0.f;  // NaN sums are not empty: they propagate

@@ -171,6 +171,7 @@ __device__ __forceinline__ TileMask fetch_tile_mask(const AttentionParams& p, co
 // steps of 16 (32 bytes inside a 128-byte swizzle row, then the next column block).
 template <class Traits>
 __device__ __forceinline__ void issue_scores(float (&s)[64], const ConsumerContext& c, std::uint32_t k_stage) {
+  pin_registers(s);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
@@ -185,8 +186,13 @@ __device__ __forceinline__ void issue_scores(float (&s)[64], const ConsumerConte
 // O += P V: V is [key][d] in shared memory (N-major for this product), 16 keys per
 // step = two 8-key groups of 1024 bytes; LBO steps between 64-column blocks.
 template <class Traits>
-__device__ __forceinline__ void issue_values(float (&o_acc)[Traits::kHeadDim / 2], const std::uint32_t (&p_frag)[8][4],
+__device__ __forceinline__ void issue_values(float (&o_acc)[Traits::kHeadDim / 2], std::uint32_t (&p_frag)[8][4],
                                              std::uint32_t v_stage) {
+  // Rescaled O and packed P are written by ordinary instructions: they must be
+  // complete before the fence (the compiler may not sink them past it).
+  pin_registers(o_acc);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) pin_registers(p_frag[kk]);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk)
@@ -425,11 +431,18 @@ __device__ __forceinline__ void consume_item_overlapped(const AttentionParams& p
 template <class Traits>
 __device__ __forceinline__ void store_output(const AttentionParams& p, const ConsumerContext& c, const WorkItem& w,
                                              const float (&o_acc)[Traits::kHeadDim / 2], const SoftmaxState& state) {
+  // Both rows' quad sums first: the shuffles run with the whole warp, before
+  // any lane leaves for a row past the sequence.
+  float row_sums[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = state.row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    row_sums[r] = state.row_sum[r];
+    row_sums[r] += __shfl_xor_sync(0xffffffffu, row_sums[r], 1);
+    row_sums[r] += __shfl_xor_sync(0xffffffffu, row_sums[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = row_sums[r];
     const int token = w.q_tile * Traits::kBlockM + c.tile_row[r];
     if (token >= p.tokens) continue;
     const bool empty = sum == 0.f;  // NaN sums are not empty: they propagate
@@ -571,7 +584,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     else
       consume_item<Traits>(p, c, w, kv_use, o_acc, state);
     kv_use += w.tiles;
-    if (w.tiles == 0 && lane == 0) mbarrier_arrive(q_empty);  // nothing to compute: release Q at once
+    if (w.tiles == 0) release(c, q_empty);  // nothing to compute: release Q at once
     store_output<Traits>(p, c, w, o_acc, state);
   }
 #else

@@ -105,11 +105,17 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // The hardware writes wgmma accumulators asynchronously; this empty asm makes the
 // compiler treat the registers as live and changed at this point, so it neither
-// reads them before the wait nor moves writes to them across the issue.
+// reads them before the wait nor moves writes to them across the issue. Pinned
+// right before wgmma_fence, a wgmma's inputs are complete when the fence runs.
 template <int kCount>
 __device__ __forceinline__ void pin_registers(float (&r)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int kCount>
+__device__ __forceinline__ void pin_registers(std::uint32_t (&r)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
 // ---- Named barriers (hardware, per block; id 0 is __syncthreads). kThreads in
