@@ -34,5 +34,34 @@ TEST(CudaVideoOrder, MatchesTheGridInBothOrdersAndBothWidths) {
     }
 }
 
+// The permutation's row map: destination position (order `to`) -> source
+// position (order `from`), text tokens included, in the three widths it may use.
+TEST(CudaVideoOrder, ReorderedPositionsFollowTheGridAndTextKeepsItsPlace) {
+  const VideoGrid grids[] = {{1, 3, 5, 4, TextPlacement::After},
+                             {2, 1, 1},
+                             {7, 3, 4, 5, TextPlacement::Before},
+                             {21, 6, 9, 3, TextPlacement::After}};
+  for (const VideoGrid& g : grids)
+    for (const TokenOrder to : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor})
+      for (const TokenOrder from : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor}) {
+        const bool to_spatial = to == TokenOrder::SpatialMajor, from_spatial = from == TokenOrder::SpatialMajor;
+        for (std::int64_t position = 0; position < g.tokens(); ++position) {
+          const std::int64_t expected = g.position(g.coord(position, to), from);
+          ASSERT_EQ(cuda_detail::reordered_position<std::int64_t>(position, g.video_begin(), g.frames,
+                                                                  g.tokens_per_frame(), to_spatial, from_spatial),
+                    expected)
+              << g.describe() << " position " << position;
+          ASSERT_EQ(cuda_detail::reordered_position<std::int32_t>(
+                        std::int32_t(position), std::int32_t(g.video_begin()), std::int32_t(g.frames),
+                        std::int32_t(g.tokens_per_frame()), to_spatial, from_spatial),
+                    expected);
+          ASSERT_EQ(cuda_detail::reordered_position<std::uint32_t>(
+                        std::uint32_t(position), std::uint32_t(g.video_begin()), std::uint32_t(g.frames),
+                        std::uint32_t(g.tokens_per_frame()), to_spatial, from_spatial),
+                    std::uint32_t(expected));
+        }
+      }
+}
+
 }  // namespace
 }  // namespace stsa

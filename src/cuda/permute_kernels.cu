@@ -1,6 +1,7 @@
 // Row copies between frame-major and spatial-major token order. The position
 // map is computed in closed form per row (no index array to upload); rows move
-// as 16-byte vectors, consecutive threads on consecutive bytes of a row.
+// as 16-byte vectors, consecutive threads on consecutive bytes of a row
+// (elements when a side is strided or unaligned).
 #include <climits>
 #include <cstdint>
 
@@ -15,35 +16,36 @@ namespace {
 constexpr int kThreads = 256;
 
 // Position, in the source order, of the token at `position` in the destination
-// order (layout.hpp: frame 0 first in both orders, text tokens keep their place).
-__device__ __forceinline__ std::int64_t source_position(std::int64_t position, const PermuteGrid& g) {
-  const std::int64_t begin = g.text_before ? g.text_tokens : 0;
-  const std::int64_t video = g.frames * g.per_frame;
-  if (position < begin || position >= begin + video) return position;
-  const auto at = video_coordinates<std::int64_t>(position - begin, g.frames, g.per_frame, g.to_spatial_major);
-  const std::int64_t from_v =
-      video_position<std::int64_t>(at.frame, at.patch, g.frames, g.per_frame, g.from_spatial_major);
-  return begin + from_v;
+// order. Int: 32 bits in the vector kernel, whose per-row index arithmetic would
+// otherwise cost more issue slots than its 16-byte copy (64-bit division is a
+// long software sequence), 64 bits elsewhere.
+template <class Int>
+__device__ __forceinline__ Int source_position(Int position, const PermuteGrid& g) {
+  return reordered_position<Int>(position, g.text_before ? Int(g.text_tokens) : Int(0), Int(g.frames),
+                                 Int(g.per_frame), g.to_spatial_major, g.from_spatial_major);
 }
 
+// One (batch, head) plane per grid row (blockIdx.y): the only per-thread index
+// arithmetic is one 32-bit division into (position, vector) and the position
+// map. Consecutive threads move consecutive 16-byte pieces of a row, so each
+// source row (a gather reads scattered rows) is read whole by adjacent lanes.
 __global__ void __launch_bounds__(kThreads) permute_rows_vec16(const PermuteParams p, unsigned vectors_per_row,
-                                                               unsigned total_vectors) {
-  for (unsigned i = blockIdx.x * kThreads + threadIdx.x; i < total_vectors; i += gridDim.x * kThreads) {
-    const unsigned row = i / vectors_per_row;
-    const unsigned vector = i % vectors_per_row;
-    const unsigned j = row % unsigned(p.head_count);
-    const unsigned token_row = row / unsigned(p.head_count);
-    const std::int64_t position = token_row % p.tokens;
-    const std::int64_t b = token_row / p.tokens;
-    const std::int64_t from = source_position(position, p.grid);
-    const auto* src = static_cast<const unsigned char*>(p.src) +
-                      (b * p.src_stride[0] + from * p.src_stride[1] + p.src_heads[j] * p.src_stride[2]) *
-                          p.element_bytes;
-    auto* dst = static_cast<unsigned char*>(p.dst) +
-                (b * p.dst_stride[0] + position * p.dst_stride[1] + p.dst_heads[j] * p.dst_stride[2]) *
-                    p.element_bytes;
-    reinterpret_cast<uint4*>(dst)[vector] = __ldg(reinterpret_cast<const uint4*>(src) + vector);
-  }
+                                                               unsigned plane_vectors) {
+  const unsigned i = blockIdx.x * kThreads + threadIdx.x;
+  if (i >= plane_vectors) return;
+  const int plane = int(blockIdx.y);
+  const std::int64_t b = plane / p.head_count;
+  const int j = plane % p.head_count;
+  const unsigned position = i / vectors_per_row;
+  const unsigned vector = i - position * vectors_per_row;
+  const unsigned from = source_position<unsigned>(position, p.grid);
+  const auto* src = static_cast<const unsigned char*>(p.src) +
+                    (b * p.src_stride[0] + std::int64_t(from) * p.src_stride[1] + p.src_heads[j] * p.src_stride[2]) *
+                        p.element_bytes;
+  auto* dst = static_cast<unsigned char*>(p.dst) +
+              (b * p.dst_stride[0] + std::int64_t(position) * p.dst_stride[1] + p.dst_heads[j] * p.dst_stride[2]) *
+                  p.element_bytes;
+  reinterpret_cast<uint4*>(dst)[vector] = __ldg(reinterpret_cast<const uint4*>(src) + vector);
 }
 
 template <class Word>
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) permute_rows_elementwise(const Permu
     const int j = int(row % p.head_count);
     const std::int64_t position = (row / p.head_count) % p.tokens;
     const std::int64_t b = row / p.head_count / p.tokens;
-    const std::int64_t from = source_position(position, p.grid);
+    const std::int64_t from = source_position<std::int64_t>(position, p.grid);
     const Word* src = static_cast<const Word*>(p.src);
     Word* dst = static_cast<Word*>(p.dst);
     dst[b * p.dst_stride[0] + position * p.dst_stride[1] + p.dst_heads[j] * p.dst_stride[2] + d * p.dst_stride[3]] =
@@ -69,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) permute_lse(const PermuteLseParams p
     const std::int64_t position = i % p.tokens;
     const int j = int((i / p.tokens) % p.head_count);
     const std::int64_t b = i / p.tokens / p.head_count;
-    const std::int64_t from = source_position(position, p.grid);
+    const std::int64_t from = source_position<std::int64_t>(position, p.grid);
     p.dst[b * p.dst_stride[0] + p.dst_heads[j] * p.dst_stride[1] + position * p.dst_stride[2]] =
         p.src[b * p.src_stride[0] + p.src_heads[j] * p.src_stride[1] + from * p.src_stride[2]];
   }
@@ -95,12 +97,14 @@ void launch_permute_rows(const PermuteParams& p, void* stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const std::int64_t rows = p.batch * p.tokens * p.head_count;
   if (rows == 0) return;
+  const std::int64_t vectors_per_row = p.head_dim * p.element_bytes / 16;
+  const std::int64_t planes = p.batch * p.head_count;
   if (vectorizable(p.src, p.src_stride, p.element_bytes, p.head_dim) &&
-      vectorizable(p.dst, p.dst_stride, p.element_bytes, p.head_dim) &&
-      rows * (p.head_dim * p.element_bytes / 16) <= INT_MAX) {
-    const auto per_row = unsigned(p.head_dim * p.element_bytes / 16);
-    const auto total = unsigned(rows * per_row);
-    permute_rows_vec16<<<grid_for(total), kThreads, 0, cuda_stream>>>(p, per_row, total);
+      vectorizable(p.dst, p.dst_stride, p.element_bytes, p.head_dim) && p.tokens * vectors_per_row <= INT_MAX &&
+      planes <= 65535) {
+    const auto plane_vectors = unsigned(p.tokens * vectors_per_row);
+    const dim3 grid((plane_vectors + kThreads - 1) / kThreads, unsigned(planes));
+    permute_rows_vec16<<<grid, kThreads, 0, cuda_stream>>>(p, unsigned(vectors_per_row), plane_vectors);
   } else if (p.element_bytes == 4) {
     permute_rows_elementwise<std::uint32_t><<<grid_for(rows * p.head_dim), kThreads, 0, cuda_stream>>>(
         p, rows * p.head_dim);

@@ -33,4 +33,16 @@ STSA_HOST_DEVICE Int video_position(Int frame, Int patch, Int frames, Int per_fr
   return per_frame + patch * (frames - 1) + (frame - 1);
 }
 
+// Position, in order `from`, of the token at `position` (0 <= position < all
+// tokens) in order `to`. Text tokens, outside [video_begin, video_begin +
+// frames * per_frame), keep their place. Unsigned Int works too (no negative
+// intermediate): the permutation kernel uses 32-bit unsigned arithmetic.
+template <class Int>
+STSA_HOST_DEVICE Int reordered_position(Int position, Int video_begin, Int frames, Int per_frame,
+                                        bool to_spatial_major, bool from_spatial_major) {
+  if (position < video_begin || position - video_begin >= frames * per_frame) return position;
+  const VideoCoordinates<Int> at = video_coordinates<Int>(position - video_begin, frames, per_frame, to_spatial_major);
+  return video_begin + video_position<Int>(at.frame, at.patch, frames, per_frame, from_spatial_major);
+}
+
 }  // namespace stsa::cuda_detail

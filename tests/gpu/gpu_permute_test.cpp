@@ -96,6 +96,7 @@ TEST(GpuPermute, MatchesTheCpuPermutationBitForBit) {
   cases.push_back({VideoGrid{5, 4, 4, 9, TextPlacement::Before}, 5, 128, DType::F16});
   cases.push_back({VideoGrid{1, 6, 7, 0, TextPlacement::After}, 5, 64, DType::F32});
   cases.push_back({VideoGrid{3, 5, 5, 3, TextPlacement::After}, 5, 64, DType::BF16, MemoryLayout::BHND});
+  cases.push_back({VideoGrid{2, 3, 7, 1, TextPlacement::After}, 5, 80, DType::BF16});  // 10 vectors per row
   cases.push_back({VideoGrid{3, 4, 6, 2, TextPlacement::Before}, 5, 5, DType::F16});  // element path: 10-byte rows
   cases.push_back({VideoGrid{7, 2, 3, 0, TextPlacement::After}, 5, 3, DType::F32, MemoryLayout::BHND});
   for (const auto& c : cases) {
