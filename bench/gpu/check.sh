@@ -14,13 +14,13 @@
 #      FlexAttention on the identical tile plan (bench/gpu/compare.py, after
 #      compare_selfcheck.py has checked its plan -> BlockMask path on the CPU);
 #   6. run compute-sanitizer memcheck, racecheck and synccheck on small cases
-#      (after the benchmarks, with the time they left, at least 100 s in all).
+#      (after the benchmarks, with the time they left, at least 140 s in all).
 # $OUT (default build-gpu/out) receives check.log (everything this prints),
 # build.log (configure and compiler output), gpu_route_bench.json (step 4),
 # gpu_bench.json and gpu_bench.txt (step 5). It keeps going after a failed
 # step and exits 1 if any step failed. Everything fits an 8-minute budget (STSA_CHECK_BUDGET_S),
 # measured from the start of this script: the benchmark gets what is left
-# minus the sanitizers' reserve (STSA_CHECK_SANITIZER_S, 100 s).
+# minus the sanitizers' reserve (STSA_CHECK_SANITIZER_S, 140 s).
 #
 # Usage: bash bench/gpu/check.sh            (everything)
 #        STSA_CHECK_SKIP_BENCH=1 bash ...    (build, tests, sanitizers only)
@@ -123,7 +123,7 @@ run_step nccl_one_rank ctest --test-dir "$BUILD" -R '^dist_nccl_one_rank$' --out
 
 # The benchmarks come before the sanitizers so that a slow sanitizer cannot
 # starve them; the sanitizers get what is left, at least SANITIZER_RESERVE_S.
-SANITIZER_RESERVE_S="${STSA_CHECK_SANITIZER_S:-100}"
+SANITIZER_RESERVE_S="${STSA_CHECK_SANITIZER_S:-140}"
 if [ -z "${STSA_CHECK_SKIP_BENCH:-}" ]; then
   step "routing + permutation vs attention, 1440p, s = 0.1 (90 s limit)"
   ROUTE_KERNEL="${KERNELS%%,*}"
@@ -142,9 +142,9 @@ fi
 
 step "compute-sanitizer (small cases)"
 if [ -n "$SANITIZER" ]; then
-  # Four runs share what is left of the budget (at least 30 s each).
-  EACH=$(( (BUDGET_S - $(elapsed)) / 4 ))
-  if [ "$EACH" -lt 30 ]; then EACH=30; fi
+  # Seven runs share what is left of the budget (at least 20 s each).
+  EACH=$(( (BUDGET_S - $(elapsed)) / 7 ))
+  if [ "$EACH" -lt 20 ]; then EACH=20; fi
   SAN=(timeout "$EACH" "$SANITIZER" --error-exitcode 1 --print-limit 20)
   MIXED="" ONE=""
   for KERNEL in ${KERNELS//,/ }; do
@@ -153,11 +153,15 @@ if [ -n "$SANITIZER" ]; then
   done
   ATTN_TEST="$BUILD/tests/gpu/gpu_attention_test"
   PERM=("$BUILD/tests/gpu/gpu_permute_test" --gtest_filter='GpuPermute.MatchesTheCpuPermutationBitForBit')
+  ROUTE=("$BUILD/tests/gpu/gpu_router_test" --gtest_filter='GpuRouterSanitize.OneSmallRoute')
   echo "each sanitizer run: at most $EACH s"
   run_step memcheck "${SAN[@]}" --tool memcheck "$ATTN_TEST" --gtest_filter="$MIXED"
   run_step memcheck_permute "${SAN[@]}" --tool memcheck "${PERM[@]}"
   run_step racecheck "${SAN[@]}" --tool racecheck --racecheck-report hazard "$ATTN_TEST" --gtest_filter="$ONE"
   run_step synccheck "${SAN[@]}" --tool synccheck "$ATTN_TEST" --gtest_filter="$ONE"
+  run_step memcheck_route "${SAN[@]}" --tool memcheck "${ROUTE[@]}"
+  run_step racecheck_route "${SAN[@]}" --tool racecheck --racecheck-report hazard "${ROUTE[@]}"
+  run_step synccheck_route "${SAN[@]}" --tool synccheck "${ROUTE[@]}"
 else
   echo "compute-sanitizer not found"
   FAILED+=("sanitizer-missing")

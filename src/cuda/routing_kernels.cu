@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kCombineThreads) routing_combine(const Routing
       total += f * p.part_sum[at(s, tid)];
     }
     z_s[tid] = total;
-    if (nan) poisoned_s = 1;
+    if (nan) atomicOr(&poisoned_s, 1);  // several lanes may find one: no racing plain stores
   }
   __syncthreads();
 

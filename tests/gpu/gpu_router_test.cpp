@@ -5,6 +5,7 @@
 // frame). Bad input throws before any launch (also without a GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -40,10 +41,14 @@ void expect_same_report(const RoutingReport& gpu, const RoutingReport& cpu, doub
   ASSERT_EQ(gpu.heads.size(), cpu.heads.size());
   EXPECT_EQ(gpu.sampled_rows, cpu.sampled_rows);
   EXPECT_EQ(gpu.flops, cpu.flops);  // integer counts: exact
-  // P is rounded to the input type before P.V: each output moves by at most
-  // about u * max|v| (u the unit roundoff), so an error vector e = O_mask - O_dense
-  // moves by delta <= 2 u max|v| per element.
-  const double delta = 2.0 * gpu_testing::unit_roundoff(dtype) * std::max(1.0, max_abs_v);
+  // P is rounded to the input type before P.V (the CPU router keeps it in fp32).
+  // The rounding errors are many and independent, so the errors move far less
+  // than their worst case (2 u max|v| per element): a host emulation of the
+  // kernels as written moved each MSE by at most 6.6e-4 of itself on these
+  // cases. The bounds below leave ~45x headroom over that and still catch a
+  // dropped ragged key tile or a missing accumulator rescale, which a
+  // worst-case bound (up to 5x the MSE itself at 9,463 keys) let through.
+  const double u_v = gpu_testing::unit_roundoff(dtype) * std::max(1.0, max_abs_v);
   for (std::size_t h = 0; h < cpu.heads.size(); ++h) {
     const HeadRoute& g = gpu.heads[h];
     const HeadRoute& c = cpu.heads[h];
@@ -58,13 +63,12 @@ void expect_same_report(const RoutingReport& gpu, const RoutingReport& cpu, doub
         EXPECT_TRUE(std::isnan(ge.mse)) << "head " << h;
         continue;
       }
-      const double mse_tol = 2.0 * std::sqrt(ce.mse) * delta + delta * delta;
-      EXPECT_NEAR(ge.mse, ce.mse, mse_tol) << "head " << h << " " << ce.spec.describe();
-      const double ref_mean = ce.rel_l2 > 0 ? ce.mse / (ce.rel_l2 * ce.rel_l2) : 0.0;  // mean of O_dense^2
-      if (ref_mean > 0) {
-        EXPECT_NEAR(ge.rel_l2, ce.rel_l2, 2.0 * delta / std::sqrt(ref_mean) + 0.02 * ce.rel_l2)
-            << "head " << h << " " << ce.spec.describe();
-      }
+      const double mse_tol = 0.03 * ce.mse + 1e-3 * u_v * u_v;
+      EXPECT_NEAR(ge.mse, ce.mse, mse_tol) << "head " << h << " " << ce.spec.describe() << ": difference / bound "
+                                           << std::abs(ge.mse - ce.mse) / mse_tol;
+      const double rel_tol = 0.015 * ce.rel_l2 + 1e-4;
+      EXPECT_NEAR(ge.rel_l2, ce.rel_l2, rel_tol) << "head " << h << " " << ce.spec.describe()
+                                                 << ": difference / bound " << std::abs(ge.rel_l2 - ce.rel_l2) / rel_tol;
       for (std::size_t j = 0; j < i; ++j)
         close_call = close_call || std::abs(ce.mse - c.candidates[j].mse) <= 2 * mse_tol;
     }
@@ -86,7 +90,10 @@ TEST(GpuRouter, DecidesLikeTheCpuRouterOnSyntheticHeads) {
   const std::vector<Case> cases = {
       {{13, 12, 16, 0, TextPlacement::After}, 1, 16, 64, DType::BF16, false},
       {{9, 10, 14, 7, TextPlacement::Before}, 2, 6, 128, DType::BF16, true},   // text, two batch entries
-      {{7, 11, 13, 5, TextPlacement::After}, 1, 6, 80, DType::F16, false},      // 1,006 tokens: ragged tiles
+      // 1,006 tokens: ragged tiles. (With 7 frames instead of 11 the frame-0
+      // anchor alone keeps more than the target density: every candidate would
+      // be the bare anchor and every head dense.)
+      {{11, 7, 13, 5, TextPlacement::After}, 1, 6, 80, DType::F16, false},
   };
   const std::uint64_t seed = testing::fresh_seed();
   for (const Case& c : cases) {
@@ -120,41 +127,59 @@ TEST(GpuRouter, DecidesLikeTheCpuRouterOnSyntheticHeads) {
 }
 
 // Random heads, both storage orders, a subset of heads, several key splits.
+// Without the anchor on the short videos, and with few text tokens: otherwise
+// frame 0 or the text alone keeps more than the target densities, every
+// candidate is the bare anchor and the band predicate never runs.
+struct RandomCase {
+  VideoLayout layout;
+  DType dtype;
+  TokenOrder order;
+  int samples;
+  bool anchor;
+};
+
+void expect_routes_like_the_cpu(const RandomCase& c, std::uint64_t seed) {
+  testing::Problem p = testing::make_problem(
+      c.layout, c.dtype,
+      std::vector<HeadMask>(std::size_t(c.layout.heads), HeadMask{MaskSpec::dense(), c.order, nullptr, true}), seed);
+  RouterOptions ro;
+  ro.samples = c.samples;
+  ro.seed = seed;
+  ro.try_frame_window = true;
+  ro.spatial_density = 0.2;
+  ro.temporal_density = 0.3;
+  ro.frame_window_density = 0.4;
+  ro.anchor = c.anchor;
+  const Router router(ro);
+  const AttentionCall call = p.call();
+  const std::vector<std::int64_t> heads =
+      c.layout.heads > 2 ? std::vector<std::int64_t>{2, 0} : std::vector<std::int64_t>{};
+  const RoutingReport cpu = router.route(c.layout, call.q, call.k, call.v, c.order, 0.f, heads);
+  const DeviceTensor q(call.q), k(call.k), v(call.v);
+  const RoutingReport gpu = cuda_route(router, c.layout, q.view, k.view, v.view, c.order, 0.f, heads);
+  expect_same_report(gpu, cpu, gpu_testing::max_abs(call.v), c.dtype, p.label + " " + std::string(to_string(c.order)));
+}
+
+const RandomCase kSmallSpatialMajorCase = {
+    {{5, 7, 9, 13, TextPlacement::Before}, 2, 4, 128}, DType::BF16, TokenOrder::SpatialMajor, 33, false};
+
 TEST(GpuRouter, ErrorsMatchTheCpuRouterOnRandomAwkwardShapes) {
   STSA_REQUIRE_GPU();
-  struct Case {
-    VideoLayout layout;
-    DType dtype;
-    TokenOrder order;
-    int samples;
-  };
-  const std::vector<Case> cases = {
-      {{{1, 9, 10, 0, TextPlacement::After}, 1, 3, 64}, DType::BF16, TokenOrder::FrameMajor, 24},    // one frame
-      {{{5, 7, 9, 13, TextPlacement::Before}, 2, 4, 128}, DType::BF16, TokenOrder::SpatialMajor, 33},
-      {{{4, 5, 6, 70, TextPlacement::After}, 1, 2, 32}, DType::F16, TokenOrder::FrameMajor, 64},
-      {{{7, 30, 45, 13, TextPlacement::Before}, 1, 3, 112}, DType::BF16, TokenOrder::FrameMajor, 64},  // 9,463 keys
+  const std::vector<RandomCase> cases = {
+      {{{1, 9, 10, 0, TextPlacement::After}, 1, 3, 64}, DType::BF16, TokenOrder::FrameMajor, 24, false},  // one frame
+      kSmallSpatialMajorCase,
+      {{{4, 5, 6, 12, TextPlacement::After}, 1, 2, 32}, DType::F16, TokenOrder::FrameMajor, 64, false},
+      {{{7, 30, 45, 13, TextPlacement::Before}, 1, 3, 112}, DType::BF16, TokenOrder::FrameMajor, 64, true},  // 9,463 keys
   };
   const std::uint64_t seed = testing::fresh_seed();
-  for (const Case& c : cases) {
-    testing::Problem p = testing::make_problem(
-        c.layout, c.dtype, std::vector<HeadMask>(std::size_t(c.layout.heads), HeadMask{MaskSpec::dense(), c.order, nullptr, true}),
-        seed);
-    RouterOptions ro;
-    ro.samples = c.samples;
-    ro.seed = seed;
-    ro.try_frame_window = true;
-    ro.spatial_density = 0.2;
-    ro.temporal_density = 0.3;
-    ro.frame_window_density = 0.4;
-    const Router router(ro);
-    const AttentionCall call = p.call();
-    const std::vector<std::int64_t> heads = c.layout.heads > 2 ? std::vector<std::int64_t>{2, 0}
-                                                               : std::vector<std::int64_t>{};
-    const RoutingReport cpu = router.route(c.layout, call.q, call.k, call.v, c.order, 0.f, heads);
-    const DeviceTensor q(call.q), k(call.k), v(call.v);
-    const RoutingReport gpu = cuda_route(router, c.layout, q.view, k.view, v.view, c.order, 0.f, heads);
-    expect_same_report(gpu, cpu, gpu_testing::max_abs(call.v), c.dtype, p.label + " " + std::string(to_string(c.order)));
-  }
+  for (const RandomCase& c : cases) expect_routes_like_the_cpu(c, seed);
+}
+
+// What compute-sanitizer runs on the routing kernels (bench/gpu/check.sh): one
+// small call, every kernel of the router touched once.
+TEST(GpuRouterSanitize, OneSmallRoute) {
+  STSA_REQUIRE_GPU();
+  expect_routes_like_the_cpu(kSmallSpatialMajorCase, testing::fresh_seed());
 }
 
 TEST(GpuRouter, NonFiniteScoresKeepTheHeadDense) {
@@ -245,7 +270,7 @@ TEST(GpuRoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
 TEST(GpuRoutedAttention, RoutesSyntheticHeadsAndMatchesTheReference) {
   STSA_REQUIRE_GPU();
   synth::Options o;
-  o.grid = {7, 8, 10, 6, TextPlacement::Before};
+  o.grid = {12, 6, 8, 6, TextPlacement::Before};  // 582 tokens; 7 frames would route every head dense
   o.heads = 6;
   o.head_dim = 64;
   o.dtype = DType::BF16;
@@ -267,6 +292,10 @@ TEST(GpuRoutedAttention, RoutesSyntheticHeadsAndMatchesTheReference) {
   const RoutedResult r = cuda_routed_attention(backend, plans, routed_call(d.call), router);
   ASSERT_EQ(r.heads.size(), cpu.heads.size());
   for (std::size_t h = 0; h < r.heads.size(); ++h) EXPECT_EQ(r.heads[h].route, cpu.heads[h].route) << "head " << h;
+  // Both sparse routes ran (temporal heads through the GPU permutation): 3 and 3
+  // at least on 40 seeds of the CPU router.
+  EXPECT_FALSE(r.temporal.empty());
+  EXPECT_TRUE(std::any_of(r.heads.begin(), r.heads.end(), [](const HeadRoute& h) { return h.route == Route::Spatial; }));
   EXPECT_GT(r.routing_ms, 0.0);
   EXPECT_EQ(r.routing_flops, cpu.flops);
   d.download_into(p);
