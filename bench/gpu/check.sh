@@ -97,7 +97,8 @@ step "Hopper kernels smoke test (60 s limit each)"
 # (ping-pong's turns are named barriers, which cannot time out: only `timeout` stops them.)
 KERNELS=""
 DROPPED=""
-for KERNEL in sm90 sm90_overlap sm90_pingpong; do
+# The expected fastest first: it leads the benchmark's kernels, should time run short.
+for KERNEL in sm90_pingpong sm90_overlap sm90; do
   run_step "smoke_$KERNEL" timeout 60 "$BUILD/tests/gpu/gpu_attention_test" \
     --gtest_filter="Kernels/GpuAttention.ExactTileMultiple/$KERNEL:Kernels/GpuAttention.RaggedVideoWithTextAfter/$KERNEL"
   if [[ " ${FAILED[*]} " != *" smoke_$KERNEL "* ]]; then
@@ -133,11 +134,14 @@ if [ -z "${STSA_CHECK_SKIP_BENCH:-}" ]; then
   step "compare.py self-check: plan -> FlexAttention BlockMask, on the CPU (60 s limit)"
   run_step compare_selfcheck timeout 60 python3 "$ROOT/bench/gpu/compare_selfcheck.py"
 
+  # compare.py needs about 150 s for both shapes and every kernel (a dense 1440p
+  # call alone is about 1 s); less than that loses 1440p rows, so the floor
+  # wins over the 8-minute budget. Its own deadline is soft: the timeout is hard.
   LEFT=$(( BUDGET_S - $(elapsed) - SANITIZER_RESERVE_S - 10 ))
-  if [ "$LEFT" -lt 60 ]; then LEFT=60; fi
+  if [ "$LEFT" -lt 150 ]; then LEFT=150; fi
   step "benchmark vs PyTorch ($LEFT s)"
-  run_step bench env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/gpu/compare.py" --build "$BUILD" --out "$OUT" \
-    --deadline-s "$LEFT" --kernels "$KERNELS"
+  run_step bench timeout $(( LEFT + 60 )) env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/gpu/compare.py" \
+    --build "$BUILD" --out "$OUT" --deadline-s "$LEFT" --kernels "$KERNELS"
 fi
 
 step "compute-sanitizer (small cases)"

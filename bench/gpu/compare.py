@@ -7,8 +7,10 @@ Run by bench/gpu/check.sh. For each shape (21 frames; 720p = 45x80 and 1440p =
   1. draws Q, K, V with torch ([B, N, H, D], the layout stsa takes) and writes
      them as raw bf16 to a RAM disk;
   2. runs build-gpu/stsa_gpu_bench on those inputs once per attention kernel
-     (--kernels, default sm90,sm90-overlap,sm90-pingpong,sm80), each in its own process so that a kernel
-     that fails or hangs costs only its own rows: stsa sparse at each kept
+     (--kernels, default sm90-pingpong,sm90-overlap,sm90,sm80: the expected
+     fastest first, in case time runs out), each in its own process so that a kernel
+     that fails or hangs costs only its own rows (the process rewrites its JSON
+     after every case, so a timeout keeps what finished): stsa sparse at each kept
      density and stsa dense, timed with CUDA events by the shared benchmark
      harness; it also exports every plan's full and partial tile lists and
      each kernel's sampled output rows;
@@ -17,7 +19,7 @@ Run by bench/gpu/check.sh. For each shape (21 frames; 720p = 45x80 and 1440p =
      partial tiles with a mask_mod that evaluates the mask predicate), and
      compares FlexAttention's output (cuDNN's for dense) with each kernel's rows;
   4. prints one table (a row per stsa kernel next to cuDNN, FA2 and
-     FlexAttention) and writes JSON under --out.
+     FlexAttention) and writes JSON under --out, rewritten after each shape.
 
 Every case is time-boxed; cases that would pass the deadline are reported as
 skipped rather than run. Needs python3 and torch only (no numpy, no network).
@@ -126,17 +128,22 @@ def stsa_records(shape_result):
 
 def run_stsa(name, args, clock, shape_result, work, frames, height, width):
     densities = ",".join(str(d) for d in args.densities)
-    budget = "4" if name == "1440p" else "3"
-    # What PyTorch needs after stsa, kept out of the stsa processes' share.
-    torch_reserve = 90 if name == "1440p" else 30
+    # A dense 1440p call takes about 1 s (5.6e14 FLOP): fewer, shorter repeats there.
+    big = name == "1440p"
+    budget, repeats = ("2", "3") if big else ("3", "5")
+    # What PyTorch needs after stsa (SDPA twice, FlexAttention's compile and five
+    # cases), kept out of the stsa processes' share.
+    torch_reserve = 50 if big else 30
     for i, kernel in enumerate(args.kernels):
         left_kernels = len(args.kernels) - i
-        timeout = max(15.0, (clock.left() - torch_reserve) / left_kernels)
+        timeout = max(30.0 if big else 15.0, (clock.left() - torch_reserve) / left_kernels)
         out_json = os.path.join(work, f"stsa_{kernel}.json")
         cmd = [os.path.join(args.build, "stsa_gpu_bench"), "--frames", str(frames), "--height", str(height),
                "--width", str(width), "--heads", str(HEADS), "--head-dim", str(HEAD_DIM), "--densities", densities,
                "--kernels", kernel, "--inputs", work, "--export", work, "--sample-rows", str(args.sample_rows),
-               "--repeats", "5", "--budget-s", budget, "--json", out_json,
+               "--repeats", repeats, "--budget-s", budget, "--json", out_json,
+               # No new case after this: a case cut off by the timeout is lost.
+               f"--deadline-s={max(5.0, timeout - (6 if big else 3)):.0f}",
                # The permutation does not depend on the kernel: timed once.
                "--permutation", "true" if i == 0 else "false"]
         log(f"$ {' '.join(cmd)}   (timeout {timeout:.0f} s)")
@@ -160,20 +167,33 @@ def run_stsa(name, args, clock, shape_result, work, frames, height, width):
 
 
 def bench_shape(name, args, clock, results):
+    frames, height, width = SHAPES[name]
+    n = frames * height * width
+    per_frame = height * width
+    shape_result = {"shape": name, "tokens": n, "stsa": {}, "cases": {}, "errors": []}
+    results.append(shape_result)
+    log(f"--- {name}: {frames}x{height}x{width} = {n} tokens, {HEADS} heads, D={HEAD_DIM}, bf16")
+    # Q, K, V as raw files plus plans and sampled rows; a RAM disk may be too small for 1440p (2.8 GB).
+    need = 3 * n * HEADS * HEAD_DIM * 2 + (256 << 20)
+    scratch = args.scratch
+    os.makedirs(scratch, exist_ok=True)
+    if shutil.disk_usage(scratch).free < need:
+        scratch = os.path.join(args.build, "bench_scratch")
+        log(f"  {args.scratch} has less than {need >> 20} MB free: using {scratch}")
+    work = os.path.join(scratch, name)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    try:
+        bench_shape_in(name, args, clock, shape_result, work, frames, height, width, n, per_frame)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def bench_shape_in(name, args, clock, shape_result, work, frames, height, width, n, per_frame):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
-
-    frames, height, width = SHAPES[name]
-    n = frames * height * width
-    per_frame = height * width
-    work = os.path.join(args.scratch, name)
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    shape_result = {"shape": name, "tokens": n, "stsa": {}, "cases": {}, "errors": []}
-    results.append(shape_result)
-    log(f"--- {name}: {frames}x{height}x{width} = {n} tokens, {HEADS} heads, D={HEAD_DIM}, bf16")
 
     torch.manual_seed(0)
     qkv = [torch.randn(1, n, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
@@ -184,23 +204,30 @@ def bench_shape(name, args, clock, results):
     run_stsa(name, args, clock, shape_result, work, frames, height, width)
     records = stsa_records(shape_result)
     if not records:
+        # The baselines are still worth their rows; nothing to compare them with.
         shape_result["errors"].append("no stsa results")
-        return
-    sample_rows = next(iter(shape_result["stsa"].values()))["sample_rows"]
+    sample_rows = next((run["sample_rows"] for run in shape_result["stsa"].values()), [0])
     rows = torch.tensor(sample_rows, device="cuda", dtype=torch.long)
 
     def stsa_rows(record):
         data = read_raw(record["sample_file"], torch.float32)
         return data.reshape(len(sample_rows), HEADS, HEAD_DIM).cuda()
 
-    def max_errs(out_bhnd, label):
-        """max |out - stsa| over the sampled rows, per kernel that ran this case."""
+    def max_errs(out_bhnd, label, into):
+        """max |out - stsa| over the sampled rows, per kernel that ran this case, into
+        into["max_err"] (NaN where a kernel left rows unwritten: the poison), and the
+        largest |out| there into into["ref_max"] (the scale of those errors)."""
         got = out_bhnd[0].index_select(1, rows).permute(1, 0, 2).float()  # [rows, H, D]
-        errs = {}
+        into["ref_max"] = float(got.abs().max())
+        errs = into.setdefault("max_err", {})
         for record in records:
             if record["label"] == label and "sample_file" in record:
-                errs[record["kernel"]] = float((got - stsa_rows(record)).abs().max())
-        return errs
+                err = float((got - stsa_rows(record)).abs().max())
+                errs[record["kernel"]] = err
+                scale = into["ref_max"] or 1.0
+                if not err == err or err / scale > SUSPECT_RELATIVE_ERROR:
+                    shape_result["errors"].append(f"{record['kernel']} {label}: max |difference| {err:.3g} against "
+                                                  f"max |reference| {into['ref_max']:.3g} on the sampled rows")
 
     # PyTorch takes [B, H, N, D].
     q, k, v = (t.transpose(1, 2).contiguous() for t in qkv)
@@ -215,7 +242,7 @@ def bench_shape(name, args, clock, results):
             with sdpa_kernel(backend):
                 fn = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
                 dense_ms[label] = time_cuda(fn, reps, budget_s=6)
-                shape_result.setdefault("dense_max_err", {})[label] = max_errs(fn(), "dense")
+                max_errs(fn(), "dense", shape_result.setdefault("dense_check", {}).setdefault(label, {}))
             log(f"  {label} dense: {dense_ms[label]:.2f} ms")
         except Exception as e:  # a missing backend must not stop the rest
             shape_result["errors"].append(f"{label}: {e}")
@@ -249,9 +276,10 @@ def bench_shape(name, args, clock, results):
             t0 = time.time()
             fn = lambda: flex(q, k, v, block_mask=block_mask)  # noqa: E731
             case["flex_ms"] = time_cuda(fn, reps, budget_s=6)
-            case["flex_max_err"] = max_errs(fn(), label)
+            check = case.setdefault("flex_check", {})
+            max_errs(fn(), label, check)
             log(f"  flex {label}: {case['flex_ms']:.2f} ms (incl. compile {time.time() - t0:.0f} s wall), "
-                f"max |flex - stsa| = {case['flex_max_err']}")
+                f"max |flex - stsa| = {check['max_err']} (max |flex| {check['ref_max']:.3g})")
         except Exception as e:
             case["flex_error"] = str(e)[:300]
             log(f"  flex {label} failed: {e}")
@@ -259,9 +287,28 @@ def bench_shape(name, args, clock, results):
     torch.cuda.empty_cache()
 
 
+# A sampled-row difference above this share of the largest output there is
+# listed as an error: rounding stays far below it, garbage or unwritten rows do not.
+SUSPECT_RELATIVE_ERROR = 5e-2
+
+
 def fmt(x, spec, missing="-"):
-    return format(x, spec) if isinstance(x, (int, float)) and x == x and x not in (float("inf"), float("-inf")) \
+    if isinstance(x, str):
+        return x
+    if isinstance(x, (int, float)) and x != x:
+        return "NaN"
+    return format(x, spec) if isinstance(x, (int, float)) and x not in (float("inf"), float("-inf")) \
         else missing
+
+
+def err_cell(check, kernel):
+    """ "abs (relative to the largest reference output)" for one kernel's sampled rows."""
+    err = (check or {}).get("max_err", {}).get(kernel)
+    if err is None:
+        return "-"
+    scale = check.get("ref_max")
+    rel = f" ({fmt(err / scale, '.1e')})" if scale and err == err else ""
+    return fmt(err, ".2e") + rel
 
 
 def ratio(a, b):
@@ -276,18 +323,23 @@ def times(a, b):
 
 def table(results, kernels):
     head = ("shape", "case", "impl", "tile dens", "ms", "TF/s kept tiles", "vs cuDNN dense", "vs flex",
-            "max err vs stsa")
+            "max err vs ref (rel)")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for shape in results:
         name = shape["shape"]
         stsa_runs = shape.get("stsa") or {}
         records = [c for run in stsa_runs.values() for c in run.get("cases", [])]
-        if not records:
-            lines.append(f"{name} | (no stsa results: {'; '.join(shape['errors'])})")
-            continue
         cudnn = shape.get("dense_ms", {}).get("cudnn")
         fa2 = shape.get("dense_ms", {}).get("fa2")
-        dense_errs = shape.get("dense_max_err", {})
+        if not records:
+            lines.append(f"{name} | (no stsa results)")
+            for impl, ms in (("cuDNN", cudnn), ("FA2", fa2)):
+                if ms:
+                    dense_flops = 4.0 * shape["tokens"] ** 2 * HEAD_DIM * HEADS
+                    lines.append(f"{name} | dense | {impl} | 1.000 | {ms:.2f} | {dense_flops / ms / 1e9:.0f}")
+            lines.extend(f"{name} | error: {e}" for e in shape["errors"])
+            continue
+        dense_checks = shape.get("dense_check", {})
         by_label = {}
         for c in records:
             by_label.setdefault(c["label"], {})[c["kernel"]] = c
@@ -298,7 +350,7 @@ def table(results, kernels):
             extra = shape["cases"].get(label, {})
             flex_ms = extra.get("flex_ms")
             # Each stsa kernel's rows against the reference implementation: cuDNN for dense, FlexAttention else.
-            errs = dense_errs.get("cudnn", {}) if label == "dense" else extra.get("flex_max_err") or {}
+            check = dense_checks.get("cudnn") if label == "dense" else extra.get("flex_check")
             for kernel in kernels:
                 c = per_kernel.get(kernel)
                 impl = f"stsa-{kernel}"
@@ -310,7 +362,7 @@ def table(results, kernels):
                 lines.append(" | ".join((name, label, impl, density, fmt(c["ms"], ".2f"),
                                          fmt(c["tflops_kept_tiles"], ".0f"),
                                          times(cudnn, c["ms"]), times(flex_ms, c["ms"]),
-                                         fmt(errs.get(kernel), ".2e"))))
+                                         err_cell(check, kernel))))
             flex_cells = (fmt(flex_ms, ".2f"), fmt(ratio(kept, flex_ms * 1e9 if flex_ms else None), ".0f"),
                           times(cudnn, flex_ms),
                           "1.00x" if flex_ms else "-", "(ref)" if label != "dense" and flex_ms else "-")
@@ -374,14 +426,16 @@ def dry_results(args):
         if len(args.kernels) > 2:
             add_stsa_run(shape_result, "extra", "timed out after 15 seconds", None)
         shape_result["dense_ms"] = {"cudnn": dense_flops / 570e12 * 1e3, "fa2": dense_flops / 360e12 * 1e3}
-        shape_result["dense_max_err"] = {"cudnn": {k: 1e-3 for k in args.kernels}}
+        shape_result["dense_check"] = {"cudnn": {"max_err": {k: 1e-5 for k in args.kernels}, "ref_max": 2e-3}}
+        shape_result["dense_check"]["cudnn"]["max_err"][args.kernels[-1]] = float("nan")
         for density in args.densities:
             label = "dense" if density >= 1 else f"s{density:.2f}"
             if density == args.densities[-1] and density < 1:
                 shape_result["cases"][label] = {"flex_error": "skipped: out of time"}
             else:
                 shape_result["cases"][label] = {"flex_ms": dense_flops * min(1.0, density * 1.2 + 0.03) / 410e12 * 1e3,
-                                                "flex_max_err": {k: 2e-3 for k in args.kernels}}
+                                                "flex_check": {"max_err": {k: 2e-4 for k in args.kernels},
+                                                               "ref_max": 1e-2}}
         results.append(shape_result)
     return results
 
@@ -394,7 +448,7 @@ def main():
     parser.add_argument("--densities", type=lambda s: [float(x) for x in s.split(",")],
                         default=[0.1, 0.2, 0.3, 0.5, 1.0])
     parser.add_argument("--kernels", type=lambda s: [k for k in s.split(",") if k],
-                        default=["sm90", "sm90-overlap", "sm90-pingpong", "sm80"],
+                        default=["sm90-pingpong", "sm90-overlap", "sm90", "sm80"],
                         help="stsa attention kernels, one stsa_gpu_bench process and one table row each")
     parser.add_argument("--sample-rows", type=int, default=512)
     parser.add_argument("--deadline-s", type=float, default=420.0)
@@ -407,6 +461,18 @@ def main():
                      else "--build is required")
     clock = Clock(args.deadline_s)
     os.makedirs(args.out, exist_ok=True)
+
+    def write_outputs(results, meta):
+        """gpu_bench.json, then the table (gpu_bench.txt): after every shape, so a
+        later hang or kill keeps the shapes already measured."""
+        meta["seconds"] = time.time() - clock.start
+        with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
+        text = table(results, args.kernels)
+        with open(os.path.join(args.out, "gpu_bench.txt"), "w") as f:
+            f.write(text + "\n")
+        return text
+
     if args.dry_run:
         results = dry_results(args)
         meta = {"dry_run": True, "kernels": args.kernels}
@@ -415,6 +481,7 @@ def main():
         log(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, kernels {','.join(args.kernels)}, "
             f"deadline {args.deadline_s:.0f} s")
         results = []
+        meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "kernels": args.kernels}
         for name in args.shapes:
             if clock.left() < 30:
                 results.append({"shape": name, "stsa": {}, "cases": {}, "errors": ["skipped: out of time"]})
@@ -426,16 +493,9 @@ def main():
                     results.append({"shape": name, "stsa": {}, "cases": {}, "errors": []})
                 results[-1]["errors"].append(f"{type(e).__name__}: {e}")
                 log(f"{name} failed: {e}")
-        meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "kernels": args.kernels}
-    meta["seconds"] = time.time() - clock.start
-    text = table(results, args.kernels)
+            write_outputs(results, meta)
+    text = write_outputs(results, meta)
     log("\n" + text)
-    with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
-    with open(os.path.join(args.out, "gpu_bench.txt"), "w") as f:
-        f.write(text + "\n")
-    if not args.dry_run:
-        shutil.rmtree(args.scratch, ignore_errors=True)
     ok = all(r.get("stsa") and not r["errors"] for r in results)
     sys.exit(0 if ok else 1)
 

@@ -6,8 +6,12 @@
 // kept tiles from stsa/flops.hpp); this file plugs CUDA events into it.
 //
 // A kernel that cannot run here, or a case that fails, is recorded under
-// "errors" and the other kernels and cases still run. Exit status: 0 all ran,
-// 1 some failed (the JSON is still written), 2 bad options or nothing ran.
+// "errors" and the other kernels and cases still run. The JSON (--json) is
+// rewritten after every case, atomically, so a process killed by its caller's
+// timeout still leaves every finished case; --deadline-s stops starting cases.
+// The permutation is timed first (it is quick and its 1440p figure is a
+// target). Exit status: 0 all ran, 1 some failed or were skipped (the JSON is
+// still written), 2 bad options or nothing ran.
 //
 // For the PyTorch comparison (compare.py) it can read Q/K/V from raw bf16 files
 // ([B, N, H, D], C order), export every plan's full and partial tile lists, and
@@ -16,6 +20,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -53,6 +58,7 @@ struct Options {
   int warmup = 1;
   int repeats = 5;
   double budget_s = 20.0;   // per case: stop repeating once the timed runs took this long
+  double deadline_s = 0;    // > 0: start no case after this many seconds
   bool permutation = true;
   std::string json_path;
 };
@@ -125,10 +131,22 @@ std::vector<char> read_file(const std::string& path, std::size_t expected) {
   return bytes;
 }
 
+// Written next to `path` and renamed over it: a reader (or a kill) never sees
+// half a file.
 void write_file(const std::string& path, const void* data, std::size_t bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(static_cast<const char*>(data), std::streamsize(bytes));
-  STSA_CHECK(out.good(), stsa::IoError, "cannot write ", path);
+  const std::string partial = path + ".tmp";
+  {
+    std::ofstream out(partial, std::ios::binary);
+    out.write(static_cast<const char*>(data), std::streamsize(bytes));
+    STSA_CHECK(out.good(), stsa::IoError, "cannot write ", partial);
+  }
+  STSA_CHECK(std::rename(partial.c_str(), path.c_str()) == 0, stsa::IoError, "cannot rename ", partial, " to ",
+             path);
+}
+
+void write_json(const std::string& path, const json& value) {
+  const std::string text = value.dump(2) + "\n";
+  write_file(path, text.data(), text.size());
 }
 
 // Random values for timing runs without inputs: one 16M-element block of
@@ -160,18 +178,16 @@ json export_plan(const stsa::TilePlan& plan, const std::string& path) {
     full_offsets.push_back(std::int32_t(full.size()));
     partial_offsets.push_back(std::int32_t(partial.size()));
   }
-  std::ofstream out(path, std::ios::binary);
+  std::vector<std::int32_t> all;
   json sections = json::array();
-  std::int64_t offset = 0;
   const std::pair<const char*, const std::vector<std::int32_t>*> arrays[] = {
       {"full_offsets", &full_offsets}, {"full_tiles", &full}, {"partial_offsets", &partial_offsets},
       {"partial_tiles", &partial}};
   for (const auto& [name, array] : arrays) {
-    out.write(reinterpret_cast<const char*>(array->data()), std::streamsize(array->size() * 4));
-    sections.push_back({{"name", name}, {"offset", offset}, {"count", array->size()}});
-    offset += std::int64_t(array->size() * 4);
+    sections.push_back({{"name", name}, {"offset", all.size() * 4}, {"count", array->size()}});
+    all.insert(all.end(), array->begin(), array->end());
   }
-  STSA_CHECK(out.good(), stsa::IoError, "cannot write ", path);
+  write_file(path, all.data(), all.size() * 4);
   return {{"file", path}, {"dtype", "int32"}, {"sections", sections}};
 }
 
@@ -182,6 +198,12 @@ struct Outcome {
 };
 
 Outcome run(const Options& opt) {
+  // The deadline counts from here: reading 3 GB of inputs is part of the time.
+  const auto started = std::chrono::steady_clock::now();
+  const auto seconds_since_start = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  };
+
   const stsa::DType dtype = stsa::parse_dtype(opt.dtype);
   STSA_CHECK(dtype != stsa::DType::F32, stsa::InvalidArgument, "the GPU benchmark takes bf16 or fp16");
   stsa::VideoLayout layout;
@@ -197,6 +219,7 @@ Outcome run(const Options& opt) {
   const stsa::bench::TimingOptions timing{.warmup = opt.warmup, .repeats = opt.repeats, .budget_ms = opt.budget_s * 1e3};
   timing.validate();
   STSA_CHECK(opt.sample_rows >= 0, stsa::InvalidArgument, "--sample-rows must be >= 0, got ", opt.sample_rows);
+  STSA_CHECK(opt.deadline_s >= 0, stsa::InvalidArgument, "--deadline-s must be >= 0, got ", opt.deadline_s);
   STSA_CHECK(stsa::cuda_device_count() > 0, stsa::Unsupported, "no CUDA device (", stsa::cuda_unavailable_reason(),
              ")");
 
@@ -237,101 +260,9 @@ Outcome run(const Options& opt) {
     for (std::int64_t i = 0; i < count; ++i) sample.push_back(count == 1 ? 0 : i * (n - 1) / (count - 1));
   }
 
-  Outcome outcome;
-  json errors = json::array();
-  const auto fail = [&](const std::string& kernel, const std::string& label, const std::string& what) {
-    errors.push_back({{"kernel", kernel}, {"label", label}, {"error", what}});
-    outcome.any_failed = true;
-    std::cerr << "  [" << kernel << "] " << (label.empty() ? "" : label + ": ") << "FAILED: " << what << "\n";
-  };
-
-  // One backend per kernel; a kernel this GPU cannot run is reported once and left out.
-  struct Runner {
-    std::string name, resolved;
-    std::unique_ptr<stsa::CudaBackend> backend;
-  };
-  std::vector<Runner> runners;
-  for (const stsa::CudaKernel kernel : kernels) {
-    const std::string name(stsa::to_string(kernel));
-    try {
-      auto backend = std::make_unique<stsa::CudaBackend>(stsa::CudaBackendOptions{kernel});
-      const std::string resolved(stsa::to_string(backend->resolved_kernel()));
-      runners.push_back({name, resolved, std::move(backend)});
-    } catch (const stsa::Error& e) {
-      fail(name, "", e.what());
-    }
-  }
-
-  json cases = json::array();
-  for (const double density : opt.densities) {
-    const std::string label = case_label(density);
-    const stsa::MaskSpec spec = density >= 1.0 ? stsa::MaskSpec::dense()
-                                               : stsa::mask_for_density(layout.grid, stsa::SparseKind::Spatial, density);
-    const auto plan = stsa::TilePlan::build(layout.grid, spec);
-    const auto& s = plan->stats();
-    const stsa::bench::AttentionWork work = stsa::bench::attention_work(layout, *plan);
-    call.heads.assign(std::size_t(layout.heads), stsa::HeadMask{spec, spec.natural_order(), plan, true});
-    json plan_file;
-    if (!opt.export_dir.empty()) plan_file = export_plan(*plan, opt.export_dir + "/plan_" + label + ".bin");
-    for (const Runner& runner : runners) {
-      try {
-        // Poisoned (NaN) before each kernel, so rows a kernel never writes cannot pass for another kernel's.
-        o.fill_bytes(0xFF);
-        const auto timed = time_gpu([&] { runner.backend->run_async(call, nullptr); }, timing);
-        const stsa::bench::Samples& times = timed[0];
-        const double ms = times.median_ms();
-        json record = {{"label", label},
-                       {"kernel", runner.name},
-                       {"kernel_resolved", runner.resolved},
-                       {"density", density},
-                       {"mask", spec.describe()},
-                       {"band", spec.band},
-                       {"anchor", spec.anchor},
-                       {"kept_fraction", s.kept_fraction()},
-                       {"tile_density", s.tile_density()},
-                       {"tiles_full", s.tiles_full},
-                       {"tiles_partial", s.tiles_partial},
-                       {"tiles_empty", s.tiles_empty},
-                       {"plan_build_ms", s.build_ms},
-                       {"runs", times.runs()},
-                       {"budget_spent", timed.budget_spent},
-                       {"kept_tile_flops", work.kept_tile_flops},
-                       {"tflops_kept_tiles", stsa::bench::tflops(work.kept_tile_flops, ms)},
-                       {"tflops_kept_pairs", stsa::bench::tflops(work.kept_pair_flops, ms)},
-                       {"tflops_dense_equivalent", stsa::bench::tflops(work.dense_flops, ms)},
-                       {"dense_flops", work.dense_flops}};
-        stsa::bench::add_timing(record, "", times);  // ms (median), ms_min, ms_max, ms_runs
-        std::cerr << "  [" << runner.name << "] " << label << ": " << ms << " ms, "
-                  << record["tflops_kept_tiles"].get<double>() << " TFLOP/s on kept tiles (tile density "
-                  << s.tile_density() << ")\n";
-        if (!plan_file.is_null()) {
-          record["plan"] = plan_file;
-          if (!sample.empty()) {
-            // O rows of batch 0, all heads, as fp32 [rows, H, D].
-            std::vector<std::uint16_t> all(elements);
-            o.copy_to_host(all.data(), bytes);
-            std::vector<float> rows;
-            const std::int64_t row_elements = layout.heads * layout.head_dim;
-            for (const std::int64_t r : sample)
-              for (std::int64_t e = 0; e < row_elements; ++e) {
-                const std::uint16_t bits = all[std::size_t(r * row_elements + e)];
-                rows.push_back(dtype == stsa::DType::BF16 ? stsa::bf16_to_float(bits) : stsa::f16_to_float(bits));
-              }
-            const std::string path = opt.export_dir + "/o_" + label + "_" + runner.name + ".f32";
-            write_file(path, rows.data(), rows.size() * sizeof(float));
-            record["sample_file"] = path;
-          }
-        }
-        cases.push_back(record);
-        outcome.any_ran = true;
-      } catch (const stsa::Error& e) {
-        fail(runner.name, label, e.what());
-      }
-    }
-  }
-
   std::vector<std::string> kernel_names;
   for (const stsa::CudaKernel kernel : kernels) kernel_names.emplace_back(stsa::to_string(kernel));
+  Outcome outcome;
   json& result = outcome.result;
   result = {{"device", device.name},
             {"multiprocessors", device.multiprocessors},
@@ -349,7 +280,19 @@ Outcome run(const Options& opt) {
             {"repeats", opt.repeats},
             {"budget_s", opt.budget_s},
             {"sample_rows", sample},
-            {"cases", cases}};
+            {"cases", json::array()},
+            {"errors", json::array()}};
+  // Everything finished so far, on disk (when --json is given).
+  const auto flush = [&] {
+    if (!opt.json_path.empty()) write_json(opt.json_path, result);
+  };
+  const auto fail = [&](const std::string& kernel, const std::string& label, const std::string& what) {
+    result["errors"].push_back({{"kernel", kernel}, {"label", label}, {"error", what}});
+    outcome.any_failed = true;
+    std::cerr << "  [" << kernel << "] " << (label.empty() ? "" : label + ": ") << "FAILED: " << what << "\n";
+    flush();
+  };
+  flush();
 
   if (opt.permutation) {
     try {
@@ -391,11 +334,103 @@ Outcome run(const Options& opt) {
                                {"copy_gbps", copy_gbps}};
       std::cerr << "  permutation: gather " << gather_ms << " ms, scatter " << scatter_ms << " ms, copy "
                 << copy_gbps << " GB/s\n";
+      flush();
     } catch (const stsa::Error& e) {
       fail("permutation", "", e.what());
     }
   }
-  result["errors"] = errors;
+
+  // One backend per kernel; a kernel this GPU cannot run is reported once and left out.
+  struct Runner {
+    std::string name, resolved;
+    std::unique_ptr<stsa::CudaBackend> backend;
+  };
+  std::vector<Runner> runners;
+  for (const stsa::CudaKernel kernel : kernels) {
+    const std::string name(stsa::to_string(kernel));
+    try {
+      auto backend = std::make_unique<stsa::CudaBackend>(stsa::CudaBackendOptions{kernel});
+      const std::string resolved(stsa::to_string(backend->resolved_kernel()));
+      runners.push_back({name, resolved, std::move(backend)});
+    } catch (const stsa::Error& e) {
+      fail(name, "", e.what());
+    }
+  }
+
+  const std::int64_t row_elements = layout.heads * layout.head_dim;
+  const std::size_t row_bytes = std::size_t(row_elements) * stsa::element_size(dtype);
+  for (const double density : opt.densities) {
+    const std::string label = case_label(density);
+    const stsa::MaskSpec spec = density >= 1.0 ? stsa::MaskSpec::dense()
+                                               : stsa::mask_for_density(layout.grid, stsa::SparseKind::Spatial, density);
+    const auto plan = stsa::TilePlan::build(layout.grid, spec);
+    const auto& s = plan->stats();
+    const stsa::bench::AttentionWork work = stsa::bench::attention_work(layout, *plan);
+    call.heads.assign(std::size_t(layout.heads), stsa::HeadMask{spec, spec.natural_order(), plan, true});
+    json plan_file;
+    for (const Runner& runner : runners) {
+      if (opt.deadline_s > 0 && seconds_since_start() >= opt.deadline_s) {
+        fail(runner.name, label, "skipped: past --deadline-s");
+        continue;
+      }
+      try {
+        if (plan_file.is_null() && !opt.export_dir.empty())
+          plan_file = export_plan(*plan, opt.export_dir + "/plan_" + label + ".bin");
+        // Poisoned (NaN) before each kernel, so rows a kernel never writes cannot pass for another kernel's.
+        o.fill_bytes(0xFF);
+        const auto timed = time_gpu([&] { runner.backend->run_async(call, nullptr); }, timing);
+        const stsa::bench::Samples& times = timed[0];
+        const double ms = times.median_ms();
+        json record = {{"label", label},
+                       {"kernel", runner.name},
+                       {"kernel_resolved", runner.resolved},
+                       {"density", density},
+                       {"mask", spec.describe()},
+                       {"band", spec.band},
+                       {"anchor", spec.anchor},
+                       {"kept_fraction", s.kept_fraction()},
+                       {"tile_density", s.tile_density()},
+                       {"tiles_full", s.tiles_full},
+                       {"tiles_partial", s.tiles_partial},
+                       {"tiles_empty", s.tiles_empty},
+                       {"plan_build_ms", s.build_ms},
+                       {"runs", times.runs()},
+                       {"budget_spent", timed.budget_spent},
+                       {"kept_tile_flops", work.kept_tile_flops},
+                       {"tflops_kept_tiles", stsa::bench::tflops(work.kept_tile_flops, ms)},
+                       {"tflops_kept_pairs", stsa::bench::tflops(work.kept_pair_flops, ms)},
+                       {"tflops_dense_equivalent", stsa::bench::tflops(work.dense_flops, ms)},
+                       {"dense_flops", work.dense_flops}};
+        stsa::bench::add_timing(record, "", times);  // ms (median), ms_min, ms_max, ms_runs
+        std::cerr << "  [" << runner.name << "] " << label << ": " << ms << " ms, "
+                  << record["tflops_kept_tiles"].get<double>() << " TFLOP/s on kept tiles (tile density "
+                  << s.tile_density() << ")\n";
+        if (!plan_file.is_null()) {
+          record["plan"] = plan_file;
+          if (!sample.empty()) {
+            // O rows of batch 0 (BNHD: one row = all heads), as fp32 [rows, H, D];
+            // row by row, not the whole of O (0.93 GB at 1440p).
+            std::vector<std::uint16_t> row(static_cast<std::size_t>(row_elements));
+            std::vector<float> rows;
+            rows.reserve(sample.size() * std::size_t(row_elements));
+            for (const std::int64_t r : sample) {
+              o.copy_to_host(row.data(), row_bytes, std::size_t(r) * row_bytes);
+              for (const std::uint16_t bits : row)
+                rows.push_back(dtype == stsa::DType::BF16 ? stsa::bf16_to_float(bits) : stsa::f16_to_float(bits));
+            }
+            const std::string path = opt.export_dir + "/o_" + label + "_" + runner.name + ".f32";
+            write_file(path, rows.data(), rows.size() * sizeof(float));
+            record["sample_file"] = path;
+          }
+        }
+        result["cases"].push_back(record);
+        outcome.any_ran = true;
+        flush();
+      } catch (const stsa::Error& e) {
+        fail(runner.name, label, e.what());
+      }
+    }
+  }
   return outcome;
 }
 
@@ -420,18 +455,13 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", opt.warmup);
   app.add_option("--repeats", opt.repeats);
   app.add_option("--budget-s", opt.budget_s, "seconds of timed runs per case at most");
+  app.add_option("--deadline-s", opt.deadline_s, "start no case after this many seconds (0: no deadline)");
   app.add_option("--permutation", opt.permutation, "also time the GPU permutation (true/false)");
   app.add_option("--json", opt.json_path, "write the results here (else stdout)");
   CLI11_PARSE(app, argc, argv);
   try {
-    const Outcome outcome = run(opt);
-    if (opt.json_path.empty()) {
-      std::cout << outcome.result.dump(2) << "\n";
-    } else {
-      std::ofstream out(opt.json_path);
-      out << outcome.result.dump(2) << "\n";
-      STSA_CHECK(out.good(), stsa::IoError, "cannot write ", opt.json_path);
-    }
+    const Outcome outcome = run(opt);  // with --json, already written after every case
+    if (opt.json_path.empty()) std::cout << outcome.result.dump(2) << "\n";
     if (!outcome.any_ran) {
       std::cerr << "stsa_gpu_bench: no case ran\n";
       return 2;
