@@ -35,7 +35,7 @@ struct Options {
   int samples = 64;
   bool frame_window = false;
   int warmup = 1, repeats = 5;
-  std::string kernel = "auto";  // attention kernel: auto | sm90 | sm80
+  std::string kernel = "auto";  // attention kernel: auto, sm80, sm90, sm90-overlap or sm90-pingpong
 };
 
 void fill_random(stsa::DeviceBuffer& buffer, std::uint64_t seed) {
