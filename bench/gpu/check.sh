@@ -94,7 +94,6 @@ step "Hopper kernels smoke test (60 s limit each)"
 # A protocol bug in a warp-specialized kernel shows up as a hang; the kernel traps
 # after 5 s in one barrier wait, and `timeout` covers anything else. A Hopper
 # kernel that fails here is left out of the sanitizer and benchmark steps.
-# (ping-pong's turns are named barriers, which cannot time out: only `timeout` stops them.)
 KERNELS=""
 DROPPED=""
 # The expected fastest first: it leads the benchmark's kernels, should time run short.

@@ -70,7 +70,8 @@ struct Sm90Traits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // K or V of one stage
   static constexpr int kMaskWordsPerRow = kBlockN / 64;
-  static constexpr int kBarriers = 2 + 4 * kStages;  // q full/empty; k, v full/empty per stage
+  // q full/empty; k, v full/empty per stage; the consumer groups' turns (ping-pong)
+  static constexpr int kBarriers = 2 + 4 * kStages + 2;
   static constexpr int kSmemBytes = 1024 /* alignment slack */ + kQBytes + 2 * kStages * kTileBytes + 8 * kBarriers;
   // Registers: the producer warpgroup gives most of its share to the consumers.
   static constexpr int kProducerRegisters = 24;
@@ -288,40 +289,34 @@ __device__ __forceinline__ void release(const ConsumerContext& c, std::uint64_t*
 // issues a tile's products only in its turn and then hands the turn to the
 // other group, so while one group runs its softmax the other's products have
 // the tensor cores, instead of both groups' products and softmaxes coinciding.
-// Named barrier kTurnBarrier[g] is group g's turn; each phase is the waiting
-// group's 128 threads (sync) plus the other group's 128 (arrive). Group 1 grants
-// group 0 the first turn. Both groups take the same number of turns (they walk
-// the same items and tiles), so the only arrival left pending at exit is group
-// 1's last hand-off; named barriers start fresh with each block. (Taking that
-// turn back with a bar.sync after the item loop made ptxas spill 150-400 bytes
-// at every head dim, bench/NOTES.md.) The ids are immediates so that ptxas
-// reserves 3 barriers, not all 16. A named-barrier wait cannot time out like the
-// mbarrier waits: a protocol bug here hangs, which the GPU check's per-process
-// timeouts cover.
+// The turns are two mbarriers rather than named barriers: a wait that never
+// ends then traps after 5 s like every other wait here, instead of hanging.
+// turn[g] completes a phase when the other group's 4 warps have handed over;
+// group g's k-th wait is for phase k (parity k & 1). Group 1 grants group 0 the
+// first turn. A group hands over phase k+1 only after its own turn k, which
+// follows the other group's wait for phase k: no barrier runs two phases ahead
+// of its waiter. Both groups take the same number of turns (same items, same
+// tiles).
 template <bool kEnabled>
 struct ConsumerTurns {
-  static constexpr int kTurnBarrier[2] = {1, 2};
-  static constexpr int kThreads = 256;
-  int group = 0;
+  std::uint64_t* mine = nullptr;    // this group's turn barrier
+  std::uint64_t* theirs = nullptr;  // the other group's
+  int lane = 0;
+  std::uint32_t taken = 0;  // turns this group has waited for
 
-  template <int kGroup>
-  __device__ __forceinline__ static void wait_for() {
-    named_barrier_sync<kTurnBarrier[kGroup], kThreads>();
+  __device__ __forceinline__ void hand_over() const {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(theirs);
   }
-  template <int kGroup>
-  __device__ __forceinline__ static void hand_to() {
-    named_barrier_arrive<kTurnBarrier[kGroup], kThreads>();
-  }
-
-  __device__ __forceinline__ void grant_first() const {
+  __device__ __forceinline__ void grant_first(int group) const {
     if constexpr (kEnabled)
-      if (group == 1) hand_to<0>();
+      if (group == 1) hand_over();
   }
-  __device__ __forceinline__ void wait() const {
-    if constexpr (kEnabled) group == 0 ? wait_for<0>() : wait_for<1>();
+  __device__ __forceinline__ void wait() {
+    if constexpr (kEnabled) mbarrier_wait(mine, taken++ & 1);
   }
   __device__ __forceinline__ void pass() const {
-    if constexpr (kEnabled) group == 0 ? hand_to<1>() : hand_to<0>();
+    if constexpr (kEnabled) hand_over();
   }
 };
 
@@ -369,7 +364,7 @@ template <class Traits>
 __device__ __forceinline__ void consume_item_overlapped(const AttentionParams& p, const ConsumerContext& c,
                                                         const WorkItem& w, int kv_use,
                                                         float (&o_acc)[Traits::kHeadDim / 2], SoftmaxState& state,
-                                                        const ConsumerTurns<Traits::kPingPong>& turns) {
+                                                        ConsumerTurns<Traits::kPingPong>& turns) {
   if (w.tiles == 0) return;
   auto stage_of = [&](int t) { return (kv_use + t) % Traits::kStages; };
   auto parity_of = [&](int t) { return std::uint32_t(((kv_use + t) / Traits::kStages) & 1); };
@@ -492,6 +487,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   std::uint64_t* const k_empty = k_full + kStages;
   std::uint64_t* const v_full = k_empty + kStages;
   std::uint64_t* const v_empty = v_full + kStages;
+  std::uint64_t* const turn = v_empty + kStages;  // [consumer group]
 
   const int warp_group = int(threadIdx.x) / 128;
   const int lane = int(threadIdx.x) % 32;
@@ -505,6 +501,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mbarrier_init(&k_empty[s], Traits::kConsumerWarps);
       mbarrier_init(&v_empty[s], Traits::kConsumerWarps);
     }
+    for (int g = 0; g < Traits::kConsumerGroups; ++g) mbarrier_init(&turn[g], Traits::kConsumerWarps / 2);
     mbarrier_init_fence();
   }
   __syncthreads();  // the last block-wide barrier: roles split below
@@ -566,8 +563,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   c.v_empty = v_empty;
 
   ConsumerTurns<Traits::kPingPong> turns;
-  turns.group = consumer_group;
-  turns.grant_first();
+  turns.mine = &turn[consumer_group];
+  turns.theirs = &turn[1 - consumer_group];
+  turns.lane = lane;
+  turns.grant_first(consumer_group);
 
   int kv_use = 0;
   int local_item = 0;

@@ -118,19 +118,6 @@ __device__ __forceinline__ void pin_registers(std::uint32_t (&r)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-// ---- Named barriers (hardware, per block; id 0 is __syncthreads). kThreads in
-// all, a multiple of 32: sync blocks until they have all arrived; arrive counts
-// the calling warp and does not wait (producer/consumer hand-off). Immediate ids
-// let ptxas reserve only the barriers used.
-template <int kId, int kThreads>
-__device__ __forceinline__ void named_barrier_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
-}
-template <int kId, int kThreads>
-__device__ __forceinline__ void named_barrier_arrive() {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
-}
-
 // ---- Register reallocation between warpgroups (producer gives, consumers take).
 template <int kRegisters>
 __device__ __forceinline__ void registers_decrease() {
