@@ -48,6 +48,8 @@ void check_on_host(const AttentionCall& call) {
   check_rows("k", call.k);
   check_rows("v", call.v);
   check_rows("o", call.o);
+  STSA_CHECK(reinterpret_cast<std::uintptr_t>(call.lse.data) % alignof(float) == 0, Unsupported,
+             "lse is not 4-byte aligned; the cuda backend stores it as fp32");
   for (std::size_t h = 0; h < call.heads.size(); ++h) {
     const HeadMask& head = call.heads[h];
     if (!head.compute) continue;
@@ -70,7 +72,7 @@ void check_device_memory(const char* name, std::pair<const std::byte*, const std
                                        cudaGetErrorString(status), "); the cuda backend takes device pointers"));
     }
     STSA_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged, Unsupported,
-               name, " is host memory; the cuda backend takes device pointers");
+               name, " is host memory, or runs past its device allocation; the cuda backend takes device pointers");
     STSA_CHECK(attributes.device == device, Unsupported, name, " lives on CUDA device ", attributes.device,
                " but the current device is ", device);
   }

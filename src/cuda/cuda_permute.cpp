@@ -61,6 +61,10 @@ void check_pair(std::size_t i, const VideoGrid& grid, const TensorView& full, co
                ": negative strides are not supported");
   STSA_CHECK(!overlaps(full.byte_extent(), packed.byte_extent()), InvalidArgument, "permutation tensor ", i,
              ": source and destination overlap");
+  const auto element = std::uintptr_t(element_size(full.dtype));
+  STSA_CHECK(reinterpret_cast<std::uintptr_t>(full.data) % element == 0 &&
+                 reinterpret_cast<std::uintptr_t>(packed.data) % element == 0,
+             InvalidArgument, "permutation tensor ", i, ": data is not aligned to its ", element, "-byte elements");
 }
 
 cuda_detail::PermuteGrid device_grid(const VideoGrid& grid, TokenOrder from, TokenOrder to) {

@@ -19,7 +19,8 @@ class CudaRoutedExecutor final : public RoutedExecutor {
  public:
   CudaRoutedExecutor(const CudaBackend& backend, void* stream) : backend_(backend), stream_(stream) {}
   ~CudaRoutedExecutor() override {
-    for (cudaEvent_t e : events_) cudaEventDestroy(e);  // errors ignored in a destructor
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);  // errors ignored in a destructor,
+    cudaGetLastError();                                  // and cleared: they must not fail a later launch check
   }
   CudaRoutedExecutor(const CudaRoutedExecutor&) = delete;
   CudaRoutedExecutor& operator=(const CudaRoutedExecutor&) = delete;

@@ -74,7 +74,10 @@ class Workspace {
   Workspace(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
     STSA_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
   }
-  ~Workspace() { cudaFreeAsync(data_, stream_); }  // errors ignored: nothing useful to do in a destructor
+  ~Workspace() {
+    cudaFreeAsync(data_, stream_);  // errors ignored: nothing useful to do in a destructor,
+    cudaGetLastError();             // and cleared: they must not fail a later launch check
+  }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
   std::byte* data() const { return static_cast<std::byte*>(data_); }

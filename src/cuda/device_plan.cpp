@@ -15,7 +15,17 @@ namespace stsa {
 DevicePlan::DevicePlan() : arrays_(std::make_unique<Arrays>()) {}
 
 DevicePlan::~DevicePlan() {
-  if (arrays_ && arrays_->storage) cudaFree(arrays_->storage);  // errors ignored: may run at shutdown
+  if (!arrays_ || !arrays_->storage) return;
+  // A kernel queued by run_async may still read the plan: wait for the device
+  // explicitly (cudaFree only "may" synchronize). Errors are ignored and
+  // cleared: this may run at shutdown, and must not surface at a later launch.
+  int current = -1;
+  const bool switched = cudaGetDevice(&current) == cudaSuccess && current != arrays_->device &&
+                        cudaSetDevice(arrays_->device) == cudaSuccess;
+  cudaDeviceSynchronize();
+  cudaFree(arrays_->storage);
+  if (switched) cudaSetDevice(current);
+  cudaGetLastError();
 }
 
 int DevicePlan::device() const { return arrays_->device; }
@@ -37,6 +47,10 @@ std::shared_ptr<const DevicePlan> DevicePlan::upload(const TilePlan& plan) {
   STSA_CUDA_CHECK(cudaMalloc(&a.storage, image.bytes.size()));
   a.bytes = image.bytes.size();
   STSA_CUDA_CHECK(cudaMemcpy(a.storage, image.bytes.data(), a.bytes, cudaMemcpyHostToDevice));
+  // A copy from pageable memory may return before its DMA has landed, and a
+  // kernel on a non-blocking stream is not ordered after the legacy stream:
+  // wait here, so every later launch on any stream sees the plan.
+  STSA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   auto* base = static_cast<std::byte*>(a.storage);
   a.row_begin = reinterpret_cast<const std::int32_t*>(base + image.row_begin);
   a.partial_begin = reinterpret_cast<const std::int32_t*>(base + image.partial_begin);

@@ -104,7 +104,10 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : data_(other.data_), 
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
-    if (data_) cudaFree(data_);
+    if (data_) {
+      cudaFree(data_);
+      cudaGetLastError();
+    }
     data_ = other.data_;
     bytes_ = other.bytes_;
     other.data_ = nullptr;
@@ -114,7 +117,9 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (data_) cudaFree(data_);  // errors ignored: a destructor may run after the runtime shut down
+  if (!data_) return;
+  cudaFree(data_);     // errors ignored: a destructor may run after the runtime shut down,
+  cudaGetLastError();  // and cleared, so that they do not surface at a later launch check
 }
 
 void DeviceBuffer::copy_from_host(const void* src, std::size_t bytes, std::size_t offset) {
@@ -122,6 +127,9 @@ void DeviceBuffer::copy_from_host(const void* src, std::size_t bytes, std::size_
              offset, " exceeds the device buffer of ", bytes_, " bytes");
   if (bytes == 0) return;
   STSA_CUDA_CHECK(cudaMemcpy(static_cast<std::byte*>(data_) + offset, src, bytes, cudaMemcpyHostToDevice));
+  // From pageable memory the copy may return before its DMA lands: synchronous
+  // means landed, for launches on any stream.
+  STSA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 void DeviceBuffer::copy_to_host(void* dst, std::size_t bytes, std::size_t offset) const {

@@ -19,7 +19,10 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
     cudaDriverEntryPointQueryResult found{};
     const cudaError_t status =
         cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &pointer, 12000, cudaEnableDefault, &found);
-    if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) pointer = nullptr;
+    if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      pointer = nullptr;
+      cudaGetLastError();  // cleared: it must not fail a later launch check
+    }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(pointer);
   }();
   STSA_CHECK(function != nullptr, Unsupported,

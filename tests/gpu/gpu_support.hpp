@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -17,10 +18,16 @@
 
 namespace stsa::gpu_testing {
 
+// Skips without a usable GPU, except where the environment says one must be
+// there (STSA_GPU_REQUIRED, set by bench/gpu/check.sh): then a missing device,
+// a driver too old for the runtime and the like fail instead of passing as skips.
 #define STSA_REQUIRE_GPU()                                                                        \
   do {                                                                                            \
-    if (::stsa::cuda_device_count() == 0)                                                         \
+    if (::stsa::cuda_device_count() == 0) {                                                       \
+      if (std::getenv("STSA_GPU_REQUIRED") != nullptr)                                            \
+        FAIL() << "STSA_GPU_REQUIRED is set, but no CUDA device: " << ::stsa::cuda_unavailable_reason(); \
       GTEST_SKIP() << "no CUDA device: " << ::stsa::cuda_unavailable_reason();                    \
+    }                                                                                             \
   } while (0)
 
 inline std::size_t tensor_bytes(const TensorView& t) { return std::size_t(t.numel()) * element_size(t.dtype); }
