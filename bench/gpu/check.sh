@@ -126,7 +126,7 @@ JOBS=8
 COMPUTE_MODE="$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2> /dev/null | head -n 1 || true)"
 if [ -n "$COMPUTE_MODE" ] && [ "$COMPUTE_MODE" != "Default" ]; then JOBS=1; echo "compute mode $COMPUTE_MODE: one test at a time"; fi
 TESTS_LIMIT=$(( BUDGET_S - $(elapsed) - 300 ))
-if [ "$TESTS_LIMIT" -lt 120 ]; then TESTS_LIMIT=120; fi
+if [ "$TESTS_LIMIT" -lt 150 ]; then TESTS_LIMIT=150; fi
 run_step gpu_tests timeout "$TESTS_LIMIT" ctest --test-dir "$BUILD" -L gpu "${EXCLUDE[@]}" -j "$JOBS" \
   --output-on-failure
 
