@@ -49,28 +49,17 @@ TEST(RoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
 }
 
 TEST(RoutedAttention, RoutesSyntheticHeadsAndMatchesTheReference) {
-  synth::Options o;
-  o.grid = {7, 8, 10, 6, TextPlacement::Before};
-  o.heads = 6;
-  o.head_dim = 64;
-  o.seed = testing::fresh_seed();
-  const synth::Data data = synth::make_video_tokens(o);
-  RouterOptions ro;
-  ro.samples = 32;
-  const Router router(ro);
-  const RoutingReport report = router.route(data.layout, data.q.view(), data.k.view(), data.v.view());
+  const testing::SyntheticRoutedCase c = testing::synthetic_routed_case(DType::F32, testing::fresh_seed());
+  const RoutingReport& report = c.report;
+  // Both sparse routes, so the permuted path runs too.
+  ASSERT_GT(testing::count_routes(report.heads, Route::Temporal), 0);
+  ASSERT_GT(testing::count_routes(report.heads, Route::Spatial), 0);
   for (const Backend* backend : backends()) {
-    std::vector<HeadMask> masks;
-    for (const auto& h : report.heads) masks.push_back(HeadMask{h.spec, TokenOrder::FrameMajor, nullptr, true});
-    testing::Problem p = testing::make_problem(data.layout, DType::F32, masks, 1);
-    // Use the synthetic inputs instead of random ones.
-    std::memcpy(p.q.view().data, data.q.view().data, data.q.bytes());
-    std::memcpy(p.k.view().data, data.k.view().data, data.k.bytes());
-    std::memcpy(p.v.view().data, data.v.view().data, data.v.bytes());
+    testing::Problem p = c.problem();
     if (!backend->supports(p.call()).ok) continue;
     SCOPED_TRACE(std::string(backend->name()));
     PlanCache plans;
-    const RoutedResult r = routed_attention(*backend, plans, routed_call(p), router);
+    const RoutedResult r = routed_attention(*backend, plans, routed_call(p), c.router);
     ASSERT_EQ(r.heads.size(), report.heads.size());
     for (std::size_t h = 0; h < r.heads.size(); ++h) EXPECT_EQ(r.heads[h].route, report.heads[h].route);
     EXPECT_GT(r.routing_ms, 0.0);
