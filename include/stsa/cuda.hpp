@@ -53,6 +53,15 @@ CudaDeviceInfo cuda_device_info(int device = -1);
 // if a kernel failed. Throws Unsupported without a GPU.
 void cuda_synchronize();
 
+// Scratch memory (the GPU router's workspace, routed attention's packed
+// temporal heads) comes from a stream-ordered pool the library keeps per device,
+// so that repeated calls never allocate from the driver (cudaMalloc and cudaFree
+// synchronize the device). The pool keeps its high-water mark.
+// The bytes it holds on the current device (0 where the device has no pools):
+std::int64_t cuda_scratch_bytes();
+// Waits for the current device, then returns the pool's unused memory to the driver.
+void cuda_release_scratch();
+
 // An owning allocation of device memory on the current device.
 class DeviceBuffer {
  public:
@@ -140,9 +149,11 @@ class CudaBackend final : public Backend {
   void run_async(const AttentionCall& call, void* stream) const;
 
   // The device copy of `plan` on the current device, uploaded on first use and
-  // cached while the host plan lives.
+  // cached while the host plan lives: at most kMaxCachedPlans plans, the least
+  // recently used dropped first (a dropped plan is uploaded again when next used).
   std::shared_ptr<const DevicePlan> device_plan(const std::shared_ptr<const TilePlan>& plan) const;
   std::size_t cached_plans() const;
+  static constexpr std::size_t kMaxCachedPlans = 256;
 
  private:
   struct State;

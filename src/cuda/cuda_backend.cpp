@@ -11,6 +11,7 @@
 
 #include "cuda/attention_launch.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/device_checks.hpp"
 #include "cuda/device_plan_arrays.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/error.hpp"
@@ -21,21 +22,6 @@ namespace {
 using cuda_detail::AttentionParams;
 
 constexpr double kLog2e = 1.4426950408889634;
-constexpr std::size_t kMaxCachedPlans = 256;
-
-// The kernel reads and writes whole 16-byte vectors (inputs) and element pairs
-// (outputs) of each (batch, token, head) row.
-void check_rows(const char* name, const TensorView& t) {
-  STSA_CHECK(t.stride[3] == 1, Unsupported, name, " has head-dim stride ", t.stride[3],
-             "; the cuda backend needs the head dim contiguous (stride 1)");
-  STSA_CHECK(reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0, Unsupported, name,
-             " is not 16-byte aligned; the cuda backend loads rows as 16-byte vectors");
-  static constexpr const char* kDims[3] = {"batch", "token", "head"};
-  const auto element = std::int64_t(element_size(t.dtype));
-  for (int i = 0; i < 3; ++i)
-    STSA_CHECK(t.shape[i] == 1 || t.stride[i] * element % 16 == 0, Unsupported, name, " has a ", kDims[i],
-               " stride of ", t.stride[i] * element, " bytes; the cuda backend needs multiples of 16");
-}
 
 // Everything that can be checked without a GPU.
 void check_on_host(const AttentionCall& call) {
@@ -44,10 +30,10 @@ void check_on_host(const AttentionCall& call) {
              "fp16 q/k/v, got ", to_string(call.q.dtype));
   STSA_CHECK(cuda_detail::attention_head_dim_supported(int(call.layout.head_dim)), Unsupported,
              "the cuda backend supports head dims 64 and 128, got ", call.layout.head_dim);
-  check_rows("q", call.q);
-  check_rows("k", call.k);
-  check_rows("v", call.v);
-  check_rows("o", call.o);
+  // The kernel reads and writes whole 16-byte vectors (inputs) and element pairs
+  // (outputs) of each (batch, token, head) row.
+  for (const auto& [name, tensor] : {std::pair{"q", &call.q}, {"k", &call.k}, {"v", &call.v}, {"o", &call.o}})
+    cuda_detail::require_row_vectors("", name, *tensor);
   STSA_CHECK(reinterpret_cast<std::uintptr_t>(call.lse.data) % alignof(float) == 0, Unsupported,
              "lse is not 4-byte aligned; the cuda backend stores it as fp32");
   for (std::size_t h = 0; h < call.heads.size(); ++h) {
@@ -57,24 +43,6 @@ void check_on_host(const AttentionCall& call) {
     STSA_CHECK(tile.q == cuda_detail::kTileQ && tile.k == cuda_detail::kTileK, Unsupported, "head ", h,
                " has a plan of ", tile.q, "x", tile.k, " tiles; the cuda backend runs ", cuda_detail::kTileQ, "x",
                cuda_detail::kTileK, " tiles only");
-  }
-}
-
-// Host memory is valid input for the library (other backends take it), just not
-// for this backend: Unsupported, so generic harnesses treat it as "not supported".
-void check_device_memory(const char* name, std::pair<const std::byte*, const std::byte*> extent, int device) {
-  for (const std::byte* address : {extent.first, extent.second - 1}) {
-    cudaPointerAttributes attributes{};
-    const cudaError_t status = cudaPointerGetAttributes(&attributes, address);
-    if (status != cudaSuccess) {
-      cudaGetLastError();
-      throw Unsupported(detail::concat(name, " is not an address the CUDA runtime knows (",
-                                       cudaGetErrorString(status), "); the cuda backend takes device pointers"));
-    }
-    STSA_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged, Unsupported,
-               name, " is host memory, or runs past its device allocation; the cuda backend takes device pointers");
-    STSA_CHECK(attributes.device == device, Unsupported, name, " lives on CUDA device ", attributes.device,
-               " but the current device is ", device);
   }
 }
 
@@ -138,11 +106,12 @@ Launch check_on_device(const AttentionCall& call, CudaKernel requested) {
   const int needed = smem_bytes(kernel, int(call.layout.head_dim));
   STSA_CHECK(f.smem_optin >= needed, Unsupported, "the cuda ", to_string(kernel), " kernel needs ", needed,
              " bytes of shared memory per block; device ", device, " offers ", f.smem_optin);
-  check_device_memory("q", call.q.byte_extent(), device);
-  check_device_memory("k", call.k.byte_extent(), device);
-  check_device_memory("v", call.v.byte_extent(), device);
-  check_device_memory("o", call.o.byte_extent(), device);
-  if (call.lse.data != nullptr) check_device_memory("lse", call.lse.byte_extent(), device);
+  // Host memory is valid input for the library (other backends take it), just not
+  // for this backend: Unsupported, so generic harnesses treat it as "not supported".
+  constexpr std::string_view kHint = "the cuda backend takes device pointers";
+  for (const auto& [name, tensor] : {std::pair{"q", &call.q}, {"k", &call.k}, {"v", &call.v}, {"o", &call.o}})
+    cuda_detail::require_device_memory("", name, tensor->byte_extent(), device, kHint);
+  if (call.lse.data != nullptr) cuda_detail::require_device_memory("", "lse", call.lse.byte_extent(), device, kHint);
   return {f, kernel};
 }
 
@@ -208,9 +177,14 @@ std::shared_ptr<const DevicePlan> CudaBackend::device_plan(const std::shared_ptr
   auto& entries = state_->entries;
   // Plans whose host copy is gone are dropped (cudaFree waits for kernels still using them).
   std::erase_if(entries, [](const State::Entry& e) { return e.host.expired(); });
-  for (const auto& e : entries)
-    if (e.key == plan.get() && e.device == device) return e.uploaded;
-  if (entries.size() >= kMaxCachedPlans) entries.erase(entries.begin());
+  // Least recently used first: a hit moves to the back, a full cache drops the front.
+  const auto hit = std::find_if(entries.begin(), entries.end(),
+                                [&](const State::Entry& e) { return e.key == plan.get() && e.device == device; });
+  if (hit != entries.end()) {
+    std::rotate(hit, hit + 1, entries.end());
+    return entries.back().uploaded;
+  }
+  if (entries.size() >= CudaBackend::kMaxCachedPlans) entries.erase(entries.begin());
   entries.push_back({plan.get(), plan, device, DevicePlan::upload(*plan)});
   return entries.back().uploaded;
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/device_checks.hpp"
 #include "cuda/permute_launch.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/error.hpp"
@@ -15,21 +16,10 @@ namespace {
 
 using cuda_detail::kMaxPermuteHeads;
 
+constexpr std::string_view kHostPermutation = "host tensors go through gather_heads / scatter_heads";
+
 bool overlaps(std::pair<const std::byte*, const std::byte*> a, std::pair<const std::byte*, const std::byte*> b) {
   return a.first < b.second && b.first < a.second;
-}
-
-void check_on_device(const char* what, std::pair<const std::byte*, const std::byte*> extent, int device) {
-  for (const std::byte* address : {extent.first, extent.second - 1}) {
-    cudaPointerAttributes attributes{};
-    const cudaError_t status = cudaPointerGetAttributes(&attributes, address);
-    if (status != cudaSuccess) cudaGetLastError();
-    STSA_CHECK(status == cudaSuccess &&
-                   (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) &&
-                   attributes.device == device,
-               Unsupported, what, " is not device memory of the current CUDA device ", device,
-               " (host memory goes through gather_heads / scatter_heads)");
-  }
 }
 
 void check_heads(std::span<const std::int64_t> heads, std::int64_t total) {
@@ -119,8 +109,10 @@ void check_common(const VideoGrid& grid, std::span<const std::int64_t> heads, st
   for (std::size_t i = 0; i < full.size(); ++i) {
     check_heads(heads, full[i].heads());
     check_pair(i, grid, full[i], packed[i], heads.size());
-    check_on_device("permutation source/destination", full[i].byte_extent(), device);
-    check_on_device("permutation source/destination", packed[i].byte_extent(), device);
+    cuda_detail::require_device_memory("permutation: ", detail::concat("tensor ", i, " (full)"), full[i].byte_extent(),
+                                       device, kHostPermutation);
+    cuda_detail::require_device_memory("permutation: ", detail::concat("tensor ", i, " (packed)"),
+                                       packed[i].byte_extent(), device, kHostPermutation);
   }
 }
 
@@ -147,8 +139,9 @@ void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, s
     check_heads(heads, lse.shape[1]);
     STSA_CHECK(!overlaps(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
                "permutation: LSE source and destination overlap");
-    check_on_device("packed LSE", packed_lse.byte_extent(), device);
-    check_on_device("LSE", lse.byte_extent(), device);
+    cuda_detail::require_device_memory("permutation: ", "packed LSE", packed_lse.byte_extent(), device,
+                                       kHostPermutation);
+    cuda_detail::require_device_memory("permutation: ", "LSE", lse.byte_extent(), device, kHostPermutation);
   }
   permute(grid, from, to, heads, packed, dests, /*gather=*/false, stream);
   if (!with_lse) return;

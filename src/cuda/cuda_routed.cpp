@@ -1,7 +1,7 @@
 // cuda_run_routed / cuda_routed_attention: run_routed() (routed.hpp) over an
-// executor whose packed buffers are device memory, whose permutation is
-// cuda_gather_heads / cuda_scatter_heads, whose attention is
-// CudaBackend::run_async, all on one stream, timed with CUDA events.
+// executor whose packed buffers are scratch device memory (stream_scratch.hpp),
+// whose permutation is cuda_gather_heads / cuda_scatter_heads, whose attention
+// is CudaBackend::run_async, all on one stream, timed with CUDA events.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/stream_scratch.hpp"
 #include "stsa/cuda_routing.hpp"
 #include "stsa/error.hpp"
 
@@ -25,27 +26,30 @@ class CudaRoutedExecutor final : public RoutedExecutor {
   CudaRoutedExecutor(const CudaRoutedExecutor&) = delete;
   CudaRoutedExecutor& operator=(const CudaRoutedExecutor&) = delete;
 
+  // One scratch allocation for all packed tensors, returned on this stream once
+  // run_routed() drops it (after the scatter is enqueued).
   PackedHeads allocate(const RoutedCall& call, std::int64_t count) override {
     const VideoLayout& l = call.layout;
-    const auto rows = std::size_t(l.batch * l.tokens() * count * l.head_dim);
-    struct Storage {
-      DeviceBuffer q, k, v, o, lse;
+    const auto elements = std::size_t(l.batch * l.tokens() * count * l.head_dim);
+    cuda_detail::ScratchLayout layout;
+    const std::size_t at_q = layout.add(elements * element_size(call.q.dtype));
+    const std::size_t at_k = layout.add(elements * element_size(call.k.dtype));
+    const std::size_t at_v = layout.add(elements * element_size(call.v.dtype));
+    const std::size_t at_o = layout.add(elements * element_size(call.o.dtype));
+    const bool with_lse = call.lse.data != nullptr;
+    const std::size_t at_lse = layout.add(with_lse ? std::size_t(l.batch * count * l.tokens()) * sizeof(float) : 0);
+    auto scratch = std::make_shared<cuda_detail::StreamScratch>(layout.bytes, static_cast<cudaStream_t>(stream_));
+    std::byte* base = scratch->data();
+    const auto packed_view = [&](std::size_t at, DType dtype) {
+      return TensorView::contiguous(base + at, dtype, l.batch, l.tokens(), count, l.head_dim, MemoryLayout::BNHD);
     };
-    auto s = std::make_shared<Storage>();
-    s->q = DeviceBuffer(rows * element_size(call.q.dtype));
-    s->k = DeviceBuffer(rows * element_size(call.k.dtype));
-    s->v = DeviceBuffer(rows * element_size(call.v.dtype));
-    s->o = DeviceBuffer(rows * element_size(call.o.dtype));
     PackedHeads packed;
-    packed.q = TensorView::contiguous(s->q.data(), call.q.dtype, l.batch, l.tokens(), count, l.head_dim, MemoryLayout::BNHD);
-    packed.k = TensorView::contiguous(s->k.data(), call.k.dtype, l.batch, l.tokens(), count, l.head_dim, MemoryLayout::BNHD);
-    packed.v = TensorView::contiguous(s->v.data(), call.v.dtype, l.batch, l.tokens(), count, l.head_dim, MemoryLayout::BNHD);
-    packed.o = TensorView::contiguous(s->o.data(), call.o.dtype, l.batch, l.tokens(), count, l.head_dim, MemoryLayout::BNHD);
-    if (call.lse.data != nullptr) {
-      s->lse = DeviceBuffer(std::size_t(l.batch * count * l.tokens()) * sizeof(float));
-      packed.lse = LseView::contiguous(static_cast<float*>(s->lse.data()), l.batch, count, l.tokens());
-    }
-    packed.storage = std::move(s);
+    packed.q = packed_view(at_q, call.q.dtype);
+    packed.k = packed_view(at_k, call.k.dtype);
+    packed.v = packed_view(at_v, call.v.dtype);
+    packed.o = packed_view(at_o, call.o.dtype);
+    if (with_lse) packed.lse = LseView::contiguous(reinterpret_cast<float*>(base + at_lse), l.batch, count, l.tokens());
+    packed.storage = std::move(scratch);
     return packed;
   }
 

@@ -1,5 +1,5 @@
 // cuda_route(): checks, sampled rows and candidate masks on the host, one
-// workspace from the stream-ordered allocator, the routing launches
+// workspace from the library's scratch pool (stream_scratch.hpp), the routing launches
 // (routing_launch.hpp), and the report built from the per-head sums with the
 // decision rule of Router::route().
 #include <cuda_runtime_api.h>
@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/device_checks.hpp"
 #include "cuda/mask_predicate_host.hpp"
 #include "cuda/routing_launch.hpp"
+#include "cuda/stream_scratch.hpp"
 #include "stsa/cuda_routing.hpp"
 #include "stsa/error.hpp"
 
@@ -37,66 +39,6 @@ void check_shape(const char* name, const TensorView& t, const VideoLayout& layou
     STSA_CHECK(t.stride[i] >= 0, InvalidArgument, "cuda router: ", name, " has a negative stride");
 }
 
-void check_rows(const char* name, const TensorView& t) {
-  STSA_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F16, Unsupported, "cuda router: ", name, " is ",
-             to_string(t.dtype), "; the GPU router takes bf16 or fp16");
-  STSA_CHECK(t.stride[3] == 1, Unsupported, "cuda router: ", name, " has head-dim stride ", t.stride[3],
-             "; the GPU router needs the head dim contiguous");
-  STSA_CHECK(reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0, Unsupported, "cuda router: ", name,
-             " is not 16-byte aligned");
-  const char* dims[3] = {"batch", "token", "head"};
-  const auto element = std::int64_t(element_size(t.dtype));
-  for (int i = 0; i < 3; ++i)
-    STSA_CHECK(t.shape[i] == 1 || t.stride[i] * element % 16 == 0, Unsupported, "cuda router: ", name, " has a ",
-               dims[i], " stride of ", t.stride[i] * element, " bytes; rows must be 16-byte aligned");
-}
-
-void check_device_memory(const char* name, const TensorView& t, int device) {
-  const auto [first, last] = t.byte_extent();
-  for (const std::byte* address : {first, last - 1}) {
-    cudaPointerAttributes attributes{};
-    const cudaError_t status = cudaPointerGetAttributes(&attributes, address);
-    if (status != cudaSuccess) {
-      cudaGetLastError();
-      throw Unsupported(detail::concat("cuda router: ", name, " is not an address the CUDA runtime knows (",
-                                       cudaGetErrorString(status), "); the GPU router takes device pointers"));
-    }
-    STSA_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged, Unsupported,
-               "cuda router: ", name, " is host memory; the GPU router takes device pointers (Router::route takes host tensors)");
-    STSA_CHECK(attributes.device == device, Unsupported, "cuda router: ", name, " lives on CUDA device ",
-               attributes.device, " but the current device is ", device);
-  }
-}
-
-// One allocation from the stream-ordered pool, freed (stream-ordered) on every exit.
-class Workspace {
- public:
-  Workspace(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
-    STSA_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
-  }
-  ~Workspace() {
-    cudaFreeAsync(data_, stream_);  // errors ignored: nothing useful to do in a destructor,
-    cudaGetLastError();             // and cleared: they must not fail a later launch check
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  std::byte* data() const { return static_cast<std::byte*>(data_); }
-
- private:
-  void* data_ = nullptr;
-  cudaStream_t stream_;
-};
-
-// Byte offsets of the workspace's arrays, each 256-byte aligned.
-struct WorkspaceLayout {
-  std::size_t bytes = 0;
-  std::size_t add(std::size_t size) {
-    const std::size_t at = bytes;
-    bytes += (size + 255) / 256 * 256;
-    return at;
-  }
-};
-
 }  // namespace
 
 RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const TensorView& q, const TensorView& k,
@@ -118,9 +60,11 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
   RoutingReport report;
   router.sample_rows(layout, order, report.sampled_rows, report.sampled_batch);  // InvalidArgument: too many samples
 
-  check_rows("q", q);
-  check_rows("k", k);
-  check_rows("v", v);
+  for (const auto& [name, tensor] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
+    STSA_CHECK(tensor->dtype == DType::BF16 || tensor->dtype == DType::F16, Unsupported, "cuda router: ", name, " is ",
+               to_string(tensor->dtype), "; the GPU router takes bf16 or fp16");
+    cuda_detail::require_row_vectors("cuda router: ", name, *tensor);
+  }
   STSA_CHECK(q.dtype == k.dtype && q.dtype == v.dtype, Unsupported, "cuda router: q, k and v must share one dtype (",
              to_string(q.dtype), ", ", to_string(k.dtype), ", ", to_string(v.dtype), ")");
   STSA_CHECK(cuda_detail::routing_head_dim_supported(int(layout.head_dim)), Unsupported, "cuda router: head dim ",
@@ -136,9 +80,9 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
   const int smem = cuda_detail::routing_shared_bytes(int(layout.head_dim));
   STSA_CHECK(smem_optin >= smem, Unsupported, "cuda router: needs ", smem, " bytes of shared memory per block; device ",
              device, " offers ", smem_optin);
-  check_device_memory("q", q, device);
-  check_device_memory("k", k, device);
-  check_device_memory("v", v, device);
+  for (const auto& [name, tensor] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}})
+    cuda_detail::require_device_memory("cuda router: ", name, tensor->byte_extent(), device,
+                                       "the GPU router takes device pointers (Router::route takes host tensors)");
 
   std::vector<Route> routes{Route::Spatial, Route::Temporal};
   if (options.try_frame_window) routes.push_back(Route::FrameWindow);
@@ -173,7 +117,7 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
 
   const std::int64_t slots = head_count * row_blocks * splits * kRoutingOutputs;
   const std::int64_t slot_rows = slots * kRoutingRows;
-  WorkspaceLayout ws;
+  cuda_detail::ScratchLayout ws;
   const std::size_t at_ints = ws.add((positions.size() + row_batch.size() + which.size()) * sizeof(std::int32_t));
   const std::size_t at_max = ws.add(std::size_t(slot_rows) * sizeof(float));
   const std::size_t at_sum = ws.add(std::size_t(slot_rows) * sizeof(float));
@@ -184,7 +128,7 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
   const std::size_t at_head_stats = ws.add(std::size_t(head_count * kRoutingStats) * sizeof(double));
 
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  Workspace workspace(ws.bytes, cuda_stream);
+  const cuda_detail::StreamScratch workspace(ws.bytes, cuda_stream);
   std::byte* base = workspace.data();
   std::vector<std::int32_t> ints = positions;
   ints.insert(ints.end(), row_batch.begin(), row_batch.end());

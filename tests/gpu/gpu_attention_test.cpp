@@ -303,6 +303,27 @@ TEST_P(GpuAttention, DevicePlansAreUploadedOnceAndDroppedWithTheirPlan) {
   EXPECT_EQ(backend.cached_plans(), 1u);
 }
 
+// The plan cache drops the least recently used plan first: a plan used on
+// every call survives any number of new ones (first-in-first-out would drop it).
+TEST(GpuPlanCache, DropsTheLeastRecentlyUsedPlanFirst) {
+  STSA_REQUIRE_GPU();
+  constexpr std::size_t kMax = CudaBackend::kMaxCachedPlans;
+  const VideoGrid grid{2, 4, 4, 0, TextPlacement::After};
+  std::vector<std::shared_ptr<const TilePlan>> plans;  // distinct plans: the cache keys by identity
+  for (std::size_t i = 0; i <= kMax; ++i) plans.push_back(TilePlan::build(grid, MaskSpec::dense()));
+  const CudaBackend backend;
+  const auto first = backend.device_plan(plans[0]);
+  const auto second = backend.device_plan(plans[1]);
+  for (std::size_t i = 2; i < kMax; ++i) backend.device_plan(plans[i]);
+  ASSERT_EQ(backend.cached_plans(), kMax);
+  EXPECT_EQ(backend.device_plan(plans[0]), first);  // a hit makes it the most recent
+  backend.device_plan(plans[kMax]);                 // the cache is full: plans[1] goes
+  EXPECT_EQ(backend.cached_plans(), kMax);
+  EXPECT_EQ(backend.device_plan(plans[0]), first);
+  EXPECT_NE(backend.device_plan(plans[1]), second);  // uploaded again
+  EXPECT_EQ(backend.cached_plans(), kMax);
+}
+
 // More work items than twice the SMs in one launch: every persistent sm90 block
 // runs several items (Q barrier phases flip, the K/V ring carries on across
 // items, the producer runs into the next item while the consumers finish one).

@@ -264,6 +264,34 @@ TEST(GpuRoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
   }
 }
 
+// Routed calls take their packed buffers from the library's scratch pool: calls
+// of one shape after the first reserve nothing new (no cudaMalloc, which would
+// synchronize the device), the outputs stay right, and release returns the memory.
+TEST(GpuRoutedAttention, RepeatedCallsReuseTheScratchPool) {
+  STSA_REQUIRE_GPU();
+  const VideoLayout layout{{6, 11, 13, 0, TextPlacement::After}, 1, 4, 128};
+  const testing::CyclingDecisions given = testing::cycling_decisions(layout);
+  testing::Problem p = testing::make_problem(layout, DType::BF16, given.reference_masks, testing::fresh_seed());
+  gpu_testing::DeviceProblem d(p);
+  const CudaBackend backend;
+  PlanCache plans;
+  const RoutedResult first = cuda_run_routed(backend, plans, routed_call(d.call), given.decisions);
+  ASSERT_FALSE(first.temporal.empty());  // the packed buffers are used
+  const std::int64_t held = cuda_scratch_bytes();
+  EXPECT_GT(held, 0);
+  for (int call = 0; call < 3; ++call) {
+    d.o.poison();
+    d.lse.poison();
+    cuda_run_routed(backend, plans, routed_call(d.call), given.decisions);
+    EXPECT_EQ(cuda_scratch_bytes(), held) << "call " << call;
+  }
+  EXPECT_TRUE(d.o.guards_intact() && d.lse.guards_intact());
+  d.download_into(p);
+  gpu_testing::expect_matches_reference(p);
+  cuda_release_scratch();
+  EXPECT_LT(cuda_scratch_bytes(), held);
+}
+
 // Routed on the GPU: decisions equal the CPU router's, the output the reference's.
 TEST(GpuRoutedAttention, RoutesSyntheticHeadsAndMatchesTheReference) {
   STSA_REQUIRE_GPU();
