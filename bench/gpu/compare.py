@@ -19,7 +19,8 @@ Run by bench/gpu/check.sh. For each shape (21 frames; 720p = 45x80 and 1440p =
      partial tiles with a mask_mod that evaluates the mask predicate), and
      compares FlexAttention's output (cuDNN's for dense) with each kernel's rows;
   4. prints one table (a row per stsa kernel next to cuDNN, FA2 and
-     FlexAttention) and writes JSON under --out, rewritten after each shape.
+     FlexAttention, and what that makes of one video's self-attention time)
+     and writes JSON under --out, rewritten after each shape.
 
 Every case is time-boxed; cases that would pass the deadline are reported as
 skipped rather than run. Needs python3 and torch only (no numpy, no network).
@@ -321,6 +322,42 @@ def times(a, b):
     return f"{r:.2f}x" if r is not None else "-"
 
 
+# Wan2.1-1.3B (12 heads x 128, the shapes measured here): 30 layers, 50 denoising
+# steps, classifier-free guidance doubling the calls. Sparse VideoGen runs the
+# first 10-35% of steps and the first layer dense; 25% is taken here.
+VIDEO_LAYERS, VIDEO_STEPS, VIDEO_CFG, VIDEO_DENSE_STEPS = 30, 50, 2, 13
+
+
+def per_video(name, records, cudnn, perm):
+    """Self-attention time of one Wan2.1-1.3B video at this shape: every call on
+    cuDNN, against the dense warm-up on the faster of cuDNN and stsa dense and
+    the other calls on the fastest stsa kernel at each density, each paying the
+    permutation of every head (the worst case; routing is timed separately by
+    stsa_gpu_route_bench). None without a cuDNN time or sparse records."""
+    if not cudnn:
+        return None
+    best = {}
+    for c in records:
+        if c["ms"] == c["ms"] and (c["label"] not in best or c["ms"] < best[c["label"]]["ms"]):
+            best[c["label"]] = c
+    sparse = sorted((c for label, c in best.items() if label != "dense"), key=lambda c: c["density"])
+    if not sparse:
+        return None
+    calls = VIDEO_LAYERS * VIDEO_STEPS * VIDEO_CFG
+    sparse_calls = (VIDEO_LAYERS - 1) * (VIDEO_STEPS - VIDEO_DENSE_STEPS) * VIDEO_CFG
+    dense_ms = min(cudnn, best["dense"]["ms"]) if "dense" in best else cudnn
+    perm_ms = perm["gather_qkv_ms"] + perm["scatter_o_lse_ms"] if perm else 0.0
+    baseline_s = calls * cudnn / 1e3
+    cells = []
+    for c in sparse:
+        video_s = ((calls - sparse_calls) * dense_ms + sparse_calls * (c["ms"] + perm_ms)) / 1e3
+        cells.append(f"{c['label']} {video_s:.0f} s ({baseline_s / video_s:.2f}x, saves {baseline_s - video_s:.0f} s)")
+    return (f"{name} | per video, Wan2.1-1.3B ({VIDEO_LAYERS} layers x {VIDEO_STEPS} steps x {VIDEO_CFG} CFG = "
+            f"{calls} calls; steps 1-{VIDEO_DENSE_STEPS} and layer 1 dense; permutation of all heads"
+            f"{' included' if perm else ' not measured'}): self-attention on cuDNN {baseline_s:.0f} s; stsa "
+            + ", ".join(cells))
+
+
 def table(results, kernels):
     head = ("shape", "case", "impl", "tile dens", "ms", "TF/s kept tiles", "vs cuDNN dense", "vs flex",
             "max err vs ref (rel)")
@@ -391,6 +428,9 @@ def table(results, kernels):
                          f"({perm['scatter_gbps']:.0f} GB/s), copy {perm['copy_gbps']:.0f} GB/s; "
                          f"{share:.1f}% of the {sparse['label'] + ' ' + sparse['kernel'] if sparse else '?'} "
                          "attention time (all heads permuted: the worst case)")
+        video = per_video(name, records, cudnn, perm)
+        if video:
+            lines.append(video)
         for e in shape["errors"]:
             lines.append(f"{name} | error: {e}")
     return "\n".join(lines)

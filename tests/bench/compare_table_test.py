@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""compare.py's table on hand-made results (no torch, no GPU): the per-video
+figure against numbers worked out by hand, NaN timings skipped, and the
+made-up results of --dry-run formatted without an exception, one row per kernel.
+Usage: compare_table_test.py BENCH_GPU_DIR"""
+import argparse
+import sys
+
+sys.dont_write_bytecode = True  # nothing written into the source tree
+
+sys.path.insert(0, sys.argv[1])
+import compare  # noqa: E402
+
+
+def record(label, kernel, density, ms):
+    return {"label": label, "kernel": kernel, "kernel_resolved": kernel, "density": density, "band": 1,
+            "tile_density": min(1.0, density), "ms": ms, "kept_tile_flops": 1e12, "tflops_kept_tiles": 1.0,
+            "dense_flops": 1e12}
+
+
+# Two kernels: the faster one counts per density; a NaN time never wins.
+records = [record("s0.10", "a", 0.1, 3.0), record("s0.10", "b", 0.1, 2.0), record("s0.10", "c", 0.1, float("nan")),
+           record("dense", "a", 1.0, 12.0)]
+perm = {"gather_qkv_ms": 0.3, "scatter_o_lse_ms": 0.2}
+line = compare.per_video("720p", records, 10.0, perm)
+# 3000 calls; sparse: 29 layers x 37 steps x 2 = 2146 at 2.0 + 0.5 ms; dense: 854 at min(10, 12) ms.
+# 854 * 10 + 2146 * 2.5 = 13,905 ms against 30,000 ms on cuDNN.
+assert "3000 calls" in line, line
+assert "self-attention on cuDNN 30 s" in line, line
+assert "s0.10 14 s (2.16x, saves 16 s)" in line, line
+assert compare.per_video("720p", records, None, perm) is None
+assert compare.per_video("720p", [record("dense", "a", 1.0, 12.0)], 10.0, perm) is None
+no_perm = compare.per_video("720p", records, 10.0, None)
+# 854 * 10 + 2146 * 2.0 = 12,832 ms.
+assert "s0.10 13 s (2.34x, saves 17 s)" in no_perm and "not measured" in no_perm, no_perm
+
+kernels = ["sm90-pingpong", "sm90", "sm80"]
+args = argparse.Namespace(shapes=["720p", "1440p"], kernels=kernels, densities=[0.1, 0.2, 0.3, 0.5, 1.0])
+text = compare.table(compare.dry_results(args), kernels)
+for shape in args.shapes:
+    for kernel in kernels:
+        assert f"{shape} | s0.20 | stsa-{kernel} |" in text, (shape, kernel)
+    assert f"{shape} | per video, Wan2.1-1.3B" in text, shape
+assert "NaN" in text  # the made-up NaN error is shown as NaN
+print("compare.py table: ok")
