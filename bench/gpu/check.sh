@@ -24,6 +24,7 @@
 #
 # Usage: bash bench/gpu/check.sh            (everything)
 #        STSA_CHECK_SKIP_BENCH=1 bash ...    (build, tests, sanitizers only)
+#        STSA_CHECK_EXTRA_KERNELS=sm90-pingpong+head-by-head bash ...   (one more table row per case)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -152,8 +153,10 @@ if [ -z "${STSA_CHECK_SKIP_BENCH:-}" ]; then
   LEFT=$(( BUDGET_S - $(elapsed) - SANITIZER_RESERVE_S - 10 ))
   if [ "$LEFT" -lt 150 ]; then LEFT=150; fi
   step "benchmark vs PyTorch ($LEFT s)"
+  # STSA_CHECK_EXTRA_KERNELS adds variants to the table only, after the others,
+  # e.g. "sm90-pingpong+head-by-head" (the other work order, bench/NOTES.md).
   run_step bench timeout $(( LEFT + 60 )) env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/gpu/compare.py" \
-    --build "$BUILD" --out "$OUT" --deadline-s "$LEFT" --kernels "$KERNELS"
+    --build "$BUILD" --out "$OUT" --deadline-s "$LEFT" --kernels "$KERNELS${STSA_CHECK_EXTRA_KERNELS:+,$STSA_CHECK_EXTRA_KERNELS}"
 fi
 
 step "compute-sanitizer (small cases)"

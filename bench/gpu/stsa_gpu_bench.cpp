@@ -105,17 +105,31 @@ stsa::bench::TimedRuns time_gpu(const std::function<void()>& enqueue, const stsa
   return stsa::bench::time_runs(timing, enqueue, clocks);
 }
 
-// "sm90,sm80" -> the kernels in the order given, each once.
-std::vector<stsa::CudaKernel> parse_kernels(const std::string& list) {
-  std::vector<stsa::CudaKernel> kernels;
+// One timed variant of the backend: a kernel and a work order.
+struct KernelSpec {
+  stsa::CudaBackendOptions options;
+  std::string name;  // "sm90-pingpong", or "sm90-pingpong+head-by-head" for the other work order
+};
+
+// "sm90,sm80+head-by-head" -> the variants in the order given, each once.
+std::vector<KernelSpec> parse_kernels(const std::string& list) {
+  std::vector<KernelSpec> specs;
   std::size_t begin = 0;
   while (begin <= list.size()) {
     const std::size_t end = std::min(list.find(',', begin), list.size());
-    const stsa::CudaKernel kernel = stsa::parse_cuda_kernel(std::string_view(list).substr(begin, end - begin));
-    if (std::find(kernels.begin(), kernels.end(), kernel) == kernels.end()) kernels.push_back(kernel);
+    const std::string_view item = std::string_view(list).substr(begin, end - begin);
+    const std::size_t plus = item.find('+');
+    KernelSpec spec;
+    spec.options.kernel = stsa::parse_cuda_kernel(item.substr(0, plus));
+    if (plus != std::string_view::npos) spec.options.work_order = stsa::parse_cuda_work_order(item.substr(plus + 1));
+    spec.name = std::string(stsa::to_string(spec.options.kernel));
+    if (spec.options.work_order != stsa::CudaWorkOrder::AcrossHeads)
+      spec.name += "+" + std::string(stsa::to_string(spec.options.work_order));
+    if (std::none_of(specs.begin(), specs.end(), [&](const KernelSpec& s) { return s.name == spec.name; }))
+      specs.push_back(spec);
     begin = end + 1;
   }
-  return kernels;
+  return specs;
 }
 
 std::vector<char> read_file(const std::string& path, std::size_t expected) {
@@ -215,7 +229,7 @@ Outcome run(const Options& opt) {
   layout.head_dim = opt.head_dim;
   layout.validate();
   const std::int64_t n = layout.tokens();
-  const std::vector<stsa::CudaKernel> kernels = parse_kernels(opt.kernels);
+  const std::vector<KernelSpec> kernels = parse_kernels(opt.kernels);
   const stsa::bench::TimingOptions timing{.warmup = opt.warmup, .repeats = opt.repeats, .budget_ms = opt.budget_s * 1e3};
   timing.validate();
   STSA_CHECK(opt.sample_rows >= 0, stsa::InvalidArgument, "--sample-rows must be >= 0, got ", opt.sample_rows);
@@ -261,7 +275,7 @@ Outcome run(const Options& opt) {
   }
 
   std::vector<std::string> kernel_names;
-  for (const stsa::CudaKernel kernel : kernels) kernel_names.emplace_back(stsa::to_string(kernel));
+  for (const KernelSpec& kernel : kernels) kernel_names.push_back(kernel.name);
   Outcome outcome;
   json& result = outcome.result;
   result = {{"device", device.name},
@@ -346,11 +360,12 @@ Outcome run(const Options& opt) {
     std::unique_ptr<stsa::CudaBackend> backend;
   };
   std::vector<Runner> runners;
-  for (const stsa::CudaKernel kernel : kernels) {
-    const std::string name(stsa::to_string(kernel));
+  for (const KernelSpec& kernel : kernels) {
+    const std::string& name = kernel.name;
     try {
-      auto backend = std::make_unique<stsa::CudaBackend>(stsa::CudaBackendOptions{kernel});
-      const std::string resolved(stsa::to_string(backend->resolved_kernel()));
+      auto backend = std::make_unique<stsa::CudaBackend>(kernel.options);
+      const std::string resolved = std::string(stsa::to_string(backend->resolved_kernel())) +
+                                   name.substr(std::min(name.find('+'), name.size()));  // and the work order
       runners.push_back({name, resolved, std::move(backend)});
     } catch (const stsa::Error& e) {
       fail(name, "", e.what());
@@ -446,7 +461,8 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", opt.head_dim);
   app.add_option("--batch", opt.batch);
   app.add_option("--densities", opt.densities, "kept densities; 1 means the dense mask")->delimiter(',');
-  app.add_option("--kernels", opt.kernels, "attention kernels to time, each on every case: comma list of auto, sm80, sm90, sm90-overlap, sm90-pingpong")
+  app.add_option("--kernels", opt.kernels, "attention kernels to time, each on every case: comma list of auto, sm80, sm90, sm90-overlap, "
+                 "sm90-pingpong, each optionally +head-by-head (the other work order)")
       ->capture_default_str();
   app.add_option("--dtype", opt.dtype, "bf16 | fp16");
   app.add_option("--inputs", opt.inputs, "directory with q.bin, k.bin, v.bin (raw [B, N, H, D])");

@@ -127,8 +127,21 @@ enum class CudaKernel : std::uint8_t { Auto, Sm80, Sm90, Sm90Overlap, Sm90PingPo
 std::string_view to_string(CudaKernel kernel);
 CudaKernel parse_cuda_kernel(std::string_view name);  // the names above; throws InvalidArgument
 
+// The order in which a launch walks its work items (one per query tile of each
+// (batch, head)); both kernels take the heaviest query tiles of a head first.
+//   AcrossHeads: the heaviest tiles of every head, then the next heaviest, ...
+//         (the persistent sm90 blocks stay balanced to about one item).
+//   HeadByHead: every tile of one head before the next, so the blocks running
+//         at one moment share that head's K and V in L2 (FlashAttention-3's
+//         order); an experiment until a GPU run shows it faster (bench/NOTES.md).
+enum class CudaWorkOrder : std::uint8_t { AcrossHeads, HeadByHead };
+// "across-heads", "head-by-head"
+std::string_view to_string(CudaWorkOrder order);
+CudaWorkOrder parse_cuda_work_order(std::string_view name);  // the names above; throws InvalidArgument
+
 struct CudaBackendOptions {
   CudaKernel kernel = CudaKernel::Auto;
+  CudaWorkOrder work_order = CudaWorkOrder::AcrossHeads;
 };
 
 class CudaBackend final : public Backend {

@@ -22,6 +22,7 @@
 
 #include "cuda/attention_params.hpp"
 #include "cuda/ptx.cuh"
+#include "cuda/work_items.hpp"
 
 namespace stsa::cuda_detail {
 
@@ -88,14 +89,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) tile_sparse_attention_ker
   const int group = lane / 4;   // g: fragment row
   const int quad_lane = lane % 4;  // t: fragment column pair
 
-  // Scheduler: block ids run over (rank, batch, head) with rank slowest, and rank
-  // r is the r-th heaviest query tile, so every head's heavy tiles start first.
-  const int pairs = p.batch * p.head_count;
-  const int rank = int(blockIdx.x) / pairs;
-  const int pair = int(blockIdx.x) % pairs;
-  const int batch = pair / p.head_count;
-  const int head = p.heads[pair % p.head_count];
-  const int q_tile = p.q_tile_order[rank];
+  // One block per work item, in the launch's work order (work_items.hpp).
+  const WorkSlot slot = work_slot(int(blockIdx.x), p.q_tiles, p.batch, p.head_count, p.work_order);
+  const int batch = slot.batch;
+  const int head = p.heads[slot.head_slot];
+  const int q_tile = p.q_tile_order[slot.rank];
   const int q0 = q_tile * kBlockM;
   const int entry_begin = p.row_begin[q_tile];
   const int partial_begin = p.partial_begin[q_tile];

@@ -37,6 +37,7 @@ struct AttentionParams {
   const std::uint64_t* masks = nullptr;
   const std::int32_t* q_tile_order = nullptr;
   int q_tiles = 0;
+  int work_order = 0;  // WorkOrder (work_items.hpp)
 };
 
 }  // namespace stsa::cuda_detail

@@ -38,6 +38,7 @@
 #include "cuda/ptx_sm90.cuh"
 #include "cuda/sm90_tile_layout.hpp"
 #include "cuda/wgmma_ops.cuh"
+#include "cuda/work_items.hpp"
 
 namespace stsa::cuda_detail {
 
@@ -116,13 +117,11 @@ struct WorkItem {
 };
 
 __device__ __forceinline__ WorkItem decode_item(const AttentionParams& p, int item) {
-  const int pairs = p.batch * p.head_count;
-  const int rank = item / pairs;
-  const int pair = item % pairs;
+  const WorkSlot slot = work_slot(item, p.q_tiles, p.batch, p.head_count, p.work_order);
   WorkItem w;
-  w.q_tile = p.q_tile_order[rank];
-  w.batch = pair / p.head_count;
-  w.head = p.heads[pair % p.head_count];
+  w.q_tile = p.q_tile_order[slot.rank];
+  w.batch = slot.batch;
+  w.head = p.heads[slot.head_slot];
   w.entry_begin = p.row_begin[w.q_tile];
   w.partial_begin = p.partial_begin[w.q_tile];
   w.tiles = p.row_begin[w.q_tile + 1] - w.entry_begin;

@@ -13,6 +13,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_checks.hpp"
 #include "cuda/device_plan_arrays.hpp"
+#include "cuda/work_items.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/error.hpp"
 
@@ -149,6 +150,21 @@ CudaKernel parse_cuda_kernel(std::string_view name) {
                                        "' (expected auto, sm80, sm90, sm90-overlap or sm90-pingpong)"));
 }
 
+std::string_view to_string(CudaWorkOrder order) {
+  switch (order) {
+    case CudaWorkOrder::AcrossHeads: return "across-heads";
+    case CudaWorkOrder::HeadByHead: return "head-by-head";
+  }
+  return "?";
+}
+
+CudaWorkOrder parse_cuda_work_order(std::string_view name) {
+  for (const CudaWorkOrder order : {CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead})
+    if (name == to_string(order)) return order;
+  throw InvalidArgument(
+      detail::concat("unknown cuda work order '", name, "' (expected across-heads or head-by-head)"));
+}
+
 struct CudaBackend::State {
   CudaBackendOptions options;
   struct Entry {
@@ -231,6 +247,8 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
   params.out_type = out_type(call.o.dtype);
   params.scale = call.scale();
   params.scale_log2 = float(double(call.scale()) * kLog2e);
+  params.work_order = state_->options.work_order == CudaWorkOrder::HeadByHead ? cuda_detail::kWorkHeadByHead
+                                                                              : cuda_detail::kWorkAcrossHeads;
 
   // Heads that share a plan share a launch (and the device copy of the plan).
   std::vector<const TilePlan*> group_keys;

@@ -5,11 +5,7 @@
 // (tests/cuda_mask_predicate_test.cpp) checks it against stsa::allowed().
 #pragma once
 
-#if defined(__CUDACC__)
-#define STSA_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define STSA_HOST_DEVICE inline
-#endif
+#include "cuda/host_device.hpp"
 
 namespace stsa::cuda_detail {
 

@@ -123,9 +123,10 @@ class GpuAttention : public ::testing::TestWithParam<CudaKernel> {
     if (GetParam() != CudaKernel::Sm80 && !is_hopper())
       GTEST_SKIP() << "the " << to_string(GetParam()) << " kernel needs compute capability 9.0";
   }
-  CudaBackend backend() const { return CudaBackend(CudaBackendOptions{GetParam()}); }
+  CudaBackend backend() const { return CudaBackend(CudaBackendOptions{GetParam(), work_order_}); }
   void run_case(const Case& c) const;  // mixed_heads(c.layout, c.density)
   void run_case(const Case& c, const std::vector<HeadMask>& heads) const;
+  CudaWorkOrder work_order_ = CudaWorkOrder::AcrossHeads;  // what backend() and run_case() use
 };
 
 // Test-name suffix: sm80, sm90, sm90_overlap, sm90_pingpong (GoogleTest allows no '-').
@@ -348,6 +349,21 @@ TEST_P(GpuAttention, MoreQueryTilesThanMultiprocessors) {
   }
 }
 
+// The other work order walks the same items in another order: same answers,
+// through the persistent loop (more items than SMs, batch 2) and through calls
+// with several plans (one launch each).
+TEST_P(GpuAttention, HeadByHeadWorkOrderGivesTheSameAnswers) {
+  work_order_ = CudaWorkOrder::HeadByHead;
+  const Case many{make_layout(21, 8, 12, 40, TextPlacement::After, 2, 8, 128), DType::BF16, DType::BF16,
+                  MemoryLayout::BNHD, 0.2, /*sample_rows=*/96};
+  PlanCache cache;
+  const MaskSpec spec = mask_for_density(many.layout.grid, SparseKind::Spatial, many.density);
+  const auto plan = cache.get(many.layout.grid, spec);
+  ASSERT_GT(plan->q_tiles() * many.layout.batch * many.layout.heads, 2 * cuda_device_info().multiprocessors);
+  run_case(many, std::vector<HeadMask>(std::size_t(many.layout.heads), HeadMask{spec, spec.natural_order(), plan, true}));
+  run_case({make_layout(3, 7, 9, 77, TextPlacement::After, 2, 4, 64), DType::F16, DType::F32});
+}
+
 // Each Hopper kernel against the portable one on identical inputs: both round P
 // to the input type, in a different order of accumulation, so they agree to
 // that rounding.
@@ -461,6 +477,13 @@ TEST(GpuAttentionInput, HostMemoryOrNoGpuIsUnsupported) {
   HostCall host;
   const AttentionCall call = host.problem.call();  // valid, but host memory
   expect_unsupported(call, cuda_device_count() == 0 ? "no CUDA device" : "host memory");
+}
+
+TEST(GpuAttentionInput, WorkOrderNamesRoundTrip) {
+  for (const CudaWorkOrder order : {CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead})
+    EXPECT_EQ(parse_cuda_work_order(to_string(order)), order);
+  EXPECT_THROW(parse_cuda_work_order("random"), InvalidArgument);
+  EXPECT_EQ(CudaBackend().options().work_order, CudaWorkOrder::AcrossHeads);
 }
 
 TEST(GpuAttentionInput, KernelNamesRoundTrip) {
