@@ -338,7 +338,8 @@ def per_video(name, records, cudnn, perm):
         return None
     best = {}
     for c in records:
-        if c["ms"] == c["ms"] and (c["label"] not in best or c["ms"] < best[c["label"]]["ms"]):
+        ms = c.get("ms")
+        if isinstance(ms, (int, float)) and ms == ms and (c["label"] not in best or ms < best[c["label"]]["ms"]):
             best[c["label"]] = c
     sparse = sorted((c for label, c in best.items() if label != "dense"), key=lambda c: c["density"])
     if not sparse:

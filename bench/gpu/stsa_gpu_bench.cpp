@@ -108,7 +108,7 @@ stsa::bench::TimedRuns time_gpu(const std::function<void()>& enqueue, const stsa
 // One timed variant of the backend: a kernel and a work order.
 struct KernelSpec {
   stsa::CudaBackendOptions options;
-  std::string name;  // "sm90-pingpong", or "sm90-pingpong+head-by-head" for the other work order
+  std::string name;  // as given: "sm90-pingpong", "sm90-pingpong+head-by-head" (compare.py keys rows by it)
 };
 
 // "sm90,sm80+head-by-head" -> the variants in the order given, each once.
@@ -122,9 +122,7 @@ std::vector<KernelSpec> parse_kernels(const std::string& list) {
     KernelSpec spec;
     spec.options.kernel = stsa::parse_cuda_kernel(item.substr(0, plus));
     if (plus != std::string_view::npos) spec.options.work_order = stsa::parse_cuda_work_order(item.substr(plus + 1));
-    spec.name = std::string(stsa::to_string(spec.options.kernel));
-    if (spec.options.work_order != stsa::CudaWorkOrder::AcrossHeads)
-      spec.name += "+" + std::string(stsa::to_string(spec.options.work_order));
+    spec.name = std::string(item);
     if (std::none_of(specs.begin(), specs.end(), [&](const KernelSpec& s) { return s.name == spec.name; }))
       specs.push_back(spec);
     begin = end + 1;

@@ -44,6 +44,7 @@ struct CudaDeviceInfo {
   std::int64_t global_memory_bytes = 0;
   std::int64_t l2_cache_bytes = 0;
   std::int64_t shared_memory_per_block_optin = 0;
+  bool memory_pools = false;  // stream-ordered allocation (the library's scratch pool needs it)
   int driver_version = 0, runtime_version = 0;  // e.g. 13000
 };
 // Properties of `device` (-1: the current one). Throws Unsupported without a GPU.

@@ -3,8 +3,9 @@
 // Work item: one 128-row query tile of one (batch, head), i.e. one row of the
 // plan. Items are ordered heaviest query tile first (q_tile_order) and handed
 // out statically: the grid has one block per SM and block b takes items b,
-// b + G, b + 2G, ... Because costs are sorted, every round of G items gives each
-// block a share within one item of every other block's, so the blocks finish
+// b + G, b + 2G, ... In the default work order (across heads, work_items.hpp)
+// costs are sorted over the whole list, so every round of G items gives each
+// block a share within one item of every other block's, and the blocks finish
 // within about one item's time of each other (LPT-like, no atomics).
 //
 // A block is three warpgroups with fixed roles (warp specialization):

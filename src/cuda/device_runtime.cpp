@@ -80,6 +80,9 @@ CudaDeviceInfo cuda_device_info(int device) {
   info.global_memory_bytes = std::int64_t(props.totalGlobalMem);
   info.l2_cache_bytes = props.l2CacheSize;
   info.shared_memory_per_block_optin = std::int64_t(props.sharedMemPerBlockOptin);
+  int pools = 0;
+  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+  info.memory_pools = pools != 0;
   STSA_CUDA_CHECK(cudaDriverGetVersion(&info.driver_version));
   STSA_CUDA_CHECK(cudaRuntimeGetVersion(&info.runtime_version));
   return info;

@@ -30,10 +30,15 @@ cudaMemPool_t scratch_pool(int device) {
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device;
-    STSA_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
     // Keep what was freed: the next call of the same shape needs it again.
     std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
-    STSA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    if (cudaMemPoolCreate(&pool, &props) != cudaSuccess) {
+      pool = nullptr;  // the attribute said yes, the environment (e.g. a virtualized GPU) says no
+    } else if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess) {
+      cudaMemPoolDestroy(pool);  // a pool that gives memory back at every sync is no better than cudaMalloc
+      pool = nullptr;
+    }
+    cudaGetLastError();  // cleared: a refused pool must not fail a later launch check
   }
   pools.emplace(device, pool);
   return pool;
@@ -53,10 +58,12 @@ StreamScratch::StreamScratch(std::size_t bytes, cudaStream_t stream) : bytes_(by
 
 StreamScratch::~StreamScratch() {
   if (data_ == nullptr) return;
-  if (pooled_)
+  if (pooled_) {
     cudaFreeAsync(data_, stream_);  // errors ignored: nothing useful to do in a destructor,
-  else
+  } else {
+    cudaStreamSynchronize(stream_);  // work enqueued on the stream may still read it
     cudaFree(data_);
+  }
   cudaGetLastError();  // and cleared: they must not fail a later launch check
 }
 

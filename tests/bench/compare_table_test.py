@@ -18,9 +18,9 @@ def record(label, kernel, density, ms):
             "dense_flops": 1e12}
 
 
-# Two kernels: the faster one counts per density; a NaN time never wins.
+# Two kernels: the faster one counts per density; a NaN (or, from JSON, null) time never wins.
 records = [record("s0.10", "a", 0.1, 3.0), record("s0.10", "b", 0.1, 2.0), record("s0.10", "c", 0.1, float("nan")),
-           record("dense", "a", 1.0, 12.0)]
+           record("s0.10", "d", 0.1, None), record("dense", "a", 1.0, 12.0)]
 perm = {"gather_qkv_ms": 0.3, "scatter_o_lse_ms": 0.2}
 line = compare.per_video("720p", records, 10.0, perm)
 # 3000 calls; sparse: 29 layers x 37 steps x 2 = 2146 at 2.0 + 0.5 ms; dense: 854 at min(10, 12) ms.
@@ -34,7 +34,7 @@ no_perm = compare.per_video("720p", records, 10.0, None)
 # 854 * 10 + 2146 * 2.0 = 12,832 ms.
 assert "s0.10 13 s (2.34x, saves 17 s)" in no_perm and "not measured" in no_perm, no_perm
 
-kernels = ["sm90-pingpong", "sm90", "sm80"]
+kernels = ["sm90-pingpong", "sm90", "sm80", "sm90-pingpong+head-by-head"]  # '+': a work-order variant
 args = argparse.Namespace(shapes=["720p", "1440p"], kernels=kernels, densities=[0.1, 0.2, 0.3, 0.5, 1.0])
 text = compare.table(compare.dry_results(args), kernels)
 for shape in args.shapes:
