@@ -43,3 +43,8 @@ for shape in args.shapes:
     assert f"{shape} | per video, Wan2.1-1.3B" in text, shape
 assert "NaN" in text  # the made-up NaN error is shown as NaN
 print("compare.py table: ok")
+
+# An optional shape skipped for time is a line of its own, not an error.
+skipped = compare.table([{"shape": "480p", "stsa": {}, "cases": {}, "errors": [], "skipped": "out of time"}], kernels)
+assert "480p | skipped: out of time (optional shape)" in skipped, skipped
+print("compare.py skipped shape: ok")
