@@ -14,7 +14,9 @@
 #      FlexAttention on the identical tile plan (bench/gpu/compare.py, after
 #      compare_selfcheck.py has checked its plan -> BlockMask path on the CPU);
 #   6. run compute-sanitizer memcheck, racecheck and synccheck on small cases
-#      (after the benchmarks, with the time they left, at least 140 s in all).
+#      (after the benchmarks, with the time they left, at least 140 s in all);
+#   7. if time is left: the CLI's `stsa bench --backend cuda` (checked against
+#      the fp64 reference) and the demo (built in the background meanwhile).
 # $OUT (default build-gpu/out) receives check.log (everything this prints),
 # build.log (configure and compiler output), gpu_route_bench.json (step 4),
 # gpu_bench.json and gpu_bench.txt (step 5). It keeps going after a failed
@@ -92,6 +94,10 @@ cmake --build "$BUILD" -j"$(nproc)" --target dist_nccl_check >> "$OUT/build.log"
   echo "(no NCCL test target: NCCL not found here)"
 grep -E "spill|warning" "$OUT/build.log" | head -n 20 || true
 echo "built in $(elapsed) s"
+# The CLI (the README's main job, `stsa bench --backend cuda`) builds in the
+# background while the tests run; it is checked last, with the time left.
+( cmake --build "$BUILD" -j8 --target stsa_cli > "$OUT/build_cli.log" 2>&1 ) &
+CLI_BUILD_PID=$!
 
 step "Hopper kernels smoke test (60 s limit each)"
 # A protocol bug in a warp-specialized kernel shows up as a hang; the kernel traps
@@ -194,6 +200,28 @@ if [ -n "$SANITIZER" ]; then
 else
   echo "compute-sanitizer not found"
   FAILED+=("sanitizer-missing")
+fi
+
+step "CLI on the GPU: stsa bench --backend cuda, then the demo (with the time left)"
+if wait "$CLI_BUILD_PID"; then
+  CLI_LEFT=$(( 570 - $(elapsed) ))
+  if [ "$CLI_LEFT" -ge 20 ]; then
+    # Ragged tiles, text tokens, D = 64; every sampled row against the fp64 reference.
+    run_step cli_bench timeout "$CLI_LEFT" sh -c "'$BUILD/stsa' bench --backend cuda --frames 5 --height 12 \
+      --width 20 --text 7 --heads 4 --head-dim 64 --dtype bf16 --density 0.3 --check-rows 256 --json \
+      > '$OUT/cli_bench.json' && python3 '$ROOT/bench/gpu/check_cli_bench.py' '$OUT/cli_bench.json'"
+    CLI_LEFT=$(( 570 - $(elapsed) ))
+    if [ "$CLI_LEFT" -ge 20 ]; then
+      run_step cli_demo timeout "$CLI_LEFT" "$BUILD/stsa"
+    else
+      echo "demo skipped: $(elapsed) s used"
+    fi
+  else
+    echo "skipped: $(elapsed) s used"
+  fi
+else
+  tail -n 20 "$OUT/build_cli.log"
+  FAILED+=("cli_build")
 fi
 
 step "done"

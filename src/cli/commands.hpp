@@ -34,6 +34,8 @@ struct BenchArgs {
   std::uint64_t seed = 1;
   bool json = false;
   bool dist = false;
+  std::string backend = "cpu";  // cpu | cuda
+  std::string kernel = "auto";  // the CUDA kernel (--backend cuda)
 };
 
 // Options of `stsa route`.
@@ -59,6 +61,10 @@ nlohmann::json run_route(const RouteArgs& args);
 
 // Runs the single-process CPU benchmark and returns its JSON record (also used by the demo).
 nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress);
+// The same for the CUDA backend (cmd_bench_cuda.cpp; Unsupported without a GPU
+// or in a build without CUDA), and its text form.
+nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress);
+void print_cuda_bench(const nlohmann::json& record);
 // Runs the distributed benchmark under mpirun (cmd_bench_dist.cpp); returns the process exit code.
 int run_dist_bench(const BenchArgs& args);
 

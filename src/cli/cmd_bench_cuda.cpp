@@ -1,0 +1,251 @@
+// `stsa bench --backend cuda`: the CUDA backend, dense and sparse on the same
+// random inputs as the CPU benchmark, timed in one run (wall clock around each
+// synchronous call, after a warm-up: launch and checks included, tens of
+// microseconds) and checked against the fp64 reference on sampled rows. The
+// GPU check (bench/gpu/check.sh) times with CUDA events and against PyTorch.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "bench/figures.hpp"
+#include "bench/record.hpp"
+#include "bench/timing_loop.hpp"
+#include "cli/bench_inputs.hpp"
+#include "cli/commands.hpp"
+#include "cli/options.hpp"
+#include "stsa/error.hpp"
+#include "stsa/plan.hpp"
+#if defined(STSA_HAS_CUDA)
+#include "stsa/cuda.hpp"
+#endif
+
+namespace stsa::cli {
+
+#if defined(STSA_HAS_CUDA)
+namespace {
+
+// A device copy of a host tensor: same shape and strides, device pointer.
+struct DeviceTensor {
+  DeviceBuffer buffer;
+  TensorView view;
+};
+
+std::size_t host_bytes(const TensorView& t) { return std::size_t(t.numel()) * element_size(t.dtype); }
+
+DeviceTensor upload(const TensorView& host) {
+  DeviceTensor d{DeviceBuffer(host_bytes(host)), host};
+  d.buffer.copy_from_host(host.data, host_bytes(host));
+  d.view.data = d.buffer.data();
+  return d;
+}
+
+DeviceTensor empty_like(const TensorView& host) {
+  DeviceTensor d{DeviceBuffer(host_bytes(host)), host};
+  d.buffer.fill_bytes(0xFF);  // NaN: rows the kernel never writes show up in the check
+  d.view.data = d.buffer.data();
+  return d;
+}
+
+bench::Samples time_calls(const CudaBackend& backend, const AttentionCall& call, int repeats, Progress& progress) {
+  bench::WallStopwatch wall;
+  bench::Stopwatch* clocks[] = {&wall};
+  const bench::TimedRuns runs = bench::time_runs(
+      {.warmup = 1, .repeats = repeats}, [&] { backend.run(call); }, clocks,
+      [&](int done, int total) { progress.update(double(done) / total); });
+  return runs[0];
+}
+
+}  // namespace
+
+nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
+  // Everything is checked before anything large is allocated.
+  const VideoGrid grid = args.grid.grid();
+  const VideoLayout layout{grid, args.batch, args.heads, args.head_dim};
+  layout.validate();
+  const MaskSpec spec = mask_by_name(grid, args.mask, args.density);
+  const CudaKernel kernel = parse_cuda_kernel(args.kernel);
+  const DType dtype = parse_dtype(args.dtype);
+  STSA_CHECK(dtype == DType::BF16, Unsupported, "--backend cuda needs --dtype bf16, got '", args.dtype, "'");
+  STSA_CHECK(args.head_dim == 64 || args.head_dim == 128, Unsupported,
+             "--backend cuda supports --head-dim 64 and 128, got ", args.head_dim);
+  STSA_CHECK(args.tile == 128, Unsupported, "--backend cuda runs 128x128 tiles, got --tile ", args.tile);
+  STSA_CHECK(args.threads == 0 && args.isa == "auto", InvalidArgument,
+             "--threads and --isa choose the CPU kernel; they do not go with --backend cuda");
+  const Alignment alignment = parse_alignment(args.align);
+  STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
+             args.repeats);
+  STSA_CHECK(args.check_rows >= 0, InvalidArgument, "--check-rows must be >= 0, got ", args.check_rows);
+  STSA_CHECK(cuda_device_count() > 0, Unsupported, "--backend cuda: no CUDA device (", cuda_unavailable_reason(), ")");
+  const CudaBackend backend(CudaBackendOptions{kernel});
+  const CudaKernel resolved = backend.resolved_kernel();  // Unsupported when this GPU cannot run `kernel`
+  const CudaDeviceInfo device = cuda_device_info();
+
+  const std::int64_t n = layout.tokens();
+  const double tensor_bytes =
+      double(layout.batch) * double(n) * double(layout.heads) * double(layout.head_dim) * double(element_size(dtype));
+  const double host_memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  STSA_CHECK(host_memory <= 0 || 5 * tensor_bytes < 0.5 * host_memory, ResourceError, "the benchmark tensors need ",
+             5 * tensor_bytes / 1e9, " GB of host memory, more than half of this machine's ", host_memory / 1e9, " GB");
+  STSA_CHECK(5 * tensor_bytes < 0.8 * double(device.global_memory_bytes), ResourceError, "the benchmark tensors need ",
+             5 * tensor_bytes / 1e9, " GB on the GPU, more than 80% of the ", double(device.global_memory_bytes) / 1e9,
+             " GB of ", device.name);
+
+  // Temporal heads run in spatial-major order: random inputs are simply taken as already permuted.
+  const TileShape tile{args.tile, args.tile};
+  const auto plan = TilePlan::build(grid, spec, tile, alignment);
+  const auto dense_plan = TilePlan::build(grid, MaskSpec::dense(), tile, Alignment::Exact);
+  Tensor q(dtype, layout.batch, n, layout.heads, layout.head_dim);
+  Tensor k(dtype, layout.batch, n, layout.heads, layout.head_dim);
+  Tensor v(dtype, layout.batch, n, layout.heads, layout.head_dim);
+  fill_normal(q.view(), args.seed * 3 + 1);
+  fill_normal(k.view(), args.seed * 3 + 2);
+  fill_normal(v.view(), args.seed * 3 + 3);
+  Tensor o_dense(dtype, layout.batch, n, layout.heads, layout.head_dim);
+  Tensor o_sparse(dtype, layout.batch, n, layout.heads, layout.head_dim);
+  LseBuffer lse_dense(layout.batch, layout.heads, n), lse_sparse(layout.batch, layout.heads, n);
+
+  const DeviceTensor dq = upload(q.view()), dk = upload(k.view()), dv = upload(v.view());
+  const DeviceTensor do_dense = empty_like(o_dense.view()), do_sparse = empty_like(o_sparse.view());
+  const std::size_t lse_bytes = std::size_t(layout.batch * layout.heads * n) * sizeof(float);
+  DeviceBuffer dlse_dense(lse_bytes), dlse_sparse(lse_bytes);
+
+  AttentionCall dense;
+  dense.layout = layout;
+  dense.q = dq.view;
+  dense.k = dk.view;
+  dense.v = dv.view;
+  dense.o = do_dense.view;
+  dense.lse = lse_dense.view();
+  dense.lse.data = static_cast<float*>(dlse_dense.data());
+  dense.heads.assign(std::size_t(layout.heads), HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, dense_plan, true});
+  AttentionCall sparse = dense;
+  sparse.o = do_sparse.view;
+  sparse.lse = lse_sparse.view();
+  sparse.lse.data = static_cast<float*>(dlse_sparse.data());
+  sparse.heads.assign(std::size_t(layout.heads), HeadMask{spec, spec.natural_order(), plan, true});
+  for (const AttentionCall* call : {&dense, &sparse}) {
+    const Support support = backend.supports(*call);
+    STSA_CHECK(support.ok, Unsupported, "--backend cuda: ", support.why);
+  }
+
+  bench::Samples dense_t, sparse_t;
+  {
+    Progress p("timing the dense kernel", progress);
+    dense_t = time_calls(backend, dense, args.repeats, p);
+  }
+  {
+    Progress p("timing the sparse kernel", progress);
+    sparse_t = time_calls(backend, sparse, args.repeats, p);
+  }
+
+  // The outputs back on the host, checked as the CPU benchmark checks its own.
+  do_dense.buffer.copy_to_host(o_dense.view().data, host_bytes(o_dense.view()));
+  do_sparse.buffer.copy_to_host(o_sparse.view().data, host_bytes(o_sparse.view()));
+  dlse_dense.copy_to_host(lse_dense.view().data, dlse_dense.bytes());
+  dlse_sparse.copy_to_host(lse_sparse.view().data, dlse_sparse.bytes());
+  AttentionCall host_dense = dense, host_sparse = sparse;
+  for (AttentionCall* call : {&host_dense, &host_sparse}) {
+    call->q = q.view();
+    call->k = k.view();
+    call->v = v.view();
+  }
+  host_dense.o = o_dense.view();
+  host_dense.lse = lse_dense.view();
+  host_sparse.o = o_sparse.view();
+  host_sparse.lse = lse_sparse.view();
+  Errors sparse_err, dense_err;
+  const auto rows = sample_rows(n, args.check_rows, args.seed);
+  if (!rows.empty()) {
+    Progress p("checking against the fp64 reference", progress);
+    p.update(0.0);
+    PairPredicate computes;
+    if (alignment == Alignment::Round)
+      computes = [&plan](std::int64_t, std::int64_t qp, std::int64_t kp) { return plan->computes(qp, kp); };
+    sparse_err = check_rows(host_sparse, rows, computes);
+    p.update(0.5);
+    dense_err = check_rows(host_dense, rows, {});
+    p.update(1.0);
+  }
+
+  const PlanStats& stats = plan->stats();
+  const bench::AttentionWork work = bench::attention_work(layout, *plan);
+  const double dense_ms = dense_t.median_ms(), sparse_ms = sparse_t.median_ms();
+  nlohmann::json record = {
+      {"command", "bench"},
+      {"backend", "cuda"},
+      {"device", device.name},
+      {"compute_capability", std::to_string(device.major) + "." + std::to_string(device.minor)},
+      {"kernel", std::string(to_string(resolved))},
+      {"grid", grid.describe()},
+      {"tokens", n},
+      {"batch", layout.batch},
+      {"heads", layout.heads},
+      {"head_dim", layout.head_dim},
+      {"mask_kind", args.mask},
+      {"mask", spec.describe()},
+      {"density", args.density},
+      {"dtype", std::string(to_string(dtype))},
+      {"align", std::string(to_string(alignment))},
+      {"tile", args.tile},
+      {"repeats", args.repeats},
+      {"warmup", 1},
+      {"check_rows", std::int64_t(rows.size())},
+      {"seed", args.seed},
+      {"kept_fraction", stats.kept_fraction()},
+      {"tile_density", stats.tile_density()},
+      {"tiles_full", stats.tiles_full},
+      {"tiles_partial", stats.tiles_partial},
+      {"tiles_empty", stats.tiles_empty},
+      {"changed_pairs", stats.changed_pairs},
+      {"speedup", bench::speedup(dense_ms, sparse_ms)},
+      {"ideal_speedup", 1.0 / stats.tile_density()},
+      {"dense_flops", work.dense_flops},
+      {"kept_tile_flops", work.kept_tile_flops},
+      {"dense_tflops", bench::tflops(work.dense_flops, dense_ms)},
+      {"sparse_tflops_on_kept_tiles", bench::tflops(work.kept_tile_flops, sparse_ms)},
+      {"sparse_tflops_dense_equivalent", bench::tflops(work.dense_flops, sparse_ms)},
+      {"rel_l2_err", bench::json_number(sparse_err.rel_l2)},
+      {"max_abs_err", bench::json_number(sparse_err.max_abs)},
+      {"lse_max_abs_err", bench::json_number(sparse_err.lse_max_abs)},
+      {"dense_rel_l2_err", bench::json_number(dense_err.rel_l2)},
+      {"dense_max_abs_err", bench::json_number(dense_err.max_abs)},
+      {"dense_lse_max_abs_err", bench::json_number(dense_err.lse_max_abs)},
+  };
+  bench::add_timing(record, "dense_", dense_t);  // dense_ms (median), _min, _max, _runs
+  bench::add_timing(record, "sparse_", sparse_t);
+  return record;
+}
+
+#else
+
+nlohmann::json run_cuda_bench(const BenchArgs&, bool) {
+  throw Unsupported(
+      "this stsa was built without the CUDA backend (nvcc not found at configure time, or -DSTSA_CUDA=OFF)");
+}
+
+#endif
+
+void print_cuda_bench(const nlohmann::json& r) {
+  const auto f = [&](const char* key) { return r[key].get<double>(); };
+  std::printf("cuda backend: %s (compute capability %s), kernel %s\n", r["device"].get<std::string>().c_str(),
+              r["compute_capability"].get<std::string>().c_str(), r["kernel"].get<std::string>().c_str());
+  std::printf("grid %s: %lld tokens, batch %lld, %lld heads x %lld, %s\n", r["grid"].get<std::string>().c_str(),
+              (long long)r["tokens"].get<std::int64_t>(), (long long)r["batch"].get<std::int64_t>(),
+              (long long)r["heads"].get<std::int64_t>(), (long long)r["head_dim"].get<std::int64_t>(),
+              r["dtype"].get<std::string>().c_str());
+  std::printf("mask %s: kept fraction %.4f, tile density %.4f (%lld full, %lld partial tiles)\n",
+              r["mask"].get<std::string>().c_str(), f("kept_fraction"), f("tile_density"),
+              (long long)r["tiles_full"].get<std::int64_t>(), (long long)r["tiles_partial"].get<std::int64_t>());
+  std::printf("dense : %9.3f ms  %6.1f TFLOP/s\n", f("dense_ms"), f("dense_tflops"));
+  std::printf("sparse: %9.3f ms  %6.1f TFLOP/s on kept tiles, %.1f dense-equivalent\n", f("sparse_ms"),
+              f("sparse_tflops_on_kept_tiles"), f("sparse_tflops_dense_equivalent"));
+  std::printf("speedup %.2fx (tile density %.3f: ideal %.2fx, %.0f%% of it)\n", f("speedup"), f("tile_density"),
+              f("ideal_speedup"), 100.0 * f("speedup") / f("ideal_speedup"));
+  std::printf("vs fp64 reference on %lld rows: sparse rel L2 %.2e, max abs %.2e, LSE %.2e; dense rel L2 %.2e, "
+              "max abs %.2e\n",
+              (long long)r["check_rows"].get<std::int64_t>(), f("rel_l2_err"), f("max_abs_err"), f("lse_max_abs_err"),
+              f("dense_rel_l2_err"), f("dense_max_abs_err"));
+}
+
+}  // namespace stsa::cli
