@@ -112,6 +112,53 @@ TEST(ModelPresets, HaveTheDocumentedShapes) {
   EXPECT_THROW(model_preset("sora"), InvalidArgument);
 }
 
+// decide(): the router sees only the heads without a reusable decision, once,
+// and never in the warm-up; what it returns is remembered.
+TEST(Policy, DecideRoutesOnlyTheHeadsWithoutAReusableDecision) {
+  PolicyOptions o;
+  o.dense_steps = 1;
+  o.reuse_steps = 3;
+  Policy p(o);
+  const VideoLayout layout{kGrid, 1, 4, 64};
+  std::vector<std::vector<std::int64_t>> asked;
+  const Policy::RouteHeads route = [&](std::span<const std::int64_t> heads) {
+    asked.emplace_back(heads.begin(), heads.end());
+    RoutingReport r;
+    for (std::size_t i = 0; i < heads.size(); ++i) r.heads.push_back(decision(i % 2 ? Route::Temporal : Route::Spatial));
+    r.flops = 1;
+    return r;
+  };
+  PolicyDecisions d = p.decide(0, 0, layout, route);  // warm-up
+  EXPECT_TRUE(asked.empty());
+  ASSERT_EQ(d.heads.size(), 4u);
+  for (const auto& h : d.heads) EXPECT_EQ(h.route, Route::Dense);
+  EXPECT_EQ(d.routing.flops, 0);
+
+  d = p.decide(1, 0, layout, route);  // everything routed
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0], (std::vector<std::int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(d.heads[1].route, Route::Temporal);
+  EXPECT_EQ(d.routing.flops, 1);
+  EXPECT_EQ(p.cached_count(), 4u);
+
+  d = p.decide(3, 0, layout, route);  // decisions of step 1 hold for steps 1-3
+  EXPECT_EQ(asked.size(), 1u);
+  p.remember(3, 0, 2, kGrid, decision(Route::FrameWindow));  // head 2 fresh at step 3; the others expire at 4
+  d = p.decide(4, 0, layout, route);
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[1], (std::vector<std::int64_t>{0, 1, 3}));
+  EXPECT_EQ(d.heads[2].route, Route::FrameWindow);
+  EXPECT_EQ(d.heads[3].route, Route::Spatial);  // the router's third answer (index 2: even)
+
+  d = p.decide(5, 0, layout, route);  // all reusable
+  EXPECT_EQ(asked.size(), 2u);
+  EXPECT_EQ(d.routing.flops, 0);
+
+  const Policy::RouteHeads short_router = [](std::span<const std::int64_t>) { return RoutingReport{}; };
+  EXPECT_THROW(p.decide(6, 7, layout, short_router), InvalidArgument);  // layer 7: nothing cached, 0 answers
+  EXPECT_THROW(p.decide(-1, 0, layout, route), InvalidArgument);
+}
+
 TEST(PolicyAttention, WarmUpRunsDenseAndReuseSkipsRouting) {
   synth::Options so;
   so.grid = kGrid;

@@ -18,6 +18,7 @@
 #include "stsa/cuda.hpp"
 #include "stsa/layout.hpp"
 #include "stsa/plan.hpp"
+#include "stsa/policy.hpp"
 #include "stsa/routed.hpp"
 #include "stsa/router.hpp"
 #include "stsa/tensor.hpp"
@@ -46,5 +47,12 @@ RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const
 // routed_attention() on the GPU: cuda_route() over all heads, then cuda_run_routed().
 RoutedResult cuda_routed_attention(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
                                    const Router& router, const RoutedOptions& options = {}, void* stream = nullptr);
+
+// policy_attention() on the GPU, the call a serving loop makes per layer and
+// step: dense in the policy's warm-up; elsewhere reused decisions, cuda_route()
+// for the other heads (remembered), then cuda_run_routed().
+RoutedResult cuda_policy_attention(const CudaBackend& backend, PlanCache& plans, Policy& policy, const RoutedCall& call,
+                                   std::int64_t step, std::int64_t layer, const RoutedOptions& options = {},
+                                   void* stream = nullptr);
 
 }  // namespace stsa

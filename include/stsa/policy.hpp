@@ -8,9 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -29,6 +31,13 @@ struct PolicyOptions {
   void validate() const;          // throws InvalidArgument naming the field and its range
 };
 
+// What a policy decided for one call: every head's decision, and the routing
+// report of the heads that had to be routed (empty when none was).
+struct PolicyDecisions {
+  std::vector<HeadRoute> heads;
+  RoutingReport routing;
+};
+
 class Policy {
  public:
   explicit Policy(PolicyOptions options = {});
@@ -43,6 +52,14 @@ class Policy {
                                   const VideoGrid& grid) const;
   void remember(std::int64_t step, std::int64_t layer, std::int64_t head, const VideoGrid& grid,
                 const HeadRoute& decision);
+
+  // Every head's decision at (step, layer): dense in the warm-up; elsewhere the
+  // reusable decisions, and for the other heads what `route` returns for them
+  // (called once, with their indices in order, only if there are any), which
+  // is remembered. policy_attention() and its GPU twin (cuda_routing.hpp) are
+  // this plus their own router and runner.
+  using RouteHeads = std::function<RoutingReport(std::span<const std::int64_t> heads)>;
+  PolicyDecisions decide(std::int64_t step, std::int64_t layer, const VideoLayout& layout, const RouteHeads& route);
   std::size_t cached_count() const;
   void clear();
 

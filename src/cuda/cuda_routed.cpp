@@ -90,6 +90,18 @@ class CudaRoutedExecutor final : public RoutedExecutor {
   std::vector<cudaEvent_t> events_;
 };
 
+// The whole call (shapes, dtypes, aliasing, what the backend takes), checked
+// before anything is routed or launched.
+void check_routed_call(const CudaBackend& backend, const RoutedCall& call, const char* who) {
+  AttentionCall check = call.attention_call();
+  check.heads.assign(std::size_t(std::max<std::int64_t>(call.layout.heads, 0)),
+                     HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, true});
+  validate(check, /*require_plans=*/false);
+  for (HeadMask& head : check.heads) head.compute = false;  // no plans yet: tensors, dtypes and memory only
+  const Support support = backend.supports(check);
+  STSA_CHECK(support.ok, Unsupported, who, ": ", support.why);
+}
+
 }  // namespace
 
 RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
@@ -100,20 +112,25 @@ RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const
 
 RoutedResult cuda_routed_attention(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
                                    const Router& router, const RoutedOptions& options, void* stream) {
-  // Check the whole call (shapes, dtypes, aliasing, what the backend takes) before routing.
-  AttentionCall check = call.attention_call();
-  check.heads.assign(std::size_t(std::max<std::int64_t>(call.layout.heads, 0)),
-                     HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, true});
-  validate(check, /*require_plans=*/false);
-  for (HeadMask& head : check.heads) head.compute = false;  // no plans yet: tensors, dtypes and memory only
-  const Support support = backend.supports(check);
-  STSA_CHECK(support.ok, Unsupported, "cuda routed attention: ", support.why);
-
+  check_routed_call(backend, call, "cuda routed attention");
   const RoutingReport report = cuda_route(router, call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor,
                                           call.softmax_scale, {}, stream);
   RoutedResult result = cuda_run_routed(backend, plans, call, report.heads, options, stream);
   result.routing_ms = report.routing_ms;
   result.routing_flops = report.flops;
+  return result;
+}
+
+RoutedResult cuda_policy_attention(const CudaBackend& backend, PlanCache& plans, Policy& policy, const RoutedCall& call,
+                                   std::int64_t step, std::int64_t layer, const RoutedOptions& options, void* stream) {
+  check_routed_call(backend, call, "cuda policy attention");
+  const PolicyDecisions decided = policy.decide(step, layer, call.layout, [&](std::span<const std::int64_t> heads) {
+    return cuda_route(Router(policy.options().router), call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor,
+                      call.softmax_scale, heads, stream);
+  });
+  RoutedResult result = cuda_run_routed(backend, plans, call, decided.heads, options, stream);
+  result.routing_ms = decided.routing.routing_ms;
+  result.routing_flops = decided.routing.flops;
   return result;
 }
 

@@ -41,6 +41,28 @@ void Policy::remember(std::int64_t step, std::int64_t layer, std::int64_t head, 
   decisions_[{layer, head}] = Entry{step, grid, decision};
 }
 
+PolicyDecisions Policy::decide(std::int64_t step, std::int64_t layer, const VideoLayout& layout,
+                               const RouteHeads& route) {
+  layout.validate();
+  PolicyDecisions d;
+  d.heads.resize(std::size_t(layout.heads));  // default: dense
+  if (dense(step, layer)) return d;
+  std::vector<std::int64_t> stale;
+  for (std::int64_t h = 0; h < layout.heads; ++h) {
+    if (auto hit = cached(step, layer, h, layout.grid)) d.heads[std::size_t(h)] = *hit;
+    else stale.push_back(h);
+  }
+  if (stale.empty()) return d;
+  d.routing = route(stale);
+  STSA_CHECK(d.routing.heads.size() == stale.size(), InvalidArgument, "the router returned ", d.routing.heads.size(),
+             " decisions for ", stale.size(), " heads");
+  for (std::size_t i = 0; i < stale.size(); ++i) {
+    d.heads[std::size_t(stale[i])] = d.routing.heads[i];
+    remember(step, layer, stale[i], layout.grid, d.routing.heads[i]);
+  }
+  return d;
+}
+
 std::size_t Policy::cached_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return decisions_.size();

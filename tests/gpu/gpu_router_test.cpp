@@ -295,6 +295,48 @@ TEST(GpuRoutedAttention, RepeatedCallsReuseTheScratchPool) {
   EXPECT_LT(cuda_scratch_bytes(), held);
 }
 
+// The serving loop's call on the GPU: the dense warm-up, then routed (decisions
+// as the CPU router's, remembered), then reused without routing; each step's
+// output against the fp64 reference under the decisions it ran with.
+TEST(GpuPolicyAttention, WarmUpThenRoutedThenReused) {
+  STSA_REQUIRE_GPU();
+  const testing::SyntheticRoutedCase c = testing::synthetic_routed_case(DType::BF16, testing::fresh_seed());
+  PolicyOptions po;
+  po.dense_steps = 1;
+  po.reuse_steps = 2;
+  po.router = c.router.options();
+  Policy policy(po);
+  const CudaBackend backend;
+  PlanCache plans;
+  std::vector<HeadRoute> routed;
+  for (std::int64_t step = 0; step < 3; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    testing::Problem p = c.problem();
+    gpu_testing::DeviceProblem d(p);
+    const RoutedResult r = cuda_policy_attention(backend, plans, policy, routed_call(d.call), step, /*layer=*/2);
+    ASSERT_EQ(r.heads.size(), c.report.heads.size());
+    if (step == 0) {
+      EXPECT_EQ(testing::count_routes(r.heads, Route::Dense), std::int64_t(r.heads.size()));
+      EXPECT_EQ(r.routing_flops, 0.0);
+      EXPECT_EQ(policy.cached_count(), 0u);
+    } else if (step == 1) {
+      EXPECT_EQ(r.routing_flops, c.report.flops);
+      for (std::size_t h = 0; h < r.heads.size(); ++h)
+        EXPECT_EQ(r.heads[h].route, c.report.heads[h].route) << "head " << h;
+      EXPECT_EQ(policy.cached_count(), r.heads.size());
+      routed = r.heads;
+    } else {
+      EXPECT_EQ(r.routing_flops, 0.0);  // reused
+      for (std::size_t h = 0; h < r.heads.size(); ++h) EXPECT_EQ(r.heads[h].spec, routed[h].spec) << "head " << h;
+    }
+    for (std::size_t h = 0; h < r.heads.size(); ++h)
+      p.heads[h] = HeadMask{r.heads[h].spec, TokenOrder::FrameMajor, nullptr, true};
+    EXPECT_TRUE(d.o.guards_intact() && d.lse.guards_intact());
+    d.download_into(p);
+    gpu_testing::expect_matches_reference(p);
+  }
+}
+
 // Routed on the GPU: decisions equal the CPU router's, the output the reference's.
 TEST(GpuRoutedAttention, RoutesSyntheticHeadsAndMatchesTheReference) {
   STSA_REQUIRE_GPU();
