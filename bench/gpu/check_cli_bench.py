@@ -17,11 +17,13 @@ def below(key, bound):
     return isinstance(value, (int, float)) and value == value and value < bound
 
 
-# bf16: unit roundoff 2^-9 = 2e-3 for the stored output, the same again for P
-# before P V: about 1.6e-3 rel L2 expected on random inputs, 1e-2 allowed.
+# bf16 (8 significant bits, unit roundoff 2^-8 = 3.9e-3) for the stored output
+# and for P before P V: a host model of the kernel's arithmetic on these shapes
+# gives rel L2 about 2.2e-3 (1.5e-3 from P, 1.7e-3 from the output) and LSE
+# errors about 2e-7, so 1e-2 and 1e-4 leave room without hiding a wrong tile.
 checks = {"rows checked": r.get("check_rows", 0) > 0,
           "sparse rel L2 < 1e-2": below("rel_l2_err", 1e-2), "dense rel L2 < 1e-2": below("dense_rel_l2_err", 1e-2),
-          "sparse LSE < 1e-3": below("lse_max_abs_err", 1e-3), "dense LSE < 1e-3": below("dense_lse_max_abs_err", 1e-3)}
+          "sparse LSE < 1e-4": below("lse_max_abs_err", 1e-4), "dense LSE < 1e-4": below("dense_lse_max_abs_err", 1e-4)}
 failed = [name for name, ok in checks.items() if not ok]
 print("failed: " + ", ".join(failed) if failed else "all checks passed")
 sys.exit(1 if failed else 0)

@@ -37,7 +37,7 @@ bench::TimedRuns time_kernel(const Backend& backend, const AttentionCall& call, 
 }
 
 void print_text(const nlohmann::json& r) {
-  const auto f = [&](const char* key) { return r[key].get<double>(); };
+  const auto f = [&](const char* key) { return json_double(r[key]); };
   std::printf("grid %s: %lld tokens, batch %lld, %lld heads x %lld, %s, tiles %lldx%lld %s\n",
               r["grid"].get<std::string>().c_str(), (long long)r["tokens"].get<std::int64_t>(),
               (long long)r["batch"].get<std::int64_t>(), (long long)r["heads"].get<std::int64_t>(),
@@ -242,9 +242,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--density", args->density, "kept fraction of pairs, in [0, 1]")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  cmd->add_option("--dtype", args->dtype, "fp32 | bf16 (inputs and output)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
+  CLI::Option* dtype = cmd->add_option("--dtype", args->dtype, "fp32 | bf16 (inputs and output; default bf16 with --backend cuda)")
+                           ->check(CLI::IsMember({"fp32", "bf16"}))
+                           ->capture_default_str();
   cmd->add_option("--align", args->align, "exact | round (partial tiles become full or empty)")
       ->check(CLI::IsMember({"exact", "round"}))
       ->capture_default_str();
@@ -273,7 +273,8 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_flag("--dist", args->dist, "run the sequence-parallel benchmark under mpirun instead");
-  cmd->callback([args] {
+  cmd->callback([args, dtype] {
+    if (args->backend == "cuda" && dtype->count() == 0) args->dtype = "bf16";  // what the CUDA kernels read
     STSA_CHECK(args->dist || (args->mask != "mixed" && args->mask != "routed"), InvalidArgument,
                "--mask ", args->mask, " needs --dist (one process runs one mask kind for all heads)");
     STSA_CHECK(args->backend == "cuda" || args->kernel == "auto", InvalidArgument,

@@ -109,6 +109,8 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
   const DeviceTensor do_dense = empty_like(o_dense.view()), do_sparse = empty_like(o_sparse.view());
   const std::size_t lse_bytes = std::size_t(layout.batch * layout.heads * n) * sizeof(float);
   DeviceBuffer dlse_dense(lse_bytes), dlse_sparse(lse_bytes);
+  dlse_dense.fill_bytes(0xFF);  // NaN, as the outputs
+  dlse_sparse.fill_bytes(0xFF);
 
   AttentionCall dense;
   dense.layout = layout;
@@ -227,7 +229,7 @@ nlohmann::json run_cuda_bench(const BenchArgs&, bool) {
 #endif
 
 void print_cuda_bench(const nlohmann::json& r) {
-  const auto f = [&](const char* key) { return r[key].get<double>(); };
+  const auto f = [&](const char* key) { return json_double(r[key]); };
   std::printf("cuda backend: %s (compute capability %s), kernel %s\n", r["device"].get<std::string>().c_str(),
               r["compute_capability"].get<std::string>().c_str(), r["kernel"].get<std::string>().c_str());
   std::printf("grid %s: %lld tokens, batch %lld, %lld heads x %lld, %s\n", r["grid"].get<std::string>().c_str(),

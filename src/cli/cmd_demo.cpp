@@ -44,12 +44,12 @@ void run_demo() {
               (long long)bench.head_dim);
   const nlohmann::json r = run_cpu_bench(bench, true);
   std::printf("   dense %.2f ms, sparse %.2f ms: %.2fx faster (ideal %.2fx from tile density %.3f)\n",
-              r["dense_ms"].get<double>(), r["sparse_ms"].get<double>(), r["speedup"].get<double>(),
-              1.0 / r["tile_density"].get<double>(), r["tile_density"].get<double>());
+              json_double(r["dense_ms"]), json_double(r["sparse_ms"]), json_double(r["speedup"]),
+              1.0 / json_double(r["tile_density"]), json_double(r["tile_density"]));
   std::printf("   dense kernel %.1f GFLOP/s = %.2f of this machine's measured FMA peak (%.1f GFLOP/s)\n",
-              r["dense_gflops"].get<double>(), r["peak_fraction"].get<double>(), r["peak_gflops"].get<double>());
+              json_double(r["dense_gflops"]), json_double(r["peak_fraction"]), json_double(r["peak_gflops"]));
   std::printf("   error vs the fp64 reference on sampled rows: rel L2 %.2e, max abs %.2e\n",
-              r["rel_l2_err"].get<double>(), r["max_abs_err"].get<double>());
+              json_double(r["rel_l2_err"]), json_double(r["max_abs_err"]));
 
   RouteArgs route;
   route.synthetic = true;
@@ -69,8 +69,8 @@ void run_demo() {
               routed["accuracy"].is_null() ? 0.0 : routed["accuracy"].get<double>());
   std::printf("   error of the routed sparse output vs dense attention: rel L2 %.4f (temporal heads %.4f;\n"
               "   %.4f when the anchor is the first frame-sized block of the permuted order, as elsewhere)\n",
-              routed["rel_l2_err"].get<double>(), routed["rel_l2_err_temporal"].get<double>(),
-              routed["rel_l2_err_first_block_anchor_temporal"].get<double>());
+              json_double(routed["rel_l2_err"]), json_double(routed["rel_l2_err_temporal"]),
+              json_double(routed["rel_l2_err_first_block_anchor_temporal"]));
   BenchArgs gpu;
   gpu.grid = {21, 45, 80, 0, "after"};
   gpu.heads = 12;
@@ -85,10 +85,10 @@ void run_demo() {
     const nlohmann::json c = run_cuda_bench(gpu, true);
     std::printf("   %s, kernel %s: dense %.2f ms (%.0f TFLOP/s), sparse %.2f ms (%.0f TFLOP/s on kept tiles)\n",
                 c["device"].get<std::string>().c_str(), c["kernel"].get<std::string>().c_str(),
-                c["dense_ms"].get<double>(), c["dense_tflops"].get<double>(), c["sparse_ms"].get<double>(),
-                c["sparse_tflops_on_kept_tiles"].get<double>());
+                json_double(c["dense_ms"]), json_double(c["dense_tflops"]), json_double(c["sparse_ms"]),
+                json_double(c["sparse_tflops_on_kept_tiles"]));
     std::printf("   %.2fx faster (ideal %.2fx); error vs the fp64 reference on 8 rows: rel L2 %.2e\n",
-                c["speedup"].get<double>(), c["ideal_speedup"].get<double>(), c["rel_l2_err"].get<double>());
+                json_double(c["speedup"]), json_double(c["ideal_speedup"]), json_double(c["rel_l2_err"]));
   } catch (const Unsupported& e) {  // no GPU, or none this build can use: the demo goes on
     std::printf("   not run: %s\n", e.what());
   } catch (const ResourceError& e) {  // a GPU too small for the 720p tensors

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -67,6 +68,11 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress);
 void print_cuda_bench(const nlohmann::json& record);
 // Runs the distributed benchmark under mpirun (cmd_bench_dist.cpp); returns the process exit code.
 int run_dist_bench(const BenchArgs& args);
+
+// A number of a benchmark record; NaN for null (JSON's form of NaN, bench::json_number).
+inline double json_double(const nlohmann::json& value) {
+  return value.is_null() ? std::numeric_limits<double>::quiet_NaN() : value.get<double>();
+}
 
 // Writes "stsa: <what>... <percent>%" to stderr, rate-limited, only once a task has run > 2 s.
 class Progress {

@@ -48,3 +48,17 @@ print("compare.py table: ok")
 skipped = compare.table([{"shape": "480p", "stsa": {}, "cases": {}, "errors": [], "skipped": "out of time"}], kernels)
 assert "480p | skipped: out of time (optional shape)" in skipped, skipped
 print("compare.py skipped shape: ok")
+
+# Only the clock may cut an optional shape short; the shapes must run clean.
+clean = {"shape": "720p", "stsa": {"sm90": {}}, "errors": []}
+assert compare.results_ok([clean, {"shape": "480p", "stsa": {}, "errors": [], "skipped": "out of time"}])
+cut = {"shape": "480p", "stsa": {"sm90": {}}, "errors": [
+    "stsa_gpu_bench --kernels sm80: exit status 1", "stsa sm80 s0.30: skipped: past --deadline-s",
+    "fa2 dense skipped: out of time", "stsa_gpu_bench --kernels sm90: Command '...' timed out after 15 seconds"]}
+assert compare.results_ok([clean, cut])
+wrong = {"shape": "480p", "stsa": {"sm90": {}}, "errors": ["sm90 s0.10: max |difference| 0.5 against max |reference| 1"]}
+assert not compare.results_ok([clean, wrong])
+assert not compare.results_ok([dict(clean, errors=["fa2 dense skipped: out of time"])])  # required: no excuse
+assert not compare.results_ok([dict(clean, stsa={})])
+print("compare.py results_ok: ok")
+
