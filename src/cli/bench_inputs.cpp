@@ -6,6 +6,8 @@
 #include <random>
 #include <thread>
 
+#include "cli/commands.hpp"
+
 namespace stsa::cli {
 
 namespace {
@@ -121,6 +123,25 @@ std::vector<std::int64_t> sample_rows(std::int64_t tokens, int count, std::uint6
   }
   std::sort(rows.begin(), rows.end());
   return rows;
+}
+
+BenchErrors check_dense_and_sparse(const AttentionCall& dense, const AttentionCall& sparse,
+                                   const std::shared_ptr<const TilePlan>& plan, int count, std::uint64_t seed,
+                                   bool progress) {
+  BenchErrors e;
+  const auto rows = sample_rows(dense.layout.tokens(), count, seed);
+  e.rows = std::int64_t(rows.size());
+  if (rows.empty()) return e;
+  Progress p("checking against the fp64 reference", progress);
+  p.update(0.0);
+  PairPredicate computes;
+  if (plan->alignment() == Alignment::Round)
+    computes = [&plan](std::int64_t, std::int64_t qp, std::int64_t kp) { return plan->computes(qp, kp); };
+  e.sparse = check_rows(sparse, rows, computes);
+  p.update(0.5);
+  e.dense = check_rows(dense, rows, {});
+  p.update(1.0);
+  return e;
 }
 
 }  // namespace stsa::cli

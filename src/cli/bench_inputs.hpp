@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "stsa/attention.hpp"
+#include "stsa/plan.hpp"
 #include "stsa/reference.hpp"
 
 namespace stsa::cli {
@@ -24,5 +26,16 @@ struct Errors {
 // The call's output (host tensors) on `rows` against the fp64 reference (what
 // the plan computes when `computes` is set).
 Errors check_rows(const AttentionCall& call, const std::vector<std::int64_t>& rows, const PairPredicate& computes);
+
+// A benchmark's two calls (host tensors) on `count` rows sampled with `seed`;
+// the sparse call against what `plan` computes (a rounded plan's deviation from
+// the exact mask is reported as changed_pairs, not as error).
+struct BenchErrors {
+  Errors sparse, dense;
+  std::int64_t rows = 0;
+};
+BenchErrors check_dense_and_sparse(const AttentionCall& dense, const AttentionCall& sparse,
+                                   const std::shared_ptr<const TilePlan>& plan, int count, std::uint64_t seed,
+                                   bool progress);
 
 }  // namespace stsa::cli

@@ -133,21 +133,9 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
     Progress p("timing the sparse kernel", progress);
     sparse_t = time_kernel(*backend, sparse, args.repeats, p);
   }
-  Errors sparse_err, dense_err;
-  const auto rows = sample_rows(n, args.check_rows, args.seed);
-  if (!rows.empty()) {
-    Progress p("checking against the fp64 reference", progress);
-    p.update(0.0);
-    // A rounded plan is checked against what it claims to compute; its deviation from the exact mask is in
-    // changed_pairs.
-    PairPredicate computes;
-    if (alignment == Alignment::Round)
-      computes = [&plan](std::int64_t, std::int64_t qp, std::int64_t kp) { return plan->computes(qp, kp); };
-    sparse_err = check_rows(sparse, rows, computes);
-    p.update(0.5);
-    dense_err = check_rows(dense, rows, {});
-    p.update(1.0);
-  }
+  const BenchErrors errors =
+      check_dense_and_sparse(dense, sparse, plan, args.check_rows, args.seed, progress);
+  const Errors &sparse_err = errors.sparse, &dense_err = errors.dense;
   double peak = 0;
   {
     Progress p("measuring the FMA peak", progress);
@@ -188,7 +176,7 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
       {"isa", std::string(to_string(isa))},
       {"threads", threads},
       {"repeats", args.repeats},
-      {"check_rows", std::int64_t(rows.size())},
+      {"check_rows", errors.rows},
       {"seed", args.seed},
       {"kept_fraction", stats.kept_fraction()},
       {"tile_density", stats.tile_density()},

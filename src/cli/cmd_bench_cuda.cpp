@@ -156,19 +156,9 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
   host_dense.lse = lse_dense.view();
   host_sparse.o = o_sparse.view();
   host_sparse.lse = lse_sparse.view();
-  Errors sparse_err, dense_err;
-  const auto rows = sample_rows(n, args.check_rows, args.seed);
-  if (!rows.empty()) {
-    Progress p("checking against the fp64 reference", progress);
-    p.update(0.0);
-    PairPredicate computes;
-    if (alignment == Alignment::Round)
-      computes = [&plan](std::int64_t, std::int64_t qp, std::int64_t kp) { return plan->computes(qp, kp); };
-    sparse_err = check_rows(host_sparse, rows, computes);
-    p.update(0.5);
-    dense_err = check_rows(host_dense, rows, {});
-    p.update(1.0);
-  }
+  const BenchErrors errors =
+      check_dense_and_sparse(host_dense, host_sparse, plan, args.check_rows, args.seed, progress);
+  const Errors &sparse_err = errors.sparse, &dense_err = errors.dense;
 
   const PlanStats& stats = plan->stats();
   const bench::AttentionWork work = bench::attention_work(layout, *plan);
@@ -192,7 +182,7 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
       {"tile", args.tile},
       {"repeats", args.repeats},
       {"warmup", 1},
-      {"check_rows", std::int64_t(rows.size())},
+      {"check_rows", errors.rows},
       {"seed", args.seed},
       {"kept_fraction", stats.kept_fraction()},
       {"tile_density", stats.tile_density()},
