@@ -15,7 +15,7 @@
 #include "bench/figures.hpp"
 #include "bench/record.hpp"
 #include "bench/timing_loop.hpp"
-#include "cli/bench_inputs.hpp"
+#include "cli/bench_shared.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "stsa/attention.hpp"
@@ -135,14 +135,12 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   }
   const BenchErrors errors =
       check_dense_and_sparse(dense, sparse, plan, args.check_rows, args.seed, progress);
-  const Errors &sparse_err = errors.sparse, &dense_err = errors.dense;
   double peak = 0;
   {
     Progress p("measuring the FMA peak", progress);
     peak = measure_fma_peak_gflops(threads, 0.3);
   }
 
-  const PlanStats& stats = plan->stats();
   const bench::AttentionWork work = bench::attention_work(layout, *plan);
   const bench::Samples &dense_wall = dense_t[0], &sparse_wall = sparse_t[0];
   const bench::Samples &dense_cpu = dense_t[1], &sparse_cpu = sparse_t[1];
@@ -154,41 +152,12 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   const double dense_cpu_ms = dense_cpu.median_ms(), sparse_cpu_ms = sparse_cpu.median_ms();
   const double dense_gflops_cpu = bench::gflops(work.dense_flops, dense_cpu_ms / threads);
   const double kept_gflops_cpu = bench::gflops(work.kept_tile_flops, sparse_cpu_ms / threads);
-  nlohmann::json record = {
-      {"command", "bench"},
+  nlohmann::json record = bench_case_record(args, layout, spec, dtype, *plan, errors);
+  record.update({
       {"backend", "cpu"},
-      {"grid", grid.describe()},
-      {"frames", grid.frames},
-      {"height", grid.height},
-      {"width", grid.width},
-      {"text", grid.text_tokens},
-      {"text_placement", std::string(to_string(grid.text_placement))},
-      {"tokens", n},
-      {"batch", layout.batch},
-      {"heads", layout.heads},
-      {"head_dim", layout.head_dim},
-      {"mask_kind", args.mask},
-      {"mask", spec.describe()},
-      {"density", args.density},
-      {"dtype", std::string(to_string(dtype))},
-      {"align", std::string(to_string(alignment))},
-      {"tile", args.tile},
       {"isa", std::string(to_string(isa))},
       {"threads", threads},
-      {"repeats", args.repeats},
-      {"check_rows", errors.rows},
-      {"seed", args.seed},
-      {"kept_fraction", stats.kept_fraction()},
-      {"tile_density", stats.tile_density()},
-      {"tiles_full", stats.tiles_full},
-      {"tiles_partial", stats.tiles_partial},
-      {"tiles_empty", stats.tiles_empty},
-      {"changed_pairs", stats.changed_pairs},
-      {"warmup", 1},
       {"speedup", bench::speedup(dense_ms, sparse_ms)},
-      {"ideal_speedup", 1.0 / stats.tile_density()},
-      {"dense_flops", work.dense_flops},
-      {"kept_tile_flops", work.kept_tile_flops},
       {"dense_gflops", dense_gflops},
       {"sparse_gflops_on_kept_tiles", kept_gflops},
       {"sparse_gflops_dense_equivalent", bench::gflops(work.dense_flops, sparse_ms)},
@@ -200,13 +169,7 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
       {"sparse_gflops_on_kept_tiles_cpu_time", kept_gflops_cpu},
       {"peak_fraction_cpu_time", bench::fraction_of_peak(dense_gflops_cpu, peak)},
       {"sparse_peak_fraction_cpu_time", bench::fraction_of_peak(kept_gflops_cpu, peak)},
-      {"rel_l2_err", bench::json_number(sparse_err.rel_l2)},
-      {"max_abs_err", bench::json_number(sparse_err.max_abs)},
-      {"lse_max_abs_err", bench::json_number(sparse_err.lse_max_abs)},
-      {"dense_rel_l2_err", bench::json_number(dense_err.rel_l2)},
-      {"dense_max_abs_err", bench::json_number(dense_err.max_abs)},
-      {"dense_lse_max_abs_err", bench::json_number(dense_err.lse_max_abs)},
-  };
+  });
   // dense_ms, sparse_ms (wall) and dense_cpu_ms, sparse_cpu_ms (process CPU): medians, with _min, _max and _runs.
   bench::add_timing(record, "dense_", dense_wall);
   bench::add_timing(record, "sparse_", sparse_wall);

@@ -11,7 +11,7 @@
 #include "bench/figures.hpp"
 #include "bench/record.hpp"
 #include "bench/timing_loop.hpp"
-#include "cli/bench_inputs.hpp"
+#include "cli/bench_shared.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "stsa/error.hpp"
@@ -158,52 +158,20 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
   host_sparse.lse = lse_sparse.view();
   const BenchErrors errors =
       check_dense_and_sparse(host_dense, host_sparse, plan, args.check_rows, args.seed, progress);
-  const Errors &sparse_err = errors.sparse, &dense_err = errors.dense;
 
-  const PlanStats& stats = plan->stats();
   const bench::AttentionWork work = bench::attention_work(layout, *plan);
   const double dense_ms = dense_t.median_ms(), sparse_ms = sparse_t.median_ms();
-  nlohmann::json record = {
-      {"command", "bench"},
+  nlohmann::json record = bench_case_record(args, layout, spec, dtype, *plan, errors);
+  record.update({
       {"backend", "cuda"},
       {"device", device.name},
       {"compute_capability", std::to_string(device.major) + "." + std::to_string(device.minor)},
       {"kernel", std::string(to_string(resolved))},
-      {"grid", grid.describe()},
-      {"tokens", n},
-      {"batch", layout.batch},
-      {"heads", layout.heads},
-      {"head_dim", layout.head_dim},
-      {"mask_kind", args.mask},
-      {"mask", spec.describe()},
-      {"density", args.density},
-      {"dtype", std::string(to_string(dtype))},
-      {"align", std::string(to_string(alignment))},
-      {"tile", args.tile},
-      {"repeats", args.repeats},
-      {"warmup", 1},
-      {"check_rows", errors.rows},
-      {"seed", args.seed},
-      {"kept_fraction", stats.kept_fraction()},
-      {"tile_density", stats.tile_density()},
-      {"tiles_full", stats.tiles_full},
-      {"tiles_partial", stats.tiles_partial},
-      {"tiles_empty", stats.tiles_empty},
-      {"changed_pairs", stats.changed_pairs},
       {"speedup", bench::speedup(dense_ms, sparse_ms)},
-      {"ideal_speedup", 1.0 / stats.tile_density()},
-      {"dense_flops", work.dense_flops},
-      {"kept_tile_flops", work.kept_tile_flops},
       {"dense_tflops", bench::tflops(work.dense_flops, dense_ms)},
       {"sparse_tflops_on_kept_tiles", bench::tflops(work.kept_tile_flops, sparse_ms)},
       {"sparse_tflops_dense_equivalent", bench::tflops(work.dense_flops, sparse_ms)},
-      {"rel_l2_err", bench::json_number(sparse_err.rel_l2)},
-      {"max_abs_err", bench::json_number(sparse_err.max_abs)},
-      {"lse_max_abs_err", bench::json_number(sparse_err.lse_max_abs)},
-      {"dense_rel_l2_err", bench::json_number(dense_err.rel_l2)},
-      {"dense_max_abs_err", bench::json_number(dense_err.max_abs)},
-      {"dense_lse_max_abs_err", bench::json_number(dense_err.lse_max_abs)},
-  };
+  });
   bench::add_timing(record, "dense_", dense_t);  // dense_ms (median), _min, _max, _runs
   bench::add_timing(record, "sparse_", sparse_t);
   return record;

@@ -1,12 +1,15 @@
-// What `stsa bench` and the demo feed every backend and how they check it:
-// random inputs, the rows checked, and the error of those rows against the
-// fp64 reference.
+// What the benchmarks of `stsa bench` (CPU and CUDA) and the demo share: the
+// random inputs, the rows checked and their error against the fp64 reference,
+// and the fields of the record that describe the case.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/plan.hpp"
 #include "stsa/reference.hpp"
@@ -37,5 +40,10 @@ struct BenchErrors {
 BenchErrors check_dense_and_sparse(const AttentionCall& dense, const AttentionCall& sparse,
                                    const std::shared_ptr<const TilePlan>& plan, int count, std::uint64_t seed,
                                    bool progress);
+
+// The record's fields every backend shares: the shape, the mask and its plan,
+// the options, the FLOP counts and the errors (NaN as null).
+nlohmann::json bench_case_record(const BenchArgs& args, const VideoLayout& layout, const MaskSpec& spec, DType dtype,
+                                 const TilePlan& plan, const BenchErrors& errors);
 
 }  // namespace stsa::cli

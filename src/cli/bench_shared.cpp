@@ -1,11 +1,13 @@
-// Inputs and checks shared by the benchmarks of `stsa bench` (bench_inputs.hpp).
-#include "cli/bench_inputs.hpp"
+// What the benchmarks of `stsa bench` share (bench_shared.hpp).
+#include "cli/bench_shared.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 #include <thread>
 
+#include "bench/figures.hpp"
+#include "bench/record.hpp"
 #include "cli/commands.hpp"
 
 namespace stsa::cli {
@@ -142,6 +144,51 @@ BenchErrors check_dense_and_sparse(const AttentionCall& dense, const AttentionCa
   e.dense = check_rows(dense, rows, {});
   p.update(1.0);
   return e;
+}
+
+nlohmann::json bench_case_record(const BenchArgs& args, const VideoLayout& layout, const MaskSpec& spec, DType dtype,
+                                 const TilePlan& plan, const BenchErrors& errors) {
+  const VideoGrid& grid = layout.grid;
+  const PlanStats& stats = plan.stats();
+  const bench::AttentionWork work = bench::attention_work(layout, plan);
+  return {
+      {"command", "bench"},
+      {"grid", grid.describe()},
+      {"frames", grid.frames},
+      {"height", grid.height},
+      {"width", grid.width},
+      {"text", grid.text_tokens},
+      {"text_placement", std::string(to_string(grid.text_placement))},
+      {"tokens", layout.tokens()},
+      {"batch", layout.batch},
+      {"heads", layout.heads},
+      {"head_dim", layout.head_dim},
+      {"mask_kind", args.mask},
+      {"mask", spec.describe()},
+      {"density", args.density},
+      {"dtype", std::string(to_string(dtype))},
+      {"align", std::string(to_string(plan.alignment()))},
+      {"tile", args.tile},
+      {"repeats", args.repeats},
+      {"warmup", 1},
+      {"check_rows", errors.rows},
+      {"seed", args.seed},
+      {"kept_fraction", stats.kept_fraction()},
+      {"tile_density", stats.tile_density()},
+      {"tiles_full", stats.tiles_full},
+      {"tiles_partial", stats.tiles_partial},
+      {"tiles_empty", stats.tiles_empty},
+      {"changed_pairs", stats.changed_pairs},
+      {"ideal_speedup", 1.0 / stats.tile_density()},
+      {"dense_flops", work.dense_flops},
+      {"kept_tile_flops", work.kept_tile_flops},
+      {"rel_l2_err", bench::json_number(errors.sparse.rel_l2)},
+      {"max_abs_err", bench::json_number(errors.sparse.max_abs)},
+      {"lse_max_abs_err", bench::json_number(errors.sparse.lse_max_abs)},
+      {"dense_rel_l2_err", bench::json_number(errors.dense.rel_l2)},
+      {"dense_max_abs_err", bench::json_number(errors.dense.max_abs)},
+      {"dense_lse_max_abs_err", bench::json_number(errors.dense.lse_max_abs)},
+  };
 }
 
 }  // namespace stsa::cli
