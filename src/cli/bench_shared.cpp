@@ -1,6 +1,8 @@
 // What the benchmarks of `stsa bench` share (bench_shared.hpp).
 #include "cli/bench_shared.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -9,6 +11,8 @@
 #include "bench/figures.hpp"
 #include "bench/record.hpp"
 #include "cli/commands.hpp"
+#include "cli/options.hpp"
+#include "stsa/error.hpp"
 
 namespace stsa::cli {
 
@@ -52,6 +56,53 @@ void fill_normal(const TensorView& t, std::uint64_t seed) {
     workers.emplace_back(fill_pairs, pairs * w / threads, pairs * (w + 1) / threads);
   fill_pairs(0, pairs / threads);
   for (std::thread& worker : workers) worker.join();
+}
+
+BenchOptions parse_bench_options(const BenchArgs& args) {
+  BenchOptions o;
+  o.layout = VideoLayout{args.grid.grid(), args.batch, args.heads, args.head_dim};
+  o.layout.validate();
+  o.spec = mask_by_name(o.layout.grid, args.mask, args.density);
+  o.dtype = parse_dtype(args.dtype);
+  o.alignment = parse_alignment(args.align);
+  o.tile = TileShape{args.tile, args.tile};
+  o.tile.validate();
+  STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
+             args.repeats);
+  STSA_CHECK(args.check_rows >= 0, InvalidArgument, "--check-rows must be >= 0, got ", args.check_rows);
+  return o;
+}
+
+BenchCase::BenchCase(const BenchOptions& o, std::uint64_t seed) {
+  const VideoLayout& l = o.layout;
+  const std::int64_t n = l.tokens();
+  const double bytes =
+      5.0 * double(l.batch) * double(n) * double(l.heads) * double(l.head_dim) * double(element_size(o.dtype));
+  const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  STSA_CHECK(memory <= 0 || bytes < 0.5 * memory, ResourceError, "the benchmark tensors need ", bytes / 1e9,
+             " GB, more than half of this machine's ", memory / 1e9, " GB");
+
+  // Temporal heads run in spatial-major order: random inputs are simply taken as already permuted.
+  plan = TilePlan::build(l.grid, o.spec, o.tile, o.alignment);
+  dense_plan = TilePlan::build(l.grid, MaskSpec::dense(), o.tile, Alignment::Exact);
+  for (Tensor* t : {&q, &k, &v, &o_dense, &o_sparse}) *t = Tensor(o.dtype, l.batch, n, l.heads, l.head_dim);
+  lse_dense = LseBuffer(l.batch, l.heads, n);
+  lse_sparse = LseBuffer(l.batch, l.heads, n);
+  fill_normal(q.view(), seed * 3 + 1);
+  fill_normal(k.view(), seed * 3 + 2);
+  fill_normal(v.view(), seed * 3 + 3);
+
+  dense.layout = l;
+  dense.q = q.view();
+  dense.k = k.view();
+  dense.v = v.view();
+  dense.o = o_dense.view();
+  dense.lse = lse_dense.view();
+  dense.heads.assign(std::size_t(l.heads), HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, dense_plan, true});
+  sparse = dense;
+  sparse.o = o_sparse.view();
+  sparse.lse = lse_sparse.view();
+  sparse.heads.assign(std::size_t(l.heads), HeadMask{o.spec, o.spec.natural_order(), plan, true});
 }
 
 Errors check_rows(const AttentionCall& call, const std::vector<std::int64_t>& rows, const PairPredicate& computes) {
@@ -146,8 +197,9 @@ BenchErrors check_dense_and_sparse(const AttentionCall& dense, const AttentionCa
   return e;
 }
 
-nlohmann::json bench_case_record(const BenchArgs& args, const VideoLayout& layout, const MaskSpec& spec, DType dtype,
-                                 const TilePlan& plan, const BenchErrors& errors) {
+nlohmann::json bench_case_record(const BenchArgs& args, const BenchOptions& options, const TilePlan& plan,
+                                 const BenchErrors& errors) {
+  const VideoLayout& layout = options.layout;
   const VideoGrid& grid = layout.grid;
   const PlanStats& stats = plan.stats();
   const bench::AttentionWork work = bench::attention_work(layout, plan);
@@ -164,9 +216,9 @@ nlohmann::json bench_case_record(const BenchArgs& args, const VideoLayout& layou
       {"heads", layout.heads},
       {"head_dim", layout.head_dim},
       {"mask_kind", args.mask},
-      {"mask", spec.describe()},
+      {"mask", options.spec.describe()},
       {"density", args.density},
-      {"dtype", std::string(to_string(dtype))},
+      {"dtype", std::string(to_string(options.dtype))},
       {"align", std::string(to_string(plan.alignment()))},
       {"tile", args.tile},
       {"repeats", args.repeats},

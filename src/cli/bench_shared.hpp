@@ -16,6 +16,31 @@
 
 namespace stsa::cli {
 
+// The options every backend's benchmark shares, parsed and checked (layout,
+// mask, dtype name, alignment, tile, repeats, rows to check) before anything
+// is allocated. Which dtypes and tiles a backend takes is its own check.
+struct BenchOptions {
+  VideoLayout layout;
+  MaskSpec spec;
+  DType dtype = DType::F32;
+  Alignment alignment = Alignment::Exact;
+  TileShape tile;
+};
+BenchOptions parse_bench_options(const BenchArgs& args);
+
+// One case on the host: both plans, random q, k, v, the outputs, and the dense
+// and sparse calls over them. Built in place (the calls point into the tensors).
+struct BenchCase {
+  BenchCase(const BenchOptions& options, std::uint64_t seed);  // ResourceError above half this machine's memory
+  BenchCase(const BenchCase&) = delete;
+  BenchCase& operator=(const BenchCase&) = delete;
+
+  std::shared_ptr<const TilePlan> plan, dense_plan;
+  Tensor q, k, v, o_dense, o_sparse;
+  LseBuffer lse_dense, lse_sparse;
+  AttentionCall dense, sparse;
+};
+
 // N(0, 1) values rounded to the tensor's dtype (a contiguous host tensor).
 void fill_normal(const TensorView& t, std::uint64_t seed);
 
@@ -43,7 +68,7 @@ BenchErrors check_dense_and_sparse(const AttentionCall& dense, const AttentionCa
 
 // The record's fields every backend shares: the shape, the mask and its plan,
 // the options, the FLOP counts and the errors (NaN as null).
-nlohmann::json bench_case_record(const BenchArgs& args, const VideoLayout& layout, const MaskSpec& spec, DType dtype,
-                                 const TilePlan& plan, const BenchErrors& errors);
+nlohmann::json bench_case_record(const BenchArgs& args, const BenchOptions& options, const TilePlan& plan,
+                                 const BenchErrors& errors);
 
 }  // namespace stsa::cli

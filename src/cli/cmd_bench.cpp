@@ -2,15 +2,9 @@
 // timed in one run (by the harness in src/bench) against this machine's
 // measured FMA peak and checked against the fp64 reference. (--dist hands over
 // to cmd_bench_dist.cpp.)
-#include <unistd.h>
-
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <random>
-#include <vector>
 
 #include "bench/figures.hpp"
 #include "bench/record.hpp"
@@ -22,7 +16,6 @@
 #include "stsa/cpu.hpp"
 #include "stsa/error.hpp"
 #include "stsa/plan.hpp"
-#include "stsa/reference.hpp"
 
 namespace stsa::cli {
 namespace {
@@ -68,61 +61,20 @@ void print_text(const nlohmann::json& r) {
 
 nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   // Everything is checked before anything large is allocated.
-  const VideoGrid grid = args.grid.grid();
-  const VideoLayout layout{grid, args.batch, args.heads, args.head_dim};
-  layout.validate();
-  const MaskSpec spec = mask_by_name(grid, args.mask, args.density);
-  const DType dtype = parse_dtype(args.dtype);
-  STSA_CHECK(dtype == DType::F32 || dtype == DType::BF16, InvalidArgument, "--dtype must be fp32 or bf16, got '",
-             args.dtype, "'");
-  const Alignment alignment = parse_alignment(args.align);
-  const TileShape tile{args.tile, args.tile};
-  tile.validate();
-  STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
-             args.repeats);
-  STSA_CHECK(args.check_rows >= 0, InvalidArgument, "--check-rows must be >= 0, got ", args.check_rows);
+  const BenchOptions options = parse_bench_options(args);
+  STSA_CHECK(options.dtype == DType::F32 || options.dtype == DType::BF16, InvalidArgument,
+             "--dtype must be fp32 or bf16, got '", args.dtype, "'");
   const Isa isa = resolve_isa(parse_isa(args.isa));
   const int threads = resolve_threads(args.threads);
   const auto backend = make_cpu_backend({isa, threads});
   {
     AttentionCall shape_only;
-    shape_only.layout = layout;
+    shape_only.layout = options.layout;
     const Support support = backend->supports(shape_only);
     if (!support.ok) throw Unsupported(support.why);
   }
-
-  const std::int64_t n = layout.tokens();
-  const double bytes = 5.0 * double(layout.batch) * double(n) * double(layout.heads) * double(layout.head_dim) *
-                       double(element_size(dtype));
-  const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  STSA_CHECK(memory <= 0 || bytes < 0.5 * memory, ResourceError, "the benchmark tensors need ", bytes / 1e9,
-             " GB, more than half of this machine's ", memory / 1e9, " GB");
-
-  // Temporal heads run in spatial-major order: random inputs are simply taken as already permuted.
-  const auto plan = TilePlan::build(grid, spec, tile, alignment);
-  const auto dense_plan = TilePlan::build(grid, MaskSpec::dense(), tile, Alignment::Exact);
-  Tensor q(dtype, layout.batch, n, layout.heads, layout.head_dim);
-  Tensor k(dtype, layout.batch, n, layout.heads, layout.head_dim);
-  Tensor v(dtype, layout.batch, n, layout.heads, layout.head_dim);
-  Tensor o_dense(dtype, layout.batch, n, layout.heads, layout.head_dim);
-  Tensor o_sparse(dtype, layout.batch, n, layout.heads, layout.head_dim);
-  LseBuffer lse_dense(layout.batch, layout.heads, n), lse_sparse(layout.batch, layout.heads, n);
-  fill_normal(q.view(), args.seed * 3 + 1);
-  fill_normal(k.view(), args.seed * 3 + 2);
-  fill_normal(v.view(), args.seed * 3 + 3);
-
-  AttentionCall dense;
-  dense.layout = layout;
-  dense.q = q.view();
-  dense.k = k.view();
-  dense.v = v.view();
-  dense.o = o_dense.view();
-  dense.lse = lse_dense.view();
-  dense.heads.assign(std::size_t(layout.heads), HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, dense_plan, true});
-  AttentionCall sparse = dense;
-  sparse.o = o_sparse.view();
-  sparse.lse = lse_sparse.view();
-  sparse.heads.assign(std::size_t(layout.heads), HeadMask{spec, spec.natural_order(), plan, true});
+  const BenchCase c(options, args.seed);
+  const AttentionCall &dense = c.dense, &sparse = c.sparse;
 
   bench::TimedRuns dense_t, sparse_t;
   {
@@ -134,14 +86,14 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
     sparse_t = time_kernel(*backend, sparse, args.repeats, p);
   }
   const BenchErrors errors =
-      check_dense_and_sparse(dense, sparse, plan, args.check_rows, args.seed, progress);
+      check_dense_and_sparse(dense, sparse, c.plan, args.check_rows, args.seed, progress);
   double peak = 0;
   {
     Progress p("measuring the FMA peak", progress);
     peak = measure_fma_peak_gflops(threads, 0.3);
   }
 
-  const bench::AttentionWork work = bench::attention_work(layout, *plan);
+  const bench::AttentionWork work = bench::attention_work(options.layout, *c.plan);
   const bench::Samples &dense_wall = dense_t[0], &sparse_wall = sparse_t[0];
   const bench::Samples &dense_cpu = dense_t[1], &sparse_cpu = sparse_t[1];
   const double dense_ms = dense_wall.median_ms(), sparse_ms = sparse_wall.median_ms();
@@ -152,7 +104,7 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   const double dense_cpu_ms = dense_cpu.median_ms(), sparse_cpu_ms = sparse_cpu.median_ms();
   const double dense_gflops_cpu = bench::gflops(work.dense_flops, dense_cpu_ms / threads);
   const double kept_gflops_cpu = bench::gflops(work.kept_tile_flops, sparse_cpu_ms / threads);
-  nlohmann::json record = bench_case_record(args, layout, spec, dtype, *plan, errors);
+  nlohmann::json record = bench_case_record(args, options, *c.plan, errors);
   record.update({
       {"backend", "cpu"},
       {"isa", std::string(to_string(isa))},

@@ -3,8 +3,6 @@
 // synchronous call, after a warm-up: launch and checks included, tens of
 // microseconds) and checked against the fp64 reference on sampled rows. The
 // GPU check (bench/gpu/check.sh) times with CUDA events and against PyTorch.
-#include <unistd.h>
-
 #include <cstdio>
 #include <string>
 
@@ -60,72 +58,42 @@ bench::Samples time_calls(const CudaBackend& backend, const AttentionCall& call,
 
 nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
   // Everything is checked before anything large is allocated.
-  const VideoGrid grid = args.grid.grid();
-  const VideoLayout layout{grid, args.batch, args.heads, args.head_dim};
-  layout.validate();
-  const MaskSpec spec = mask_by_name(grid, args.mask, args.density);
+  const BenchOptions options = parse_bench_options(args);
+  const VideoLayout& layout = options.layout;
   const CudaKernel kernel = parse_cuda_kernel(args.kernel);
-  const DType dtype = parse_dtype(args.dtype);
-  STSA_CHECK(dtype == DType::BF16, Unsupported, "--backend cuda needs --dtype bf16, got '", args.dtype, "'");
+  STSA_CHECK(options.dtype == DType::BF16, Unsupported, "--backend cuda needs --dtype bf16, got '", args.dtype, "'");
   STSA_CHECK(args.head_dim == 64 || args.head_dim == 128, Unsupported,
              "--backend cuda supports --head-dim 64 and 128, got ", args.head_dim);
   STSA_CHECK(args.tile == 128, Unsupported, "--backend cuda runs 128x128 tiles, got --tile ", args.tile);
   STSA_CHECK(args.threads == 0 && args.isa == "auto", InvalidArgument,
              "--threads and --isa choose the CPU kernel; they do not go with --backend cuda");
-  const Alignment alignment = parse_alignment(args.align);
-  STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
-             args.repeats);
-  STSA_CHECK(args.check_rows >= 0, InvalidArgument, "--check-rows must be >= 0, got ", args.check_rows);
   STSA_CHECK(cuda_device_count() > 0, Unsupported, "--backend cuda: no CUDA device (", cuda_unavailable_reason(), ")");
   const CudaBackend backend(CudaBackendOptions{kernel});
   const CudaKernel resolved = backend.resolved_kernel();  // Unsupported when this GPU cannot run `kernel`
   const CudaDeviceInfo device = cuda_device_info();
-
-  const std::int64_t n = layout.tokens();
-  const double tensor_bytes =
-      double(layout.batch) * double(n) * double(layout.heads) * double(layout.head_dim) * double(element_size(dtype));
-  const double host_memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  STSA_CHECK(host_memory <= 0 || 5 * tensor_bytes < 0.5 * host_memory, ResourceError, "the benchmark tensors need ",
-             5 * tensor_bytes / 1e9, " GB of host memory, more than half of this machine's ", host_memory / 1e9, " GB");
+  const double tensor_bytes = double(layout.batch) * double(layout.tokens()) * double(layout.heads) *
+                              double(layout.head_dim) * double(element_size(options.dtype));
   STSA_CHECK(5 * tensor_bytes < 0.8 * double(device.global_memory_bytes), ResourceError, "the benchmark tensors need ",
              5 * tensor_bytes / 1e9, " GB on the GPU, more than 80% of the ", double(device.global_memory_bytes) / 1e9,
              " GB of ", device.name);
+  BenchCase c(options, args.seed);  // host inputs and outputs; the calls below are its calls on device copies
 
-  // Temporal heads run in spatial-major order: random inputs are simply taken as already permuted.
-  const TileShape tile{args.tile, args.tile};
-  const auto plan = TilePlan::build(grid, spec, tile, alignment);
-  const auto dense_plan = TilePlan::build(grid, MaskSpec::dense(), tile, Alignment::Exact);
-  Tensor q(dtype, layout.batch, n, layout.heads, layout.head_dim);
-  Tensor k(dtype, layout.batch, n, layout.heads, layout.head_dim);
-  Tensor v(dtype, layout.batch, n, layout.heads, layout.head_dim);
-  fill_normal(q.view(), args.seed * 3 + 1);
-  fill_normal(k.view(), args.seed * 3 + 2);
-  fill_normal(v.view(), args.seed * 3 + 3);
-  Tensor o_dense(dtype, layout.batch, n, layout.heads, layout.head_dim);
-  Tensor o_sparse(dtype, layout.batch, n, layout.heads, layout.head_dim);
-  LseBuffer lse_dense(layout.batch, layout.heads, n), lse_sparse(layout.batch, layout.heads, n);
-
-  const DeviceTensor dq = upload(q.view()), dk = upload(k.view()), dv = upload(v.view());
-  const DeviceTensor do_dense = empty_like(o_dense.view()), do_sparse = empty_like(o_sparse.view());
-  const std::size_t lse_bytes = std::size_t(layout.batch * layout.heads * n) * sizeof(float);
+  const DeviceTensor dq = upload(c.q.view()), dk = upload(c.k.view()), dv = upload(c.v.view());
+  const DeviceTensor do_dense = empty_like(c.o_dense.view()), do_sparse = empty_like(c.o_sparse.view());
+  const std::size_t lse_bytes = std::size_t(layout.batch * layout.heads * layout.tokens()) * sizeof(float);
   DeviceBuffer dlse_dense(lse_bytes), dlse_sparse(lse_bytes);
   dlse_dense.fill_bytes(0xFF);  // NaN, as the outputs
   dlse_sparse.fill_bytes(0xFF);
-
-  AttentionCall dense;
-  dense.layout = layout;
-  dense.q = dq.view;
-  dense.k = dk.view;
-  dense.v = dv.view;
+  AttentionCall dense = c.dense, sparse = c.sparse;
+  for (AttentionCall* call : {&dense, &sparse}) {
+    call->q = dq.view;
+    call->k = dk.view;
+    call->v = dv.view;
+  }
   dense.o = do_dense.view;
-  dense.lse = lse_dense.view();
   dense.lse.data = static_cast<float*>(dlse_dense.data());
-  dense.heads.assign(std::size_t(layout.heads), HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, dense_plan, true});
-  AttentionCall sparse = dense;
   sparse.o = do_sparse.view;
-  sparse.lse = lse_sparse.view();
   sparse.lse.data = static_cast<float*>(dlse_sparse.data());
-  sparse.heads.assign(std::size_t(layout.heads), HeadMask{spec, spec.natural_order(), plan, true});
   for (const AttentionCall* call : {&dense, &sparse}) {
     const Support support = backend.supports(*call);
     STSA_CHECK(support.ok, Unsupported, "--backend cuda: ", support.why);
@@ -142,26 +110,15 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
   }
 
   // The outputs back on the host, checked as the CPU benchmark checks its own.
-  do_dense.buffer.copy_to_host(o_dense.view().data, host_bytes(o_dense.view()));
-  do_sparse.buffer.copy_to_host(o_sparse.view().data, host_bytes(o_sparse.view()));
-  dlse_dense.copy_to_host(lse_dense.view().data, dlse_dense.bytes());
-  dlse_sparse.copy_to_host(lse_sparse.view().data, dlse_sparse.bytes());
-  AttentionCall host_dense = dense, host_sparse = sparse;
-  for (AttentionCall* call : {&host_dense, &host_sparse}) {
-    call->q = q.view();
-    call->k = k.view();
-    call->v = v.view();
-  }
-  host_dense.o = o_dense.view();
-  host_dense.lse = lse_dense.view();
-  host_sparse.o = o_sparse.view();
-  host_sparse.lse = lse_sparse.view();
-  const BenchErrors errors =
-      check_dense_and_sparse(host_dense, host_sparse, plan, args.check_rows, args.seed, progress);
+  do_dense.buffer.copy_to_host(c.o_dense.view().data, host_bytes(c.o_dense.view()));
+  do_sparse.buffer.copy_to_host(c.o_sparse.view().data, host_bytes(c.o_sparse.view()));
+  dlse_dense.copy_to_host(c.lse_dense.view().data, lse_bytes);
+  dlse_sparse.copy_to_host(c.lse_sparse.view().data, lse_bytes);
+  const BenchErrors errors = check_dense_and_sparse(c.dense, c.sparse, c.plan, args.check_rows, args.seed, progress);
 
-  const bench::AttentionWork work = bench::attention_work(layout, *plan);
+  const bench::AttentionWork work = bench::attention_work(layout, *c.plan);
   const double dense_ms = dense_t.median_ms(), sparse_ms = sparse_t.median_ms();
-  nlohmann::json record = bench_case_record(args, layout, spec, dtype, *plan, errors);
+  nlohmann::json record = bench_case_record(args, options, *c.plan, errors);
   record.update({
       {"backend", "cuda"},
       {"device", device.name},
