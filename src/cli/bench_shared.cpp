@@ -58,18 +58,23 @@ void fill_normal(const TensorView& t, std::uint64_t seed) {
   for (std::thread& worker : workers) worker.join();
 }
 
-BenchOptions parse_bench_options(const BenchArgs& args) {
-  BenchOptions o;
-  o.layout = VideoLayout{args.grid.grid(), args.batch, args.heads, args.head_dim};
-  o.layout.validate();
-  o.spec = mask_by_name(o.layout.grid, args.mask, args.density);
-  o.dtype = parse_dtype(args.dtype);
-  o.alignment = parse_alignment(args.align);
-  o.tile = TileShape{args.tile, args.tile};
-  o.tile.validate();
+BenchSetup parse_bench_setup(const BenchArgs& args) {
+  BenchSetup s;
+  s.layout = VideoLayout{args.grid.grid(), args.batch, args.heads, args.head_dim};
+  s.layout.validate();
+  s.dtype = parse_dtype(args.dtype);
+  s.alignment = parse_alignment(args.align);
+  s.tile = TileShape{args.tile, args.tile};
+  s.tile.validate();
   STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
              args.repeats);
   STSA_CHECK(args.check_rows >= 0, InvalidArgument, "--check-rows must be >= 0, got ", args.check_rows);
+  return s;
+}
+
+BenchOptions parse_bench_options(const BenchArgs& args) {
+  BenchOptions o{parse_bench_setup(args)};
+  o.spec = mask_by_name(o.layout.grid, args.mask, args.density);
   return o;
 }
 

@@ -16,15 +16,21 @@
 
 namespace stsa::cli {
 
-// The options every backend's benchmark shares, parsed and checked (layout,
-// mask, dtype name, alignment, tile, repeats, rows to check) before anything
-// is allocated. Which dtypes and tiles a backend takes is its own check.
-struct BenchOptions {
+// What every benchmark (CPU, CUDA, --dist) takes from the options, parsed and
+// checked (layout, dtype name, alignment, tile, repeats, rows to check) before
+// anything is allocated. Which dtypes and tiles a backend takes is its own check;
+// the mask is not here, since --dist also takes `mixed` and `routed`.
+struct BenchSetup {
   VideoLayout layout;
-  MaskSpec spec;
   DType dtype = DType::F32;
   Alignment alignment = Alignment::Exact;
   TileShape tile;
+};
+BenchSetup parse_bench_setup(const BenchArgs& args);
+
+// The setup and one mask for every head (mask_by_name).
+struct BenchOptions : BenchSetup {
+  MaskSpec spec;
 };
 BenchOptions parse_bench_options(const BenchArgs& args);
 

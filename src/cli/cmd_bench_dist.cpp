@@ -21,6 +21,7 @@
 
 #include "bench/figures.hpp"
 #include "bench/timing_loop.hpp"
+#include "cli/bench_shared.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "stsa/cpu.hpp"
@@ -109,33 +110,17 @@ int local_ranks(int ranks) {
   return ranks;
 }
 
-struct Settings {
-  VideoLayout layout;
-  DType dtype = DType::F32;
+struct Settings : BenchSetup {
   std::vector<MaskSpec> masks;  // empty when routed
   std::optional<Router> router;
-  TileShape tile;
-  Alignment alignment = Alignment::Exact;
   Isa isa = Isa::Auto;
   int rank_threads = 1, single_threads = 1;
 };
 
 // Everything is checked here, before any allocation; every rank reaches the same verdict.
 Settings parse(const BenchArgs& args, int ranks) {
-  Settings s;
-  s.layout.grid = args.grid.grid();
-  s.layout.batch = args.batch;
-  s.layout.heads = args.heads;
-  s.layout.head_dim = args.head_dim;
-  s.layout.validate();
-  s.dtype = parse_dtype(args.dtype);
-  s.alignment = parse_alignment(args.align);
+  Settings s{parse_bench_setup(args)};
   s.isa = parse_isa(args.isa);
-  s.tile = TileShape{args.tile, args.tile};
-  s.tile.validate();
-  STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
-             args.repeats);
-  STSA_CHECK(args.check_rows >= 0, InvalidArgument, "--check-rows must be >= 0, got ", args.check_rows);
   STSA_CHECK(args.threads >= 0, InvalidArgument, "--threads must be >= 0, got ", args.threads);
   dist::heads_per_rank(args.heads, ranks);  // says which rank counts would work
   if (args.mask == "routed") {
