@@ -3,7 +3,8 @@
 // dense mask), once per attention kernel (--kernels), and the GPU token
 // permutation. The timing loop, statistics and figures are the shared harness
 // (src/bench: warm-up, median of the timed runs within a budget, TFLOP/s on
-// kept tiles from stsa/flops.hpp); this file plugs CUDA events into it.
+// kept tiles from stsa/flops.hpp); CUDA events time the runs
+// (src/bench/cuda).
 //
 // A kernel that cannot run here, or a case that fails, is recorded under
 // "errors" and the other kernels and cases still run. The JSON (--json) is
@@ -33,6 +34,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/cuda/event_stopwatch.hpp"
 #include "bench/figures.hpp"
 #include "bench/record.hpp"
 #include "bench/timing_loop.hpp"
@@ -68,39 +70,8 @@ void check_cuda(cudaError_t status, const char* what) {
     throw stsa::Error(stsa::detail::concat("CUDA error in ", what, ": ", cudaGetErrorString(status)));
 }
 
-// CUDA events around each run on the default stream, plugged into the
-// harness's timing loop; settling waits for the warm-up runs to finish.
-class CudaEventStopwatch final : public stsa::bench::Stopwatch {
- public:
-  CudaEventStopwatch() {
-    check_cuda(cudaEventCreate(&start_), "cudaEventCreate");
-    const cudaError_t status = cudaEventCreate(&stop_);
-    if (status != cudaSuccess) cudaEventDestroy(start_);
-    check_cuda(status, "cudaEventCreate");
-  }
-  ~CudaEventStopwatch() override {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  CudaEventStopwatch(const CudaEventStopwatch&) = delete;
-  CudaEventStopwatch& operator=(const CudaEventStopwatch&) = delete;
-
-  void settle() override { check_cuda(cudaDeviceSynchronize(), "warm-up"); }
-  void start() override { check_cuda(cudaEventRecord(start_), "cudaEventRecord"); }
-  double stop_ms() override {
-    check_cuda(cudaEventRecord(stop_), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(stop_), "timed run");
-    float ms = 0;
-    check_cuda(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
-    return ms;
-  }
-
- private:
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-};
-
 stsa::bench::TimedRuns time_gpu(const std::function<void()>& enqueue, const stsa::bench::TimingOptions& timing) {
-  CudaEventStopwatch events;
+  stsa::bench::CudaEventStopwatch events;  // on the default stream, where the runs are enqueued
   stsa::bench::Stopwatch* clocks[] = {&events};
   return stsa::bench::time_runs(timing, enqueue, clocks);
 }

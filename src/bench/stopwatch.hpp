@@ -1,7 +1,7 @@
 // What the timing loop reads around each run. A stopwatch measures one
-// interval; the CPU benches use wall time and process CPU time, the GPU bench
-// plugs in CUDA events (it implements Stopwatch itself, so this room needs no
-// CUDA header), the harness tests a scripted fake.
+// interval; the CPU benches use wall time and process CPU time, the GPU benches
+// CUDA events (cuda/event_stopwatch.hpp, a target of its own, so the rest of
+// this room needs no CUDA), the harness tests a scripted fake.
 #pragma once
 
 namespace stsa::bench {

@@ -30,7 +30,7 @@ BenchSetup parse_bench_setup(const BenchArgs& args);
 
 // The setup and one mask for every head (mask_by_name).
 struct BenchOptions : BenchSetup {
-  MaskSpec spec;
+  MaskSpec spec{};
 };
 BenchOptions parse_bench_options(const BenchArgs& args);
 

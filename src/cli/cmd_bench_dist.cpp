@@ -111,8 +111,8 @@ int local_ranks(int ranks) {
 }
 
 struct Settings : BenchSetup {
-  std::vector<MaskSpec> masks;  // empty when routed
-  std::optional<Router> router;
+  std::vector<MaskSpec> masks{};  // empty when routed
+  std::optional<Router> router{};
   Isa isa = Isa::Auto;
   int rank_threads = 1, single_threads = 1;
 };
