@@ -7,6 +7,7 @@
 #   2. smoke-test each Hopper kernel (sm90, sm90-overlap, sm90-pingpong) alone
 #      under a hard timeout: one that fails or hangs is left out of the later
 #      steps (its GPU tests too), so one run still yields every other result;
+#      the first that fails also runs once under memcheck, for the log;
 #   3. run the GPU tests (ctest -L gpu: every kernel, the probe, routing, permutation);
 #   4. time routing + permutation against routed attention at 1440p
 #      (stsa_gpu_route_bench; the issue's < 3% target);
@@ -122,6 +123,19 @@ for KERNEL in sm90_pingpong sm90_overlap sm90; do
 done
 KERNELS="${KERNELS}sm80"
 echo "kernels for the GPU tests, the sanitizers and the benchmark: $KERNELS"
+
+# The first Hopper kernel that failed gets one diagnosis (not a step: it cannot
+# fail the run): memcheck on its smallest call says whether it touched memory
+# out of bounds (global or shared) or died in a barrier; the smoke test's output
+# above already says where its answers are wrong (tests/support/error_pattern.hpp).
+FIRST_DROPPED="${DROPPED%%|*}"
+FIRST_DROPPED="${FIRST_DROPPED#/}"
+FIRST_DROPPED="${FIRST_DROPPED%%(*}"
+if [ -n "$FIRST_DROPPED" ] && [ -n "$SANITIZER" ]; then
+  step "diagnosis of $FIRST_DROPPED: compute-sanitizer memcheck, one small call (45 s limit)"
+  timeout 45 "$SANITIZER" --error-exitcode 1 --print-limit 10 "$BUILD/tests/gpu/gpu_attention_test" \
+    --gtest_filter="Kernels/GpuSanitize.OneSmallCall/$FIRST_DROPPED" 2>&1 | tail -n 60 || true
+fi
 
 step "GPU tests"
 # A kernel that failed its smoke test would fail (or hang until the timeout) in

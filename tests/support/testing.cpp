@@ -182,7 +182,9 @@ Comparison compare_with_reference(const Problem& problem, int sample_rows, std::
     std::uniform_int_distribution<std::int64_t> pick(0, n - 1);
     for (int i = 0; i < sample_rows; ++i) rows.push_back(pick(rng));
   }
-  std::vector<double> ref_o, ref_lse;
+  Comparison c;
+  std::vector<double>& ref_o = c.reference.o;
+  std::vector<double>& ref_lse = c.reference.lse;
   reference_rows(call, rows, ref_o, ref_lse, override_mask);
 
   PairPredicate keep = override_mask;
@@ -197,7 +199,6 @@ Comparison compare_with_reference(const Problem& problem, int sample_rows, std::
     };
   }
 
-  Comparison c;
   c.guards_intact = problem.o.guards_intact() && problem.lse.guards_intact();
   double err2 = 0, ref2 = 0, max_ref = 0, max_lse = 0;
   std::vector<float> scores(static_cast<std::size_t>(n)), naive(static_cast<std::size_t>(dims));
@@ -263,8 +264,10 @@ Comparison compare_with_reference(const Problem& problem, int sample_rows, std::
   if (!(c.lse_max_abs_err <= c.lse_tolerance))
     why << (why.str().empty() ? "" : "; ") << "max |LSE - ref| = " << c.lse_max_abs_err << " > tolerance "
         << c.lse_tolerance << " (naive " << c.naive_lse_max_abs_err << ")";
+  c.reference.rows = std::move(rows);
   c.failure = why.str();
-  if (!c.failure.empty()) c.failure = problem.label + ": " + c.failure;
+  if (!c.failure.empty())
+    c.failure = problem.label + ": " + c.failure + "\n" + error_pattern(call, c.reference, c.tolerance, c.lse_tolerance);
   return c;
 }
 

@@ -11,6 +11,7 @@
 #include "stsa/attention.hpp"
 #include "stsa/reference.hpp"
 #include "stsa/tensor.hpp"
+#include "support/error_pattern.hpp"
 
 namespace stsa::testing {
 
@@ -71,7 +72,8 @@ struct Comparison {
   double tolerance = 0, lse_tolerance = 0;
   bool all_finite_where_expected = true;  // NaN anywhere a finite value is expected fails
   bool guards_intact = true;
-  std::string failure;  // empty when the comparison passes
+  std::string failure;  // empty when the comparison passes; else says what and where (error_pattern)
+  ReferenceRows reference;  // the rows compared and their fp64 reference, for other bounds' patterns
   bool ok() const { return failure.empty(); }
 };
 
