@@ -111,9 +111,10 @@ KERNELS=""
 DROPPED=""
 # The expected fastest first: it leads the benchmark's kernels, should time run short.
 for KERNEL in sm90_pingpong sm90_overlap sm90; do
-  # One item per block, ragged edges, and the persistent loop over many items.
+  # One item per block, ragged edges, the persistent loop over many items, and
+  # every item through one block (item after item, the K/V ring wrapping).
   run_step "smoke_$KERNEL" timeout 60 "$BUILD/tests/gpu/gpu_attention_test" \
-    --gtest_filter="Kernels/GpuAttention.ExactTileMultiple/$KERNEL:Kernels/GpuAttention.RaggedVideoWithTextAfter/$KERNEL:Kernels/GpuAttention.MoreQueryTilesThanMultiprocessors/$KERNEL"
+    --gtest_filter="Kernels/GpuAttention.ExactTileMultiple/$KERNEL:Kernels/GpuAttention.RaggedVideoWithTextAfter/$KERNEL:Kernels/GpuAttention.MoreQueryTilesThanMultiprocessors/$KERNEL:Kernels/GpuAttention.FewPersistentBlocksRunEveryItem/$KERNEL"
   if [[ " ${FAILED[*]} " != *" smoke_$KERNEL "* ]]; then
     KERNELS="$KERNELS${KERNEL//_/-},"
   else

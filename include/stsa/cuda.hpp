@@ -143,6 +143,11 @@ CudaWorkOrder parse_cuda_work_order(std::string_view name);  // the names above;
 struct CudaBackendOptions {
   CudaKernel kernel = CudaKernel::Auto;
   CudaWorkOrder work_order = CudaWorkOrder::AcrossHeads;
+  // How many blocks the persistent Hopper kernels launch (never more than work
+  // items); 0: one per multiprocessor. Fewer leave multiprocessors to work
+  // running alongside, such as a communication kernel. The sm80 kernel is not
+  // persistent (one block per item) and does not use it. Must be >= 0.
+  int persistent_blocks = 0;
 };
 
 class CudaBackend final : public Backend {

@@ -19,7 +19,7 @@ int attention_smem_bytes(int head_dim);
 void launch_attention(const AttentionParams& params, bool bf16_inputs, int head_dim, void* stream);
 
 // The Hopper kernel (sm_90a only): dynamic shared memory per block, and the
-// persistent launch over min(work items, multiprocessors) blocks. Builds the TMA
+// persistent launch over min(work items, blocks) blocks. Builds the TMA
 // descriptors of q, k, v from params (head_dim, total_heads and strides set).
 int attention_sm90_smem_bytes(int head_dim);
 
@@ -29,7 +29,7 @@ int attention_sm90_smem_bytes(int head_dim);
 //   PingPong: Overlap, and the two consumer warpgroups take turns issuing their
 //             products, so one's softmax runs under the other's products.
 enum class Sm90Schedule { Serial, Overlap, PingPong };
-void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors,
-                           Sm90Schedule schedule, void* stream);
+void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int blocks, Sm90Schedule schedule,
+                           void* stream);
 
 }  // namespace stsa::cuda_detail

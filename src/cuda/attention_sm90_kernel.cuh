@@ -50,6 +50,7 @@ struct Sm90AttentionParams {  // 64-byte aligned through CUtensorMap
   CUtensorMap k_map;
   CUtensorMap v_map;
   AttentionParams common;
+  std::uint64_t* barrier_timeout_report;  // barrier_timeout.hpp; null: a timed-out wait just traps
 };
 
 template <class Element, int kHeadDimT, Sm90Schedule kScheduleT>
@@ -65,15 +66,15 @@ struct Sm90Traits {
   static constexpr int kRowsPerGroup = kBlockM / kConsumerGroups;  // 64: one wgmma M
   static constexpr int kConsumerWarps = kConsumerGroups * 4;
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
-  // D = 128: 32 KB per K or V stage, so 2 stages (+ Q) = 160 KB; D = 64 takes 4.
-  static constexpr int kStages = kHeadDim == 64 ? 4 : 2;
+  // D = 128: 32 KB per K or V stage, so 2 stages (+ Q) = 160 KB; D = 64 takes 4 (sm90_tile_layout.hpp).
+  static constexpr int kStages = sm90_layout::stages(kHeadDim);
   static constexpr int kColumnBlocks = kHeadDim / 64;  // 128-byte swizzle spans per row
   static constexpr int kBlockBytes = int(sm90_layout::column_block_bytes(128));  // 128 rows of Q, K or V
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // K or V of one stage
+  static constexpr int kQBytes = int(sm90_layout::tile_bytes(kHeadDim));
+  static constexpr int kTileBytes = int(sm90_layout::tile_bytes(kHeadDim));  // K or V of one stage
   static constexpr int kMaskWordsPerRow = kBlockN / 64;
   // q full/empty; k, v full/empty per stage; the consumer groups' turns (ping-pong)
-  static constexpr int kBarriers = 2 + 4 * kStages + 2;
+  static constexpr int kBarriers = sm90_layout::barrier_count(kHeadDim);
   static constexpr int kSmemBytes = 1024 /* alignment slack */ + kQBytes + 2 * kStages * kTileBytes + 8 * kBarriers;
   // Registers: the producer warpgroup gives most of its share to the consumers.
   static constexpr int kProducerRegisters = 24;
@@ -82,6 +83,8 @@ struct Sm90Traits {
   static_assert(sizeof(Element) == 2, "bf16 / fp16 only");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
   static_assert(kBlockM == kBlockN && kBlockM * 128 == kBlockBytes, "Q and K/V column blocks share one shape");
+  static_assert(kBlockM == 128 && kQBytes + 2 * kStages * kTileBytes == int(sm90_layout::barriers_offset(kHeadDim)),
+                "the layout host code names barriers by (sm90_tile_layout.hpp)");
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumerGroups <= 65536, "register file");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
@@ -493,6 +496,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int lane = int(threadIdx.x) % 32;
 
   if (threadIdx.x == 0) {
+    barrier_timeout_report = params.barrier_timeout_report;  // read only by a wait that timed out
     mbarrier_init(q_full, 1);
     mbarrier_init(q_empty, Traits::kConsumerWarps);
     for (int s = 0; s < kStages; ++s) {

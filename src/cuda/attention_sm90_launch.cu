@@ -6,6 +6,7 @@
 
 #include "cuda/attention_launch.hpp"
 #include "cuda/attention_sm90_kernel.cuh"
+#include "cuda/barrier_timeout.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/tensor_map.hpp"
 #include "stsa/error.hpp"
@@ -13,8 +14,26 @@
 namespace stsa::cuda_detail {
 namespace {
 
+// setmaxnreg.inc waits until the registers it asks for are free in the block's
+// allocation: if ptxas ever gave the kernel fewer registers per thread than the
+// producer gives back and the consumers take, every block would hang before its
+// first tile. A clear error instead (once per instantiation: a cached attribute).
+template <class Traits>
+void check_register_budget(const void* kernel) {
+  static const int registers = [&] {
+    cudaFuncAttributes attributes{};
+    STSA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    return attributes.numRegs;
+  }();
+  constexpr int kNeeded = Traits::kProducerRegisters * 128 + Traits::kConsumerRegisters * 128 * Traits::kConsumerGroups;
+  STSA_CHECK(registers * Traits::kThreads >= kNeeded, Error, "the sm90 attention kernel was built with ", registers,
+             " registers per thread: its ", Traits::kThreads, " threads hold ", registers * Traits::kThreads,
+             ", fewer than the ", kNeeded, " its warpgroups take after setmaxnreg; it would hang (rebuild with "
+             "__launch_bounds__ giving at least ", (kNeeded + Traits::kThreads - 1) / Traits::kThreads, ")");
+}
+
 template <class Element, int kHeadDim, Sm90Schedule kSchedule>
-void launch_sm90_typed(const AttentionParams& params, int multiprocessors, cudaStream_t stream) {
+void launch_sm90_typed(const AttentionParams& params, int max_blocks, cudaStream_t stream) {
   using Traits = Sm90Traits<Element, kHeadDim, kSchedule>;
   constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
   Sm90AttentionParams launch;
@@ -25,31 +44,34 @@ void launch_sm90_typed(const AttentionParams& params, int multiprocessors, cudaS
   launch.q_map = map(params.q, params.q_stride, Traits::kBlockM);
   launch.k_map = map(params.k, params.k_stride, Traits::kBlockN);
   launch.v_map = map(params.v, params.v_stride, Traits::kBlockN);
+  launch.barrier_timeout_report = barrier_timeout_slot(stream);
 
   const long long items = static_cast<long long>(params.q_tiles) * params.batch * params.head_count;
-  STSA_CHECK(items > 0 && items <= INT_MAX, ResourceError, "attention launch of ", items,
+  const long long blocks = std::min<long long>(items, max_blocks);
+  // The persistent loop steps item += gridDim.x in int: that must not overflow either.
+  STSA_CHECK(items > 0 && blocks > 0 && items + blocks <= INT_MAX, ResourceError, "attention launch of ", items,
              " work items does not fit the sm90 scheduler");
-  const int blocks = int(std::min<long long>(items, multiprocessors));
   const auto kernel = tile_sparse_attention_sm90_kernel<Traits>;
+  check_register_budget<Traits>(reinterpret_cast<const void*>(kernel));
   STSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  kernel<<<blocks, Traits::kThreads, Traits::kSmemBytes, stream>>>(launch);
+  kernel<<<unsigned(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(launch);
   STSA_CUDA_CHECK(cudaGetLastError());
 }
 
 template <int kHeadDim, Sm90Schedule kSchedule>
-void launch_sm90_dim(const AttentionParams& params, bool bf16_inputs, int multiprocessors, cudaStream_t stream) {
+void launch_sm90_dim(const AttentionParams& params, bool bf16_inputs, int max_blocks, cudaStream_t stream) {
   if (bf16_inputs)
-    launch_sm90_typed<__nv_bfloat16, kHeadDim, kSchedule>(params, multiprocessors, stream);
+    launch_sm90_typed<__nv_bfloat16, kHeadDim, kSchedule>(params, max_blocks, stream);
   else
-    launch_sm90_typed<__half, kHeadDim, kSchedule>(params, multiprocessors, stream);
+    launch_sm90_typed<__half, kHeadDim, kSchedule>(params, max_blocks, stream);
 }
 
 template <Sm90Schedule kSchedule>
-void launch_sm90_schedule(const AttentionParams& params, bool bf16_inputs, int multiprocessors,
+void launch_sm90_schedule(const AttentionParams& params, bool bf16_inputs, int max_blocks,
                           cudaStream_t stream) {
   switch (params.head_dim) {
-    case 64: launch_sm90_dim<64, kSchedule>(params, bf16_inputs, multiprocessors, stream); break;
-    case 128: launch_sm90_dim<128, kSchedule>(params, bf16_inputs, multiprocessors, stream); break;
+    case 64: launch_sm90_dim<64, kSchedule>(params, bf16_inputs, max_blocks, stream); break;
+    case 128: launch_sm90_dim<128, kSchedule>(params, bf16_inputs, max_blocks, stream); break;
     default:
       throw Unsupported(detail::concat("cuda sm90 attention: head dim ", params.head_dim, " (supported: 64, 128)"));
   }
@@ -63,20 +85,20 @@ int attention_sm90_smem_bytes(int head_dim) {
                         : Sm90Traits<__nv_bfloat16, 128, Sm90Schedule::Serial>::kSmemBytes;
 }
 
-void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int multiprocessors,
+void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int max_blocks,
                            Sm90Schedule schedule, void* stream) {
   using Any = Sm90Traits<__half, 128, Sm90Schedule::Serial>;
   static_assert(Any::kBlockM == kTileQ && Any::kBlockN == kTileK, "the kernel's tile is the plan tile it accepts");
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   switch (schedule) {
     case Sm90Schedule::Serial:
-      launch_sm90_schedule<Sm90Schedule::Serial>(params, bf16_inputs, multiprocessors, cuda_stream);
+      launch_sm90_schedule<Sm90Schedule::Serial>(params, bf16_inputs, max_blocks, cuda_stream);
       break;
     case Sm90Schedule::Overlap:
-      launch_sm90_schedule<Sm90Schedule::Overlap>(params, bf16_inputs, multiprocessors, cuda_stream);
+      launch_sm90_schedule<Sm90Schedule::Overlap>(params, bf16_inputs, max_blocks, cuda_stream);
       break;
     case Sm90Schedule::PingPong:
-      launch_sm90_schedule<Sm90Schedule::PingPong>(params, bf16_inputs, multiprocessors, cuda_stream);
+      launch_sm90_schedule<Sm90Schedule::PingPong>(params, bf16_inputs, max_blocks, cuda_stream);
       break;
   }
 }

@@ -178,6 +178,9 @@ struct CudaBackend::State {
 };
 
 CudaBackend::CudaBackend(CudaBackendOptions options) : state_(std::make_unique<State>()) {
+  STSA_CHECK(options.persistent_blocks >= 0, InvalidArgument,
+             "CudaBackendOptions::persistent_blocks must be >= 0 (0: one per multiprocessor), got ",
+             options.persistent_blocks);
   state_->options = options;
 }
 CudaBackend::~CudaBackend() = default;
@@ -266,6 +269,8 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
   }
 
   const bool bf16 = call.q.dtype == DType::BF16;
+  const int requested_blocks = state_->options.persistent_blocks;
+  const int persistent_blocks = requested_blocks > 0 ? requested_blocks : facts.multiprocessors;
   for (const auto& [plan, heads] : groups) {
     const DevicePlan::Arrays& arrays = plan->arrays();
     params.row_begin = arrays.row_begin;
@@ -280,7 +285,7 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
       params.head_count = int(count);
       std::copy_n(heads.begin() + std::ptrdiff_t(first), count, params.heads);
       if (is_sm90(kernel))
-        cuda_detail::launch_attention_sm90(params, bf16, facts.multiprocessors, sm90_schedule(kernel), stream);
+        cuda_detail::launch_attention_sm90(params, bf16, persistent_blocks, sm90_schedule(kernel), stream);
       else
         cuda_detail::launch_attention(params, bf16, int(call.layout.head_dim), stream);
     }

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "cuda/barrier_timeout.hpp"
 #include "cuda/cuda_check.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/error.hpp"
@@ -12,9 +13,11 @@ namespace cuda_detail {
 
 void throw_cuda_error(cudaError_t status, const char* what, const char* file, int line) {
   cudaGetLastError();  // clear the slot so a later, unrelated check does not see this error again
+  // A kernel that trapped on a barrier wait left a note on which barrier (barrier_timeout.hpp).
+  const std::string timeout = barrier_timeout_note();
   const std::string message =
       detail::concat("CUDA error in ", what, " (", file, ":", line, "): ", cudaGetErrorName(status), ": ",
-                     cudaGetErrorString(status));
+                     cudaGetErrorString(status), timeout.empty() ? "" : "; ", timeout);
   switch (status) {
     case cudaErrorMemoryAllocation: throw ResourceError(message);
     case cudaErrorNoDevice:

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/barrier_timeout.hpp"
 #include "cuda/ptx.cuh"
 
 // True in the device pass for sm_90a: the only target with wgmma, TMA and setmaxnreg.
@@ -63,10 +64,38 @@ __device__ __forceinline__ std::uint64_t global_timer_ns() {
 // compiler spill registers on every path.
 constexpr std::uint64_t kBarrierTimeoutNs = 5'000'000'000ull;
 
+// Where a wait that timed out says so before the trap (barrier_timeout.hpp):
+// host-mapped memory, set by a kernel from its parameters; null until then. One
+// copy per translation unit (no device linking), set by that unit's kernels.
+static __device__ std::uint64_t* barrier_timeout_report = nullptr;
+
+// Two plain 64-bit stores (each single-copy atomic, so one thread's words are
+// never torn; with several threads timing out, the pair may mix two of them)
+// and a system fence, so that the host sees them after the trap ends the context.
+__device__ __forceinline__ void report_barrier_timeout(std::uint64_t* barrier, std::uint32_t parity) {
+  volatile std::uint64_t* const report = barrier_timeout_report;
+  if (report == nullptr) return;
+  extern __shared__ unsigned char timeout_dynamic_shared[];  // the kernel's dynamic shared memory
+  const std::uint32_t raw = shared_address(timeout_dynamic_shared);
+  const std::uint32_t base = raw + ((1024 - (raw & 1023)) & 1023);  // the kernels' 1024-byte aligned base
+  const std::uint32_t at = shared_address(barrier);
+  std::uint64_t state = 0;
+  asm volatile("ld.volatile.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(at) : "memory");
+  report[1] = state;
+  report[0] = encode_barrier_wait(at - base, parity, blockIdx.x, threadIdx.x);
+  __threadfence_system();
+}
+
 __device__ __forceinline__ void mbarrier_wait_slow(std::uint64_t* barrier, std::uint32_t parity) {
   const std::uint64_t start = global_timer_ns();
   while (!mbarrier_try_wait(barrier, parity)) {
-    if (global_timer_ns() - start > kBarrierTimeoutNs) __trap();
+    if (global_timer_ns() - start > kBarrierTimeoutNs) {
+      report_barrier_timeout(barrier, parity);
+      __trap();
+      // Nothing is live past the trap: without this, ptxas keeps the loop's values
+      // alive across the report and spills (8 bytes stored, 32 loaded, every kernel).
+      __builtin_unreachable();
+    }
   }
 }
 

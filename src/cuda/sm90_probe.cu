@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda/attention_sm90_kernel.cuh"
+#include "cuda/barrier_timeout.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/sm90_probe.hpp"
 #include "cuda/tensor_map.hpp"
@@ -89,6 +90,33 @@ __global__ void __launch_bounds__(256, 1) sm90_probe_kernel(const __grid_constan
 #endif
 }
 
+__global__ void __launch_bounds__(32, 1) sm90_barrier_timeout_kernel(std::uint64_t* report) {
+#if STSA_SM90_ENABLED
+  constexpr std::uint32_t kTimeoutProbeOffset = 24;  // from the aligned base: the fourth 8-byte slot
+  extern __shared__ unsigned char raw_shared[];
+  const std::uint32_t raw_address = shared_address(raw_shared);
+  unsigned char* const base = raw_shared + ((1024 - (raw_address & 1023)) & 1023);
+  auto* const never = reinterpret_cast<std::uint64_t*>(base + kTimeoutProbeOffset);
+  if (threadIdx.x == 0) {
+    barrier_timeout_report = report;
+    mbarrier_init(never, 1);
+    mbarrier_init_fence();
+    mbarrier_wait(never, 0);  // phase 0 never completes: no thread arrives
+  }
+#else
+  __trap();
+#endif
+}
+
+void require_hopper() {
+  int device = 0, major = 0, minor = 0;
+  STSA_CUDA_CHECK(cudaGetDevice(&device));
+  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  STSA_CHECK(major == 9 && minor == 0, Unsupported, "sm90 probe needs compute capability 9.0, device has ", major,
+             ".", minor);
+}
+
 template <int kHeadDim>
 void run_probe(ProbeParams& params) {
   constexpr int kSmem = 1024 + 3 * kRows * kHeadDim * 2 + 16;
@@ -104,12 +132,7 @@ void run_probe(ProbeParams& params) {
 void sm90_probe_products(const void* q, const void* k, const void* v, const void* p, float* s_out, float* o_out,
                          int head_dim) {
   STSA_CHECK(head_dim == 64 || head_dim == 128, InvalidArgument, "sm90 probe: head dim ", head_dim);
-  int device = 0, major = 0, minor = 0;
-  STSA_CUDA_CHECK(cudaGetDevice(&device));
-  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  STSA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  STSA_CHECK(major == 9 && minor == 0, Unsupported, "sm90 probe needs compute capability 9.0, device has ", major,
-             ".", minor);
+  require_hopper();
   // One [1, 128, 1, D] tensor each: token stride D elements.
   const std::int64_t stride[3] = {std::int64_t(kRows) * head_dim, head_dim, head_dim};
   ProbeParams params;
@@ -123,6 +146,15 @@ void sm90_probe_products(const void* q, const void* k, const void* v, const void
     run_probe<64>(params);
   else
     run_probe<128>(params);
+}
+
+void sm90_probe_barrier_timeout() {
+  require_hopper();
+  std::uint64_t* const report = barrier_timeout_slot(nullptr);
+  STSA_CHECK(report != nullptr, Unsupported, "sm90 timeout probe: no host-mapped memory for the report");
+  sm90_barrier_timeout_kernel<<<1, 32, 1024 + 64>>>(report);
+  STSA_CUDA_CHECK(cudaGetLastError());
+  STSA_CUDA_CHECK(cudaDeviceSynchronize());  // throws after the trap, with the report in the message
 }
 
 }  // namespace stsa::cuda_detail

@@ -14,4 +14,11 @@ namespace stsa::cuda_detail {
 void sm90_probe_products(const void* q, const void* k, const void* v, const void* p, float* s_out, float* o_out,
                          int head_dim);
 
+// A kernel whose thread 0 waits on an mbarrier nobody arrives at, at shared
+// offset 24 from the aligned base, for parity 0: after 5 s it reports the wait
+// (barrier_timeout.hpp) and traps. Throws the resulting Error, whose message
+// carries the report. It ENDS THE PROCESS'S CUDA CONTEXT: only for a test
+// process of its own. Unsupported on GPUs other than compute capability 9.0.
+void sm90_probe_barrier_timeout();
+
 }  // namespace stsa::cuda_detail

@@ -36,6 +36,17 @@ constexpr std::uint32_t k_major_step_offset(std::uint32_t step, std::uint32_t fi
 // covering keys 16 * step ... 16 * step + 15. Its LBO is column_block_bytes(rows).
 constexpr std::uint32_t mn_major_step_offset(std::uint32_t step) { return step * 16 * kRowBytes; }
 
+// The attention kernel's shared memory, from its 1024-byte aligned base: Q, then
+// `stages` K tiles, then `stages` V tiles (128 rows each), then the mbarriers in
+// this order: q_full, q_empty, k_full[stages], k_empty[stages], v_full[stages],
+// v_empty[stages], turn[2]. Host code names a barrier from its offset with these.
+constexpr int stages(int head_dim) { return head_dim == 64 ? 4 : 2; }  // D = 128: 2 x 2 x 32 KB + Q = 160 KB
+constexpr std::uint32_t tile_bytes(int head_dim) { return 128u * std::uint32_t(head_dim) * 2u; }
+constexpr std::uint32_t barriers_offset(int head_dim) {
+  return tile_bytes(head_dim) * std::uint32_t(1 + 2 * stages(head_dim));
+}
+constexpr int barrier_count(int head_dim) { return 2 + 4 * stages(head_dim) + 2; }
+
 }  // namespace stsa::cuda_detail::sm90_layout
 
 namespace stsa::cuda_detail {

@@ -145,10 +145,11 @@ class GpuAttention : public ::testing::TestWithParam<CudaKernel> {
     if (GetParam() != CudaKernel::Sm80 && !is_hopper())
       GTEST_SKIP() << "the " << to_string(GetParam()) << " kernel needs compute capability 9.0";
   }
-  CudaBackend backend() const { return CudaBackend(CudaBackendOptions{GetParam(), work_order_}); }
+  CudaBackend backend() const { return CudaBackend(CudaBackendOptions{GetParam(), work_order_, persistent_blocks_}); }
   void run_case(const Case& c) const;  // mixed_heads(c.layout, c.density)
   void run_case(const Case& c, const std::vector<HeadMask>& heads) const;
   CudaWorkOrder work_order_ = CudaWorkOrder::AcrossHeads;  // what backend() and run_case() use
+  int persistent_blocks_ = 0;
 };
 
 // Test-name suffix: sm80, sm90, sm90_overlap, sm90_pingpong (GoogleTest allows no '-').
@@ -371,6 +372,22 @@ TEST_P(GpuAttention, MoreQueryTilesThanMultiprocessors) {
   }
 }
 
+// Every item of a launch through one persistent block, then three: the Q
+// barriers flip with every item, the K/V ring wraps again and again (D = 64:
+// 4 stages, D = 128: 2), the producer runs ahead into the next item in every
+// round, and ping-pong turns carry across items. (The sm80 kernel is not
+// persistent: for it this is one more ordinary case.)
+TEST_P(GpuAttention, FewPersistentBlocksRunEveryItem) {
+  for (const int blocks : {1, 3}) {
+    SCOPED_TRACE(blocks);
+    persistent_blocks_ = blocks;
+    run_case({make_layout(7, 8, 12, 20, TextPlacement::After, 2, 4, 64), DType::BF16, DType::F32,
+              MemoryLayout::BNHD, 0.5});
+    run_case({make_layout(5, 9, 13, 0, TextPlacement::After, 1, 4, 128), DType::F16, DType::BF16,
+              MemoryLayout::BHND, 0.4});
+  }
+}
+
 // The other work order walks the same items in another order: same answers,
 // through the persistent loop (more items than SMs, batch 2) and through calls
 // with several plans (one launch each).
@@ -499,6 +516,11 @@ TEST(GpuAttentionInput, HostMemoryOrNoGpuIsUnsupported) {
   HostCall host;
   const AttentionCall call = host.problem.call();  // valid, but host memory
   expect_unsupported(call, cuda_device_count() == 0 ? "no CUDA device" : "host memory");
+}
+
+TEST(GpuAttentionInput, NegativePersistentBlocksAreInvalid) {
+  EXPECT_THROW(CudaBackend(CudaBackendOptions{CudaKernel::Auto, CudaWorkOrder::AcrossHeads, -1}), InvalidArgument);
+  EXPECT_NO_THROW(CudaBackend(CudaBackendOptions{CudaKernel::Auto, CudaWorkOrder::AcrossHeads, 0}));
 }
 
 TEST(GpuAttentionInput, WorkOrderNamesRoundTrip) {
