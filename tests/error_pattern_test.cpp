@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
 #include "stsa/mask.hpp"
+#include "stsa/permute.hpp"
 #include "stsa/plan.hpp"
 #include "stsa/reference.hpp"
 #include "support/error_pattern.hpp"
@@ -102,6 +104,31 @@ TEST(ErrorPattern, AFailedComparisonSaysWhere) {
   ASSERT_FALSE(comparison.ok());
   expect_has(comparison.failure, "h0 tile 1 (rows 64-127): 1 of 64 checked rows wrong");
   EXPECT_EQ(comparison.reference.rows.size(), std::size_t(c.layout.tokens()));
+}
+
+TEST(RowMismatch, SaysWhichSourceRowsTheWrongRowsHold) {
+  const VideoGrid grid{3, 2, 4, 5, TextPlacement::Before};
+  Tensor full(DType::BF16, 2, grid.tokens(), 3, 8);
+  testing::fill_normal(full.view(), testing::fresh_seed());
+  Tensor expected(DType::BF16, 2, grid.tokens(), 2, 8), got(DType::BF16, 2, grid.tokens(), 2, 8);
+  const std::vector<std::int64_t> heads{2, 0};
+  const TensorView sources[] = {full.view()}, packed[] = {expected.view()};
+  gather_heads(grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, heads, sources, packed);
+  std::memcpy(got.view().data, expected.view().data, expected.bytes());
+  EXPECT_EQ(testing::row_mismatch(expected.view(), got.view(), full.view()), "");
+
+  // A row of head 1, which is not packed at all, where packed head 0 belongs.
+  for (std::int64_t d = 0; d < 8; ++d) got.view().store(1, 7, 0, d, full.view().load(1, 7, 1, d));
+  const std::string order_ignored = testing::row_mismatch(expected.view(), got.view(), full.view());
+  EXPECT_NE(order_ignored.find("1 of 116 rows differ; the first, (batch 1, token 7, head 0), holds source row "
+                               "(batch 1, token 7, head 1)"),
+            std::string::npos)
+      << order_ignored;
+  got.view().store(0, 3, 1, 5, 1e9f);  // a value from nowhere
+  const std::string garbage = testing::row_mismatch(expected.view(), got.view(), full.view());
+  EXPECT_NE(garbage.find("2 of 116 rows differ; the first, (batch 0, token 3, head 1), holds no source row"),
+            std::string::npos)
+      << garbage;
 }
 
 }  // namespace

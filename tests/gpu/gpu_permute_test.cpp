@@ -5,9 +5,11 @@
 
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "gpu/gpu_support.hpp"
+#include "support/error_pattern.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/error.hpp"
 #include "stsa/permute.hpp"
@@ -36,10 +38,16 @@ TensorView on_device(TensorView host, const DeviceBuffer& d) {
   return host;
 }
 
-void expect_same_bytes(const TensorView& host, const DeviceBuffer& device, const std::string& what) {
-  std::vector<std::byte> got(tensor_bytes(host));
-  device.copy_to_host(got.data(), got.size());
-  EXPECT_EQ(std::memcmp(got.data(), host.data, got.size()), 0) << what;
+// The device result equals `expected` bit for bit; if not, error_pattern.hpp's
+// row_mismatch says which rows differ and where the device took them from.
+void expect_same_rows(const TensorView& expected, const DeviceBuffer& device, const TensorView& source,
+                      const std::string& what) {
+  std::vector<std::byte> bytes(tensor_bytes(expected));
+  device.copy_to_host(bytes.data(), bytes.size());
+  TensorView got = expected;
+  got.data = bytes.data();
+  const std::string mismatch = testing::row_mismatch(expected, got, source);
+  EXPECT_EQ(mismatch, "") << what << ": " << mismatch;
 }
 
 void check_case(const PermuteCase& c, TokenOrder from, TokenOrder to) {
@@ -58,7 +66,7 @@ void check_case(const PermuteCase& c, TokenOrder from, TokenOrder to) {
   const std::vector<TensorView> src_d{on_device(full.view(), full_d)}, packed_dv{on_device(packed_cpu.view(), packed_d)};
   cuda_gather_heads(c.grid, from, to, c.packed_heads, src_d, packed_dv);
   cuda_synchronize();
-  expect_same_bytes(packed_cpu.view(), packed_d, "gather");
+  expect_same_rows(packed_cpu.view(), packed_d, full.view(), "gather");
 
   // Scatter back into a poisoned copy: the packed heads come back bit-exact, the others stay poisoned.
   DeviceBuffer back_d(tensor_bytes(full.view()));
@@ -83,7 +91,7 @@ void check_case(const PermuteCase& c, TokenOrder from, TokenOrder to) {
   const std::vector<TensorView> back_dv{on_device(full.view(), back_d)};
   cuda_scatter_heads(c.grid, to, from, c.packed_heads, packed_dv, back_dv, plse_v, lse_v);
   cuda_synchronize();
-  expect_same_bytes(back_cpu.view(), back_d, "scatter");
+  expect_same_rows(back_cpu.view(), back_d, packed_cpu.view(), "scatter");
   std::vector<float> lse_got(minus_one.size());
   lse_d.copy_to_host(lse_got.data(), lse_got.size() * 4);
   EXPECT_EQ(std::memcmp(lse_got.data(), lse_cpu.view().data, lse_got.size() * 4), 0) << "LSE scatter";

@@ -36,7 +36,41 @@ std::string ranges_line(const std::vector<std::int64_t>& counts, std::int64_t wi
   return s.str();
 }
 
+// The bytes of row (b, n, h) of `t`: its whole head dim, element by element.
+std::string row_bytes(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h) {
+  const auto size = std::int64_t(element_size(t.dtype));
+  std::string bytes;
+  for (std::int64_t d = 0; d < t.head_dim(); ++d)
+    bytes.append(static_cast<const char*>(t.data) + t.offset(b, n, h, d) * size, std::size_t(size));
+  return bytes;
+}
+
 }  // namespace
+
+std::string row_mismatch(const TensorView& expected, const TensorView& got, const TensorView& source) {
+  std::int64_t wrong = 0, rows = 0;
+  std::ostringstream first;
+  for (std::int64_t b = 0; b < expected.batch(); ++b)
+    for (std::int64_t n = 0; n < expected.tokens(); ++n)
+      for (std::int64_t h = 0; h < expected.heads(); ++h, ++rows) {
+        const std::string row = row_bytes(got, b, n, h);
+        if (row == row_bytes(expected, b, n, h) || wrong++ > 0) continue;
+        first << "the first, (batch " << b << ", token " << n << ", head " << h << "), holds ";
+        bool found = false;
+        for (std::int64_t sb = 0; sb < source.batch() && !found; ++sb)
+          for (std::int64_t sn = 0; sn < source.tokens() && !found; ++sn)
+            for (std::int64_t sh = 0; sh < source.heads() && !found; ++sh)
+              if (row_bytes(source, sb, sn, sh) == row) {
+                first << "source row (batch " << sb << ", token " << sn << ", head " << sh << ")";
+                found = true;
+              }
+        if (!found) first << "no source row";
+      }
+  if (wrong == 0) return {};
+  std::ostringstream s;
+  s << wrong << " of " << rows << " rows differ; " << first.str();
+  return s.str();
+}
 
 std::string error_pattern(const AttentionCall& call, const ReferenceRows& reference, double o_bound,
                           double lse_bound) {

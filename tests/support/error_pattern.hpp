@@ -30,4 +30,11 @@ struct ReferenceRows {
 std::string error_pattern(const AttentionCall& call, const ReferenceRows& reference, double o_bound,
                           double lse_bound);
 
+// For results that must equal `expected` bit for bit (a permutation): "" when
+// `got` does, else how many (batch, token, head) rows differ, the first, and
+// which row of `source` it holds instead ("no source row" when none): a
+// permutation bug shows as rows taken from the wrong place. Same shape and
+// dtype for `expected` and `got`; `source` of the same dtype and head dim.
+std::string row_mismatch(const TensorView& expected, const TensorView& got, const TensorView& source);
+
 }  // namespace stsa::testing
