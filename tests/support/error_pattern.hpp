@@ -5,6 +5,8 @@
 // gets one try per session; this text in its log says which part of the kernel
 // to read, e.g. "only rows 64-127" (the second consumer warpgroup) or "only the
 // last, ragged tile" or "only tiles with partial key tiles" (the bitmask path).
+// For bit-exact results (the permutation), row_mismatch says which rows differ
+// and which source row each holds instead.
 #pragma once
 
 #include <cstdint>
