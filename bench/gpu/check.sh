@@ -17,7 +17,8 @@
 #   6. run compute-sanitizer memcheck, racecheck and synccheck on small cases
 #      (after the benchmarks, with the time they left, at least 140 s in all);
 #   7. if time is left: the CLI's `stsa bench --backend cuda` (checked against
-#      the fp64 reference) and the demo (built in the background meanwhile).
+#      the fp64 reference), Nsight Compute on one sparse 720p call (when ncu is
+#      there) and the demo (built in the background meanwhile).
 # $OUT (default build-gpu/out) receives check.log (everything this prints),
 # build.log (configure and compiler output), gpu_route_bench.json (step 4),
 # gpu_bench.json and gpu_bench.txt (step 5). It keeps going after a failed
@@ -234,6 +235,20 @@ if wait "$CLI_BUILD_PID"; then
       --frames 5 --height 12 --width 20 --text 7 --heads 4 --head-dim 64 --dtype bf16 --density 0.3 \
       --check-rows 1207 --json > '$OUT/cli_bench.json' && python3 '$ROOT/bench/gpu/check_cli_bench.py' \
       '$OUT/cli_bench.json'"
+    # What the next optimisation should aim at: Nsight Compute on one sparse 720p
+    # call of the first kernel left (the expected fastest). Information, not a
+    # step: missing ncu or counters it may not read fail nothing.
+    NCU="$(find_tool ncu)"
+    if [ -z "$NCU" ]; then NCU="$(ls /usr/local/cuda*/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -n 1 || true)"; fi
+    if [ -n "$NCU" ] && [ $(( HARD_S - $(elapsed) )) -ge 90 ]; then
+      step "profile: ncu on one sparse 720p call of ${KERNELS%%,*} (45 s limit)"
+      timeout 45 "$NCU" --kernel-name regex:attention --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section Occupancy "$BUILD/stsa_gpu_bench" --densities 0.2 --kernels "${KERNELS%%,*}" --warmup 1 \
+        --repeats 1 --permutation false --json "$OUT/profile_bench.json" 2>&1 | tail -n 150 || true
+    else
+      echo "profile skipped: ${NCU:-no ncu}, $(elapsed) s used"
+    fi
     # The demo's 720p step alone takes 15-20 s (mostly drawing the inputs and the fp64 check on the host).
     CLI_LEFT=$(( HARD_S - $(elapsed) ))
     if [ "$CLI_KERNEL" != auto ]; then
