@@ -174,14 +174,23 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kernel", args->kernel, "with --backend cuda: auto | sm80 | sm90 | sm90-overlap | sm90-pingpong")
       ->capture_default_str();
+  cmd->add_option("--work-order", args->work_order, "with --backend cuda: across-heads | head-by-head")
+      ->check(CLI::IsMember({"across-heads", "head-by-head"}))
+      ->capture_default_str();
+  cmd->add_option("--persistent-blocks", args->persistent_blocks,
+                  "with --backend cuda: blocks of the persistent Hopper kernels (0: one per SM)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_flag("--dist", args->dist, "run the sequence-parallel benchmark under mpirun instead");
   cmd->callback([args, dtype] {
     if (args->backend == "cuda" && dtype->count() == 0) args->dtype = "bf16";  // what the CUDA kernels read
     STSA_CHECK(args->dist || (args->mask != "mixed" && args->mask != "routed"), InvalidArgument,
                "--mask ", args->mask, " needs --dist (one process runs one mask kind for all heads)");
-    STSA_CHECK(args->backend == "cuda" || args->kernel == "auto", InvalidArgument,
-               "--kernel picks the CUDA kernel: it needs --backend cuda");
+    STSA_CHECK(args->backend == "cuda" ||
+                   (args->kernel == "auto" && args->work_order == "across-heads" && args->persistent_blocks == 0),
+               InvalidArgument, "--kernel, --work-order and --persistent-blocks set up the CUDA kernel: they need "
+                                "--backend cuda");
     STSA_CHECK(!(args->dist && args->backend == "cuda"), InvalidArgument,
                "--dist runs the CPU backend on every rank; --backend cuda is single-process");
     if (args->backend == "cuda") {
