@@ -153,6 +153,9 @@ TEST(Permute, RejectsBadArguments) {
   EXPECT_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, std::vector<std::int64_t>{0, 1},
                              packed, dest, lse.view(), {}),
                InvalidArgument);  // one LSE view without the other
+  TensorView none = p2.view();  // zero heads (a Tensor cannot have none; a view can)
+  none.shape[2] = 0;
+  EXPECT_NO_THROW(gather({}, none));  // nothing moves
 }
 
 TEST(CopyBandwidth, MeasuresSomethingPositive) {

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "router/candidate_mask.hpp"
+#include "router/route_errors.hpp"
 #include "stsa/error.hpp"
 #include "stsa/router.hpp"
 #include "stsa/synth.hpp"
@@ -263,7 +264,17 @@ TEST(Router, NonFiniteInputsKeepTheHeadDense) {
   const RoutingReport r = Router(lenient).route(layout, call.q, call.k, call.v);
   EXPECT_EQ(r.heads[1].route, Route::Dense);
   EXPECT_TRUE(std::isnan(r.heads[1].candidates[0].mse));
+  EXPECT_TRUE(std::isnan(r.heads[1].candidates[0].rel_l2));  // not reported as exact
   EXPECT_NE(r.heads[0].route, Route::Dense);
+}
+
+TEST(Router, RelativeL2FromTheSums) {
+  EXPECT_DOUBLE_EQ(router_detail::relative_l2(1.0, 4.0), 0.5);
+  EXPECT_EQ(router_detail::relative_l2(0.0, 0.0), 0.0);
+  EXPECT_TRUE(std::isinf(router_detail::relative_l2(1.0, 0.0)));
+  EXPECT_TRUE(std::isnan(router_detail::relative_l2(NAN, 1.0)));
+  EXPECT_TRUE(std::isnan(router_detail::relative_l2(1.0, NAN)));
+  EXPECT_TRUE(std::isnan(router_detail::relative_l2(NAN, NAN)));
 }
 
 TEST(Router, RejectsBadArguments) {

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "cuda/cuda_check.hpp"
@@ -130,13 +131,22 @@ void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, s
                         const LseView& packed_lse, const LseView& lse, void* stream) {
   const int device = cuda_detail::current_device();
   check_common(grid, heads, dests, packed, device);
-  const bool with_lse = packed_lse.data != nullptr && lse.data != nullptr;
+  STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument,
+             "permutation: give both LSE views or neither");
+  const bool with_lse = packed_lse.data != nullptr;
   if (with_lse) {
     const std::int64_t batch = dests.empty() ? packed_lse.shape[0] : dests[0].batch();
     STSA_CHECK(packed_lse.shape[0] == batch && lse.shape[0] == batch && packed_lse.shape[2] == grid.tokens() &&
                    lse.shape[2] == grid.tokens() && packed_lse.shape[1] == std::int64_t(heads.size()),
                InvalidArgument, "permutation: LSE shapes do not match the grid, batch and heads");
     check_heads(heads, lse.shape[1]);
+    for (int d = 0; d < 3; ++d)
+      STSA_CHECK(packed_lse.stride[d] >= 0 && lse.stride[d] >= 0, InvalidArgument,
+                 "permutation: negative LSE strides are not supported");
+    // A misaligned float would fault on the device and end the CUDA context.
+    STSA_CHECK(reinterpret_cast<std::uintptr_t>(packed_lse.data) % alignof(float) == 0 &&
+                   reinterpret_cast<std::uintptr_t>(lse.data) % alignof(float) == 0,
+               InvalidArgument, "permutation: LSE views must be 4-byte aligned");
     STSA_CHECK(!overlaps(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
                "permutation: LSE source and destination overlap");
     cuda_detail::require_device_memory("permutation: ", "packed LSE", packed_lse.byte_extent(), device,

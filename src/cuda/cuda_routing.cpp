@@ -16,6 +16,7 @@
 #include "cuda/mask_predicate_host.hpp"
 #include "cuda/routing_launch.hpp"
 #include "cuda/stream_scratch.hpp"
+#include "router/route_errors.hpp"
 #include "stsa/cuda_routing.hpp"
 #include "stsa/error.hpp"
 
@@ -188,8 +189,7 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
       ce.route = routes[c];
       ce.spec = specs[c];
       ce.mse = squared_error / values;
-      ce.rel_l2 = squared_reference > 0 ? std::sqrt(squared_error / squared_reference)
-                                        : (squared_error > 0 ? INFINITY : 0.0);
+      ce.rel_l2 = router_detail::relative_l2(squared_error, squared_reference);
       head.candidates.push_back(ce);
     }
     const CandidateError* best = head.best();

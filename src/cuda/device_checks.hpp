@@ -18,6 +18,7 @@ namespace stsa::cuda_detail {
 // tensor that spans two adjacent allocations, but for memory mapped through the
 // virtual memory API (PyTorch's expandable segments) it answers per physical
 // chunk, and would reject valid tensors that cross a chunk boundary.
+// An empty extent (a zero-sized view: nothing is accessed) passes.
 void require_device_memory(std::string_view who, std::string_view name,
                            std::pair<const std::byte*, const std::byte*> extent, int device, std::string_view hint);
 

@@ -134,5 +134,39 @@ TEST(GpuPermuteInput, HostMemoryOrBadHeadsAreRejected) {
                InvalidArgument);
 }
 
+// LSE views on the device that the scatter cannot take are refused before any
+// launch (a misaligned float would fault and end the context); zero heads move nothing.
+TEST(GpuPermuteInput, BadLseViewsAreRejectedAndZeroHeadsMoveNothing) {
+  STSA_REQUIRE_GPU();
+  const VideoGrid grid{2, 3, 3, 1, TextPlacement::After};
+  const std::int64_t n = grid.tokens();
+  Tensor full_host(DType::BF16, 1, n, 3, 16), packed_host(DType::BF16, 1, n, 2, 16);
+  const DeviceBuffer full_d = to_device(full_host.view()), packed_d = to_device(packed_host.view());
+  const std::vector<TensorView> full{on_device(full_host.view(), full_d)}, packed{on_device(packed_host.view(), packed_d)};
+  const std::vector<std::int64_t> heads{2, 0};
+  DeviceBuffer packed_lse_d(std::size_t(2 * n) * 4 + 4), lse_d(std::size_t(3 * n) * 4 + 4);
+  LseView packed_lse = LseView::contiguous(static_cast<float*>(packed_lse_d.data()), 1, 2, n);
+  LseView lse = LseView::contiguous(static_cast<float*>(lse_d.data()), 1, 3, n);
+  const auto scatter = [&](const LseView& from, const LseView& to) {
+    cuda_scatter_heads(grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, packed, full, from, to);
+  };
+  EXPECT_THROW(scatter(packed_lse, LseView{}), InvalidArgument);  // one side only
+  EXPECT_THROW(scatter(LseView{}, lse), InvalidArgument);
+  LseView misaligned = lse;
+  misaligned.data = reinterpret_cast<float*>(static_cast<unsigned char*>(lse_d.data()) + 2);
+  EXPECT_THROW(scatter(packed_lse, misaligned), InvalidArgument);
+  LseView backwards = lse;
+  backwards.stride[2] = -1;
+  EXPECT_THROW(scatter(packed_lse, backwards), InvalidArgument);
+  EXPECT_NO_THROW(scatter(packed_lse, lse));
+
+  TensorView none_view = packed[0];  // zero heads (a Tensor cannot have none; a view can): no bytes to check
+  none_view.shape[2] = 0;
+  const std::vector<TensorView> none{none_view};
+  EXPECT_NO_THROW(
+      cuda_gather_heads(grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, std::vector<std::int64_t>{}, full, none));
+  cuda_synchronize();
+}
+
 }  // namespace
 }  // namespace stsa
