@@ -5,7 +5,9 @@
 // frame). Bad input throws before any launch (also without a GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "gpu/gpu_support.hpp"
@@ -134,12 +136,15 @@ struct RandomCase {
   TokenOrder order;
   int samples;
   bool anchor;
+  MemoryLayout memory = MemoryLayout::BNHD;
+  float softmax_scale = 0.f;  // 0: 1 / sqrt(D)
 };
 
 void expect_routes_like_the_cpu(const RandomCase& c, std::uint64_t seed) {
   testing::Problem p = testing::make_problem(
       c.layout, c.dtype,
-      std::vector<HeadMask>(std::size_t(c.layout.heads), HeadMask{MaskSpec::dense(), c.order, nullptr, true}), seed);
+      std::vector<HeadMask>(std::size_t(c.layout.heads), HeadMask{MaskSpec::dense(), c.order, nullptr, true}), seed,
+      c.memory);
   RouterOptions ro;
   ro.samples = c.samples;
   ro.seed = seed;
@@ -152,9 +157,9 @@ void expect_routes_like_the_cpu(const RandomCase& c, std::uint64_t seed) {
   const AttentionCall call = p.call();
   const std::vector<std::int64_t> heads =
       c.layout.heads > 2 ? std::vector<std::int64_t>{2, 0} : std::vector<std::int64_t>{};
-  const RoutingReport cpu = router.route(c.layout, call.q, call.k, call.v, c.order, 0.f, heads);
+  const RoutingReport cpu = router.route(c.layout, call.q, call.k, call.v, c.order, c.softmax_scale, heads);
   const DeviceTensor q(call.q), k(call.k), v(call.v);
-  const RoutingReport gpu = cuda_route(router, c.layout, q.view, k.view, v.view, c.order, 0.f, heads);
+  const RoutingReport gpu = cuda_route(router, c.layout, q.view, k.view, v.view, c.order, c.softmax_scale, heads);
   expect_same_report(gpu, cpu, gpu_testing::max_abs(call.v), c.dtype, p.label + " " + std::string(to_string(c.order)));
 }
 
@@ -168,6 +173,14 @@ TEST(GpuRouter, ErrorsMatchTheCpuRouterOnRandomAwkwardShapes) {
       kSmallSpatialMajorCase,
       {{{4, 5, 6, 12, TextPlacement::After}, 1, 2, 32}, DType::F16, TokenOrder::FrameMajor, 64, false},
       {{{7, 30, 45, 13, TextPlacement::Before}, 1, 3, 112}, DType::BF16, TokenOrder::FrameMajor, 64, true},  // 9,463 keys
+      // Head-major tensors at D = 16 with a softmax scale of its own.
+      {{{3, 6, 7, 5, TextPlacement::After}, 1, 3, 16}, DType::BF16, TokenOrder::FrameMajor, 40, false,
+       MemoryLayout::BHND, 0.3f},
+      // Spatial-major storage with the frame-0 anchor (frame 0 is spread over the
+      // positions); 16 frames, so the anchor keeps less than the densities (bands 10, 28).
+      {{{16, 4, 5, 4, TextPlacement::Before}, 1, 3, 64}, DType::F16, TokenOrder::SpatialMajor, 48, true},
+      // Three batch entries and two samples: some entry has no sampled row.
+      {{{3, 5, 6, 0, TextPlacement::After}, 3, 3, 64}, DType::BF16, TokenOrder::FrameMajor, 2, false},
   };
   const std::uint64_t seed = testing::fresh_seed();
   for (const RandomCase& c : cases) expect_routes_like_the_cpu(c, seed);
@@ -266,6 +279,47 @@ TEST(GpuRoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
       EXPECT_GT(r.permutation_ms, 0.0);
     }
   }
+}
+
+// Every head temporal (so only the packed call runs, nothing in place), head-major
+// tensors, bf16 output, against the reference; then the same call without LSE:
+// the same O to the bit, and the LSE buffer never written.
+TEST(GpuRoutedAttention, AllTemporalHeadMajorAndWithoutLse) {
+  STSA_REQUIRE_GPU();
+  const VideoLayout layout{{5, 7, 9, 13, TextPlacement::Before}, 1, 3, 64};
+  RouterOptions options;
+  options.temporal_density = 0.3;
+  std::vector<HeadRoute> decisions;
+  std::vector<HeadMask> masks;
+  for (std::int64_t h = 0; h < layout.heads; ++h) {
+    HeadRoute d;
+    d.route = Route::Temporal;
+    d.spec = route_spec(layout.grid, Route::Temporal, options);
+    decisions.push_back(d);
+    masks.push_back(HeadMask{d.spec, TokenOrder::FrameMajor, nullptr, true});
+  }
+  testing::Problem p =
+      testing::make_problem(layout, DType::BF16, masks, testing::fresh_seed(), MemoryLayout::BHND, DType::BF16);
+  gpu_testing::DeviceProblem with_lse(p), without_lse(p);
+  const CudaBackend backend;
+  PlanCache plans;
+  const RoutedResult r = cuda_run_routed(backend, plans, routed_call(with_lse.call), decisions);
+  EXPECT_EQ(std::int64_t(r.temporal.size()), layout.heads);
+  RoutedCall no_lse = routed_call(without_lse.call);
+  no_lse.lse = LseView{};
+  cuda_run_routed(backend, plans, no_lse, decisions);
+  EXPECT_TRUE(with_lse.o.guards_intact() && without_lse.o.guards_intact() && without_lse.lse.guards_intact());
+  with_lse.download_into(p);
+  gpu_testing::expect_matches_reference(p);
+
+  std::vector<std::byte> o_with(with_lse.o.payload()), o_without(without_lse.o.payload());
+  with_lse.o.download(o_with.data());
+  without_lse.o.download(o_without.data());
+  EXPECT_EQ(std::memcmp(o_with.data(), o_without.data(), o_with.size()), 0) << "O differs without LSE";
+  std::vector<float> lse(without_lse.lse.payload() / sizeof(float));
+  without_lse.lse.download(lse.data());
+  EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return std::isnan(x); }))
+      << "an LSE was written though none was asked for";
 }
 
 // Routed calls take their packed buffers from the library's scratch pool: calls
