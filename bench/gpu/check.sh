@@ -99,6 +99,19 @@ cmake --build "$BUILD" -j"$(nproc)" --target dist_nccl_check >> "$OUT/build.log"
   echo "(no NCCL test target: NCCL not found here)"
 grep -E "spill|warning" "$OUT/build.log" | head -n 20 || true
 echo "built in $(elapsed) s"
+# What the compiler made of the Hopper kernels (information): wgmma must show as
+# HGMMA, and local memory (LDL/STL) would mean an array left the registers.
+CUOBJDUMP="$(find_tool cuobjdump)"
+SM90_OBJECT="$BUILD/src/cuda/CMakeFiles/stsa_cuda.dir/attention_sm90_launch.cu.o"
+if [ -n "$CUOBJDUMP" ] && [ -f "$SM90_OBJECT" ]; then
+  echo "SASS of the sm90 kernels (per instantiation: HGMMA, LDL/STL instructions):"
+  # (The object holds sm_80 code too, with the same names: only the sm_90a section counts.)
+  "$CUOBJDUMP" --dump-sass "$SM90_OBJECT" 2> /dev/null | awk '/code for sm_/ { arch = $3 }
+    arch != "sm_90a" { next }
+    /Function :/ { name = $3; h[name] = 0; l[name] = 0 }
+    /HGMMA/ { h[name]++ } /LDL|STL/ { l[name]++ }
+    END { for (n in h) printf "  %s: %d HGMMA, %d LDL/STL\n", n, h[n], l[n] }' | sort | head -n 12 || true
+fi
 # The CLI (the README's main job, `stsa bench --backend cuda`) builds in the
 # background while the tests run; it is checked last, with the time left.
 ( timeout 300 cmake --build "$BUILD" -j8 --target stsa_cli > "$OUT/build_cli.log" 2>&1 ) &
@@ -151,7 +164,10 @@ if [ -n "$DROPPED" ]; then EXCLUDE=(-E "$DROPPED"); echo "left out: $DROPPED"; f
 # the sanitizers can spare.
 JOBS=8
 COMPUTE_MODE="$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2> /dev/null | head -n 1 || true)"
-if [ -n "$COMPUTE_MODE" ] && [ "$COMPUTE_MODE" != "Default" ]; then JOBS=1; echo "compute mode $COMPUTE_MODE: one test at a time"; fi
+if [ -n "$COMPUTE_MODE" ] && [ "$COMPUTE_MODE" != "Default" ]; then
+  JOBS=1
+  echo "compute mode $COMPUTE_MODE: one test at a time; compare.py will likely fail (torch and stsa_gpu_bench each hold a context)"
+fi
 TESTS_LIMIT=$(( BUDGET_S - $(elapsed) - 300 ))
 if [ "$TESTS_LIMIT" -lt 150 ]; then TESTS_LIMIT=150; fi
 run_step gpu_tests timeout "$TESTS_LIMIT" ctest --test-dir "$BUILD" -L gpu "${EXCLUDE[@]}" -j "$JOBS" \
@@ -242,7 +258,9 @@ if wait "$CLI_BUILD_PID"; then
     if [ -z "$NCU" ]; then NCU="$(ls /usr/local/cuda*/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -n 1 || true)"; fi
     if [ -n "$NCU" ] && [ $(( HARD_S - $(elapsed) )) -ge 90 ]; then
       step "profile: ncu on one sparse 720p call of ${KERNELS%%,*} (45 s limit)"
-      timeout 45 "$NCU" --kernel-name regex:attention --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+      # --clock-control none: the card's clocks are left as they are (and as they were seen to work here).
+      timeout 45 "$NCU" --clock-control none --kernel-name regex:attention --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight \
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section Occupancy "$BUILD/stsa_gpu_bench" --densities 0.2 --kernels "${KERNELS%%,*}" --warmup 1 \
         --repeats 1 --permutation false --json "$OUT/profile_bench.json" 2>&1 | tail -n 150 || true

@@ -12,7 +12,12 @@
 //     multiples of 16;
 //   - tile plans of 128 x 128 tiles, in the tensors' token order (temporal
 //     heads are permuted first: cuda_gather_heads / cuda_scatter_heads);
-//   - a GPU of compute capability 8.0 or newer with enough shared memory per block.
+//   - a positive softmax scale;
+//   - a GPU of compute capability 8.0 or newer with enough shared memory per
+//     block (the sm80 kernel at D = 128: 136 KB, so A100/H100/H200 class, not
+//     the 99 KB of compute capability 8.6/8.9).
+// The first call with a plan uploads it and waits for the copy: make that call
+// (or device_plan()) before capturing calls into a CUDA graph.
 // Without a GPU the backend still constructs; supports() says why it cannot
 // run and run() throws Unsupported.
 #pragma once
@@ -121,7 +126,8 @@ class DevicePlan {
 //   Sm90PingPong: Sm90Overlap with the two consumer warpgroups taking turns to
 //         issue their products (ping-pong), so one's softmax runs under the
 //         other's products.
-//   Sm80: portable path (mma.sync, cp.async); any GPU of compute capability >= 8.0.
+//   Sm80: portable path (mma.sync, cp.async); compute capability >= 8.0 with the
+//         shared memory it needs (D = 128: 136 KB per block, as on A100/H100/H200).
 //   Auto: Sm90 on compute capability 9.0, Sm80 elsewhere.
 enum class CudaKernel : std::uint8_t { Auto, Sm80, Sm90, Sm90Overlap, Sm90PingPong };
 // "auto", "sm80", "sm90", "sm90-overlap", "sm90-pingpong"

@@ -37,6 +37,9 @@ void check_on_host(const AttentionCall& call) {
     cuda_detail::require_row_vectors("", name, *tensor);
   STSA_CHECK(reinterpret_cast<std::uintptr_t>(call.lse.data) % alignof(float) == 0, Unsupported,
              "lse is not 4-byte aligned; the cuda backend stores it as fp32");
+  // The kernels mask scores with -inf before scaling them and keep the running
+  // maximum of unscaled scores: both hold only for a positive scale.
+  STSA_CHECK(call.scale() > 0, Unsupported, "the cuda backend needs a positive softmax scale, got ", call.scale());
   for (std::size_t h = 0; h < call.heads.size(); ++h) {
     const HeadMask& head = call.heads[h];
     if (!head.compute) continue;

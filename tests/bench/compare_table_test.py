@@ -62,3 +62,17 @@ assert not compare.results_ok([dict(clean, errors=["fa2 dense skipped: out of ti
 assert not compare.results_ok([dict(clean, stsa={})])
 print("compare.py results_ok: ok")
 
+
+# The outputs are rewritten after every step of a shape: the table takes a shape
+# with only its baselines, and one whose sparse case has no time (a failed case).
+partial = {"shape": "720p", "tokens": 75600, "stsa": {}, "cases": {}, "errors": [],
+           "dense_ms": {"cudnn": 60.0, "fa2": 95.0}}
+assert "720p" in compare.table([partial], kernels)
+failed_case = record("s0.10", "sm90", 0.1, None)
+with_perm = {"shape": "720p", "tokens": 75600, "cases": {}, "errors": [], "dense_ms": {"cudnn": 60.0},
+             "stsa": {"sm90": {"cases": [failed_case, record("dense", "sm90", 1.0, 61.0)],
+                               "permutation": {"gather_qkv_ms": 1.0, "gather_gbps": 3000.0, "scatter_o_lse_ms": 0.5,
+                                               "scatter_gbps": 2900.0, "copy_gbps": 3900.0}}}}
+text = compare.table([with_perm], ["sm90"])
+assert "nan% of the s0.10 sm90 attention time" in text, text
+print("compare.py partial shapes: ok")

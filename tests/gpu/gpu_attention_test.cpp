@@ -372,6 +372,42 @@ TEST_P(GpuAttention, MoreQueryTilesThanMultiprocessors) {
   }
 }
 
+// A softmax scale of the caller's, against the reference; then the same call
+// without LSE: the same O to the bit, and the LSE buffer never written.
+TEST_P(GpuAttention, SoftmaxScaleAndNoLse) {
+  const VideoLayout layout = make_layout(3, 7, 9, 11, TextPlacement::After, 1, 4, 64);
+  PlanCache cache;
+  auto problem = testing::make_problem(layout, DType::BF16, mixed_heads(layout, 0.3, cache), testing::fresh_seed());
+  problem.softmax_scale = 0.3f;
+  SCOPED_TRACE(problem.label + " scale 0.3");
+  DeviceProblem with_lse(problem), without_lse(problem);
+  const CudaBackend backend = this->backend();
+  backend.run(with_lse.call);
+  AttentionCall no_lse = without_lse.call;
+  no_lse.lse = LseView{};
+  backend.run(no_lse);
+  EXPECT_TRUE(without_lse.o.guards_intact() && without_lse.lse.guards_intact());
+  with_lse.download_into(problem);
+  expect_matches_reference(problem);
+  std::vector<std::byte> o_with(with_lse.o.payload()), o_without(without_lse.o.payload());
+  with_lse.o.download(o_with.data());
+  without_lse.o.download(o_without.data());
+  EXPECT_EQ(std::memcmp(o_with.data(), o_without.data(), o_with.size()), 0) << "O differs without LSE";
+  std::vector<float> lse(without_lse.lse.payload() / sizeof(float));
+  without_lse.lse.download(lse.data());
+  EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return std::isnan(x); }))
+      << "an LSE was written though none was asked for";
+}
+
+// 65 heads on one plan: two launches (64 heads each at most), the second for head 64.
+TEST_P(GpuAttention, MoreThan64HeadsTakeTwoLaunches) {
+  const VideoLayout layout = make_layout(2, 8, 9, 3, TextPlacement::Before, 1, 65, 64);
+  PlanCache cache;
+  const MaskSpec spec = mask_for_density(layout.grid, SparseKind::Spatial, 0.5);
+  run_case({layout, DType::F16, DType::F32, MemoryLayout::BNHD, 0.5},
+           std::vector<HeadMask>(65, HeadMask{spec, spec.natural_order(), cache.get(layout.grid, spec), true}));
+}
+
 // Every item of a launch through one persistent block, then three: the Q
 // barriers flip with every item, the K/V ring wraps again and again (D = 64:
 // 4 stages, D = 128: 2), the producer runs ahead into the next item in every
@@ -467,6 +503,12 @@ void expect_unsupported(const AttentionCall& call, const std::string& fragment) 
 }
 
 TEST(GpuAttentionInput, Fp32InputsAreUnsupported) { expect_unsupported(HostCall(DType::F32).problem.call(), "bf16"); }
+
+TEST(GpuAttentionInput, NegativeSoftmaxScaleIsUnsupported) {
+  HostCall c(DType::BF16);
+  c.problem.softmax_scale = -0.2f;
+  expect_unsupported(c.problem.call(), "positive softmax scale");
+}
 
 TEST(GpuAttentionInput, HeadDim80IsUnsupported) {
   expect_unsupported(HostCall(DType::BF16, 80).problem.call(), "head dims 64 and 128");

@@ -137,6 +137,7 @@ AttentionCall Problem::call() const {
   c.o = o.view();
   c.lse = lse.view();
   c.heads = heads;
+  c.softmax_scale = softmax_scale;
   return c;
 }
 

@@ -58,6 +58,7 @@ struct Problem {
   GuardedLse lse;
   std::vector<HeadMask> heads;
   std::string label;  // printed on failure: shape, dtype, masks, seed
+  float softmax_scale = 0.f;  // what call() passes (0: 1 / sqrt(D)); the reference reads it from there
 
   AttentionCall call() const;
 };
