@@ -399,6 +399,64 @@ TEST_P(GpuAttention, SoftmaxScaleAndNoLse) {
       << "an LSE was written though none was asked for";
 }
 
+// What a model's fused QKV projection hands over: q, k and v as views into one
+// [B, N, 3, H, D] buffer (token stride 3 H D, head stride D), O with a padded
+// token stride, and LSE stored [B, N, H] (token-major). Both kernels' loads (TMA
+// maps on sm90) and stores must follow the strides, not assume packed tensors.
+TEST_P(GpuAttention, FusedQkvPaddedOutputAndTokenMajorLse) {
+  const VideoLayout layout = make_layout(3, 7, 9, 5, TextPlacement::After, 2, 4, 64);
+  const std::int64_t b_count = layout.batch, n = layout.tokens(), h_count = layout.heads, d_count = layout.head_dim;
+  PlanCache cache;
+  auto problem = testing::make_problem(layout, DType::BF16, mixed_heads(layout, 0.3, cache), testing::fresh_seed());
+  SCOPED_TRACE(problem.label + ", fused QKV");
+  const std::int64_t hd = h_count * d_count, o_token_stride = hd + 8;  // 8 fp32 of padding: rows stay 16-byte aligned
+  std::vector<std::uint16_t> fused(std::size_t(b_count * n * 3 * hd));
+  const TensorView sources[3] = {problem.q.view(), problem.k.view(), problem.v.view()};
+  for (std::int64_t b = 0; b < b_count; ++b)
+    for (std::int64_t i = 0; i < n; ++i)
+      for (int which = 0; which < 3; ++which)
+        for (std::int64_t h = 0; h < h_count; ++h)
+          for (std::int64_t d = 0; d < d_count; ++d)
+            fused[std::size_t(((b * n + i) * 3 + which) * hd + h * d_count + d)] =
+                static_cast<const std::uint16_t*>(sources[which].data)[sources[which].offset(b, i, h, d)];
+  DeviceBuffer qkv(fused.size() * 2), o(std::size_t(b_count * n * o_token_stride) * 4),
+      lse(std::size_t(b_count * n * h_count) * 4);
+  qkv.copy_from_host(fused.data(), fused.size() * 2);
+  o.fill_bytes(0xFF);  // NaN: every element must be written
+  lse.fill_bytes(0xFF);
+
+  AttentionCall call = problem.call();
+  TensorView* views[3] = {&call.q, &call.k, &call.v};
+  for (int which = 0; which < 3; ++which) {
+    views[which]->data = static_cast<std::uint16_t*>(qkv.data()) + which * hd;
+    views[which]->stride = {n * 3 * hd, 3 * hd, d_count, 1};
+  }
+  call.o.data = o.data();
+  call.o.stride = {n * o_token_stride, o_token_stride, d_count, 1};
+  call.lse.data = static_cast<float*>(lse.data());
+  call.lse.stride = {n * h_count, 1, h_count};  // (batch, head, token): token-major
+  const CudaBackend backend = this->backend();
+  ASSERT_TRUE(backend.supports(call).ok) << backend.supports(call).why;
+  backend.run(call);
+
+  std::vector<float> o_host(std::size_t(b_count * n * o_token_stride)), lse_host(std::size_t(b_count * n * h_count));
+  o.copy_to_host(o_host.data(), o_host.size() * 4);
+  lse.copy_to_host(lse_host.data(), lse_host.size() * 4);
+  for (std::int64_t b = 0; b < b_count; ++b)
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t h = 0; h < h_count; ++h) {
+        for (std::int64_t d = 0; d < d_count; ++d)
+          problem.o.view().store(b, i, h, d, o_host[std::size_t((b * n + i) * o_token_stride + h * d_count + d)]);
+        problem.lse.view().at(b, h, i) = lse_host[std::size_t((b * n + i) * h_count + h)];
+      }
+  for (std::int64_t b = 0; b < b_count; ++b)  // the padding between rows was never written
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t pad = hd; pad < o_token_stride; ++pad)
+        EXPECT_TRUE(std::isnan(o_host[std::size_t((b * n + i) * o_token_stride + pad)])) << "padding written";
+  expect_every_row_written(problem);
+  expect_matches_reference(problem);
+}
+
 // 65 heads on one plan: two launches (64 heads each at most), the second for head 64.
 TEST_P(GpuAttention, MoreThan64HeadsTakeTwoLaunches) {
   const VideoLayout layout = make_layout(2, 8, 9, 3, TextPlacement::Before, 1, 65, 64);
