@@ -93,6 +93,19 @@ struct DeviceProblem {
   }
 };
 
+// Two device runs of one problem, the second without LSE: O the same to the
+// bit, and the second run's (poisoned) LSE buffer never written.
+inline void expect_same_output_and_no_lse(const DeviceProblem& with_lse, const DeviceProblem& without_lse) {
+  std::vector<unsigned char> o_with(with_lse.o.payload()), o_without(without_lse.o.payload());
+  with_lse.o.download(o_with.data());
+  without_lse.o.download(o_without.data());
+  EXPECT_EQ(std::memcmp(o_with.data(), o_without.data(), o_with.size()), 0) << "O differs without LSE";
+  std::vector<float> lse(without_lse.lse.payload() / sizeof(float));
+  without_lse.lse.download(lse.data());
+  EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return std::isnan(x); }))
+      << "an LSE was written though none was asked for";
+}
+
 inline double unit_roundoff(DType t) {
   switch (t) {
     case DType::F32: return 0x1p-24;
