@@ -64,7 +64,7 @@ TEST(ErrorPattern, LocatesABlockOfWrongValues) {
     for (std::int64_t d = 8; d < 16; ++d) c.add(row, 1, d, 0.5f);
   const std::string p = c.pattern();
   expect_has(p, "wrong: 128 of 19712 O values (0 NaN");
-  expect_has(p, "in 16 of 308 (batch, row, head) rows; LSE wrong in 0 of 308");
+  expect_has(p, "LSE wrong in 0 of 308; 16 of 308 (batch, row, head) rows have either");
   expect_has(p, "rows by head: h0 0 of 154, h1 16 of 154");
   expect_has(p, "query tiles: 1 of 6 (head, tile) pairs have wrong rows");
   expect_has(p, "the ragged last tile: 0 of the wrong, 2 of all");
@@ -81,10 +81,11 @@ TEST(ErrorPattern, CountsNaNAndTheRaggedTileAndLse) {
   c.problem.lse.view().at(0, 1, 3) += 1.0f;
   const std::string p = c.pattern();
   expect_has(p, "wrong: 1 of 19712 O values (1 NaN");
-  expect_has(p, "LSE wrong in 1 of 308");
+  expect_has(p, "LSE wrong in 1 of 308; 2 of 308 (batch, row, head) rows have either");
+  expect_has(p, "query tiles: 2 of 6 (head, tile) pairs have wrong rows");  // the LSE fault's tile counts too
   expect_has(p, "the ragged last tile: 1 of the wrong, 2 of all");
   expect_has(p, "h0 tile 2 (rows 128-153, the ragged last tile): 1 of 26 checked rows wrong");
-  expect_has(p, "16-31: 1");  // row 150 is row 22 of its tile
+  expect_has(p, "0-15: 1, 16-31: 1");  // row 3 of tile 0 (the LSE), row 150 = row 22 of its tile
   expect_has(p, "56-63: 1");
   expect_has(p, "first wrong LSE: LSE[b=0, h=1, i=3]");
 }

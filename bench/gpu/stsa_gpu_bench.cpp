@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/cuda/event_stopwatch.hpp"
+#include "cuda/cuda_check.hpp"
 #include "bench/figures.hpp"
 #include "bench/record.hpp"
 #include "bench/timing_loop.hpp"
@@ -64,11 +65,6 @@ struct Options {
   bool permutation = true;
   std::string json_path;
 };
-
-void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw stsa::Error(stsa::detail::concat("CUDA error in ", what, ": ", cudaGetErrorString(status)));
-}
 
 stsa::bench::TimedRuns time_gpu(const std::function<void()>& enqueue, const stsa::bench::TimingOptions& timing) {
   stsa::bench::CudaEventStopwatch events;  // on the default stream, where the runs are enqueued
@@ -303,7 +299,7 @@ Outcome run(const Options& opt) {
           timing)[0].median_ms();
       const double copy_ms = time_gpu(
           [&] {
-            check_cuda(cudaMemcpyAsync(pq.data(), q.data(), bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync");
+            STSA_CUDA_CHECK(cudaMemcpyAsync(pq.data(), q.data(), bytes, cudaMemcpyDeviceToDevice));
           },
           timing)[0].median_ms();
       const double gather_bytes = stsa::permutation_bytes(layout, layout.heads, 3, stsa::element_size(dtype));

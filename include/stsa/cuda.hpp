@@ -16,8 +16,9 @@
 //   - a GPU of compute capability 8.0 or newer with enough shared memory per
 //     block (the sm80 kernel at D = 128: 136 KB, so A100/H100/H200 class, not
 //     the 99 KB of compute capability 8.6/8.9).
-// The first call with a plan uploads it and waits for the copy: make that call
-// (or device_plan()) before capturing calls into a CUDA graph.
+// The first call with a plan uploads it and waits for the copy, and the first
+// Hopper call allocates the small host-mapped buffer a hung barrier wait reports
+// into: make such calls (or device_plan()) before capturing into a CUDA graph.
 // Without a GPU the backend still constructs; supports() says why it cannot
 // run and run() throws Unsupported.
 #pragma once

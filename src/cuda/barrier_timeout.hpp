@@ -15,7 +15,8 @@
 namespace stsa::cuda_detail {
 
 // words[0]: bit 63 set (written), bit 52 parity, bits 32-51 shared offset,
-// bits 10-31 block, bits 0-9 thread. words[1]: the mbarrier's 64 bits.
+// bits 10-31 block, bits 0-9 thread. words[1]: the mbarrier's 64 bits. (A block
+// index past 2^22 would be cut to its low bits; persistent grids are far smaller.)
 STSA_HOST_DEVICE std::uint64_t encode_barrier_wait(std::uint32_t offset, std::uint32_t parity, std::uint32_t block,
                                                    std::uint32_t thread) {
   return (std::uint64_t(1) << 63) | (std::uint64_t(parity & 1) << 52) | (std::uint64_t(offset & 0xFFFFF) << 32) |

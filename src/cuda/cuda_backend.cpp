@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <utility>
@@ -39,7 +40,8 @@ void check_on_host(const AttentionCall& call) {
              "lse is not 4-byte aligned; the cuda backend stores it as fp32");
   // The kernels mask scores with -inf before scaling them and keep the running
   // maximum of unscaled scores: both hold only for a positive scale.
-  STSA_CHECK(call.scale() > 0, Unsupported, "the cuda backend needs a positive softmax scale, got ", call.scale());
+  STSA_CHECK(std::isfinite(call.scale()) && call.scale() > 0, Unsupported,
+             "the cuda backend needs a positive softmax scale, got ", call.scale());
   for (std::size_t h = 0; h < call.heads.size(); ++h) {
     const HeadMask& head = call.heads[h];
     if (!head.compute) continue;

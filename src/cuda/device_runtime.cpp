@@ -13,8 +13,11 @@ namespace cuda_detail {
 
 void throw_cuda_error(cudaError_t status, const char* what, const char* file, int line) {
   cudaGetLastError();  // clear the slot so a later, unrelated check does not see this error again
-  // A kernel that trapped on a barrier wait left a note on which barrier (barrier_timeout.hpp).
-  const std::string timeout = barrier_timeout_note();
+  // A kernel that trapped on a barrier wait left a note on which barrier
+  // (barrier_timeout.hpp); only a kernel fault can be that trap.
+  const bool kernel_fault = status == cudaErrorLaunchFailure || status == cudaErrorIllegalInstruction ||
+                            status == cudaErrorAssert;
+  const std::string timeout = kernel_fault ? barrier_timeout_note() : std::string();
   const std::string message =
       detail::concat("CUDA error in ", what, " (", file, ":", line, "): ", cudaGetErrorName(status), ": ",
                      cudaGetErrorString(status), timeout.empty() ? "" : "; ", timeout);

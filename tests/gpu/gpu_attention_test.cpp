@@ -79,12 +79,13 @@ void expect_outputs_agree(const testing::Problem& a, const testing::Problem& b, 
   for (std::int64_t batch = 0; batch < layout.batch; ++batch)
     for (std::int64_t n = 0; n < layout.tokens(); ++n)
       for (std::int64_t h = 0; h < layout.heads; ++h) {
-        for (std::int64_t d = 0; d < layout.head_dim; ++d)
-          worst = std::max(
-              worst, double(std::abs(a.o.view().load(batch, n, h, d) - b.o.view().load(batch, n, h, d))));
+        for (std::int64_t d = 0; d < layout.head_dim; ++d) {
+          // NaN (an unwritten row reads the poison) must fail: it counts as infinite.
+          const double diff = std::abs(double(a.o.view().load(batch, n, h, d)) - double(b.o.view().load(batch, n, h, d)));
+          worst = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(worst, diff);
+        }
         const float la = a.lse.view().at(batch, h, n), lb = b.lse.view().at(batch, h, n);
         const bool both_empty = std::isinf(la) && la < 0 && std::isinf(lb) && lb < 0;
-        // NaN compares false with everything: it must fail, so it counts as infinite.
         const double d = both_empty ? 0.0 : std::abs(double(la) - double(lb));
         worst_lse = std::max(worst_lse, std::isnan(d) ? std::numeric_limits<double>::infinity() : d);
       }

@@ -136,15 +136,17 @@ inline void expect_matches_reference(const testing::Problem& p, int sample_rows 
   const double o_bound = 2.0 * c.naive_max_abs_err + 2.0 * (u_p + u_o) * std::max(1.0, max_abs(p.v.view()));
   const double lse_bound = 2.0 * c.naive_lse_max_abs_err + 1e-4;
   const double rel_l2_bound = 2.0 * (u_p + u_o);
+  const bool o_within = c.max_abs_err <= o_bound, rel_l2_within = c.rel_l2_err <= rel_l2_bound,
+             lse_within = c.lse_max_abs_err <= lse_bound;
   EXPECT_TRUE(c.guards_intact) << p.label << ": host guard bytes overwritten";
   EXPECT_TRUE(c.all_finite_where_expected) << c.failure.substr(0, c.failure.find('\n'));  // its pattern is for the CPU bound
-  EXPECT_LE(c.max_abs_err, o_bound) << p.label << " (naive error " << c.naive_max_abs_err << ")";
-  EXPECT_LE(c.rel_l2_err, rel_l2_bound) << p.label;
-  EXPECT_LE(c.lse_max_abs_err, lse_bound) << p.label << " (naive LSE error " << c.naive_lse_max_abs_err << ")";
+  EXPECT_TRUE(o_within) << p.label << ": max |O - ref| " << c.max_abs_err << " > " << o_bound << " (naive error "
+                        << c.naive_max_abs_err << ")";
+  EXPECT_TRUE(rel_l2_within) << p.label << ": rel L2 " << c.rel_l2_err << " > " << rel_l2_bound;
+  EXPECT_TRUE(lse_within) << p.label << ": max |LSE - ref| " << c.lse_max_abs_err << " > " << lse_bound
+                          << " (naive LSE error " << c.naive_lse_max_abs_err << ")";
   // One failed run on a GPU must say where to look: the pattern of what is wrong under these bounds.
-  const bool within = c.guards_intact && c.all_finite_where_expected && c.max_abs_err <= o_bound &&
-                      c.rel_l2_err <= rel_l2_bound && c.lse_max_abs_err <= lse_bound;
-  if (!within) {
+  if (!(c.all_finite_where_expected && o_within && rel_l2_within && lse_within)) {
     const std::string pattern = testing::error_pattern(p.call(), c.reference, o_bound, lse_bound);
     ADD_FAILURE() << p.label << ": where the output is wrong\n"
                   << (pattern.empty() ? "  no single value past the bounds (the rel L2 error is)\n" : pattern);

@@ -16,7 +16,8 @@ constexpr std::int64_t kChannelGroup = 8;   // the accumulator fragment's column
 constexpr int kExamples = 3;                // wrong values quoted in full
 constexpr std::size_t kTilesListed = 8;     // (head, query tile) pairs listed one by one
 
-bool o_wrong(double got, double ref, double bound) {
+// NaN or infinity where the reference has none (or the other way round), or further than `bound`.
+bool value_wrong(double got, double ref, double bound) {
   if (std::isnan(ref) || std::isnan(got)) return std::isnan(ref) != std::isnan(got);
   if (std::isinf(ref) || std::isinf(got)) return got != ref;
   return !(std::abs(got - ref) <= bound);
@@ -54,7 +55,8 @@ std::string row_mismatch(const TensorView& expected, const TensorView& got, cons
     for (std::int64_t n = 0; n < expected.tokens(); ++n)
       for (std::int64_t h = 0; h < expected.heads(); ++h, ++rows) {
         const std::string row = row_bytes(got, b, n, h);
-        if (row == row_bytes(expected, b, n, h) || wrong++ > 0) continue;
+        if (row == row_bytes(expected, b, n, h)) continue;
+        if (++wrong > 1) continue;  // only the first wrong row is looked up in the source
         first << "the first, (batch " << b << ", token " << n << ", head " << h << "), holds ";
         bool found = false;
         for (std::int64_t sb = 0; sb < source.batch() && !found; ++sb)
@@ -103,7 +105,7 @@ std::string error_pattern(const AttentionCall& call, const ReferenceRows& refere
         for (std::int64_t d = 0; d < dims; ++d) {
           const double got = call.o.load(b, i, h, d);
           ++values;
-          if (!o_wrong(got, ref[d], o_bound)) continue;
+          if (!value_wrong(got, ref[d], o_bound)) continue;
           row_wrong = true;
           ++wrong_values;
           if (std::isnan(got)) ++wrong_nan;
@@ -115,7 +117,8 @@ std::string error_pattern(const AttentionCall& call, const ReferenceRows& refere
         if (call.lse.data) {
           const double got = call.lse.at(b, h, i);
           const double ref_l = reference.lse[std::size_t((b * layout.heads + h) * count + r)];
-          if (o_wrong(got, ref_l, lse_bound)) {
+          if (value_wrong(got, ref_l, lse_bound)) {
+            row_wrong = true;  // the row's place (tile, slice) counts for an LSE fault too
             ++lse_wrong;
             if (lse_example_count < kExamples)
               lse_examples << (lse_example_count++ ? "; " : "") << "LSE[b=" << b << ", h=" << h << ", i=" << i
@@ -138,8 +141,9 @@ std::string error_pattern(const AttentionCall& call, const ReferenceRows& refere
 
   std::ostringstream s;
   s << "  wrong: " << wrong_values << " of " << values << " O values (" << wrong_nan << " NaN, i.e. never written or "
-    << "NaN computed) in " << wrong_pairs << " of " << pairs << " (batch, row, head) rows; LSE wrong in " << lse_wrong
-    << " of " << pairs << " (O bound " << o_bound << ", LSE bound " << lse_bound << ")\n";
+    << "NaN computed); LSE wrong in " << lse_wrong << " of " << pairs << "; " << wrong_pairs << " of " << pairs
+    << " (batch, row, head) rows have either (O bound " << o_bound << ", LSE bound " << lse_bound
+    << "); the counts below are of those rows\n";
   s << "  rows by head: ";
   for (std::int64_t h = 0, listed = 0; h < layout.heads; ++h)
     if (head_pairs[std::size_t(h)] > 0)

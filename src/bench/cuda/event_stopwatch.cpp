@@ -2,13 +2,15 @@
 
 #include <cuda_runtime_api.h>
 
-#include "stsa/error.hpp"
+#include "cuda/cuda_check.hpp"
 
 namespace stsa::bench {
 namespace {
 
+// The library's translation: the error cleared, the exception type by status,
+// and a hung barrier's report (barrier_timeout.hpp) in the message.
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw Error(detail::concat("CUDA error in ", what, ": ", cudaGetErrorString(status)));
+  if (status != cudaSuccess) cuda_detail::throw_cuda_error(status, what, __FILE__, __LINE__);
 }
 
 }  // namespace
