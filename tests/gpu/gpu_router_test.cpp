@@ -3,6 +3,7 @@
 // type, identical flops; NaN heads stay dense. GPU routed attention against the
 // fp64 reference on awkward shapes (ragged tiles, text before and after, one
 // frame). Bad input throws before any launch (also without a GPU).
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -312,6 +313,42 @@ TEST(GpuRoutedAttention, AllTemporalHeadMajorAndWithoutLse) {
   with_lse.download_into(p);
   gpu_testing::expect_matches_reference(p);
   gpu_testing::expect_same_output_and_no_lse(with_lse, without_lse);
+}
+
+// A stream the legacy default stream does not wait for, and that does not wait for it.
+class NonBlockingStream {
+ public:
+  NonBlockingStream() { EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess); }
+  ~NonBlockingStream() { cudaStreamDestroy(stream_); }
+  NonBlockingStream(const NonBlockingStream&) = delete;
+  NonBlockingStream& operator=(const NonBlockingStream&) = delete;
+  void* get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// Routing and the routed call enqueue everything on the caller's stream: on a
+// non-blocking one, a step put on the default stream instead (a memset, a
+// copy, a kernel) would not be ordered with the rest, and the outputs would show it.
+TEST(GpuRoutedAttention, RunsOnANonBlockingStream) {
+  STSA_REQUIRE_GPU();
+  const testing::SyntheticRoutedCase c = testing::synthetic_routed_case(DType::BF16, testing::fresh_seed());
+  testing::Problem p = c.problem();
+  gpu_testing::DeviceProblem d(p);
+  const NonBlockingStream stream;
+  const RoutingReport routes =
+      cuda_route(c.router, p.layout, d.call.q, d.call.k, d.call.v, TokenOrder::FrameMajor, 0.f, {}, stream.get());
+  const CudaBackend backend;
+  PlanCache plans;
+  const RoutedResult r = cuda_run_routed(backend, plans, routed_call(d.call), routes.heads, {}, stream.get());
+  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.get())), cudaSuccess);
+  EXPECT_FALSE(r.temporal.empty());  // the permutation ran on the stream too
+  EXPECT_TRUE(d.o.guards_intact() && d.lse.guards_intact());
+  for (std::size_t h = 0; h < routes.heads.size(); ++h)  // the reference under the GPU's own decisions
+    p.heads[h] = HeadMask{routes.heads[h].spec, TokenOrder::FrameMajor, nullptr, true};
+  d.download_into(p);
+  gpu_testing::expect_matches_reference(p);
 }
 
 // Routed calls take their packed buffers from the library's scratch pool: calls
