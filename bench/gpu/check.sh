@@ -7,7 +7,7 @@
 #   2. smoke-test each Hopper kernel (sm90, sm90-overlap, sm90-pingpong) alone
 #      under a hard timeout: one that fails or hangs is left out of the later
 #      steps (its GPU tests too), so one run still yields every other result;
-#      the first that fails also runs once under memcheck, for the log;
+#      the simplest that fails (sm90 first) also runs once under memcheck, for the log;
 #   3. run the GPU tests (ctest -L gpu: every kernel, the probe, routing, permutation);
 #   4. time routing + permutation against routed attention at 1440p
 #      (stsa_gpu_route_bench; the issue's < 3% target);
