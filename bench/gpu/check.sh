@@ -154,7 +154,6 @@ if [ -n "$DIAGNOSED" ] && [ -n "$SANITIZER" ]; then
   step "diagnosis of $DIAGNOSED: compute-sanitizer memcheck, one small call (45 s limit)"
   timeout 45 "$SANITIZER" --error-exitcode 1 --print-limit 10 "$BUILD/tests/gpu/gpu_attention_test" \
     --gtest_filter="Kernels/GpuSanitize.OneSmallCall/$DIAGNOSED" 2>&1 | tail -n 60 || true
-filter="Kernels/GpuSanitize.OneSmallCall/$FIRST_DROPPED" 2>&1 | tail -n 60 || true
 fi
 
 step "GPU tests"

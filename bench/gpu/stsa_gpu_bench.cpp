@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -117,7 +118,8 @@ void write_file(const std::string& path, const void* data, std::size_t bytes) {
   {
     std::ofstream out(partial, std::ios::binary);
     out.write(static_cast<const char*>(data), std::streamsize(bytes));
-    STSA_CHECK(out.good(), stsa::IoError, "cannot write ", partial);
+    out.close();  // the last flush can fail too (a full RAM disk): checked after it
+    STSA_CHECK(!out.fail(), stsa::IoError, "cannot write ", partial);
   }
   STSA_CHECK(std::rename(partial.c_str(), path.c_str()) == 0, stsa::IoError, "cannot rename ", partial, " to ",
              path);
@@ -314,7 +316,7 @@ Outcome run(const Options& opt) {
       std::cerr << "  permutation: gather " << gather_ms << " ms, scatter " << scatter_ms << " ms, copy "
                 << copy_gbps << " GB/s\n";
       flush();
-    } catch (const stsa::Error& e) {
+    } catch (const std::exception& e) {  // stsa::Error, and bad_alloc or a JSON error too
       fail("permutation", "", e.what());
     }
   }
@@ -332,7 +334,7 @@ Outcome run(const Options& opt) {
       const std::string resolved = std::string(stsa::to_string(backend->resolved_kernel())) +
                                    name.substr(std::min(name.find('+'), name.size()));  // and the work order
       runners.push_back({name, resolved, std::move(backend)});
-    } catch (const stsa::Error& e) {
+    } catch (const std::exception& e) {  // stsa::Error, and bad_alloc or a JSON error too
       fail(name, "", e.what());
     }
   }
@@ -406,7 +408,7 @@ Outcome run(const Options& opt) {
         result["cases"].push_back(record);
         outcome.any_ran = true;
         flush();
-      } catch (const stsa::Error& e) {
+      } catch (const std::exception& e) {  // stsa::Error, and bad_alloc or a JSON error too
         fail(runner.name, label, e.what());
       }
     }
@@ -448,7 +450,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     return outcome.any_failed ? 1 : 0;
-  } catch (const stsa::Error& e) {
+  } catch (const std::exception& e) {  // stsa::Error, and bad_alloc or a JSON error too
     std::cerr << "stsa_gpu_bench: " << e.what() << "\n";
     return 2;
   }
