@@ -370,11 +370,6 @@ Outcome run(const Options& opt) {
                        {"mask", spec.describe()},
                        {"band", spec.band},
                        {"anchor", spec.anchor},
-                       {"kept_fraction", s.kept_fraction()},
-                       {"tile_density", s.tile_density()},
-                       {"tiles_full", s.tiles_full},
-                       {"tiles_partial", s.tiles_partial},
-                       {"tiles_empty", s.tiles_empty},
                        {"plan_build_ms", s.build_ms},
                        {"runs", times.runs()},
                        {"budget_spent", timed.budget_spent},
@@ -383,6 +378,7 @@ Outcome run(const Options& opt) {
                        {"tflops_kept_pairs", stsa::bench::tflops(work.kept_pair_flops, ms)},
                        {"tflops_dense_equivalent", stsa::bench::tflops(work.dense_flops, ms)},
                        {"dense_flops", work.dense_flops}};
+        stsa::bench::add_plan_stats(record, s);
         stsa::bench::add_timing(record, "", times);  // ms (median), ms_min, ms_max, ms_runs
         std::cerr << "  [" << runner.name << "] " << label << ": " << ms << " ms, "
                   << record["tflops_kept_tiles"].get<double>() << " TFLOP/s on kept tiles (tile density "

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/samples.hpp"
+#include "stsa/plan.hpp"
 
 namespace stsa::bench {
 
@@ -27,6 +28,17 @@ void add_timing(Json& record, std::string_view prefix, const Samples& samples) {
   record[p + "ms_min"] = json_number(samples.min_ms());
   record[p + "ms_max"] = json_number(samples.max_ms());
   record[p + "ms_runs"] = samples.ms;
+}
+
+// Adds what every record says of a tile plan: kept_fraction, tile_density and
+// tiles_full / tiles_partial / tiles_empty.
+template <class Json>
+void add_plan_stats(Json& record, const PlanStats& stats) {
+  record["kept_fraction"] = stats.kept_fraction();
+  record["tile_density"] = stats.tile_density();
+  record["tiles_full"] = stats.tiles_full;
+  record["tiles_partial"] = stats.tiles_partial;
+  record["tiles_empty"] = stats.tiles_empty;
 }
 
 }  // namespace stsa::bench

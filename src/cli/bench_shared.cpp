@@ -208,7 +208,7 @@ nlohmann::json bench_case_record(const BenchArgs& args, const BenchOptions& opti
   const VideoGrid& grid = layout.grid;
   const PlanStats& stats = plan.stats();
   const bench::AttentionWork work = bench::attention_work(layout, plan);
-  return {
+  nlohmann::json record = {
       {"command", "bench"},
       {"grid", grid.describe()},
       {"frames", grid.frames},
@@ -230,11 +230,6 @@ nlohmann::json bench_case_record(const BenchArgs& args, const BenchOptions& opti
       {"warmup", 1},
       {"check_rows", errors.rows},
       {"seed", args.seed},
-      {"kept_fraction", stats.kept_fraction()},
-      {"tile_density", stats.tile_density()},
-      {"tiles_full", stats.tiles_full},
-      {"tiles_partial", stats.tiles_partial},
-      {"tiles_empty", stats.tiles_empty},
       {"changed_pairs", stats.changed_pairs},
       {"ideal_speedup", 1.0 / stats.tile_density()},
       {"dense_flops", work.dense_flops},
@@ -246,6 +241,8 @@ nlohmann::json bench_case_record(const BenchArgs& args, const BenchOptions& opti
       {"dense_max_abs_err", bench::json_number(errors.dense.max_abs)},
       {"dense_lse_max_abs_err", bench::json_number(errors.dense.lse_max_abs)},
   };
+  bench::add_plan_stats(record, stats);
+  return record;
 }
 
 }  // namespace stsa::cli

@@ -1,6 +1,7 @@
 // `stsa plan`: build one head's tile plan and report its statistics.
 #include <cstdio>
 
+#include "bench/record.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "cli/tile_map_png.hpp"
@@ -35,7 +36,7 @@ nlohmann::json plan_record(const PlanArgs& args) {
   const auto plan = TilePlan::build(grid, spec, tile, parse_alignment(args.align));
   if (!args.png.empty()) write_tile_map_png(*plan, args.png, args.force);
   const PlanStats& s = plan->stats();
-  return {
+  nlohmann::json record = {
       {"grid", grid.describe()},
       {"tokens", grid.tokens()},
       {"heads", args.heads},
@@ -50,14 +51,9 @@ nlohmann::json plan_record(const PlanArgs& args) {
       {"align", std::string(to_string(plan->alignment()))},
       {"q_tiles", plan->q_tiles()},
       {"k_tiles", plan->k_tiles()},
-      {"tiles_full", s.tiles_full},
-      {"tiles_partial", s.tiles_partial},
-      {"tiles_empty", s.tiles_empty},
-      {"tile_density", s.tile_density()},
       {"kept_pairs", s.kept_pairs},
       {"exact_kept_pairs", s.exact_kept_pairs},
       {"total_pairs", s.total_pairs},
-      {"kept_fraction", s.kept_fraction()},
       {"changed_pairs", s.changed_pairs},
       {"added_pairs", s.added_pairs},
       {"removed_pairs", s.removed_pairs},
@@ -69,6 +65,8 @@ nlohmann::json plan_record(const PlanArgs& args) {
       {"kept_tile_tflop_per_call", kept_tile_flops(layout, *plan) / 1e12},
       {"png", args.png},
   };
+  bench::add_plan_stats(record, s);
+  return record;
 }
 
 void print_text(const nlohmann::json& r) {
