@@ -70,7 +70,11 @@ struct Options {
 stsa::bench::TimedRuns time_gpu(const std::function<void()>& enqueue, const stsa::bench::TimingOptions& timing) {
   stsa::bench::CudaEventStopwatch events;  // on the default stream, where the runs are enqueued
   stsa::bench::Stopwatch* clocks[] = {&events};
-  return stsa::bench::time_runs(timing, enqueue, clocks);
+  stsa::bench::TimedRuns runs = stsa::bench::time_runs(timing, enqueue, clocks);
+  if (events.host_waits() > 0)
+    std::cerr << "note: " << events.host_waits() << " timed run(s) synchronized with the device; their times include"
+              << " host time\n";
+  return runs;
 }
 
 // One timed variant of the backend: a kernel and a work order.

@@ -3,7 +3,17 @@
 // time with. Its own target (stsa_bench_cuda), built with the CUDA backend, so
 // the rest of the bench room needs no CUDA; the handles are the runtime's own
 // opaque types, declared here so that this header needs no CUDA header either.
+//
+// The start event waits behind a host gate (a host function on the stream that
+// blocks until stop_ms() opens it), so the whole run is enqueued before the
+// GPU reaches the start event: the host's checks and launch overhead fall
+// outside the interval, which holds GPU time only (nvbench's blocking kernel,
+// without a kernel). A run that synchronizes with the device itself would wait
+// for the gate; the gate gives up after a while, and host_waits() counts those
+// runs (their times include host time again, as without the gate).
 #pragma once
+
+#include <memory>
 
 #include "bench/stopwatch.hpp"
 
@@ -22,13 +32,19 @@ class CudaEventStopwatch final : public Stopwatch {
   CudaEventStopwatch& operator=(const CudaEventStopwatch&) = delete;
 
   void settle() override;  // waits for the device: warm-up runs end before the first timed one
-  void start() override;
-  double stop_ms() override;  // waits for the run; a fault in it throws stsa::Error here
+  void start() override;   // closes the gate, enqueues it and the start event
+  double stop_ms() override;  // opens the gate and waits for the run; a fault in it throws stsa::Error here
+
+  // Timed runs whose gate gave up waiting (the run synchronized with the device).
+  int host_waits() const;
+
+  struct Gate;  // shared with the host function; defined in the .cpp
 
  private:
   CUstream_st* stream_;
   CUevent_st* start_ = nullptr;
   CUevent_st* stop_ = nullptr;
+  std::unique_ptr<Gate> gate_;
 };
 
 }  // namespace stsa::bench

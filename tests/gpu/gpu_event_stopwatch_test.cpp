@@ -1,0 +1,81 @@
+// The GPU benchmarks' stopwatch (src/bench/cuda/event_stopwatch.hpp): the start
+// event waits behind a host gate until the run is enqueued, so host time spent
+// before the run's GPU work is not timed; a run that synchronizes with the
+// device is still timed and is counted; a run that throws does not leave the
+// stream held.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include <cuda_runtime_api.h>
+
+#include "bench/cuda/event_stopwatch.hpp"
+#include "gpu/gpu_support.hpp"
+#include "stsa/cuda.hpp"
+
+namespace stsa {
+namespace {
+
+constexpr std::size_t kBytes = std::size_t(1) << 20;
+
+TEST(GpuEventStopwatch, HostTimeBeforeTheGpuWorkIsNotTimed) {
+  STSA_REQUIRE_GPU();
+  DeviceBuffer buffer(kBytes);
+  bench::CudaEventStopwatch events;
+  events.settle();
+  events.start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));  // a slow host enqueue
+  ASSERT_EQ(cudaMemsetAsync(buffer.data(), 0, kBytes, nullptr), cudaSuccess);
+  const double ms = events.stop_ms();
+  // Without the gate the interval would hold the 60 ms sleep; a 1 MB memset takes microseconds.
+  EXPECT_GE(ms, 0.0);
+  EXPECT_LT(ms, 30.0);
+  EXPECT_EQ(events.host_waits(), 0);
+}
+
+TEST(GpuEventStopwatch, ARunThatSynchronizesIsTimedAndCounted) {
+  STSA_REQUIRE_GPU();
+  DeviceBuffer buffer(kBytes);
+  bench::CudaEventStopwatch events;
+  events.start();
+  ASSERT_EQ(cudaMemsetAsync(buffer.data(), 0, kBytes, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // waits out the gate's patience
+  ASSERT_EQ(cudaMemsetAsync(buffer.data(), 1, kBytes, nullptr), cudaSuccess);
+  const double ms = events.stop_ms();
+  EXPECT_GE(ms, 0.0);
+  EXPECT_EQ(events.host_waits(), 1);
+  events.start();  // the next run is gated again, and is not counted
+  ASSERT_EQ(cudaMemsetAsync(buffer.data(), 2, kBytes, nullptr), cudaSuccess);
+  EXPECT_GE(events.stop_ms(), 0.0);
+  EXPECT_EQ(events.host_waits(), 1);
+}
+
+TEST(GpuEventStopwatch, ARunThatThrowsLeavesTheStreamFree) {
+  STSA_REQUIRE_GPU();
+  DeviceBuffer buffer(kBytes);
+  const auto begin = std::chrono::steady_clock::now();
+  {
+    bench::CudaEventStopwatch events;
+    events.start();  // and no stop_ms(): the run threw
+  }
+  ASSERT_EQ(cudaMemsetAsync(buffer.data(), 0, kBytes, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // The destructor opened the gate: the stream did not wait out its patience.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count(), 0.15);
+}
+
+TEST(GpuEventStopwatch, EveryGateIsOpenedBeforeTheNextStarts) {
+  STSA_REQUIRE_GPU();
+  DeviceBuffer buffer(kBytes);
+  bench::CudaEventStopwatch events;
+  for (int run = 0; run < 20; ++run) {
+    events.start();
+    ASSERT_EQ(cudaMemsetAsync(buffer.data(), run, kBytes, nullptr), cudaSuccess);
+    EXPECT_GE(events.stop_ms(), 0.0);
+  }
+  EXPECT_EQ(events.host_waits(), 0);
+}
+
+}  // namespace
+}  // namespace stsa
