@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -27,6 +28,12 @@ constexpr double kLog2e = 1.4426950408889634;
 
 // Everything that can be checked without a GPU.
 void check_on_host(const AttentionCall& call) {
+  // The kernels index tokens in 32 bits, up to one tile past the last (the
+  // ragged-tile test `first_key + kTileK > tokens`). First, so that a layout
+  // too large for them is named as such rather than as a tensor mismatch.
+  constexpr std::int64_t kMaxTokens = std::int64_t(INT_MAX) - cuda_detail::kTileK;
+  STSA_CHECK(call.layout.tokens() <= kMaxTokens, Unsupported, "the cuda backend indexes tokens in 32 bits: at most ",
+             kMaxTokens, " tokens per sequence, got ", call.layout.tokens());
   validate(call, /*require_plans=*/true);
   STSA_CHECK(call.q.dtype == DType::BF16 || call.q.dtype == DType::F16, Unsupported, "the cuda backend takes bf16 or ",
              "fp16 q/k/v, got ", to_string(call.q.dtype));

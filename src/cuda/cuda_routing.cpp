@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <climits>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -48,6 +49,10 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
   const auto start = std::chrono::steady_clock::now();
   const RouterOptions& options = router.options();
   layout.validate();
+  // Token positions are 32-bit on the device, up to one key tile past the last.
+  constexpr std::int64_t kMaxTokens = std::int64_t(INT_MAX) - cuda_detail::kRoutingKeys;
+  STSA_CHECK(layout.tokens() <= kMaxTokens, Unsupported, "cuda router: token positions are 32-bit: at most ",
+             kMaxTokens, " tokens per sequence, got ", layout.tokens());
   check_shape("q", q, layout);
   check_shape("k", k, layout);
   check_shape("v", v, layout);

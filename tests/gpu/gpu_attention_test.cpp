@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -564,6 +565,13 @@ TEST(GpuAttentionInput, NegativeSoftmaxScaleIsUnsupported) {
 
 TEST(GpuAttentionInput, HeadDim80IsUnsupported) {
   expect_unsupported(HostCall(DType::BF16, 80).problem.call(), "head dims 64 and 128");
+}
+
+TEST(GpuAttentionInput, MoreTokensThanTheKernelsIndexAreUnsupported) {
+  HostCall host;
+  AttentionCall call = host.problem.call();
+  call.layout.grid.frames = INT_MAX / 64;  // 8 x 8 per frame: 2^31 - 64 tokens, valid for the CPU backend
+  expect_unsupported(call, "32 bits");
 }
 
 TEST(GpuAttentionInput, OtherTileShapesAreUnsupported) {

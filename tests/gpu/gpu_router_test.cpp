@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -229,6 +230,9 @@ TEST(GpuRouter, RejectsBadInputBeforeLaunching) {
   VideoLayout other = layout;
   other.grid.frames = 4;
   EXPECT_THROW(cuda_route(router, other, c.q, c.k, c.v), InvalidArgument);  // shape
+  VideoLayout huge = layout;
+  huge.grid.frames = INT_MAX / 16;  // 2^31 - 16 tokens: a valid layout, but one tile past it is not 32-bit
+  EXPECT_THROW(cuda_route(router, huge, c.q, c.k, c.v), Unsupported);
   const std::vector<std::int64_t> bad_head = {2};
   EXPECT_THROW(cuda_route(router, layout, c.q, c.k, c.v, TokenOrder::FrameMajor, 0.f, bad_head), InvalidArgument);
   RouterOptions many;
