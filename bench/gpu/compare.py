@@ -17,10 +17,12 @@ D = 128; bf16) it
      density and stsa dense, timed with CUDA events by the shared benchmark
      harness; it also exports every plan's full and partial tile lists and
      each kernel's sampled output rows;
-  4. compares cuDNN's and FA2's outputs with each kernel's dense rows, then
-     times FlexAttention with a BlockMask built from the *same* plan (full
-     tiles without mask_mod, partial tiles with a mask_mod that evaluates the
-     mask predicate) and compares its output with each kernel's rows;
+  4. compares cuDNN's and FA2's outputs with each kernel's dense rows, checks
+     every tile class of each exported plan against the mask's definition
+     (closed form per tile; so the next comparison inherits no misclassified
+     tile), then times FlexAttention with a BlockMask built from the *same*
+     plan (full tiles without mask_mod, partial tiles with a mask_mod that
+     evaluates the mask predicate) and compares its output with each kernel's rows;
   5. prints one table (a row per stsa kernel next to cuDNN, FA2 and
      FlexAttention, and what that makes of one video's self-attention time)
      and writes JSON under --out, rewritten after every step, so a kill keeps
@@ -130,6 +132,61 @@ def load_plan(record, n_tokens):
     partial = padded(sec["partial_offsets"], sec["partial_tiles"])
     full = padded(sec["full_offsets"], sec["full_tiles"])
     return partial + full
+
+
+def tile_truth(n_tokens, per_frame, band, q_blocks, k_blocks, device):
+    """([Qb, Kb] some pair allowed, [Qb, Kb] every pair allowed) for the mask
+    compare.py's mask_mod evaluates (frame-0 anchor rows and columns, |q - k| <=
+    band), over the tokens each tile really holds (the last tiles are ragged),
+    in closed form from the definition: no plan, no element mask."""
+    import torch
+    a = torch.arange(q_blocks, device=device)[:, None]
+    b = torch.arange(k_blocks, device=device)[None, :]
+    q0, q1 = a * TILE, torch.clamp((a + 1) * TILE, max=n_tokens) - 1
+    k0, k1 = b * TILE, torch.clamp((b + 1) * TILE, max=n_tokens) - 1
+    # The smallest |q - k| in the tile: 0 where the ranges overlap, else the gap.
+    gap = torch.clamp(torch.maximum(k0 - q1, q0 - k1), min=0)
+    some = (q0 < per_frame) | (k0 < per_frame) | (gap <= band)
+    # Pairs outside the anchor: rows and columns from per_frame on. None, or the
+    # largest |q - k| among them within the band.
+    qa, ka = torch.clamp(q0, min=per_frame), torch.clamp(k0, min=per_frame)
+    every = (qa > q1) | (ka > k1) | (torch.maximum(q1 - ka, k1 - qa) <= band)
+    return some, every
+
+
+def plan_check(lists, n_tokens, per_frame, band):
+    """The exported plan's tile classes against tile_truth, so that the
+    FlexAttention comparison, which is given the plan's lists, does not inherit
+    a misclassified tile. "wrong": tiles listed as full that hold a masked
+    pair, tiles left out that hold an allowed one, tiles listed twice;
+    "wasted": partial tiles that need no mask or hold no allowed pair."""
+    import torch
+    partial_num, partial_idx, full_num, full_idx = lists
+    q_blocks, k_blocks = partial_idx.shape[-2], partial_idx.shape[-1]
+    device = partial_idx.device
+    cols = torch.arange(k_blocks, device=device)[None, :]
+
+    def listed(num, idx):
+        valid = cols < num[0, 0].long()[:, None]
+        marks = torch.zeros(q_blocks, k_blocks, dtype=torch.int32, device=device)
+        rows = torch.arange(q_blocks, device=device)[:, None].expand(q_blocks, k_blocks)
+        marks.index_put_((rows[valid], idx[0, 0].long()[valid]), torch.ones((), dtype=torch.int32, device=device),
+                         accumulate=True)
+        return marks
+
+    partial, full = listed(partial_num, partial_idx), listed(full_num, full_idx)
+    some, every = tile_truth(n_tokens, per_frame, band, q_blocks, k_blocks, device)
+    is_partial, is_full = partial > 0, full > 0
+    counts = {
+        "full_with_masked_pairs": int((is_full & ~every).sum()),
+        "left_out_with_allowed_pairs": int((~is_partial & ~is_full & some).sum()),
+        "listed_twice": int(((partial + full) > 1).sum()),
+        "partial_without_masked_pairs": int((is_partial & every).sum()),
+        "partial_without_allowed_pairs": int((is_partial & ~some).sum()),
+    }
+    counts["wrong"] = counts["full_with_masked_pairs"] + counts["left_out_with_allowed_pairs"] + counts["listed_twice"]
+    counts["wasted"] = counts["partial_without_masked_pairs"] + counts["partial_without_allowed_pairs"]
+    return counts
 
 
 def add_stsa_run(shape_result, kernel, run_error, stsa):
@@ -301,6 +358,15 @@ def bench_shape_in(name, args, clock, shape_result, work, frames, height, width,
     for i, record in enumerate(order):
         label = record["label"]
         case = shape_result["cases"].setdefault(label, {})
+        band_value = max(record["band"], -1) if label != "dense" else n
+        try:
+            lists = load_plan(record, n)
+            case["plan_check"] = plan_check(lists, n, per_frame, band_value)
+            if case["plan_check"]["wrong"]:
+                shape_result["errors"].append(f"plan {label} disagrees with the mask's definition: {case['plan_check']}")
+        except Exception as e:
+            shape_result["errors"].append(f"plan {label}: {str(e)[:300]}")
+            continue
         if compile_failed:
             case["flex_error"] = f"skipped: the first case failed ({compile_failed[:120]})"
             shape_result["errors"].append(f"flex {label} {case['flex_error']}")
@@ -310,8 +376,8 @@ def bench_shape_in(name, args, clock, shape_result, work, frames, height, width,
             shape_result["errors"].append(f"flex {label} skipped: out of time")
             continue
         try:
-            band.fill_(max(record["band"], -1) if label != "dense" else n)
-            block_mask = BlockMask.from_kv_blocks(*load_plan(record, n), BLOCK_SIZE=TILE, mask_mod=mask_mod,
+            band.fill_(band_value)
+            block_mask = BlockMask.from_kv_blocks(*lists, BLOCK_SIZE=TILE, mask_mod=mask_mod,
                                                   seq_lengths=(n, n))
             t0 = time.time()
             fn = lambda: flex(q, k, v, block_mask=block_mask)  # noqa: E731

@@ -3,8 +3,9 @@
 relies on them (bench/gpu/check.sh runs it; needs only torch): the raw file
 round trip, and the FlexAttention BlockMask that load_plan builds from an
 exported tile plan (full and partial CSR lists, the exporter's file format),
-which must give the same attention as SDPA with the explicit element mask.
-The plan here is classified by brute force from the same predicate, on a
+which must give the same attention as SDPA with the explicit element mask,
+and the plan check (compare.tile_truth, compare.plan_check) that tells a
+plan's tile classes from the mask's definition. The plan here is classified by brute force from the same predicate, on a
 ragged grid (7 tiles of 128, the last partly outside)."""
 import os
 import sys
@@ -61,6 +62,32 @@ for band in (-1, 0, 37, 200, n):
     def mask_mod(b, hh, q_idx, kv_idx):
         return (q_idx < pf) | (kv_idx < pf) | ((q_idx - kv_idx).abs() <= band_t)
     lists = compare.load_plan(record, n)
+    # The closed-form tile classes against the brute-force ones, and the plan check
+    # on this plan (right) and on two corruptions of it (wrong).
+    some, every = compare.tile_truth(n, pf, band, qb, kb, "cpu")
+    for a in range(qb):
+        for b in range(kb):
+            blk = dense_mask[a * TILE:(a + 1) * TILE, b * TILE:(b + 1) * TILE]
+            assert bool(some[a, b]) == bool(blk.any()) and bool(every[a, b]) == bool(blk.all()), (band, a, b)
+    checked = compare.plan_check(lists, n, pf, band)
+    assert checked["wrong"] == 0 and checked["wasted"] == 0, checked
+    if part:  # a partial tile listed as full: its masked pairs would be attended
+        bad = [t.clone() for t in lists]
+        a = next(r for r in range(qb) if part_off[r + 1] > part_off[r])
+        tile = part[part_off[a]]
+        bad[0][0, 0, a] -= 1
+        bad[1][0, 0, a, : int(bad[0][0, 0, a])] = torch.tensor(
+            [t for t in part[part_off[a]:part_off[a + 1]] if t != tile], dtype=torch.int32)
+        bad[3][0, 0, a, int(bad[2][0, 0, a])] = tile
+        bad[2][0, 0, a] += 1
+        got = compare.plan_check(bad, n, pf, band)
+        assert got["full_with_masked_pairs"] == 1 and got["wrong"] == 1, got
+    if full:  # a full tile left out
+        bad = [t.clone() for t in lists]
+        a = next(r for r in range(qb) if full_off[r + 1] > full_off[r])
+        bad[2][0, 0, a] -= 1
+        got = compare.plan_check(bad, n, pf, band)
+        assert got["left_out_with_allowed_pairs"] == 1 and got["wrong"] == 1, got
     block_mask = BlockMask.from_kv_blocks(*lists, BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(n, n))
     # Full blocks skip mask_mod on the GPU (not in CPU eager mode, so the outputs
     # below cannot tell full from partial): check the split itself.
