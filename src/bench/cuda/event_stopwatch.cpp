@@ -11,10 +11,10 @@
 namespace stsa::bench {
 
 struct CudaEventStopwatch::Gate {
-  // Long enough for any host-side enqueue (a routed call's checks and a dozen
-  // launches take well under a millisecond), short enough that a run which
-  // synchronizes costs little.
-  static constexpr std::chrono::milliseconds patience{200};
+  // Long enough for any host-side enqueue (a call's checks and its launches
+  // take well under a millisecond), short enough that a run which
+  // synchronizes costs little (the benchmarks time up to a few hundred runs).
+  static constexpr std::chrono::milliseconds patience{50};
 
   std::mutex mutex;
   std::condition_variable opened;

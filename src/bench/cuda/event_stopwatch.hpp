@@ -9,7 +9,7 @@
 // GPU reaches the start event: the host's checks and launch overhead fall
 // outside the interval, which holds GPU time only (nvbench's blocking kernel,
 // without a kernel). A run that synchronizes with the device itself would wait
-// for the gate; the gate gives up after a while, and host_waits() counts those
+// for the gate; the gate gives up after 50 ms, and host_waits() counts those
 // runs (their times include host time again, as without the gate).
 #pragma once
 
