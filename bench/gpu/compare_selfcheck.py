@@ -88,6 +88,42 @@ for band in (-1, 0, 37, 200, n):
         bad[2][0, 0, a] -= 1
         got = compare.plan_check(bad, n, pf, band)
         assert got["left_out_with_allowed_pairs"] == 1 and got["wrong"] == 1, got
+    # A full tile listed twice, and key tile indices outside the grid (negative, past the
+    # end): counted, never used as indices.
+    room = next((r for r in range(qb) if 0 < full_off[r + 1] - full_off[r] < kb), None)  # a row with space
+    if room is not None:
+        for value, key in ((None, "listed_twice"), (-1, "outside_the_grid"), (kb, "outside_the_grid")):
+            bad = [t.clone() for t in lists]
+            a = room
+            count = int(bad[2][0, 0, a])
+            bad[3][0, 0, a, count] = bad[3][0, 0, a, 0] if value is None else value
+            bad[2][0, 0, a] += 1
+            got = compare.plan_check(bad, n, pf, band)
+            assert got[key] == 1 and got["wrong"] >= 1, (key, got)
+    # Tiles listed as partial that need no mask, or hold no allowed pair: wasted, not wrong.
+    empty = [(a, b) for a in range(qb) for b in range(kb) if not bool(some[a, b])]
+    for kind, cells in (("partial_without_masked_pairs", [(a, b) for a in range(qb) for b in range(kb)
+                                                          if b in full[full_off[a]:full_off[a + 1]]]),
+                        ("partial_without_allowed_pairs", empty)):
+        if not cells:
+            continue
+        a, b = cells[0]
+        bad = [t.clone() for t in lists]
+        if kind == "partial_without_masked_pairs":  # move the full tile (a, b) to the partial list
+            row = [t for t in full[full_off[a]:full_off[a + 1]] if t != b]
+            bad[2][0, 0, a] = len(row)
+            bad[3][0, 0, a, :len(row)] = torch.tensor(row, dtype=torch.int32)
+        count = int(bad[0][0, 0, a])
+        bad[1][0, 0, a, count] = b
+        bad[0][0, 0, a] += 1
+        got = compare.plan_check(bad, n, pf, band)
+        assert got[kind] == 1 and got["wasted"] == 1 and got["wrong"] == 0, (kind, got)
+    # A plan of another grid is refused.
+    try:
+        compare.plan_check(lists, n + TILE, pf, band)
+        raise AssertionError("a plan of another grid was checked")
+    except ValueError:
+        pass
     block_mask = BlockMask.from_kv_blocks(*lists, BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(n, n))
     # Full blocks skip mask_mod on the GPU (not in CPU eager mode, so the outputs
     # below cannot tell full from partial): check the split itself.

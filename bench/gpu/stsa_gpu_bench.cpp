@@ -72,8 +72,8 @@ stsa::bench::TimedRuns time_gpu(const std::function<void()>& enqueue, const stsa
   stsa::bench::Stopwatch* clocks[] = {&events};
   stsa::bench::TimedRuns runs = stsa::bench::time_runs(timing, enqueue, clocks);
   if (events.host_waits() > 0)
-    std::cerr << "note: " << events.host_waits() << " timed run(s) synchronized with the device; their times include"
-              << " host time\n";
+    std::cerr << "note: " << events.host_waits() << " timed run(s) blocked on the device while enqueuing (a sync, a plan"
+              << " upload or a module load); their times include host time\n";
   return runs;
 }
 

@@ -54,7 +54,7 @@ bench::Samples time_calls(const CudaBackend& backend, const AttentionCall& call,
       {.warmup = 1, .repeats = repeats}, [&] { backend.run_async(call, nullptr); }, clocks,
       [&](int done, int total) { progress.update(double(done) / total); });
   if (events.host_waits() > 0)
-    std::fprintf(stderr, "stsa: note: %d timed run(s) synchronized with the device; their times include host time\n",
+    std::fprintf(stderr, "stsa: note: %d timed run(s) blocked on the device while enqueuing; their times include host time\n",
                  events.host_waits());
   return runs[0];
 }

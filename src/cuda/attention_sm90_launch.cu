@@ -2,7 +2,6 @@
 // consumer schedules), their TMA descriptors and the persistent launch (one
 // block per SM, at most one per item).
 #include <algorithm>
-#include <climits>
 
 #include "cuda/attention_launch.hpp"
 #include "cuda/attention_sm90_kernel.cuh"
@@ -48,9 +47,10 @@ void launch_sm90_typed(const AttentionParams& params, int max_blocks, cudaStream
 
   const long long items = static_cast<long long>(params.q_tiles) * params.batch * params.head_count;
   const long long blocks = std::min<long long>(items, max_blocks);
-  // The persistent loop steps item += gridDim.x in int: that must not overflow either.
-  STSA_CHECK(items > 0 && blocks > 0 && items + blocks <= INT_MAX, ResourceError, "attention launch of ", items,
-             " work items does not fit the sm90 scheduler");
+  const long long key_tiles = (static_cast<long long>(params.tokens) + Traits::kBlockN - 1) / Traits::kBlockN;
+  STSA_CHECK(persistent_launch_fits(items, blocks, key_tiles), ResourceError, "attention launch of ", items,
+             " work items over ", blocks, " persistent blocks (up to ", key_tiles,
+             " key tiles each) does not fit the sm90 kernel's 32-bit counters; use more persistent blocks");
   const auto kernel = tile_sparse_attention_sm90_kernel<Traits>;
   check_register_budget<Traits>(reinterpret_cast<const void*>(kernel));
   STSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));

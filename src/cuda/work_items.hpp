@@ -34,4 +34,15 @@ STSA_HOST_DEVICE WorkSlot work_slot(int item, int q_tiles, int batch, int head_c
   return {rank, pair / head_count, pair % head_count};
 }
 
+// Whether a persistent launch fits the sm90 kernel's 32-bit counters: the item
+// loop (item += gridDim.x) and each block's running count of key tiles through
+// its K/V ring, which sets stage and barrier parity (a block gets at most
+// ceil(items / blocks) items of at most key_tiles each). Few persistent blocks
+// (CudaBackendOptions::persistent_blocks) on a long sequence could pass 2^31.
+constexpr bool persistent_launch_fits(long long items, long long blocks, long long key_tiles) {
+  constexpr long long kIntMax = 2147483647;
+  if (items <= 0 || blocks <= 0 || key_tiles <= 0 || items > kIntMax || blocks > kIntMax) return false;
+  return items + blocks <= kIntMax && (items + blocks - 1) / blocks * key_tiles <= kIntMax;
+}
+
 }  // namespace stsa::cuda_detail

@@ -77,8 +77,12 @@ void CudaEventStopwatch::start() {
 }
 
 double CudaEventStopwatch::stop_ms() {
-  gate_->set(true);  // first: a failed record below must not leave the stream held
-  check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
+  // The stop event is queued before the gate opens, so a host thread descheduled
+  // in between cannot add its delay to a short run; the gate opens even if the
+  // record failed, so the stream is never left held.
+  const cudaError_t recorded = cudaEventRecord(stop_, stream_);
+  gate_->set(true);
+  check(recorded, "cudaEventRecord");
   check(cudaEventSynchronize(stop_), "timed run");
   float ms = 0;
   check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");

@@ -8,9 +8,10 @@
 // blocks until stop_ms() opens it), so the whole run is enqueued before the
 // GPU reaches the start event: the host's checks and launch overhead fall
 // outside the interval, which holds GPU time only (nvbench's blocking kernel,
-// without a kernel). A run that synchronizes with the device itself would wait
+// without a kernel). A run whose enqueue blocks on the device (it synchronizes,
+// uploads a plan the cache lacked, or loads a module on first use) would wait
 // for the gate; the gate gives up after 50 ms, and host_waits() counts those
-// runs (their times include host time again, as without the gate).
+// runs (their times then start at the give-up and include the host's time after it).
 #pragma once
 
 #include <memory>
@@ -35,12 +36,12 @@ class CudaEventStopwatch final : public Stopwatch {
   void start() override;   // closes the gate, enqueues it and the start event
   double stop_ms() override;  // opens the gate and waits for the run; a fault in it throws stsa::Error here
 
-  // Timed runs whose gate gave up waiting (the run synchronized with the device).
+  // Timed runs whose gate gave up waiting (their enqueue blocked on the device).
   int host_waits() const;
 
+ private:
   struct Gate;  // shared with the host function; defined in the .cpp
 
- private:
   CUstream_st* stream_;
   CUevent_st* start_ = nullptr;
   CUevent_st* stop_ = nullptr;
