@@ -16,6 +16,9 @@
 //     shared memory, mask (partial tiles: bitmask; last tile: bounds), online
 //     softmax in registers (exp2 units, fp32), O += P V with P from registers.
 // Full tiles skip all mask work; empty tiles are never listed, hence never loaded.
+// The order of the waits, arrivals, loads and shared-memory reads of all three
+// schedules is model-checked on the host, every interleaving of small cases
+// (tests/sm90_protocol_test.cpp): change the two together.
 //
 // Shared memory holds every tile as 64-column (128-byte) blocks with the 128-byte
 // swizzle that TMA writes and wgmma reads: [column block][row][64 elements].
