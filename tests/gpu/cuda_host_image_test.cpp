@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cuda/device_plan_image.hpp"
+#include "cuda/sm90_tile_layout.hpp"
 #include "cuda/tensor_map_shape.hpp"
 #include "stsa/error.hpp"
 #include "stsa/mask.hpp"
@@ -108,6 +109,20 @@ TEST(TensorMapShape, ListsDimensionsInnermostFirstWithByteStrides) {
   const RowTensorMapShape h = row_tensor_map_shape(2, 300, 12, 64, bhnd, 128);
   EXPECT_EQ(h.strides_bytes[0], 64u * 2);
   EXPECT_EQ(h.strides_bytes[1], 300u * 64 * 2);
+}
+
+// The sm90 producer expects tile_bytes(D) on a full barrier per tile and loads
+// it as D / 64 boxes: if the boxes added up to anything else, the barrier's
+// phase would never complete (a hang) or complete before the data landed.
+// TMA counts a box's full size even where rows past the sequence are zero-filled.
+TEST(TensorMapShape, TheBoxesOfOneTileAddUpToTheBytesItsBarrierExpects) {
+  for (int head_dim : {64, 128}) {
+    const std::int64_t bnhd[3] = {std::int64_t(300) * 12 * head_dim, std::int64_t(12) * head_dim, head_dim};
+    const RowTensorMapShape s = row_tensor_map_shape(2, 300, 12, head_dim, bnhd, 128);
+    const std::uint64_t box_bytes = std::uint64_t(s.box[0]) * s.box[1] * s.box[2] * s.box[3] * 2;
+    EXPECT_EQ(box_bytes, sm90_layout::column_block_bytes(128)) << "D = " << head_dim;
+    EXPECT_EQ(box_bytes * std::uint64_t(head_dim / 64), sm90_layout::tile_bytes(head_dim)) << "D = " << head_dim;
+  }
 }
 
 TEST(TensorMapShape, ExtentOneTakesAnyStrideAndBadStridesAreUnsupported) {
