@@ -364,15 +364,18 @@ def bench_shape_in(name, args, clock, shape_result, work, frames, height, width,
     def band_of(record):
         return max(record["band"], -1) if record["label"] != "dense" else n
 
+    def plan_key(record):
+        return record["label"], record.get("plan", {}).get("file")
+
     # Each exported plan file against the mask's definition, before FlexAttention
     # is handed its lists (the kernels' processes write one path per case; the
     # last one stays, so this is one check per case unless a process failed).
     plans = {}  # (label, file) -> the lists, or None when the file is unusable
     for record in records:
-        label, path = record["label"], record.get("plan", {}).get("file")
-        if (label, path) in plans:
+        key, label = plan_key(record), record["label"]
+        if key in plans:
             continue
-        plans[(label, path)] = None
+        plans[key] = None
         try:
             lists = load_plan(record, n)
             checked = plan_check(lists, n, per_frame, band_of(record))
@@ -384,13 +387,13 @@ def bench_shape_in(name, args, clock, shape_result, work, frames, height, width,
             shape_result["errors"].append(f"plan {label} ({record['kernel']}) disagrees with the mask's "
                                           f"definition: {checked}")
         else:
-            plans[(label, path)] = lists
+            plans[key] = lists
     save()
 
     flex = torch.compile(flex_attention, dynamic=False)
     by_label = {}
     for record in records:  # the plan is the same for every kernel: one FlexAttention run per case
-        if plans.get((record["label"], record.get("plan", {}).get("file"))) is not None:
+        if plans.get(plan_key(record)) is not None:
             by_label.setdefault(record["label"], record)
     order = sorted(by_label.values(), key=lambda c: c["density"])  # dense (the slowest) last
     attempted = False
@@ -398,7 +401,7 @@ def bench_shape_in(name, args, clock, shape_result, work, frames, height, width,
     for record in order:
         label = record["label"]
         case = shape_result["cases"].setdefault(label, {})
-        lists = plans[(label, record.get("plan", {}).get("file"))]
+        lists = plans[plan_key(record)]
         if compile_failed:
             case["flex_error"] = f"skipped: the first case failed ({compile_failed[:120]})"
             shape_result["errors"].append(f"flex {label} {case['flex_error']}")

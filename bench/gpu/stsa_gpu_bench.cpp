@@ -71,9 +71,7 @@ stsa::bench::TimedRuns time_gpu(const std::function<void()>& enqueue, const stsa
   stsa::bench::CudaEventStopwatch events;  // on the default stream, where the runs are enqueued
   stsa::bench::Stopwatch* clocks[] = {&events};
   stsa::bench::TimedRuns runs = stsa::bench::time_runs(timing, enqueue, clocks);
-  if (events.host_waits() > 0)
-    std::cerr << "note: " << events.host_waits() << " timed run(s) blocked on the device while enqueuing (a sync, a plan"
-              << " upload or a module load); their times include host time\n";
+  if (const std::string note = events.host_waits_note(); !note.empty()) std::cerr << "note: " << note << "\n";
   return runs;
 }
 

@@ -53,9 +53,8 @@ bench::Samples time_calls(const CudaBackend& backend, const AttentionCall& call,
   const bench::TimedRuns runs = bench::time_runs(
       {.warmup = 1, .repeats = repeats}, [&] { backend.run_async(call, nullptr); }, clocks,
       [&](int done, int total) { progress.update(double(done) / total); });
-  if (events.host_waits() > 0)
-    std::fprintf(stderr, "stsa: note: %d timed run(s) blocked on the device while enqueuing; their times include host time\n",
-                 events.host_waits());
+  if (const std::string note = events.host_waits_note(); !note.empty())
+    std::fprintf(stderr, "stsa: note: %s\n", note.c_str());
   return runs[0];
 }
 

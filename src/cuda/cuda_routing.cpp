@@ -5,9 +5,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <climits>
 #include <array>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <vector>

@@ -94,4 +94,11 @@ int CudaEventStopwatch::host_waits() const {
   return gate_->gave_up;
 }
 
+std::string CudaEventStopwatch::host_waits_note() const {
+  const int waits = host_waits();
+  if (waits == 0) return "";
+  return std::to_string(waits) + " timed run(s) blocked on the device while enqueuing (a sync, a plan upload or a " +
+         "module load); their times include host time";
+}
+
 }  // namespace stsa::bench

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "bench/stopwatch.hpp"
 
@@ -38,6 +39,8 @@ class CudaEventStopwatch final : public Stopwatch {
 
   // Timed runs whose gate gave up waiting (their enqueue blocked on the device).
   int host_waits() const;
+  // One line for the user when host_waits() > 0 (what it means for the times), else empty.
+  std::string host_waits_note() const;
 
  private:
   struct Gate;  // shared with the host function; defined in the .cpp
