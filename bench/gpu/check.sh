@@ -10,18 +10,23 @@
 #      the simplest that fails (sm90 first) also runs once under memcheck, for the log;
 #   3. run the GPU tests (ctest -L gpu: every kernel, the probe, routing, permutation);
 #   4. time routing + permutation against routed attention at 1440p
-#      (stsa_gpu_route_bench; the issue's < 3% target);
+#      (stsa_gpu_route_bench; the issue's < 3% target), also in head-by-head
+#      order when STSA_CHECK_EXTRA_KERNELS asks for the first kernel in that order;
 #   5. benchmark at Wan2.1 shapes against cuDNN, FlashAttention-2 and
 #      FlexAttention on the identical tile plan (bench/gpu/compare.py, after
 #      compare_selfcheck.py has checked its plan -> BlockMask path on the CPU);
 #   6. run compute-sanitizer memcheck, racecheck and synccheck on small cases
 #      (after the benchmarks, with the time they left, at least 140 s in all);
 #   7. if time is left: the CLI's `stsa bench --backend cuda` (checked against
-#      the fp64 reference), Nsight Compute on one sparse 720p call (when ncu is
-#      there) and the demo (built in the background meanwhile).
+#      the fp64 reference), Nsight Compute (when ncu is there) on one sparse
+#      1440p call of the first kernel (and of its head-by-head variant when in
+#      the table) and on the routing kernel, and the demo (built in the
+#      background meanwhile).
 # $OUT (default build-gpu/out) receives check.log (everything this prints),
-# build.log (configure and compiler output), gpu_route_bench.json (step 4),
-# gpu_bench.json and gpu_bench.txt (step 5). It keeps going after a failed
+# build.log (configure and compiler output), build_cli.log, gpu_route_bench.json
+# (step 4; gpu_route_bench_head_by_head.json too when asked), gpu_bench.json and
+# gpu_bench.txt (step 5), cli_bench.json (step 7): at most the 8 files the
+# device tool returns. It keeps going after a failed
 # step and exits 1 if any step failed. Everything fits an 8-minute budget (STSA_CHECK_BUDGET_S),
 # measured from the start of this script: the benchmark gets what is left
 # minus the sanitizers' reserve (STSA_CHECK_SANITIZER_S, 140 s).
@@ -188,6 +193,12 @@ if [ -z "${STSA_CHECK_SKIP_BENCH:-}" ]; then
   ROUTE_KERNEL="${KERNELS%%,*}"
   run_step route_bench sh -c "timeout 90 '$BUILD/stsa_gpu_route_bench' --kernel $ROUTE_KERNEL --repeats 3 \
     > '$OUT/gpu_route_bench.json' && cat '$OUT/gpu_route_bench.json'"
+  # The same with the other work order when the table will have it (its attention is the denominator).
+  if [[ ",${STSA_CHECK_EXTRA_KERNELS:-}," == *",$ROUTE_KERNEL+head-by-head,"* ]]; then
+    run_step route_bench_head_by_head sh -c "timeout 60 '$BUILD/stsa_gpu_route_bench' --kernel $ROUTE_KERNEL \
+      --work-order head-by-head --repeats 3 > '$OUT/gpu_route_bench_head_by_head.json' && \
+      cat '$OUT/gpu_route_bench_head_by_head.json'"
+  fi
 
   step "compare.py self-check: plan -> FlexAttention BlockMask, on the CPU (60 s limit)"
   run_step compare_selfcheck timeout 60 python3 "$ROOT/bench/gpu/compare_selfcheck.py"
@@ -243,10 +254,11 @@ fi
 
 step "CLI on the GPU: stsa bench --backend cuda, a profile, then the demo (with the time left)"
 echo "failed so far: ${FAILED[*]:-none}"
-# The CLI's default kernel is sm90 on an H200: if sm90 failed its smoke test,
-# the bench runs sm80 and the demo (which takes the default) is not run.
+# The CLI's default kernel is sm90-pingpong on an H200: if it failed its smoke
+# test, the bench runs the first kernel left and the demo (which takes the
+# default) is not run.
 CLI_KERNEL=auto
-if [[ "$DROPPED" == *"/sm90("* ]]; then CLI_KERNEL=sm80; fi
+if [[ "$DROPPED" == *"/sm90_pingpong("* ]]; then CLI_KERNEL="${KERNELS%%,*}"; fi
 CLI_BUILT=0
 if wait "$CLI_BUILD_PID"; then
   CLI_BUILT=1
@@ -263,28 +275,42 @@ else
   tail -n 20 "$OUT/build_cli.log"
   FAILED+=("cli_build")
 fi
-# What the next optimisation should aim at: Nsight Compute on one sparse 720p
-# call of the first kernel left (the expected fastest), before the demo, which
-# it may leave without time. Information, not a step: missing ncu or counters it
-# may not read fail nothing.
+# What the next optimisation should aim at: Nsight Compute on one sparse 1440p
+# call of the first kernel left (the expected fastest), and of its other work
+# order when that is in the table, then on the routing kernel; before the demo,
+# which they may leave without time. Information, not steps: missing ncu or
+# counters it may not read fail nothing.
 NCU="$(find_tool ncu)"
 if [ -z "$NCU" ]; then NCU="$(ls /usr/local/cuda*/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -n 1 || true)"; fi
-if [ -n "$NCU" ] && [ $(( HARD_S - $(elapsed) )) -ge 90 ]; then
-  step "profile: ncu on one sparse 720p call of ${KERNELS%%,*} (45 s limit)"
-  # --clock-control none: the card's clocks are left as they are (and as they were seen to work here).
-  timeout 45 "$NCU" --clock-control none --kernel-name regex:attention --launch-skip 1 --launch-count 1 \
-    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    --section WarpStateStats --section Occupancy "$BUILD/stsa_gpu_bench" --densities 0.2 \
-    --kernels "${KERNELS%%,*}" --warmup 1 --repeats 1 --permutation false --json "$OUT/profile_bench.json" 2>&1 |
-    tail -n 150 || true
-else
-  echo "profile skipped: ${NCU:-no ncu}, $(elapsed) s used"
+# --clock-control none: the card's clocks are left as they are (and as they were seen to work here).
+NCU_SECTIONS=(--clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis
+  --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy)
+PROFILED=("${KERNELS%%,*}")
+BENCH_LIST="${BENCH_KERNELS:-}"
+for EXTRA in ${BENCH_LIST//,/ }; do
+  if [[ "$EXTRA" == "${PROFILED[0]}+"* ]]; then PROFILED+=("$EXTRA"); break; fi
+done
+for KERNEL in "${PROFILED[@]}"; do
+  if [ -n "$NCU" ] && [ $(( HARD_S - $(elapsed) )) -ge 50 ]; then
+    step "profile: ncu on one sparse 1440p call of $KERNEL (45 s limit)"
+    # One untimed launch (--warmup 0 --repeats 1): ncu replays it with the caches flushed.
+    timeout 45 "$NCU" "${NCU_SECTIONS[@]}" --kernel-name regex:attention --launch-count 1 "$BUILD/stsa_gpu_bench" \
+      --height 90 --width 160 --densities 0.2 --kernels "$KERNEL" --warmup 0 --repeats 1 --permutation false \
+      --json "$BUILD/profile_bench.json" 2>&1 | tail -n 150 || true
+  else
+    echo "profile of $KERNEL skipped: ${NCU:-no ncu}, $(elapsed) s used"
+  fi
+done
+if [ -n "$NCU" ] && [ $(( HARD_S - $(elapsed) )) -ge 45 ]; then
+  step "profile: ncu on the routing kernel, 1440p (40 s limit)"
+  timeout 40 "$NCU" "${NCU_SECTIONS[@]}" --kernel-name regex:routing_partials --launch-count 1 \
+    "$BUILD/stsa_gpu_route_bench" --kernel "${KERNELS%%,*}" --warmup 0 --repeats 1 2>&1 | tail -n 120 || true
 fi
 # The demo's 720p step alone takes 15-20 s (mostly drawing the inputs and the fp64 check on the host).
 if [ "$CLI_BUILT" -eq 0 ]; then
   echo "demo skipped: the CLI did not build"
 elif [ "$CLI_KERNEL" != auto ]; then
-  echo "demo skipped: sm90 failed its smoke test"
+  echo "demo skipped: sm90-pingpong (the default kernel) failed its smoke test"
 elif [ $(( HARD_S - $(elapsed) )) -ge 60 ]; then
   run_step cli_demo timeout $(( HARD_S - $(elapsed) )) "$BUILD/stsa"
 else

@@ -37,6 +37,7 @@ struct Options {
   bool frame_window = false;
   int warmup = 1, repeats = 5;
   std::string kernel = "auto";  // attention kernel: auto, sm80, sm90, sm90-overlap or sm90-pingpong
+  std::string work_order = "across-heads";
 };
 
 void fill_random(stsa::DeviceBuffer& buffer, std::uint64_t seed) {
@@ -81,7 +82,8 @@ nlohmann::json run(const Options& opt) {
     decisions.push_back(d);
   }
 
-  const stsa::CudaBackend backend(stsa::CudaBackendOptions{stsa::parse_cuda_kernel(opt.kernel)});
+  const stsa::CudaBackend backend(
+      stsa::CudaBackendOptions{stsa::parse_cuda_kernel(opt.kernel), stsa::parse_cuda_work_order(opt.work_order)});
   stsa::PlanCache plans;
   stsa::bench::Samples routing, permutation, attention;
   double routing_flops = 0;
@@ -106,6 +108,7 @@ nlohmann::json run(const Options& opt) {
           {"candidates", opt.frame_window ? 3 : 2},
           {"temporal_heads", opt.temporal_heads},
           {"kernel", std::string(stsa::to_string(backend.resolved_kernel()))},
+          {"work_order", std::string(stsa::to_string(backend.options().work_order))},
           {"routing_ms", routing_ms},
           {"routing_tflops", stsa::bench::json_number(stsa::bench::tflops(routing_flops, routing_ms))},
           {"permutation_ms", permutation_ms},
@@ -138,11 +141,13 @@ int main(int argc, char** argv) {
   app.add_option("--samples", opt.samples, "sampled query rows per head");
   app.add_flag("--frame-window", opt.frame_window, "also try the frame-window candidate");
   app.add_option("--kernel", opt.kernel, "attention kernel: auto, sm80, sm90, sm90-overlap or sm90-pingpong");
+  app.add_option("--work-order", opt.work_order, "attention work order: across-heads or head-by-head");
   app.add_option("--warmup", opt.warmup);
   app.add_option("--repeats", opt.repeats);
   CLI11_PARSE(app, argc, argv);
   try {
     stsa::parse_cuda_kernel(opt.kernel);  // bad options fail before the GPU is looked for
+    stsa::parse_cuda_work_order(opt.work_order);
     STSA_CHECK(opt.warmup >= 0 && opt.repeats >= 1, stsa::InvalidArgument, "--warmup must be >= 0 and --repeats >= 1");
     std::cout << run(opt).dump(2) << "\n";
   } catch (const std::exception& e) {  // stsa::Error, and bad_alloc or a JSON error too

@@ -123,13 +123,15 @@ class DevicePlan {
 //         specialization, persistent scheduler); needs compute capability 9.0.
 //   Sm90Overlap: the same with each consumer warpgroup overlapping the scores of
 //         tile t with P V of tile t-1 (FlashAttention-3's intra-warpgroup
-//         overlap); the default once a GPU run shows it correct and faster.
+//         overlap).
 //   Sm90PingPong: Sm90Overlap with the two consumer warpgroups taking turns to
 //         issue their products (ping-pong), so one's softmax runs under the
 //         other's products.
 //   Sm80: portable path (mma.sync, cp.async); compute capability >= 8.0 with the
 //         shared memory it needs (D = 128: 136 KB per block, as on A100/H100/H200).
-//   Auto: Sm90 on compute capability 9.0, Sm80 elsewhere.
+//   Auto: Sm90PingPong on compute capability 9.0 (on an H200 the fastest in
+//         dense and in 7 of 10 sparse cases; Sm90Overlap was up to 4% faster
+//         at density 0.1: bench/gpu/RESULTS.md), Sm80 elsewhere.
 enum class CudaKernel : std::uint8_t { Auto, Sm80, Sm90, Sm90Overlap, Sm90PingPong };
 // "auto", "sm80", "sm90", "sm90-overlap", "sm90-pingpong"
 std::string_view to_string(CudaKernel kernel);

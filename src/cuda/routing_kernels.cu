@@ -22,6 +22,14 @@ constexpr int kScorePad = 4;        // floats after each score row
 constexpr int kRowThreads = 8;      // softmax step: threads per sampled row, 8 keys each
 constexpr int kCombineThreads = 128;
 constexpr unsigned kFullMask = 0xffffffffu;
+// Whether a warp skips the softmax of a candidate that allows its rows no key
+// of the tile. Not on sm_80, where the branch makes ptxas spill at head dim 128
+// (the Hopper build keeps every value in registers).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+constexpr bool kSkipIdleCandidates = true;
+#else
+constexpr bool kSkipIdleCandidates = false;
+#endif
 static_assert(kRoutingRows * kRowThreads == kRoutingThreads, "one softmax thread group per row");
 static_assert(kRowThreads * 8 == kRoutingKeys, "8 keys per softmax thread");
 static_assert(kRoutingOutputs * 2 == kRoutingThreads / 32, "one warp per (output, 16-row group) in P.V");
@@ -45,7 +53,8 @@ struct SharedLayout {
   static constexpr int sum = max + kRoutingOutputs * kRoutingRows * 4;
   static constexpr int kept = sum + kRoutingOutputs * kRoutingRows * 4;
   static constexpr int row_codes = kept + kRoutingOutputs * kRoutingRows * 4;
-  static constexpr int bytes = row_codes + kMaxRoutingCandidates * kRoutingRows * 4;
+  static constexpr int bad = row_codes + kMaxRoutingCandidates * kRoutingRows * 4;  // (kRoutingRows): a non-finite score
+  static constexpr int bytes = bad + kRoutingRows * 4;
   static_assert(k % 16 == 0 && v % 16 == 0 && p % 16 == 0 && s % 16 == 0 && alpha % 16 == 0, "16-byte rows");
 };
 
@@ -109,6 +118,9 @@ __global__ void __launch_bounds__(kRoutingThreads, 2) routing_partials(const Rou
   float* sum_s = reinterpret_cast<float*>(shared + L::sum);
   int* kept_s = reinterpret_cast<int*>(shared + L::kept);
   int* row_code_s = reinterpret_cast<int*>(shared + L::row_codes);
+  // Set (by any thread of the row) when the row met a non-finite score: its errors are reported as NaN.
+  // In shared memory, not a register: at head dim 128 the kernel has none to spare.
+  int* bad_s = reinterpret_cast<int*>(shared + L::bad);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int row_block = int(blockIdx.x % unsigned(p.row_blocks));
@@ -148,6 +160,7 @@ __global__ void __launch_bounds__(kRoutingThreads, 2) routing_partials(const Rou
     sum_s[tid] = 0.f;
     kept_s[tid] = 0;
   }
+  if (tid < kRoutingRows) bad_s[tid] = 0;
   if (tid < kMaxRoutingCandidates * kRoutingRows) {
     const int c = tid / kRoutingRows;
     const std::int32_t pos = positions[tid % kRoutingRows];
@@ -155,7 +168,6 @@ __global__ void __launch_bounds__(kRoutingThreads, 2) routing_partials(const Rou
     row_code_s[tid] = t.forced ? -1 : t.code;
   }
   const int row = tid / kRowThreads, sub = tid % kRowThreads;  // softmax step: this thread's row and keys
-  bool bad = false;  // a non-finite score in the row: its errors are reported as NaN
 
   const int pv_output = warp >> 1, pv_group = warp & 1;
   float acc[kHeadDim / 8][4];  // (16 rows, kHeadDim) of output pv_output, mma accumulator layout
@@ -206,19 +218,20 @@ __global__ void __launch_bounds__(kRoutingThreads, 2) routing_partials(const Rou
       const float s[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
       const int tile_keys = int(min(std::int64_t(kRoutingKeys), key_end - k0));
       unsigned valid = 0;
+      bool bad = false;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
         if (sub * 8 + j < tile_keys) {
           valid |= 1u << j;
           bad = bad || !isfinite(s[j]);
         }
+      if (bad) bad_s[row] = 1;  // every writer stores the same value
 #pragma unroll
       for (int o = 0; o < kRoutingOutputs; ++o) {
         if (o >= outputs) break;
         const int state = o * kRoutingRows + row;
-        const float m_old = max_s[state], z_old = sum_s[state];
-        const int kept_old = kept_s[state];
         unsigned allowed = valid;
+        bool skip = false;
         if (o > 0) {
           const PredicateMask mask = candidate_mask(p, o - 1);
           const int row_code = row_code_s[(o - 1) * kRoutingRows + row];
@@ -230,33 +243,44 @@ __global__ void __launch_bounds__(kRoutingThreads, 2) routing_partials(const Rou
             if (mask_allows(mask, row_token, MaskToken{code < 0, code})) allowed |= 1u << j;
           }
           allowed &= valid;
+          // A sparse candidate allows no key of this tile to most rows: then the
+          // warp's four rows keep their state (factor 1, P = 0) without the
+          // exponentials and the shuffle chains (a warp-uniform branch).
+          skip = kSkipIdleCandidates && !__any_sync(kFullMask, allowed != 0);
         }
-        float tile_max = -INFINITY;
+        if (skip) {
+          *reinterpret_cast<uint4*>(p_s + state * kPRow + sub * 8) = make_uint4(0, 0, 0, 0);
+          if (sub == 0) alpha_s[state] = 1.f;
+        } else {
+          const float m_old = max_s[state], z_old = sum_s[state];
+          const int kept_old = kept_s[state];
+          float tile_max = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (allowed >> j & 1u) tile_max = fmaxf(tile_max, s[j]);
-        const float m_new = fmaxf(m_old, row_max(tile_max));
-        const float alpha = m_new == -INFINITY ? 1.f : fast_exp2(m_old - m_new);
-        std::uint32_t packed[4];
-        float sum = 0.f;
+          for (int j = 0; j < 8; ++j)
+            if (allowed >> j & 1u) tile_max = fmaxf(tile_max, s[j]);
+          const float m_new = fmaxf(m_old, row_max(tile_max));
+          const float alpha = m_new == -INFINITY ? 1.f : fast_exp2(m_old - m_new);
+          std::uint32_t packed[4];
+          float sum = 0.f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float p0 = (allowed >> (2 * j) & 1u) ? fast_exp2(s[2 * j] - m_new) : 0.f;
-          const float p1 = (allowed >> (2 * j + 1) & 1u) ? fast_exp2(s[2 * j + 1] - m_new) : 0.f;
-          packed[j] = pack_pair<Element>(p0, p1);
-          sum += pair_sum<Element>(packed[j]);
-        }
-        *reinterpret_cast<uint4*>(p_s + (o * kRoutingRows + row) * kPRow + sub * 8) =
-            make_uint4(packed[0], packed[1], packed[2], packed[3]);
-        const int count = row_sum(__popc(allowed));
-        const float z_new = z_old * alpha + row_sum(sum);
-        __syncwarp();  // every thread of the row has read the old state
-        if (sub == 0) {
-          max_s[state] = m_new;
-          sum_s[state] = z_new;
-          kept_s[state] = kept_old + count;
-          alpha_s[state] = alpha;
-          if (count > 0) atomicOr(any_s + o * 2 + row / 16, 1);
+          for (int j = 0; j < 4; ++j) {
+            const float p0 = (allowed >> (2 * j) & 1u) ? fast_exp2(s[2 * j] - m_new) : 0.f;
+            const float p1 = (allowed >> (2 * j + 1) & 1u) ? fast_exp2(s[2 * j + 1] - m_new) : 0.f;
+            packed[j] = pack_pair<Element>(p0, p1);
+            sum += pair_sum<Element>(packed[j]);
+          }
+          *reinterpret_cast<uint4*>(p_s + state * kPRow + sub * 8) =
+              make_uint4(packed[0], packed[1], packed[2], packed[3]);
+          const int count = row_sum(__popc(allowed));
+          const float z_new = z_old * alpha + row_sum(sum);
+          __syncwarp();  // every thread of the row has read the old state
+          if (sub == 0) {
+            max_s[state] = m_new;
+            sum_s[state] = z_new;
+            kept_s[state] = kept_old + count;
+            alpha_s[state] = alpha;
+            if (count > 0) atomicOr(any_s + o * 2 + row / 16, 1);
+          }
         }
       }
     }
@@ -299,7 +323,7 @@ __global__ void __launch_bounds__(kRoutingThreads, 2) routing_partials(const Rou
 
   const std::int64_t slot0 =
       ((std::int64_t(head_index) * p.row_blocks + row_block) * p.splits + split) * kRoutingOutputs;
-  const int poisoned = row_sum(int(bad));
+  const int poisoned = bad_s[row];  // the loop's last __syncthreads ordered every store
   if (sub == 0) {
 #pragma unroll
     for (int o = 0; o < kRoutingOutputs; ++o) {
