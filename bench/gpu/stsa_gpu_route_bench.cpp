@@ -37,7 +37,7 @@ struct Options {
   bool frame_window = false;
   int warmup = 1, repeats = 5;
   std::string kernel = "auto";  // attention kernel: auto, sm80, sm90, sm90-overlap or sm90-pingpong
-  std::string work_order = "across-heads";
+  std::string work_order = "auto";
 };
 
 void fill_random(stsa::DeviceBuffer& buffer, std::uint64_t seed) {
@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
   app.add_option("--samples", opt.samples, "sampled query rows per head");
   app.add_flag("--frame-window", opt.frame_window, "also try the frame-window candidate");
   app.add_option("--kernel", opt.kernel, "attention kernel: auto, sm80, sm90, sm90-overlap or sm90-pingpong");
-  app.add_option("--work-order", opt.work_order, "attention work order: across-heads or head-by-head");
+  app.add_option("--work-order", opt.work_order, "attention work order: auto, across-heads or head-by-head");
   app.add_option("--warmup", opt.warmup);
   app.add_option("--repeats", opt.repeats);
   CLI11_PARSE(app, argc, argv);

@@ -129,9 +129,9 @@ class DevicePlan {
 //         other's products.
 //   Sm80: portable path (mma.sync, cp.async); compute capability >= 8.0 with the
 //         shared memory it needs (D = 128: 136 KB per block, as on A100/H100/H200).
-//   Auto: Sm90PingPong on compute capability 9.0 (on an H200 the fastest in
-//         dense and in 7 of 10 sparse cases; Sm90Overlap was up to 4% faster
-//         at density 0.1: bench/gpu/RESULTS.md), Sm80 elsewhere.
+//   Auto: Sm90Overlap on compute capability 9.0 (with the Auto work order, the
+//         fastest measured configuration in 14 of the 15 Wan2.1 cases on an
+//         H200 and within 2% in the other: bench/gpu/RESULTS.md), Sm80 elsewhere.
 enum class CudaKernel : std::uint8_t { Auto, Sm80, Sm90, Sm90Overlap, Sm90PingPong };
 // "auto", "sm80", "sm90", "sm90-overlap", "sm90-pingpong"
 std::string_view to_string(CudaKernel kernel);
@@ -143,15 +143,19 @@ CudaKernel parse_cuda_kernel(std::string_view name);  // the names above; throws
 //         (the persistent sm90 blocks stay balanced to about one item).
 //   HeadByHead: every tile of one head before the next, so the blocks running
 //         at one moment share that head's K and V in L2 (FlashAttention-3's
-//         order); an experiment until a GPU run shows it faster (bench/NOTES.md).
-enum class CudaWorkOrder : std::uint8_t { AcrossHeads, HeadByHead };
-// "across-heads", "head-by-head"
+//         order): 8-18% faster on an H200 where the blocks stay balanced.
+//   Auto: per launch, head by head unless a model of the persistent schedule
+//         predicts it unbalanced (plans whose few heavy rows land on few
+//         blocks, as 720p at density 0.1-0.2); across heads for sm80
+//         (src/cuda/work_order_model.hpp).
+enum class CudaWorkOrder : std::uint8_t { Auto, AcrossHeads, HeadByHead };
+// "auto", "across-heads", "head-by-head"
 std::string_view to_string(CudaWorkOrder order);
 CudaWorkOrder parse_cuda_work_order(std::string_view name);  // the names above; throws InvalidArgument
 
 struct CudaBackendOptions {
   CudaKernel kernel = CudaKernel::Auto;
-  CudaWorkOrder work_order = CudaWorkOrder::AcrossHeads;
+  CudaWorkOrder work_order = CudaWorkOrder::Auto;
   // How many blocks the persistent Hopper kernels launch (never more than work
   // items); 0: one per multiprocessor. Fewer leave multiprocessors to work
   // running alongside, such as a communication kernel. The sm80 kernel is not

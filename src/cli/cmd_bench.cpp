@@ -174,7 +174,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kernel", args->kernel, "with --backend cuda: auto | sm80 | sm90 | sm90-overlap | sm90-pingpong")
       ->capture_default_str();
-  cmd->add_option("--work-order", args->work_order, "with --backend cuda: across-heads | head-by-head")
+  cmd->add_option("--work-order", args->work_order, "with --backend cuda: auto | across-heads | head-by-head")
       ->check(CLI::IsMember({"across-heads", "head-by-head"}))
       ->capture_default_str();
   cmd->add_option("--persistent-blocks", args->persistent_blocks,
@@ -188,7 +188,7 @@ void add_bench_command(CLI::App& app) {
     STSA_CHECK(args->dist || (args->mask != "mixed" && args->mask != "routed"), InvalidArgument,
                "--mask ", args->mask, " needs --dist (one process runs one mask kind for all heads)");
     STSA_CHECK(args->backend == "cuda" ||
-                   (args->kernel == "auto" && args->work_order == "across-heads" && args->persistent_blocks == 0),
+                   (args->kernel == "auto" && args->work_order == "auto" && args->persistent_blocks == 0),
                InvalidArgument, "--kernel, --work-order and --persistent-blocks set up the CUDA kernel: they need "
                                 "--backend cuda");
     STSA_CHECK(!(args->dist && args->backend == "cuda"), InvalidArgument,

@@ -37,7 +37,7 @@ struct BenchArgs {
   bool dist = false;
   std::string backend = "cpu";  // cpu | cuda
   std::string kernel = "auto";  // the CUDA kernel (--backend cuda)
-  std::string work_order = "across-heads";  // --backend cuda
+  std::string work_order = "auto";  // --backend cuda
   int persistent_blocks = 0;                // --backend cuda; 0: one per SM
 };
 

@@ -16,6 +16,7 @@
 #include "cuda/device_checks.hpp"
 #include "cuda/device_plan_arrays.hpp"
 #include "cuda/work_items.hpp"
+#include "cuda/work_order_model.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/error.hpp"
 
@@ -83,7 +84,7 @@ CudaKernel resolve_kernel(CudaKernel requested, const DeviceFacts& f) {
   // sm_90a machine code runs on compute capability 9.0 only (no PTX is shipped for it).
   const bool hopper = f.major == 9 && f.minor == 0;
   // The fastest correct kernel measured on an H200 (bench/gpu/RESULTS.md, 2026-11-30).
-  if (requested == CudaKernel::Auto) return hopper ? CudaKernel::Sm90PingPong : CudaKernel::Sm80;
+  if (requested == CudaKernel::Auto) return hopper ? CudaKernel::Sm90Overlap : CudaKernel::Sm80;
   STSA_CHECK(requested == CudaKernel::Sm80 || hopper, Unsupported, "the ", to_string(requested),
              " kernel needs compute capability 9.0, device ", f.device, " has ", f.major, ".", f.minor);
   return requested;
@@ -104,6 +105,22 @@ cuda_detail::Sm90Schedule sm90_schedule(CudaKernel kernel) {
 int smem_bytes(CudaKernel kernel, int head_dim) {
   return is_sm90(kernel) ? cuda_detail::attention_sm90_smem_bytes(head_dim)
                          : cuda_detail::attention_smem_bytes(head_dim);
+}
+
+// The order a launch walks its items in. Auto: the model's choice for the
+// persistent Hopper kernels (work_order_model.hpp, cached per plan and launch
+// shape); across heads for sm80, whose order was only measured that way.
+int work_order(CudaWorkOrder requested, CudaKernel kernel, const DevicePlan::Arrays& plan, std::int64_t pairs,
+               int persistent_blocks) {
+  if (requested == CudaWorkOrder::HeadByHead) return cuda_detail::kWorkHeadByHead;
+  if (requested == CudaWorkOrder::AcrossHeads || !is_sm90(kernel)) return cuda_detail::kWorkAcrossHeads;
+  const std::int64_t blocks = std::min<std::int64_t>(persistent_blocks, plan.q_tiles * pairs);
+  const std::lock_guard lock(plan.order_mutex);
+  for (const auto& [cached_pairs, cached_blocks, order] : plan.order_choices)
+    if (cached_pairs == pairs && cached_blocks == blocks) return int(order);
+  const int order = cuda_detail::choose_work_order(plan.rank_costs, pairs, blocks);
+  plan.order_choices.push_back({pairs, blocks, order});
+  return order;
 }
 
 // The device a call runs on and the kernel it runs with there.
@@ -165,6 +182,7 @@ CudaKernel parse_cuda_kernel(std::string_view name) {
 
 std::string_view to_string(CudaWorkOrder order) {
   switch (order) {
+    case CudaWorkOrder::Auto: return "auto";
     case CudaWorkOrder::AcrossHeads: return "across-heads";
     case CudaWorkOrder::HeadByHead: return "head-by-head";
   }
@@ -172,10 +190,10 @@ std::string_view to_string(CudaWorkOrder order) {
 }
 
 CudaWorkOrder parse_cuda_work_order(std::string_view name) {
-  for (const CudaWorkOrder order : {CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead})
+  for (const CudaWorkOrder order : {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead})
     if (name == to_string(order)) return order;
   throw InvalidArgument(
-      detail::concat("unknown cuda work order '", name, "' (expected across-heads or head-by-head)"));
+      detail::concat("unknown cuda work order '", name, "' (expected auto, across-heads or head-by-head)"));
 }
 
 struct CudaBackend::State {
@@ -263,8 +281,6 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
   params.out_type = out_type(call.o.dtype);
   params.scale = call.scale();
   params.scale_log2 = float(double(call.scale()) * kLog2e);
-  params.work_order = state_->options.work_order == CudaWorkOrder::HeadByHead ? cuda_detail::kWorkHeadByHead
-                                                                              : cuda_detail::kWorkAcrossHeads;
 
   // Heads that share a plan share a launch (and the device copy of the plan).
   std::vector<const TilePlan*> group_keys;
@@ -297,6 +313,8 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
       const std::size_t count = std::min<std::size_t>(cuda_detail::kMaxHeadsPerLaunch, heads.size() - first);
       params.head_count = int(count);
       std::copy_n(heads.begin() + std::ptrdiff_t(first), count, params.heads);
+      params.work_order = work_order(state_->options.work_order, kernel, arrays, call.layout.batch * std::int64_t(count),
+                                     persistent_blocks);
       if (is_sm90(kernel))
         cuda_detail::launch_attention_sm90(params, bf16, persistent_blocks, sm90_schedule(kernel), stream);
       else

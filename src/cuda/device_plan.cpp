@@ -44,6 +44,7 @@ std::shared_ptr<const DevicePlan> DevicePlan::upload(const TilePlan& plan) {
   a.q_tiles = image.q_tiles;
   a.kept_tiles = image.kept_tiles;
   a.distinct_masks = image.distinct_masks;
+  a.rank_costs = image.rank_costs;
   STSA_CUDA_CHECK(cudaMalloc(&a.storage, image.bytes.size()));
   a.bytes = image.bytes.size();
   STSA_CUDA_CHECK(cudaMemcpy(a.storage, image.bytes.data(), a.bytes, cudaMemcpyHostToDevice));

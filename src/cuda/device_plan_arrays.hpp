@@ -2,8 +2,11 @@
 // deduplicated partial bitmasks, and the order in which query tiles are scheduled.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "stsa/cuda.hpp"
 #include "stsa/plan.hpp"
@@ -27,6 +30,13 @@ struct DevicePlan::Arrays {
   // [q_tiles] query tiles by descending kept-tile count: the heaviest work starts
   // first, so the light tiles fill the gaps at the end of a launch.
   const std::int32_t* q_tile_order = nullptr;
+
+  // On the host: kept key tiles of the query tile at each rank, and the work
+  // order CudaWorkOrder::Auto chose for each (pairs, blocks) launch shape
+  // (work_order_model.hpp), computed once per shape.
+  std::vector<std::int32_t> rank_costs;
+  mutable std::mutex order_mutex;
+  mutable std::vector<std::array<std::int64_t, 3>> order_choices;  // pairs, blocks, WorkOrder
 };
 
 }  // namespace stsa

@@ -64,6 +64,10 @@ DevicePlanImage make_device_plan_image(const TilePlan& plan) {
            row_begin[std::size_t(b) + 1] - row_begin[std::size_t(b)];
   });
 
+  image.rank_costs.resize(q_tiles);
+  for (std::size_t rank = 0; rank < q_tiles; ++rank)
+    image.rank_costs[rank] = row_begin[std::size_t(order[rank]) + 1] - row_begin[std::size_t(order[rank])];
+
   const std::size_t words_per_mask = std::size_t(plan.tile().q) * std::size_t(plan.mask_words_per_row());
   const std::size_t mask_bytes = std::size_t(image.distinct_masks) * words_per_mask * 8;
   Placer placer;

@@ -37,6 +37,10 @@ void check_image(const TilePlan& plan) {
   const auto key_tiles = array_at<std::int32_t>(image, image.key_tiles, std::size_t(image.kept_tiles));
   const auto mask_ids = array_at<std::int32_t>(image, image.mask_ids, std::size_t(image.kept_tiles));
   const auto order = array_at<std::int32_t>(image, image.q_tile_order, q_tiles);
+  ASSERT_EQ(image.rank_costs.size(), q_tiles);
+  for (std::size_t rank = 0; rank < q_tiles; ++rank)
+    EXPECT_EQ(image.rank_costs[rank], row_begin[std::size_t(order[rank]) + 1] - row_begin[std::size_t(order[rank])])
+        << "rank " << rank << ": the host keeps each rank's kept-tile count for the work-order model";
   ASSERT_EQ(row_begin.front(), 0);
   ASSERT_EQ(row_begin.back(), image.kept_tiles);
   for (std::size_t qt = 0; qt < q_tiles; ++qt) {

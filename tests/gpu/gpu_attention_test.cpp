@@ -626,10 +626,10 @@ TEST(GpuAttentionInput, NegativePersistentBlocksAreInvalid) {
 }
 
 TEST(GpuAttentionInput, WorkOrderNamesRoundTrip) {
-  for (const CudaWorkOrder order : {CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead})
+  for (const CudaWorkOrder order : {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead})
     EXPECT_EQ(parse_cuda_work_order(to_string(order)), order);
   EXPECT_THROW(parse_cuda_work_order("random"), InvalidArgument);
-  EXPECT_EQ(CudaBackend().options().work_order, CudaWorkOrder::AcrossHeads);
+  EXPECT_EQ(CudaBackend().options().work_order, CudaWorkOrder::Auto);
 }
 
 TEST(GpuAttentionInput, KernelNamesRoundTrip) {
@@ -647,7 +647,7 @@ TEST(GpuAttentionInput, TheKernelResolvesOnlyWithAGpu) {
     return;
   }
   const CudaKernel automatic = CudaBackend().resolved_kernel();
-  EXPECT_EQ(automatic, is_hopper() ? CudaKernel::Sm90PingPong : CudaKernel::Sm80);
+  EXPECT_EQ(automatic, is_hopper() ? CudaKernel::Sm90Overlap : CudaKernel::Sm80);
   if (!is_hopper()) {
     for (const CudaKernel k : {CudaKernel::Sm90, CudaKernel::Sm90Overlap, CudaKernel::Sm90PingPong}) {
       EXPECT_THROW(CudaBackend(CudaBackendOptions{k}).resolved_kernel(), Unsupported);
