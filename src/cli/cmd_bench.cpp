@@ -175,7 +175,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--kernel", args->kernel, "with --backend cuda: auto | sm80 | sm90 | sm90-overlap | sm90-pingpong")
       ->capture_default_str();
   cmd->add_option("--work-order", args->work_order, "with --backend cuda: auto | across-heads | head-by-head")
-      ->check(CLI::IsMember({"across-heads", "head-by-head"}))
+      ->check(CLI::IsMember({"auto", "across-heads", "head-by-head"}))
       ->capture_default_str();
   cmd->add_option("--persistent-blocks", args->persistent_blocks,
                   "with --backend cuda: blocks of the persistent Hopper kernels (0: one per SM)")

@@ -3,11 +3,12 @@
 // names the r-th heaviest query tile of the plan (q_tile_order). The persistent
 // sm90 kernel hands items to blocks round-robin, the sm80 grid launches them in
 // order, so the order decides both the balance and what shares L2:
-//   across heads (the default): rank slowest, the heaviest tiles of every head
-//     first; costs fall monotonically over the whole list;
+//   across heads: rank slowest, the heaviest tiles of every head first; costs
+//     fall monotonically over the whole list;
 //   head by head: (batch, head slot) slowest, every tile of one head
 //     (heaviest first) before the next, so the blocks running at one moment
 //     read one head's K and V (at 1440p one head's K and V are 3x the L2).
+// CudaWorkOrder::Auto picks one per launch (work_order_model.hpp).
 #pragma once
 
 #include "cuda/host_device.hpp"
