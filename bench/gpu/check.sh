@@ -302,9 +302,9 @@ for KERNEL in "${PROFILED[@]}"; do
   fi
 done
 if [ -n "$NCU" ] && [ $(( HARD_S - $(elapsed) )) -ge 45 ]; then
-  step "profile: ncu on the routing kernel, 1440p (40 s limit)"
-  timeout 40 "$NCU" "${NCU_SECTIONS[@]}" --kernel-name regex:routing_partials --launch-count 1 \
-    "$BUILD/stsa_gpu_route_bench" --kernel "${KERNELS%%,*}" --warmup 0 --repeats 1 2>&1 | tail -n 120 || true
+  step "profile: ncu on the routing kernels (partials, combine, reduce), 1440p (40 s limit)"
+  timeout 40 "$NCU" "${NCU_SECTIONS[@]}" --kernel-name regex:routing_ --launch-count 3 \
+    "$BUILD/stsa_gpu_route_bench" --kernel "${KERNELS%%,*}" --warmup 0 --repeats 1 2>&1 | tail -n 330 || true
 fi
 # The demo's 720p step alone takes 15-20 s (mostly drawing the inputs and the fp64 check on the host).
 if [ "$CLI_BUILT" -eq 0 ]; then

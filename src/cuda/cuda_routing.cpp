@@ -113,8 +113,9 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
   const auto row_blocks = std::int64_t(row_batch.size());
   const auto head_count = std::int64_t(which.size());
 
-  // Key splits: about four blocks per SM over all (head, row block) pairs (two
-  // resident per SM, two waves), each split at least four tiles long.
+  // Key splits: about four blocks per SM over all (head, row block) pairs (one
+  // resident per SM, four waves, so a ragged last wave costs little), each
+  // split at least four tiles long.
   const std::int64_t tiles = (layout.tokens() + cuda_detail::kRoutingKeys - 1) / cuda_detail::kRoutingKeys;
   const std::int64_t wanted = (4 * std::int64_t(sms) + head_count * row_blocks - 1) / (head_count * row_blocks);
   std::int64_t splits = std::clamp<std::int64_t>(wanted, 1, std::clamp<std::int64_t>(tiles / 4, 1, kMaxSplits));

@@ -33,19 +33,28 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 // Lane l receives row l/4, columns 2(l%4) and 2(l%4)+1 of each matrix.
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* shared) {
+// `address` is a shared-window address (shared_address()): a kernel that keeps
+// one 32-bit base per operand and adds constant offsets spends no registers
+// on a 64-bit pointer per fragment.
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(shared))
+               : "r"(address)
                : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* shared) {
+  ldmatrix_x4(r, shared_address(shared));
 }
 
 // Same, transposed: lane l receives rows 2(l%4) and 2(l%4)+1 of column l/4.
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* shared) {
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(shared))
+               : "r"(address)
                : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* shared) {
+  ldmatrix_x4_trans(r, shared_address(shared));
 }
 
 // d += a * b for one 16x8x16 tile: a (16x16, row-major fragments), b (16x8,

@@ -18,44 +18,21 @@ namespace {
 
 constexpr int kPad = 8;             // elements after each shared b16 row: rows shift by 16 bytes, so the
                                     // eight row addresses of an ldmatrix land in distinct bank groups
-constexpr int kScorePad = 4;        // floats after each score row
-constexpr int kRowThreads = 8;      // softmax step: threads per sampled row, 8 keys each
+constexpr int kStages = 3;          // K/V tiles in shared memory: two in flight while one is consumed
 constexpr int kCombineThreads = 128;
 constexpr unsigned kFullMask = 0xffffffffu;
-// Whether a warp skips the softmax of a candidate that allows its rows no key
-// of the tile. Not on sm_80, where the branch makes ptxas spill at head dim 128
-// (the Hopper build keeps every value in registers).
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-constexpr bool kSkipIdleCandidates = true;
-#else
-constexpr bool kSkipIdleCandidates = false;
-#endif
-static_assert(kRoutingRows * kRowThreads == kRoutingThreads, "one softmax thread group per row");
-static_assert(kRowThreads * 8 == kRoutingKeys, "8 keys per softmax thread");
-static_assert(kRoutingOutputs * 2 == kRoutingThreads / 32, "one warp per (output, 16-row group) in P.V");
+static_assert(kRoutingKeys == 64, "a thread's keys of a tile are bits of one 32-bit word per row");
 
 // Byte offsets of the partials kernel's dynamic shared memory (all multiples of 16).
-template <int kHeadDim>
+template <int kHeadDim, int kBlockRows>
 struct SharedLayout {
-  static constexpr int kRow = kHeadDim + kPad;        // elements per Q / K / V row
-  static constexpr int kPRow = kRoutingKeys + kPad;   // elements per P row
-  static constexpr int kSRow = kRoutingKeys + kScorePad;
-  static constexpr int q = 0;                                              // (kRoutingRows, kRow)
-  static constexpr int k = q + kRoutingRows * kRow * 2;                    // 2 x (kRoutingKeys, kRow)
-  static constexpr int v = k + 2 * kRoutingKeys * kRow * 2;                // 2 x (kRoutingKeys, kRow)
-  static constexpr int p = v + 2 * kRoutingKeys * kRow * 2;                // (kRoutingOutputs, kRoutingRows, kPRow)
-  static constexpr int s = p + kRoutingOutputs * kRoutingRows * kPRow * 2; // (kRoutingRows, kSRow) fp32
-  static constexpr int alpha = s + kRoutingRows * kSRow * 4;               // (kRoutingOutputs, kRoutingRows)
-  static constexpr int codes = alpha + kRoutingOutputs * kRoutingRows * 4; // (kMaxRoutingCandidates, kRoutingKeys)
-  static constexpr int any = codes + kMaxRoutingCandidates * kRoutingKeys * 4;  // (kRoutingOutputs, 2)
-  // Softmax state per (output, row): running maximum, sum, kept pairs; the rows' own codes per candidate.
-  static constexpr int max = any + kRoutingOutputs * 2 * 4;
-  static constexpr int sum = max + kRoutingOutputs * kRoutingRows * 4;
-  static constexpr int kept = sum + kRoutingOutputs * kRoutingRows * 4;
-  static constexpr int row_codes = kept + kRoutingOutputs * kRoutingRows * 4;
-  static constexpr int bad = row_codes + kMaxRoutingCandidates * kRoutingRows * 4;  // (kRoutingRows): a non-finite score
-  static constexpr int bytes = bad + kRoutingRows * 4;
-  static_assert(k % 16 == 0 && v % 16 == 0 && p % 16 == 0 && s % 16 == 0 && alpha % 16 == 0, "16-byte rows");
+  static constexpr int kPitch = kHeadDim + kPad;                        // elements per Q / K / V row
+  static constexpr int q = 0;                                           // (kBlockRows, kPitch)
+  static constexpr int k = q + kBlockRows * kPitch * 2;                 // kStages x (kRoutingKeys, kPitch)
+  static constexpr int v = k + kStages * kRoutingKeys * kPitch * 2;     // kStages x (kRoutingKeys, kPitch)
+  static constexpr int codes = v + kStages * kRoutingKeys * kPitch * 2; // 2 x (kMaxRoutingCandidates, kRoutingKeys)
+  static constexpr int bytes = codes + 2 * kMaxRoutingCandidates * kRoutingKeys * 4;
+  static_assert(k % 16 == 0 && v % 16 == 0 && codes % 16 == 0, "16-byte rows");
 };
 
 __device__ __forceinline__ PredicateMask candidate_mask(const RoutingParams& p, int c) {
@@ -78,271 +55,265 @@ __device__ __forceinline__ float pair_sum<__half>(std::uint32_t bits) {
   return __low2float(v) + __high2float(v);
 }
 
-// Sum, maximum and OR over the kRowThreads consecutive lanes that share a row.
-__device__ __forceinline__ float row_max(float x) {
-  for (int step = 1; step < kRowThreads; step *= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, step));
-  return x;
+// Maximum, sum and OR over the four lanes of a quad (the lanes that share a fragment row).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kFullMask, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kFullMask, x, 2));
 }
 template <class T>
-__device__ __forceinline__ T row_sum(T x) {
-  for (int step = 1; step < kRowThreads; step *= 2) x += __shfl_xor_sync(kFullMask, x, step);
-  return x;
+__device__ __forceinline__ T quad_sum(T x) {
+  x += __shfl_xor_sync(kFullMask, x, 1);
+  return x + __shfl_xor_sync(kFullMask, x, 2);
 }
 
-// One block: sampled rows of row block blockIdx.x % row_blocks, key split
-// blockIdx.x / row_blocks, routed head blockIdx.y. Per key tile:
-//   load   K, V of the next tile (cp.async, double buffered); mask codes of this tile's keys;
-//   scores warp w: rows 16 (w % 2) .. +15 x keys 16 (w / 2) .. +15, scaled to the log2 domain;
-//   softmax 8 threads per row, 8 keys each: per output the allowed keys' maximum, the
-//          rescale factor of the running state, P rounded to the input type (its sum
-//          is taken from the rounded values, so O is exactly a weighted mean of V);
-//   P.V    warp w: output w / 2, rows 16 (w % 2) .. +15, all channels (skipped when
-//          no row of the group has an allowed key in the tile: its factors are all 1).
-template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(kRoutingThreads, 2) routing_partials(const RoutingParams p) {
-  using L = SharedLayout<kHeadDim>;
-  constexpr int kRow = L::kRow, kPRow = L::kPRow, kSRow = L::kSRow;
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte pieces of a row
-  extern __shared__ __align__(16) unsigned char shared[];
-  Element* q_s = reinterpret_cast<Element*>(shared + L::q);
-  Element* k_s = reinterpret_cast<Element*>(shared + L::k);
-  Element* v_s = reinterpret_cast<Element*>(shared + L::v);
-  Element* p_s = reinterpret_cast<Element*>(shared + L::p);
-  float* s_s = reinterpret_cast<float*>(shared + L::s);
-  float* alpha_s = reinterpret_cast<float*>(shared + L::alpha);
-  int* code_s = reinterpret_cast<int*>(shared + L::codes);
-  int* any_s = reinterpret_cast<int*>(shared + L::any);
-  // The softmax state lives in shared memory, not in the registers of the row's
-  // threads: the P.V accumulators need those (no spills at 2 blocks per SM).
-  float* max_s = reinterpret_cast<float*>(shared + L::max);
-  float* sum_s = reinterpret_cast<float*>(shared + L::sum);
-  int* kept_s = reinterpret_cast<int*>(shared + L::kept);
-  int* row_code_s = reinterpret_cast<int*>(shared + L::row_codes);
-  // Set (by any thread of the row) when the row met a non-finite score: its errors are reported as NaN.
-  // In shared memory, not a register: at head dim 128 the kernel has none to spare.
-  int* bad_s = reinterpret_cast<int*>(shared + L::bad);
+// The shape of a partials block for `kOutputs` outputs: one warp per (output,
+// 16-row group). Two candidates: all four row groups of a row block (K/V read
+// once per row block), 12 warps with up to 168 registers each. Three: two row
+// groups per block and two blocks per row block (gridDim.z), 8 warps, so a
+// thread keeps 255 registers instead of the 128 that 16 warps would leave it.
+template <int kOutputs>
+struct RoutingBlock {
+  static_assert(kOutputs == 3 || kOutputs == 4, "two or three candidates");
+  static constexpr int kRowGroups = kOutputs == 3 ? kRoutingRowGroups : kRoutingRowGroups / 2;
+  static constexpr int kRows = kRowGroups * 16;
+  static constexpr int kParts = kRoutingRows / kRows;  // blocks per row block
+  static constexpr int kThreads = kOutputs * kRowGroups * 32;
+};
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+// One block: rows blockIdx.z * kRows.. of row block blockIdx.x % row_blocks,
+// key split blockIdx.x / row_blocks, routed head blockIdx.y. Warp w owns one
+// output (w / kRowGroups: 0 dense, 1 + c candidate c) for 16 rows (row group
+// w % kRowGroups) and works like a flash-attention warp: scores, the
+// online softmax and P.V in registers, P passed from the score accumulators
+// straight into the P.V fragments. The warps share only the K/V tiles and the
+// tiles' mask codes, so a key tile costs one __syncthreads. A candidate warp
+// whose mask allows its 16 rows no key of the tile skips it (a sparse
+// candidate allows a row ~10% of the keys); the dense warps walk every tile
+// and are the only ones that flag a row's non-finite scores. The scores are
+// computed once per output (4x the Q.K^T of a shared score tile), which costs
+// tensor-core time the kernel has to spare instead of two shared-memory round
+// trips and three barriers per tile.
+template <class Element, int kHeadDim, int kOutputs>
+__global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_partials(const RoutingParams p) {
+  using Block = RoutingBlock<kOutputs>;
+  using L = SharedLayout<kHeadDim, Block::kRows>;
+  constexpr int kThreads = Block::kThreads;
+  constexpr int kPitch = L::kPitch;
+  constexpr int kVectors = kHeadDim / 8;  // 16-byte pieces of a row
+  extern __shared__ __align__(16) unsigned char shared[];
+  Element* const q_s = reinterpret_cast<Element*>(shared + L::q);
+  Element* const k_s = reinterpret_cast<Element*>(shared + L::k);
+  Element* const v_s = reinterpret_cast<Element*>(shared + L::v);
+  int* const code_s = reinterpret_cast<int*>(shared + L::codes);  // -1: forced (every pair allowed)
+
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int group = lane >> 2, quad_lane = lane & 3;  // fragment row g and column pair t
+  const int output = warp / Block::kRowGroups, row_group = warp % Block::kRowGroups;
   const int row_block = int(blockIdx.x % unsigned(p.row_blocks));
   const int split = int(blockIdx.x / unsigned(p.row_blocks));
   const int head_index = int(blockIdx.y);
   const std::int64_t head = p.heads[head_index];
   const std::int64_t batch = p.row_batch[row_block];
-  const int outputs = 1 + p.candidates;
-  const std::int64_t key_begin = std::int64_t(split) * p.tiles_per_split * kRoutingKeys;
-  const std::int64_t key_end = min(std::int64_t(p.tokens), key_begin + std::int64_t(p.tiles_per_split) * kRoutingKeys);
-  const int tiles = int((key_end - key_begin + kRoutingKeys - 1) / kRoutingKeys);
+  // Key positions fit 32 bits up to a tile past the last key (the host checked tokens <= INT_MAX - kRoutingKeys).
+  const std::int64_t split_begin = std::int64_t(split) * p.tiles_per_split * kRoutingKeys;
+  const int key_begin = int(split_begin);
+  const int key_end = int(min(std::int64_t(p.tokens), split_begin + std::int64_t(p.tiles_per_split) * kRoutingKeys));
+  const int tiles = (key_end - key_begin + kRoutingKeys - 1) / kRoutingKeys;
   const Element* q = static_cast<const Element*>(p.q) + batch * p.q_stride[0] + head * p.q_stride[2];
   const Element* k = static_cast<const Element*>(p.k) + batch * p.k_stride[0] + head * p.k_stride[2];
   const Element* v = static_cast<const Element*>(p.v) + batch * p.v_stride[0] + head * p.v_stride[2];
-  const std::int32_t* positions = p.row_positions + row_block * kRoutingRows;
+  const int first_row = int(blockIdx.z) * Block::kRows;  // of the row block
+  const std::int32_t* positions = p.row_positions + row_block * kRoutingRows + first_row;
 
-  for (int i = tid; i < kRoutingRows * kChunks; i += kRoutingThreads) {
-    const int r = i / kChunks, c = i % kChunks;
+  for (int i = tid; i < Block::kRows * kVectors; i += kThreads) {
+    const int r = i / kVectors, c = i % kVectors;
     const std::int32_t pos = positions[r];
-    cp_async_16(q_s + r * kRow + c * 8, pos >= 0 ? q + pos * p.q_stride[1] + c * 8 : q, pos >= 0);  // padding rows: 0
+    cp_async_16(q_s + r * kPitch + c * 8, pos >= 0 ? q + pos * p.q_stride[1] + c * 8 : q, pos >= 0);  // padding: 0
   }
-  auto load_tile = [&](int tile, int buffer) {
-    const std::int64_t k0 = key_begin + std::int64_t(tile) * kRoutingKeys;
-    for (int i = tid; i < kRoutingKeys * kChunks; i += kRoutingThreads) {
-      const int j = i / kChunks, c = i % kChunks;
-      const bool valid = k0 + j < key_end;  // keys past the split are zero-filled and never allowed
-      const std::int64_t key = valid ? k0 + j : 0;
-      cp_async_16(k_s + (buffer * kRoutingKeys + j) * kRow + c * 8, k + key * p.k_stride[1] + c * 8, valid);
-      cp_async_16(v_s + (buffer * kRoutingKeys + j) * kRow + c * 8, v + key * p.v_stride[1] + c * 8, valid);
+  auto load_tile = [&](int tile, int stage) {
+    const int first = key_begin + tile * kRoutingKeys;
+    for (int i = tid; i < kRoutingKeys * kVectors; i += kThreads) {
+      const int j = i / kVectors, c = i % kVectors;
+      const bool valid = first + j < key_end;  // keys past the split are zero-filled and never allowed
+      const std::int64_t key = valid ? first + j : 0;
+      cp_async_16(k_s + (stage * kRoutingKeys + j) * kPitch + c * 8, k + key * p.k_stride[1] + c * 8, valid);
+      cp_async_16(v_s + (stage * kRoutingKeys + j) * kPitch + c * 8, v + key * p.v_stride[1] + c * 8, valid);
     }
   };
-  load_tile(0, 0);
-  cp_async_commit();
-
-  if (tid < kRoutingOutputs * kRoutingRows) {
-    max_s[tid] = -INFINITY;
-    sum_s[tid] = 0.f;
-    kept_s[tid] = 0;
+  // Prologue: Q with the first tile, then the second; one commit group per tile
+  // (empty groups past the end keep the count uniform).
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < tiles) load_tile(s, s);
+    cp_async_commit();
   }
-  if (tid < kRoutingRows) bad_s[tid] = 0;
-  if (tid < kMaxRoutingCandidates * kRoutingRows) {
-    const int c = tid / kRoutingRows;
-    const std::int32_t pos = positions[tid % kRoutingRows];
-    const MaskToken t = mask_token(p.grid, candidate_mask(p, c), pos >= 0 ? pos : 0);
-    row_code_s[tid] = t.forced ? -1 : t.code;
-  }
-  const int row = tid / kRowThreads, sub = tid % kRowThreads;  // softmax step: this thread's row and keys
 
-  const int pv_output = warp >> 1, pv_group = warp & 1;
-  float acc[kHeadDim / 8][4];  // (16 rows, kHeadDim) of output pv_output, mma accumulator layout
+  // The mask codes of a tile's keys are written by the last warps (a candidate
+  // warp waits less at the barrier than a dense one), before the barrier that
+  // publishes the tile.
+  const int code_thread = kThreads - 1 - tid;
+  const bool writes_codes = code_thread < (kOutputs - 1) * kRoutingKeys;
+  const int code_candidate = code_thread / kRoutingKeys, code_key = code_thread % kRoutingKeys;
+
+  // This warp's rows (g and g + 8 of its group): their mask codes under the
+  // warp's candidate, -1 where forced (and for the dense output: every key allowed).
+  const PredicateMask mask = candidate_mask(p, output > 0 ? output - 1 : 0);
+  int row_code[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const std::int32_t pos = positions[row_group * 16 + group + 8 * r];
+    const MaskToken t = mask_token(p.grid, mask, pos >= 0 ? pos : 0);
+    row_code[r] = output == 0 || t.forced ? -1 : t.code;
+  }
+
+  // This lane's ldmatrix row addresses (shared window) in Q and in stage 0 of K
+  // and V; fragments add constant offsets. Q: (rows +0..7, d lo), (rows +8..15,
+  // d lo), (rows +0..7, d hi), (rows +8..15, d hi). K: (keys +0..7, d lo),
+  // (keys +0..7, d hi), (keys +8..15, d lo), (keys +8..15, d hi). V, transposed:
+  // (keys +0..7, d lo), (keys +8..15, d lo), (keys +0..7, d hi), (keys +8..15, d hi).
+  constexpr int kStageBytes = kRoutingKeys * kPitch * 2;
+  const std::uint32_t q_fragment =
+      shared_address(q_s + (row_group * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kPitch + (lane >> 4) * 8);
+  const std::uint32_t k_fragment = shared_address(k_s + ((lane >> 4) * 8 + (lane & 7)) * kPitch + ((lane >> 3) & 1) * 8);
+  const std::uint32_t v_fragment = shared_address(v_s + (((lane >> 3) & 1) * 8 + (lane & 7)) * kPitch + (lane >> 4) * 8);
+
+  float acc[kHeadDim / 8][4];  // (16 rows, kHeadDim): mma accumulator tiles
 #pragma unroll
   for (int n = 0; n < kHeadDim / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  // Per thread, rows g and g + 8: running maximum (log2 domain), this thread's
+  // share of the sum and of the allowed pairs; the dense warps also whether a
+  // score of the row was non-finite.
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  int row_kept[2] = {0, 0};
+  bool row_bad[2] = {false, false};
 
   for (int tile = 0; tile < tiles; ++tile) {
-    const int buffer = tile & 1;
-    const std::int64_t k0 = key_begin + std::int64_t(tile) * kRoutingKeys;
-    if (tile + 1 < tiles) load_tile(tile + 1, buffer ^ 1);
-    cp_async_commit();  // possibly empty, so that the wait below always leaves exactly the prefetch in flight
-    if (tid < p.candidates * kRoutingKeys) {
-      const int c = tid / kRoutingKeys, j = tid % kRoutingKeys;
-      const MaskToken t = k0 + j < key_end ? mask_token(p.grid, candidate_mask(p, c), std::int32_t(k0 + j))
-                                           : MaskToken{true, 0};
-      code_s[tid] = t.forced ? -1 : t.code;
+    const int stage = tile % kStages;
+    const int first = key_begin + tile * kRoutingKeys;
+    // Codes in buffer tile % 2: its readers of tile - 2 all passed the previous barrier.
+    int* const codes = code_s + (tile & 1) * kMaxRoutingCandidates * kRoutingKeys;
+    if (writes_codes) {
+      const int key = first + code_key;
+      const MaskToken t = key < key_end ? mask_token(p.grid, candidate_mask(p, code_candidate), key) : MaskToken{true, 0};
+      codes[code_candidate * kRoutingKeys + code_key] = t.forced ? -1 : t.code;
     }
-    if (tid < kRoutingOutputs * 2) any_s[tid] = 0;
-    cp_async_wait<1>();
-    __syncthreads();
+    cp_async_wait<kStages - 2>();  // this thread's copies of the tile (and of Q) have landed ...
+    __syncthreads();               // ... and everyone's; everyone is also done with tile - 1's stage
+    if (tile + kStages - 1 < tiles) load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
+    cp_async_commit();
 
-    {  // scores
-      const int g = warp & 1, key_group = warp >> 1, i = lane >> 3;
-      const Element* kb = k_s + buffer * kRoutingKeys * kRow;
-      float d[2][4] = {};
+    // Allowed keys: bit 2n + e of allowed[r] is key 8n + 2t + e for row g + 8r.
+    const int tile_keys = min(kRoutingKeys, key_end - first);
+    std::uint32_t allowed[2] = {0u, 0u};
 #pragma unroll
-      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-        std::uint32_t a[4], b[4];
-        ldmatrix_x4(a, q_s + (g * 16 + (i & 1) * 8 + (lane & 7)) * kRow + ks * 16 + (i >> 1) * 8);
-        ldmatrix_x4(b, kb + (key_group * 16 + (i >> 1) * 8 + (lane & 7)) * kRow + ks * 16 + (i & 1) * 8);
-        mma_16x8x16<Element>(d[0], a, b[0], b[1]);
-        mma_16x8x16<Element>(d[1], a, b[2], b[3]);
-      }
-      const int r0 = g * 16 + (lane >> 2), c0 = key_group * 16 + 2 * (lane & 3);
+    for (int n = 0; n < kRoutingKeys / 8; ++n) {
+      const int key = n * 8 + 2 * quad_lane;
+      const int2 code = output > 0 ? *reinterpret_cast<const int2*>(codes + (output - 1) * kRoutingKeys + key)
+                                   : make_int2(-1, -1);
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        *reinterpret_cast<float2*>(s_s + r0 * kSRow + c0 + n * 8) =
-            make_float2(d[n][0] * p.scale_log2, d[n][1] * p.scale_log2);
-        *reinterpret_cast<float2*>(s_s + (r0 + 8) * kSRow + c0 + n * 8) =
-            make_float2(d[n][2] * p.scale_log2, d[n][3] * p.scale_log2);
+      for (int e = 0; e < 2; ++e) {
+        if (key + e >= tile_keys) continue;
+        const int c = e == 0 ? code.x : code.y;
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          if (mask_allows(mask, MaskToken{row_code[r] < 0, row_code[r]}, MaskToken{c < 0, c}))
+            allowed[r] |= 1u << (2 * n + e);
       }
     }
-    __syncthreads();
+    // Warp-uniform: a candidate that allows these 16 rows nothing here leaves their state as it is.
+    if (output > 0 && !__any_sync(kFullMask, (allowed[0] | allowed[1]) != 0u)) continue;
 
-    {  // online softmax, per output
-      const float4 lo = *reinterpret_cast<const float4*>(s_s + row * kSRow + sub * 8);
-      const float4 hi = *reinterpret_cast<const float4*>(s_s + row * kSRow + sub * 8 + 4);
-      const float s[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-      const int tile_keys = int(min(std::int64_t(kRoutingKeys), key_end - k0));
-      unsigned valid = 0;
-      bool bad = false;
+    // S = Q K^T (16 rows x 64 keys, 8 accumulator tiles), then to the log2 domain.
+    const std::uint32_t k_tile = k_fragment + stage * kStageBytes, v_tile = v_fragment + stage * kStageBytes;
+    float s[kRoutingKeys / 8][4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (sub * 8 + j < tile_keys) {
-          valid |= 1u << j;
-          bad = bad || !isfinite(s[j]);
-        }
-      if (bad) bad_s[row] = 1;  // every writer stores the same value
+    for (int n = 0; n < kRoutingKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-      for (int o = 0; o < kRoutingOutputs; ++o) {
-        if (o >= outputs) break;
-        const int state = o * kRoutingRows + row;
-        unsigned allowed = valid;
-        bool skip = false;
-        if (o > 0) {
-          const PredicateMask mask = candidate_mask(p, o - 1);
-          const int row_code = row_code_s[(o - 1) * kRoutingRows + row];
-          const MaskToken row_token{row_code < 0, row_code};
-          allowed = 0;
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      std::uint32_t a[4];
+      ldmatrix_x4(a, q_fragment + kk * 32);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int code = code_s[(o - 1) * kRoutingKeys + sub * 8 + j];
-            if (mask_allows(mask, row_token, MaskToken{code < 0, code})) allowed |= 1u << j;
-          }
-          allowed &= valid;
-          // A sparse candidate allows no key of this tile to most rows: then the
-          // warp's four rows keep their state (factor 1, P = 0) without the
-          // exponentials and the shuffle chains (a warp-uniform branch).
-          skip = kSkipIdleCandidates && !__any_sync(kFullMask, allowed != 0);
-        }
-        if (skip) {
-          *reinterpret_cast<uint4*>(p_s + state * kPRow + sub * 8) = make_uint4(0, 0, 0, 0);
-          if (sub == 0) alpha_s[state] = 1.f;
-        } else {
-          const float m_old = max_s[state], z_old = sum_s[state];
-          const int kept_old = kept_s[state];
-          float tile_max = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            if (allowed >> j & 1u) tile_max = fmaxf(tile_max, s[j]);
-          const float m_new = fmaxf(m_old, row_max(tile_max));
-          const float alpha = m_new == -INFINITY ? 1.f : fast_exp2(m_old - m_new);
-          std::uint32_t packed[4];
-          float sum = 0.f;
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float p0 = (allowed >> (2 * j) & 1u) ? fast_exp2(s[2 * j] - m_new) : 0.f;
-            const float p1 = (allowed >> (2 * j + 1) & 1u) ? fast_exp2(s[2 * j + 1] - m_new) : 0.f;
-            packed[j] = pack_pair<Element>(p0, p1);
-            sum += pair_sum<Element>(packed[j]);
-          }
-          *reinterpret_cast<uint4*>(p_s + state * kPRow + sub * 8) =
-              make_uint4(packed[0], packed[1], packed[2], packed[3]);
-          const int count = row_sum(__popc(allowed));
-          const float z_new = z_old * alpha + row_sum(sum);
-          __syncwarp();  // every thread of the row has read the old state
-          if (sub == 0) {
-            max_s[state] = m_new;
-            sum_s[state] = z_new;
-            kept_s[state] = kept_old + count;
-            alpha_s[state] = alpha;
-            if (count > 0) atomicOr(any_s + o * 2 + row / 16, 1);
-          }
-        }
+      for (int np = 0; np < kRoutingKeys / 16; ++np) {
+        std::uint32_t b[4];
+        ldmatrix_x4(b, k_tile + (np * 16 * kPitch + kk * 16) * 2);
+        mma_16x8x16<Element>(s[2 * np], a, b[0], b[1]);
+        mma_16x8x16<Element>(s[2 * np + 1], a, b[2], b[3]);
       }
     }
-    __syncthreads();
 
-    if (pv_output < outputs && any_s[pv_output * 2 + pv_group] != 0) {  // P.V
-      const float alpha_lo = alpha_s[pv_output * kRoutingRows + pv_group * 16 + (lane >> 2)];
-      const float alpha_hi = alpha_s[pv_output * kRoutingRows + pv_group * 16 + (lane >> 2) + 8];
+    // Online softmax: per row the maximum of the allowed scores and the
+    // rescale of the running state, then P = exp2(S - max) 16 keys at a time,
+    // rounded to the input type and passed straight into P.V (the accumulator
+    // layout of S tiles 2j and 2j + 1 is the A fragment of keys 16j..16j + 15).
+    // P's sum is taken from the rounded values, so O is exactly a weighted mean of V.
+    float m_new[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kRoutingKeys / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = s[n][2 * r + e] * p.scale_log2;
+          s[n][2 * r + e] = x;
+          const bool is_allowed = (allowed[r] >> (2 * n + e) & 1u) != 0u;
+          if (output == 0 && is_allowed && !isfinite(x)) row_bad[r] = true;  // dense: allowed = valid
+          if (is_allowed) tile_max = fmaxf(tile_max, x);
+        }
+      m_new[r] = fmaxf(row_max[r], quad_max(tile_max));
+      const float alpha = m_new[r] == -INFINITY ? 1.f : fast_exp2(row_max[r] - m_new[r]);
+      row_max[r] = m_new[r];
+      row_sum[r] *= alpha;
+      row_kept[r] += __popc(allowed[r]);
 #pragma unroll
       for (int n = 0; n < kHeadDim / 8; ++n) {
-        acc[n][0] *= alpha_lo;
-        acc[n][1] *= alpha_lo;
-        acc[n][2] *= alpha_hi;
-        acc[n][3] *= alpha_hi;
+        acc[n][2 * r] *= alpha;
+        acc[n][2 * r + 1] *= alpha;
       }
-      const Element* vb = v_s + buffer * kRoutingKeys * kRow;
-      const Element* pb = p_s + (pv_output * kRoutingRows + pv_group * 16) * kPRow;
-      const int i = lane >> 3;
-      auto key_step = [&](int ks) {
-        std::uint32_t a[4];
-        ldmatrix_x4(a, pb + ((i & 1) * 8 + (lane & 7)) * kPRow + ks * 16 + (i >> 1) * 8);
+    }
 #pragma unroll
-        for (int np = 0; np < kHeadDim / 16; ++np) {
-          std::uint32_t b[4];
-          ldmatrix_x4_trans(b, vb + (ks * 16 + (i & 1) * 8 + (lane & 7)) * kRow + np * 16 + (i >> 1) * 8);
-          mma_16x8x16<Element>(acc[2 * np], a, b[0], b[1]);
-          mma_16x8x16<Element>(acc[2 * np + 1], a, b[2], b[3]);
+    for (int j = 0; j < kRoutingKeys / 16; ++j) {
+      std::uint32_t p_frag[4];  // (row g, keys 16j + 2t..), (row g + 8, ..), (row g, keys 16j + 8 + 2t..), (row g + 8, ..)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int n = 2 * j + h;
+          const float p0 = (allowed[r] >> (2 * n) & 1u) ? fast_exp2(s[n][2 * r] - m_new[r]) : 0.f;
+          const float p1 = (allowed[r] >> (2 * n + 1) & 1u) ? fast_exp2(s[n][2 * r + 1] - m_new[r]) : 0.f;
+          p_frag[2 * h + r] = pack_pair<Element>(p0, p1);
+          row_sum[r] += pair_sum<Element>(p_frag[2 * h + r]);
         }
-      };
-      if constexpr (kHeadDim == 112) {  // fully unrolled, ptxas spills this one size on sm_90a
-#pragma unroll 1
-        for (int ks = 0; ks < kRoutingKeys / 16; ++ks) key_step(ks);
-      } else {
 #pragma unroll
-        for (int ks = 0; ks < kRoutingKeys / 16; ++ks) key_step(ks);
+      for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, v_tile + (j * 16 * kPitch + dp * 16) * 2);
+        mma_16x8x16<Element>(acc[2 * dp], p_frag, b[0], b[1]);
+        mma_16x8x16<Element>(acc[2 * dp + 1], p_frag, b[2], b[3]);
       }
     }
-    __syncthreads();  // the next tile overwrites codes, flags, P and the other K/V buffer
   }
+  cp_async_wait<0>();  // only empty groups can remain; leave nothing in flight
 
-  const std::int64_t slot0 =
-      ((std::int64_t(head_index) * p.row_blocks + row_block) * p.splits + split) * kRoutingOutputs;
-  const int poisoned = bad_s[row];  // the loop's last __syncthreads ordered every store
-  if (sub == 0) {
+  // The quad's shares, then one lane per row writes the state; every lane its accumulator columns.
+  const std::int64_t slot = ((std::int64_t(head_index) * p.row_blocks + row_block) * p.splits + split) *
+                                kRoutingOutputs + output;
 #pragma unroll
-    for (int o = 0; o < kRoutingOutputs; ++o) {
-      if (o >= outputs) break;
-      const std::int64_t at = (slot0 + o) * kRoutingRows + row;
-      const int state = o * kRoutingRows + row;
-      p.part_max[at] = poisoned != 0 ? NAN : max_s[state];
-      p.part_sum[at] = sum_s[state];
-      p.part_kept[at] = kept_s[state];
+  for (int r = 0; r < 2; ++r) {
+    const float sum = quad_sum(row_sum[r]);
+    const int kept = quad_sum(row_kept[r]);
+    const bool bad = quad_sum(int(row_bad[r])) != 0;
+    const int row = first_row + row_group * 16 + group + 8 * r;
+    const std::int64_t at = slot * kRoutingRows + row;
+    if (quad_lane == 0) {
+      p.part_max[at] = bad ? NAN : row_max[r];
+      p.part_sum[at] = sum;
+      p.part_kept[at] = kept;
     }
-  }
-  if (pv_output < outputs) {
-    const int r0 = pv_group * 16 + (lane >> 2);
-    float* out = p.part_acc + ((slot0 + pv_output) * kRoutingRows + r0) * kHeadDim + 2 * (lane & 3);
+    float* out = p.part_acc + at * kHeadDim + 2 * quad_lane;
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      *reinterpret_cast<float2*>(out + n * 8) = make_float2(acc[n][0], acc[n][1]);
-      *reinterpret_cast<float2*>(out + 8 * kHeadDim + n * 8) = make_float2(acc[n][2], acc[n][3]);
-    }
+    for (int n = 0; n < kHeadDim / 8; ++n)
+      *reinterpret_cast<float2*>(out + n * 8) = make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
   }
 }
 
@@ -393,6 +364,8 @@ __global__ void __launch_bounds__(kCombineThreads) routing_combine(const Routing
     for (int o = 0; o < kRoutingOutputs; ++o) {
       if (o >= outputs) break;
       float sum = 0.f;
+      // Unrolled so that several splits' loads are in flight at once (a split is ~64 KB apart).
+#pragma unroll 8
       for (int s = 0; s < p.splits; ++s) sum += factor_s[o * p.splits + s] * p.part_acc[at(s, o) * p.head_dim + d];
       o_out[o] = z_s[o] > 0.f ? sum / z_s[o] : 0.f;
     }
@@ -433,27 +406,35 @@ __global__ void routing_reduce(const RoutingParams p) {
   }
 }
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kOutputs>
 void launch_partials(const RoutingParams& p, cudaStream_t stream) {
-  constexpr int bytes = SharedLayout<kHeadDim>::bytes;
-  auto kernel = routing_partials<Element, kHeadDim>;
+  using Block = RoutingBlock<kOutputs>;
+  constexpr int bytes = SharedLayout<kHeadDim, Block::kRows>::bytes;
+  auto kernel = routing_partials<Element, kHeadDim, kOutputs>;
   STSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  kernel<<<dim3(unsigned(p.splits) * unsigned(p.row_blocks), unsigned(p.head_count)), kRoutingThreads, bytes,
-           stream>>>(p);
+  kernel<<<dim3(unsigned(p.splits) * unsigned(p.row_blocks), unsigned(p.head_count), unsigned(Block::kParts)),
+           Block::kThreads, bytes, stream>>>(p);
   STSA_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class Element, int kHeadDim>
+void launch_partials_for_outputs(const RoutingParams& p, cudaStream_t stream) {
+  if (p.candidates == 2) return launch_partials<Element, kHeadDim, 3>(p, stream);
+  if (p.candidates == 3) return launch_partials<Element, kHeadDim, 4>(p, stream);
+  throw Unsupported(detail::concat("routing kernels: ", p.candidates, " candidates (built for 2 and 3)"));
 }
 
 template <class Element>
 void launch_partials_for(const RoutingParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 16: return launch_partials<Element, 16>(p, stream);
-    case 32: return launch_partials<Element, 32>(p, stream);
-    case 48: return launch_partials<Element, 48>(p, stream);
-    case 64: return launch_partials<Element, 64>(p, stream);
-    case 80: return launch_partials<Element, 80>(p, stream);
-    case 96: return launch_partials<Element, 96>(p, stream);
-    case 112: return launch_partials<Element, 112>(p, stream);
-    case 128: return launch_partials<Element, 128>(p, stream);
+    case 16: return launch_partials_for_outputs<Element, 16>(p, stream);
+    case 32: return launch_partials_for_outputs<Element, 32>(p, stream);
+    case 48: return launch_partials_for_outputs<Element, 48>(p, stream);
+    case 64: return launch_partials_for_outputs<Element, 64>(p, stream);
+    case 80: return launch_partials_for_outputs<Element, 80>(p, stream);
+    case 96: return launch_partials_for_outputs<Element, 96>(p, stream);
+    case 112: return launch_partials_for_outputs<Element, 112>(p, stream);
+    case 128: return launch_partials_for_outputs<Element, 128>(p, stream);
     default: break;
   }
   throw Unsupported(detail::concat("routing kernels: head dim ", p.head_dim, " is not built"));
@@ -464,15 +445,16 @@ void launch_partials_for(const RoutingParams& p, cudaStream_t stream) {
 bool routing_head_dim_supported(int head_dim) { return head_dim >= 16 && head_dim <= 128 && head_dim % 16 == 0; }
 
 int routing_shared_bytes(int head_dim) {
+  // The larger block: two candidates, all kRoutingRows rows.
   switch (head_dim) {
-    case 16: return SharedLayout<16>::bytes;
-    case 32: return SharedLayout<32>::bytes;
-    case 48: return SharedLayout<48>::bytes;
-    case 64: return SharedLayout<64>::bytes;
-    case 80: return SharedLayout<80>::bytes;
-    case 96: return SharedLayout<96>::bytes;
-    case 112: return SharedLayout<112>::bytes;
-    case 128: return SharedLayout<128>::bytes;
+    case 16: return SharedLayout<16, kRoutingRows>::bytes;
+    case 32: return SharedLayout<32, kRoutingRows>::bytes;
+    case 48: return SharedLayout<48, kRoutingRows>::bytes;
+    case 64: return SharedLayout<64, kRoutingRows>::bytes;
+    case 80: return SharedLayout<80, kRoutingRows>::bytes;
+    case 96: return SharedLayout<96, kRoutingRows>::bytes;
+    case 112: return SharedLayout<112, kRoutingRows>::bytes;
+    case 128: return SharedLayout<128, kRoutingRows>::bytes;
     default: return 0;
   }
 }

@@ -2,13 +2,13 @@
 //
 // Three launches per call, all on one stream:
 //   1. partials: grid (key split x row block, routed head). A block takes up to
-//      kRoutingRows sampled rows of one batch entry and one head, walks its key
-//      split in tiles of kRoutingKeys keys and keeps one online-softmax state per
-//      row and output (output 0: dense, output 1 + c: candidate c), each with its
-//      own running maximum, so a mask whose keys score far below the dense
-//      maximum loses no precision. Scores and P.V run on tensor cores
-//      (mma.sync m16n8k16, fp32 accumulation); the mask predicate is evaluated
-//      per key from mask_predicate.hpp.
+//      kRoutingRows sampled rows of one batch entry and one head and walks its
+//      key split in tiles of kRoutingKeys keys. One warp per (output, 16 rows)
+//      (output 0: dense, output 1 + c: candidate c) keeps that output's
+//      online-softmax state, each with its own running maximum, so a mask whose
+//      keys score far below the dense maximum loses no precision. Scores and
+//      P.V run on tensor cores (mma.sync m16n8k16, fp32 accumulation) in
+//      registers; the mask predicate is evaluated per key from mask_predicate.hpp.
 //   2. combine: per (head, sampled row) the splits are merged and the squared
 //      output errors of each candidate against dense are formed (fp64 sums).
 //   3. reduce: per head, the rows' sums in a fixed order (deterministic).
@@ -20,11 +20,11 @@
 
 namespace stsa::cuda_detail {
 
-constexpr int kRoutingRows = 32;        // sampled rows per block (two m16 row groups)
-constexpr int kRoutingKeys = 64;        // keys per tile
-constexpr int kRoutingThreads = 256;    // eight warps
+constexpr int kRoutingRows = 64;  // sampled rows per block: a head's 64 default samples read its K/V once
+constexpr int kRoutingKeys = 64;  // keys per tile
 constexpr int kMaxRoutingCandidates = 3;
 constexpr int kRoutingOutputs = 1 + kMaxRoutingCandidates;  // partial slots per row: dense + candidates
+constexpr int kRoutingRowGroups = kRoutingRows / 16;        // m16 row groups: a block has one warp per (output, group)
 constexpr int kRoutingStats = 2 + kMaxRoutingCandidates;    // per row and head: |O_dense|^2, errors, kept pairs
 
 struct RoutingParams {
@@ -62,7 +62,7 @@ struct RoutingParams {
 
 // Head dims the kernels are built for: multiples of 16 up to 128.
 bool routing_head_dim_supported(int head_dim);
-// Dynamic shared memory of one partials block for `head_dim` (bytes).
+// Dynamic shared memory of the largest partials block for `head_dim` (bytes).
 int routing_shared_bytes(int head_dim);
 
 // Enqueues the three launches on `stream` (a cudaStream_t). The caller checked

@@ -26,7 +26,9 @@ def main():
           "--mask", "temporal", "--density", "0.3", "--tile", "64", "--align", "round", "--json"],
          ["changed_pairs", "kept_pairs"]),
         (["bench", "--frames", "3", "--height", "8", "--width", "8", "--heads", "2", "--head-dim", "64",
-          "--mask", "spatial", "--density", "0.25", "--dtype", "fp32", "--repeats", "1", "--json"],
+          "--mask", "spatial", "--density", "0.25", "--dtype", "fp32", "--repeats", "1", "--json",
+          # The CUDA options' defaults given explicitly are accepted without --backend cuda.
+          "--kernel", "auto", "--work-order", "auto", "--persistent-blocks", "0"],
          ["dense_ms", "sparse_ms", "speedup", "tile_density", "dense_gflops", "sparse_gflops_on_kept_tiles",
           "peak_gflops", "peak_fraction", "rel_l2_err", "max_abs_err"]),
         (["route", "--synthetic", "--frames", "5", "--height", "6", "--width", "8", "--heads", "4", "--head-dim", "64",

@@ -140,6 +140,7 @@ struct RandomCase {
   bool anchor;
   MemoryLayout memory = MemoryLayout::BNHD;
   float softmax_scale = 0.f;  // 0: 1 / sqrt(D)
+  bool frame_window = true;   // three candidates (else two: another block shape of the partials kernel)
 };
 
 void expect_routes_like_the_cpu(const RandomCase& c, std::uint64_t seed) {
@@ -150,7 +151,7 @@ void expect_routes_like_the_cpu(const RandomCase& c, std::uint64_t seed) {
   RouterOptions ro;
   ro.samples = c.samples;
   ro.seed = seed;
-  ro.try_frame_window = true;
+  ro.try_frame_window = c.frame_window;
   ro.spatial_density = 0.2;
   ro.temporal_density = 0.3;
   ro.frame_window_density = 0.4;
@@ -183,19 +184,30 @@ TEST(GpuRouter, ErrorsMatchTheCpuRouterOnRandomAwkwardShapes) {
       {{{16, 4, 5, 4, TextPlacement::Before}, 1, 3, 64}, DType::F16, TokenOrder::SpatialMajor, 48, true},
       // Three batch entries and two samples: some entry has no sampled row.
       {{{3, 5, 6, 0, TextPlacement::After}, 3, 3, 64}, DType::BF16, TokenOrder::FrameMajor, 2, false},
+      // 150 samples: three row blocks of 64 rows (the last ragged), each read by two blocks of 32 rows.
+      {{{6, 9, 11, 5, TextPlacement::After}, 1, 3, 128}, DType::BF16, TokenOrder::FrameMajor, 150, true},
+      // The same with two candidates (one block per row block), fp16, spatial-major, two batch entries.
+      {{{6, 9, 11, 5, TextPlacement::After}, 2, 3, 128}, DType::F16, TokenOrder::SpatialMajor, 150, true,
+       MemoryLayout::BNHD, 0.f, false},
+      {{{5, 7, 9, 13, TextPlacement::Before}, 1, 4, 64}, DType::BF16, TokenOrder::FrameMajor, 33, false,
+       MemoryLayout::BHND, 0.f, false},
   };
   const std::uint64_t seed = testing::fresh_seed();
   for (const RandomCase& c : cases) expect_routes_like_the_cpu(c, seed);
 }
 
-// What compute-sanitizer runs on the routing kernels (bench/gpu/check.sh): one
-// small call, every kernel of the router touched once, with 973 keys in 16
-// tiles, so the keys are split over several blocks and the combine merges them.
+// What compute-sanitizer runs on the routing kernels (bench/gpu/check.sh): two
+// small calls, every kernel of the router touched, with 973 keys in 16 tiles,
+// so the keys are split over several blocks and the combine merges them; with
+// three candidates and with two (the partials kernel's two block shapes).
 TEST(GpuRouterSanitize, OneSmallRoute) {
   STSA_REQUIRE_GPU();
-  const RandomCase split_keys = {
+  RandomCase split_keys = {
       {{5, 12, 16, 13, TextPlacement::Before}, 2, 4, 128}, DType::BF16, TokenOrder::SpatialMajor, 33, false};
-  expect_routes_like_the_cpu(split_keys, testing::fresh_seed());
+  const std::uint64_t seed = testing::fresh_seed();
+  expect_routes_like_the_cpu(split_keys, seed);
+  split_keys.frame_window = false;
+  expect_routes_like_the_cpu(split_keys, seed);
 }
 
 TEST(GpuRouter, NonFiniteScoresKeepTheHeadDense) {
