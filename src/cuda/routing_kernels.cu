@@ -337,23 +337,29 @@ __global__ void __launch_bounds__(kCombineThreads) routing_combine(const Routing
   auto at = [&](int split, int o) { return ((base + split) * kRoutingOutputs + o) * kRoutingRows + row; };
   if (tid == 0) poisoned_s = 0;
   __syncthreads();
-  if (tid < outputs) {
+  // Warp o merges output o: its lanes stride over the splits (a sequential
+  // walk would wait for one load at a time, and there are ~44 splits at 1440p).
+  static_assert(kCombineThreads / 32 >= kRoutingOutputs, "a warp per output");
+  const int warp = tid >> 5, lane = tid & 31;
+  if (warp < outputs) {
     float top = -INFINITY;
     bool nan = false;
-    for (int s = 0; s < p.splits; ++s) {
-      const float x = p.part_max[at(s, tid)];
+    for (int s = lane; s < p.splits; s += 32) {
+      const float x = p.part_max[at(s, warp)];
       nan = nan || isnan(x);
       top = fmaxf(top, x);
     }
+    for (int step = 16; step > 0; step /= 2) top = fmaxf(top, __shfl_xor_sync(kFullMask, top, step));
     float total = 0.f;
-    for (int s = 0; s < p.splits; ++s) {
-      const float x = p.part_max[at(s, tid)];
+    for (int s = lane; s < p.splits; s += 32) {
+      const float x = p.part_max[at(s, warp)];
       const float f = x == -INFINITY ? 0.f : exp2f(x - top);
-      factor_s[tid * p.splits + s] = f;
-      total += f * p.part_sum[at(s, tid)];
+      factor_s[warp * p.splits + s] = f;
+      total += f * p.part_sum[at(s, warp)];
     }
-    z_s[tid] = total;
-    if (nan) atomicOr(&poisoned_s, 1);  // several lanes may find one: no racing plain stores
+    for (int step = 16; step > 0; step /= 2) total += __shfl_xor_sync(kFullMask, total, step);
+    if (lane == 0) z_s[warp] = total;
+    if (__any_sync(kFullMask, nan) && lane == 0) atomicOr(&poisoned_s, 1);  // several warps may find one
   }
   __syncthreads();
 
@@ -377,9 +383,9 @@ __global__ void __launch_bounds__(kCombineThreads) routing_combine(const Routing
         stats[1 + c] += e * e;
       }
   }
-  if (tid == 0)
-    for (int c = 0; c < p.candidates; ++c)
-      for (int s = 0; s < p.splits; ++s) stats[kRoutingStats - 1] += double(p.part_kept[at(s, c + 1)]);
+  // Kept pairs of the candidates, shared by all threads (integers: exact in any order).
+  for (int i = tid; i < p.candidates * p.splits; i += kCombineThreads)
+    stats[kRoutingStats - 1] += double(p.part_kept[at(i % p.splits, 1 + i / p.splits)]);
 #pragma unroll
   for (int i = 0; i < kRoutingStats; ++i) {
     double x = stats[i];
@@ -401,6 +407,7 @@ __global__ void routing_reduce(const RoutingParams p) {
   for (int i = int(threadIdx.x); i < p.head_count * kRoutingStats; i += int(blockDim.x)) {
     const int head_index = i / kRoutingStats, stat = i % kRoutingStats;
     double x = 0;
+#pragma unroll 8
     for (int r = 0; r < rows; ++r) x += p.row_stats[(std::int64_t(head_index) * rows + r) * kRoutingStats + stat];
     p.head_stats[i] = x;
   }
