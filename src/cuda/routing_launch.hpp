@@ -1,14 +1,15 @@
 // Routing on the GPU (plain C++17 interface to routing_kernels.cu).
 //
 // Three launches per call, all on one stream:
-//   1. partials: grid (key split x row block, routed head). A block takes up to
-//      kRoutingRows sampled rows of one batch entry and one head and walks its
-//      key split in tiles of kRoutingKeys keys. One warp per (output, 16 rows)
-//      (output 0: dense, output 1 + c: candidate c) keeps that output's
-//      online-softmax state, each with its own running maximum, so a mask whose
-//      keys score far below the dense maximum loses no precision. Scores and
-//      P.V run on tensor cores (mma.sync m16n8k16, fp32 accumulation) in
-//      registers; the mask predicate is evaluated per key from mask_predicate.hpp.
+//   1. partials: grid (key split x row block, routed head, part of the row
+//      block). A block takes up to kRoutingRows sampled rows (or half of them)
+//      of one batch entry and one head and walks its key split in tiles of
+//      kRoutingKeys keys. One warp per (output, 16 rows) (output 0: dense,
+//      output 1 + c: candidate c) keeps that output's online-softmax state,
+//      each with its own running maximum, so a mask whose keys score far below
+//      the dense maximum loses no precision. Scores and P.V run on tensor
+//      cores (mma.sync m16n8k16, fp32 accumulation) in registers; the mask
+//      predicate is evaluated per key from mask_predicate.hpp.
 //   2. combine: per (head, sampled row) the splits are merged and the squared
 //      output errors of each candidate against dense are formed (fp64 sums).
 //   3. reduce: per head, the rows' sums in a fixed order (deterministic).
@@ -24,7 +25,7 @@ constexpr int kRoutingRows = 64;  // sampled rows per block: a head's 64 default
 constexpr int kRoutingKeys = 64;  // keys per tile
 constexpr int kMaxRoutingCandidates = 3;
 constexpr int kRoutingOutputs = 1 + kMaxRoutingCandidates;  // partial slots per row: dense + candidates
-constexpr int kRoutingRowGroups = kRoutingRows / 16;        // m16 row groups: a block has one warp per (output, group)
+constexpr int kRoutingRowGroups = kRoutingRows / 16;        // m16 row groups of a row block
 constexpr int kRoutingStats = 2 + kMaxRoutingCandidates;    // per row and head: |O_dense|^2, errors, kept pairs
 
 struct RoutingParams {
