@@ -114,12 +114,12 @@ int work_order(CudaWorkOrder requested, CudaKernel kernel, const DevicePlan::Arr
                int persistent_blocks) {
   if (requested == CudaWorkOrder::HeadByHead) return cuda_detail::kWorkHeadByHead;
   if (requested == CudaWorkOrder::AcrossHeads || !is_sm90(kernel)) return cuda_detail::kWorkAcrossHeads;
-  const std::int64_t blocks = std::min<std::int64_t>(persistent_blocks, plan.q_tiles * pairs);
+  // The model clamps the blocks to the items, as the launcher does.
   const std::lock_guard lock(plan.order_mutex);
   for (const auto& [cached_pairs, cached_blocks, order] : plan.order_choices)
-    if (cached_pairs == pairs && cached_blocks == blocks) return int(order);
-  const int order = cuda_detail::choose_work_order(plan.rank_costs, pairs, blocks);
-  plan.order_choices.push_back({pairs, blocks, order});
+    if (cached_pairs == pairs && cached_blocks == persistent_blocks) return int(order);
+  const int order = cuda_detail::choose_work_order(plan.rank_costs, pairs, persistent_blocks);
+  plan.order_choices.push_back({pairs, persistent_blocks, order});
   return order;
 }
 

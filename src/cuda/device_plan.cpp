@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <utility>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_plan_arrays.hpp"
@@ -36,7 +37,7 @@ std::int64_t DevicePlan::device_bytes() const { return std::int64_t(arrays_->byt
 
 std::shared_ptr<const DevicePlan> DevicePlan::upload(const TilePlan& plan) {
   const int device = cuda_detail::current_device();
-  const cuda_detail::DevicePlanImage image = cuda_detail::make_device_plan_image(plan);
+  cuda_detail::DevicePlanImage image = cuda_detail::make_device_plan_image(plan);
   std::shared_ptr<DevicePlan> result(new DevicePlan());
   Arrays& a = *result->arrays_;
   a.device = device;
@@ -44,7 +45,7 @@ std::shared_ptr<const DevicePlan> DevicePlan::upload(const TilePlan& plan) {
   a.q_tiles = image.q_tiles;
   a.kept_tiles = image.kept_tiles;
   a.distinct_masks = image.distinct_masks;
-  a.rank_costs = image.rank_costs;
+  a.rank_costs = std::move(image.rank_costs);
   STSA_CUDA_CHECK(cudaMalloc(&a.storage, image.bytes.size()));
   a.bytes = image.bytes.size();
   STSA_CUDA_CHECK(cudaMemcpy(a.storage, image.bytes.data(), a.bytes, cudaMemcpyHostToDevice));

@@ -36,7 +36,7 @@ struct DevicePlan::Arrays {
   // (work_order_model.hpp), computed once per shape.
   std::vector<std::int32_t> rank_costs;
   mutable std::mutex order_mutex;
-  mutable std::vector<std::array<std::int64_t, 3>> order_choices;  // pairs, blocks, WorkOrder
+  mutable std::vector<std::array<std::int64_t, 3>> order_choices;  // pairs, persistent blocks, WorkOrder
 };
 
 }  // namespace stsa
