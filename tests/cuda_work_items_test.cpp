@@ -52,30 +52,5 @@ TEST(CudaWorkItems, HeadByHeadFinishesOneHeadBeforeTheNext) {
   }
 }
 
-TEST(CudaWorkItems, PersistentLaunchesFitTheKernelsCounters) {
-  using cuda_detail::persistent_launch_fits;
-  // 1440p, 12 heads, one block per H200 multiprocessor, and a single block.
-  EXPECT_TRUE(persistent_launch_fits(2363LL * 12, 132, 2363));
-  EXPECT_TRUE(persistent_launch_fits(2363LL * 12, 1, 2363));
-  // A block's key tiles: ceil(items / blocks) * key_tiles, up to INT_MAX and not past it.
-  EXPECT_TRUE(persistent_launch_fits(2, 1, 1073741823));   // 2 * (2^30 - 1) = 2^31 - 2
-  EXPECT_FALSE(persistent_launch_fits(2, 1, 1073741824));  // 2^31
-  EXPECT_TRUE(persistent_launch_fits(3, 2, 1073741823));   // ceil(3 / 2) = 2 items on the first block
-  EXPECT_FALSE(persistent_launch_fits(3, 2, 1073741824));
-  EXPECT_TRUE(persistent_launch_fits(4, 2, 1073741823));
-  // A sequence that fits an H200 (2^20 tokens, 64 heads, D = 128: 68 GB of Q, K, V, O)
-  // on 2 blocks: 2^18 items of 2^13 key tiles each is 2^31.
-  EXPECT_FALSE(persistent_launch_fits(8192LL * 64, 2, 8192));
-  EXPECT_TRUE(persistent_launch_fits(8192LL * 64, 3, 8192));
-  EXPECT_TRUE(persistent_launch_fits(8192LL * 64, 132, 8192));
-  // The item loop: item + gridDim.x stays in int.
-  EXPECT_TRUE(persistent_launch_fits(2147483647LL - 132, 132, 1));
-  EXPECT_FALSE(persistent_launch_fits(2147483647LL - 131, 132, 1));
-  // Nothing to launch, or nonsense.
-  EXPECT_FALSE(persistent_launch_fits(0, 1, 1));
-  EXPECT_FALSE(persistent_launch_fits(1, 0, 1));
-  EXPECT_FALSE(persistent_launch_fits(1, 1, 0));
-}
-
 }  // namespace
 }  // namespace stsa

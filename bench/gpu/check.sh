@@ -19,9 +19,9 @@
 #      (after the benchmarks, with the time they left, at least 140 s in all);
 #   7. if time is left: the CLI's `stsa bench --backend cuda` (checked against
 #      the fp64 reference), Nsight Compute (when ncu is there) on one sparse
-#      1440p call of the first kernel (and of its head-by-head variant when in
-#      the table) and on the routing kernel, and the demo (built in the
-#      background meanwhile).
+#      1440p call (s = STSA_CHECK_PROFILE_DENSITY, 0.5) of the first kernel (and
+#      of its first variant in the table, e.g. +round-robin) and on the routing
+#      kernels, and the demo (built in the background meanwhile).
 # $OUT (default build-gpu/out) receives check.log (everything this prints),
 # build.log (configure and compiler output), build_cli.log, gpu_route_bench.json
 # (step 4; gpu_route_bench_head_by_head.json too when asked), gpu_bench.json and
@@ -33,7 +33,8 @@
 #
 # Usage: bash bench/gpu/check.sh            (everything)
 #        STSA_CHECK_SKIP_BENCH=1 bash ...    (build, tests, sanitizers only)
-#        STSA_CHECK_EXTRA_KERNELS=sm90-overlap+across-heads bash ...   (one more table row per case)
+#        STSA_CHECK_EXTRA_KERNELS=sm90-overlap+round-robin bash ...   (one more table row per case:
+#            a kernel, then + a work order and/or + a block schedule, as stsa_gpu_bench --kernels takes them)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -285,18 +286,20 @@ if [ -z "$NCU" ]; then NCU="$(ls /usr/local/cuda*/nsight-compute*/ncu /opt/nvidi
 # --clock-control none: the card's clocks are left as they are (and as they were seen to work here).
 NCU_SECTIONS=(--clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis
   --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy)
+PROFILE_DENSITY="${STSA_CHECK_PROFILE_DENSITY:-0.5}"
 PROFILED=("${KERNELS%%,*}")
 BENCH_LIST="${BENCH_KERNELS:-}"
 for EXTRA in ${BENCH_LIST//,/ }; do
   if [[ "$EXTRA" == "${PROFILED[0]}+"* ]]; then PROFILED+=("$EXTRA"); break; fi
 done
 for KERNEL in "${PROFILED[@]}"; do
-  if [ -n "$NCU" ] && [ $(( HARD_S - $(elapsed) )) -ge 50 ]; then
-    step "profile: ncu on one sparse 1440p call of $KERNEL (45 s limit)"
+  if [ -n "$NCU" ] && [ $(( HARD_S - $(elapsed) )) -ge 65 ]; then
+    # s = 0.2 took 43 s of its 45 (mostly the host filling 1440p inputs); s = 0.5 replays a 0.53 s launch.
+    step "profile: ncu on one sparse 1440p call (s = $PROFILE_DENSITY) of $KERNEL (60 s limit)"
     # One untimed launch (--warmup 0 --repeats 1): ncu replays it with the caches flushed.
-    timeout 45 "$NCU" "${NCU_SECTIONS[@]}" --kernel-name regex:attention --launch-count 1 "$BUILD/stsa_gpu_bench" \
-      --height 90 --width 160 --densities 0.2 --kernels "$KERNEL" --warmup 0 --repeats 1 --permutation false \
-      --json "$BUILD/profile_bench.json" 2>&1 | tail -n 150 || true
+    timeout 60 "$NCU" "${NCU_SECTIONS[@]}" --kernel-name regex:attention --launch-count 1 "$BUILD/stsa_gpu_bench" \
+      --height 90 --width 160 --densities "$PROFILE_DENSITY" --kernels "$KERNEL" --warmup 0 --repeats 1 \
+      --permutation false --json "$BUILD/profile_bench.json" 2>&1 | tail -n 150 || true
   else
     echo "profile of $KERNEL skipped: ${NCU:-no ncu}, $(elapsed) s used"
   fi

@@ -75,23 +75,36 @@ stsa::bench::TimedRuns time_gpu(const std::function<void()>& enqueue, const stsa
   return runs;
 }
 
-// One timed variant of the backend: a kernel and a work order.
+// One timed variant of the backend: a kernel, a work order and a block schedule.
 struct KernelSpec {
   stsa::CudaBackendOptions options;
-  std::string name;  // as given: "sm90-pingpong", "sm90-pingpong+head-by-head" (compare.py keys rows by it)
+  std::string name;  // as given: "sm90-pingpong", "sm90-pingpong+head-by-head+round-robin" (compare.py keys rows by it)
 };
 
-// "sm90,sm80+head-by-head" -> the variants in the order given, each once.
+// "sm90,sm80+head-by-head,sm90+round-robin" -> the variants in the order given,
+// each once; after the kernel, each "+" names a work order or a block schedule.
 std::vector<KernelSpec> parse_kernels(const std::string& list) {
   std::vector<KernelSpec> specs;
   std::size_t begin = 0;
   while (begin <= list.size()) {
     const std::size_t end = std::min(list.find(',', begin), list.size());
     const std::string_view item = std::string_view(list).substr(begin, end - begin);
-    const std::size_t plus = item.find('+');
+    std::size_t plus = item.find('+');
     KernelSpec spec;
     spec.options.kernel = stsa::parse_cuda_kernel(item.substr(0, plus));
-    if (plus != std::string_view::npos) spec.options.work_order = stsa::parse_cuda_work_order(item.substr(plus + 1));
+    while (plus != std::string_view::npos) {
+      const std::size_t next = item.find('+', plus + 1);
+      const std::string_view modifier = item.substr(plus + 1, next == std::string_view::npos ? next : next - plus - 1);
+      if (modifier == "balanced" || modifier == "round-robin")
+        spec.options.block_schedule = stsa::parse_cuda_block_schedule(modifier);
+      else if (modifier == "auto" || modifier == "across-heads" || modifier == "head-by-head")
+        spec.options.work_order = stsa::parse_cuda_work_order(modifier);
+      else
+        throw stsa::InvalidArgument(stsa::detail::concat(
+            "unknown variant '", modifier, "' in kernel '", item,
+            "' (expected a work order: auto, across-heads, head-by-head; or a block schedule: balanced, round-robin)"));
+      plus = next;
+    }
     spec.name = std::string(item);
     if (std::none_of(specs.begin(), specs.end(), [&](const KernelSpec& s) { return s.name == spec.name; }))
       specs.push_back(spec);
@@ -427,7 +440,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", opt.batch);
   app.add_option("--densities", opt.densities, "kept densities; 1 means the dense mask")->delimiter(',');
   app.add_option("--kernels", opt.kernels, "attention kernels to time, each on every case: comma list of auto, sm80, sm90, sm90-overlap, "
-                 "sm90-pingpong, each optionally +head-by-head (the other work order)")
+                 "sm90-pingpong, each optionally followed by +<work order> (auto, across-heads, head-by-head) and "
+                 "+<block schedule> (balanced, round-robin)")
       ->capture_default_str();
   app.add_option("--dtype", opt.dtype, "bf16 | fp16");
   app.add_option("--inputs", opt.inputs, "directory with q.bin, k.bin, v.bin (raw [B, N, H, D])");

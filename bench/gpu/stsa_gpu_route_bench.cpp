@@ -38,6 +38,7 @@ struct Options {
   int warmup = 1, repeats = 5;
   std::string kernel = "auto";  // attention kernel: auto, sm80, sm90, sm90-overlap or sm90-pingpong
   std::string work_order = "auto";
+  std::string block_schedule = "balanced";
 };
 
 void fill_random(stsa::DeviceBuffer& buffer, std::uint64_t seed) {
@@ -83,7 +84,8 @@ nlohmann::json run(const Options& opt) {
   }
 
   const stsa::CudaBackend backend(
-      stsa::CudaBackendOptions{stsa::parse_cuda_kernel(opt.kernel), stsa::parse_cuda_work_order(opt.work_order)});
+      stsa::CudaBackendOptions{stsa::parse_cuda_kernel(opt.kernel), stsa::parse_cuda_work_order(opt.work_order), 0,
+                               stsa::parse_cuda_block_schedule(opt.block_schedule)});
   stsa::PlanCache plans;
   stsa::bench::Samples routing, permutation, attention;
   double routing_flops = 0;
@@ -109,6 +111,7 @@ nlohmann::json run(const Options& opt) {
           {"temporal_heads", opt.temporal_heads},
           {"kernel", std::string(stsa::to_string(backend.resolved_kernel()))},
           {"work_order", std::string(stsa::to_string(backend.options().work_order))},
+          {"block_schedule", std::string(stsa::to_string(backend.options().block_schedule))},
           {"routing_ms", routing_ms},
           {"routing_tflops", stsa::bench::json_number(stsa::bench::tflops(routing_flops, routing_ms))},
           {"permutation_ms", permutation_ms},
@@ -142,12 +145,14 @@ int main(int argc, char** argv) {
   app.add_flag("--frame-window", opt.frame_window, "also try the frame-window candidate");
   app.add_option("--kernel", opt.kernel, "attention kernel: auto, sm80, sm90, sm90-overlap or sm90-pingpong");
   app.add_option("--work-order", opt.work_order, "attention work order: auto, across-heads or head-by-head");
+  app.add_option("--block-schedule", opt.block_schedule, "persistent blocks' schedule: balanced or round-robin");
   app.add_option("--warmup", opt.warmup);
   app.add_option("--repeats", opt.repeats);
   CLI11_PARSE(app, argc, argv);
   try {
     stsa::parse_cuda_kernel(opt.kernel);  // bad options fail before the GPU is looked for
     stsa::parse_cuda_work_order(opt.work_order);
+    stsa::parse_cuda_block_schedule(opt.block_schedule);
     STSA_CHECK(opt.warmup >= 0 && opt.repeats >= 1, stsa::InvalidArgument, "--warmup must be >= 0 and --repeats >= 1");
     std::cout << run(opt).dump(2) << "\n";
   } catch (const std::exception& e) {  // stsa::Error, and bad_alloc or a JSON error too

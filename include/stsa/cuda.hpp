@@ -143,15 +143,29 @@ CudaKernel parse_cuda_kernel(std::string_view name);  // the names above; throws
 //         (the persistent sm90 blocks stay balanced to about one item).
 //   HeadByHead: every tile of one head before the next, so the blocks running
 //         at one moment share that head's K and V in L2 (FlashAttention-3's
-//         order): 8-18% faster on an H200 where the blocks stay balanced.
-//   Auto: per launch, head by head unless a model of the persistent schedule
-//         predicts it unbalanced (plans whose few heavy rows land on few
-//         blocks, as 720p at density 0.1-0.2); across heads for sm80
-//         (src/cuda/work_order_model.hpp).
+//         order): 6-18% faster on an H200 where the blocks stay balanced.
+//   Auto: per launch, head by head unless a model of the persistent blocks
+//         under the block schedule below predicts it unbalanced (round-robin:
+//         plans whose few heavy rows land on few blocks, as 720p at density
+//         0.1-0.2); across heads for sm80 (src/cuda/work_order_model.hpp).
 enum class CudaWorkOrder : std::uint8_t { Auto, AcrossHeads, HeadByHead };
 // "auto", "across-heads", "head-by-head"
 std::string_view to_string(CudaWorkOrder order);
 CudaWorkOrder parse_cuda_work_order(std::string_view name);  // the names above; throws InvalidArgument
+
+// How the persistent Hopper kernels share a launch's work items among their
+// blocks; each block walks its items in the work order (src/cuda/block_schedule.hpp).
+//   Balanced: on the host, each item goes to the block whose items so far cost
+//         least (kept key tiles plus a fixed cost per item): what a dynamic
+//         scheduler does, without atomics. Computed once per plan and launch
+//         shape and kept on the device with the plan.
+//   RoundRobin: block b takes items b, b + G, b + 2G, ... (G blocks).
+// The sm80 kernel is not persistent (the hardware hands out its blocks) and
+// ignores this.
+enum class CudaBlockSchedule : std::uint8_t { Balanced, RoundRobin };
+// "balanced", "round-robin"
+std::string_view to_string(CudaBlockSchedule schedule);
+CudaBlockSchedule parse_cuda_block_schedule(std::string_view name);  // the names above; throws InvalidArgument
 
 struct CudaBackendOptions {
   CudaKernel kernel = CudaKernel::Auto;
@@ -161,6 +175,7 @@ struct CudaBackendOptions {
   // running alongside, such as a communication kernel. The sm80 kernel is not
   // persistent (one block per item) and does not use it. Must be >= 0.
   int persistent_blocks = 0;
+  CudaBlockSchedule block_schedule = CudaBlockSchedule::Balanced;
 };
 
 class CudaBackend final : public Backend {

@@ -181,16 +181,20 @@ void add_bench_command(CLI::App& app) {
                   "with --backend cuda: blocks of the persistent Hopper kernels (0: one per SM)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  cmd->add_option("--block-schedule", args->block_schedule,
+                  "with --backend cuda: balanced | round-robin (how the persistent Hopper blocks share the work)")
+      ->check(CLI::IsMember({"balanced", "round-robin"}))
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_flag("--dist", args->dist, "run the sequence-parallel benchmark under mpirun instead");
   cmd->callback([args, dtype] {
     if (args->backend == "cuda" && dtype->count() == 0) args->dtype = "bf16";  // what the CUDA kernels read
     STSA_CHECK(args->dist || (args->mask != "mixed" && args->mask != "routed"), InvalidArgument,
                "--mask ", args->mask, " needs --dist (one process runs one mask kind for all heads)");
-    STSA_CHECK(args->backend == "cuda" ||
-                   (args->kernel == "auto" && args->work_order == "auto" && args->persistent_blocks == 0),
-               InvalidArgument, "--kernel, --work-order and --persistent-blocks set up the CUDA kernel: they need "
-                                "--backend cuda");
+    STSA_CHECK(args->backend == "cuda" || (args->kernel == "auto" && args->work_order == "auto" &&
+                                           args->persistent_blocks == 0 && args->block_schedule == "balanced"),
+               InvalidArgument, "--kernel, --work-order, --persistent-blocks and --block-schedule set up the CUDA "
+                                "kernel: they need --backend cuda");
     STSA_CHECK(!(args->dist && args->backend == "cuda"), InvalidArgument,
                "--dist runs the CPU backend on every rank; --backend cuda is single-process");
     if (args->backend == "cuda") {

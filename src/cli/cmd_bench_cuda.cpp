@@ -66,6 +66,7 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
   const VideoLayout& layout = options.layout;
   const CudaKernel kernel = parse_cuda_kernel(args.kernel);
   const CudaWorkOrder work_order = parse_cuda_work_order(args.work_order);
+  const CudaBlockSchedule block_schedule = parse_cuda_block_schedule(args.block_schedule);
   STSA_CHECK(options.dtype == DType::BF16, Unsupported, "--backend cuda needs --dtype bf16, got '", args.dtype, "'");
   STSA_CHECK(args.head_dim == 64 || args.head_dim == 128, Unsupported,
              "--backend cuda supports --head-dim 64 and 128, got ", args.head_dim);
@@ -73,7 +74,7 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
   STSA_CHECK(args.threads == 0 && args.isa == "auto", InvalidArgument,
              "--threads and --isa choose the CPU kernel; they do not go with --backend cuda");
   STSA_CHECK(cuda_device_count() > 0, Unsupported, "--backend cuda: no CUDA device (", cuda_unavailable_reason(), ")");
-  const CudaBackend backend(CudaBackendOptions{kernel, work_order, args.persistent_blocks});
+  const CudaBackend backend(CudaBackendOptions{kernel, work_order, args.persistent_blocks, block_schedule});
   const CudaKernel resolved = backend.resolved_kernel();  // Unsupported when this GPU cannot run `kernel`
   const CudaDeviceInfo device = cuda_device_info();
   const double tensor_bytes = double(layout.batch) * double(layout.tokens()) * double(layout.heads) *
@@ -132,6 +133,7 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
       {"timer", "cuda events"},
       {"work_order", std::string(to_string(work_order))},
       {"persistent_blocks", args.persistent_blocks},
+      {"block_schedule", std::string(to_string(block_schedule))},
       {"speedup", bench::speedup(dense_ms, sparse_ms)},
       {"dense_tflops", bench::tflops(work.dense_flops, dense_ms)},
       {"sparse_tflops_on_kept_tiles", bench::tflops(work.kept_tile_flops, sparse_ms)},

@@ -19,7 +19,8 @@ int attention_smem_bytes(int head_dim);
 void launch_attention(const AttentionParams& params, bool bf16_inputs, int head_dim, void* stream);
 
 // The Hopper kernel (sm_90a only): dynamic shared memory per block, and the
-// persistent launch over min(work items, blocks) blocks. Builds the TMA
+// persistent launch of `blocks` blocks, each walking its items of
+// params.block_items (block_schedule.hpp, launch_schedule.hpp). Builds the TMA
 // descriptors of q, k, v from params (head_dim, total_heads and strides set).
 int attention_sm90_smem_bytes(int head_dim);
 

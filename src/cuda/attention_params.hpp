@@ -38,6 +38,10 @@ struct AttentionParams {
   const std::int32_t* q_tile_order = nullptr;
   int q_tiles = 0;
   int work_order = 0;  // WorkOrder (work_items.hpp)
+  // The persistent sm90 kernel's block schedule (block_schedule.hpp): block b walks
+  // items block_items[block_item_begin[b] .. block_item_begin[b + 1]). Unused by sm80.
+  const std::int32_t* block_item_begin = nullptr;
+  const std::int32_t* block_items = nullptr;
 };
 
 }  // namespace stsa::cuda_detail

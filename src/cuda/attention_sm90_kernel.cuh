@@ -1,12 +1,11 @@
 // The tile-sparse flash-attention forward kernel for Hopper (sm_90a).
 //
 // Work item: one 128-row query tile of one (batch, head), i.e. one row of the
-// plan. Items are ordered heaviest query tile first (q_tile_order) and handed
-// out statically: the grid has one block per SM and block b takes items b,
-// b + G, b + 2G, ... In the default work order (across heads, work_items.hpp)
-// costs are sorted over the whole list, so every round of G items gives each
-// block a share within one item of every other block's, and the blocks finish
-// within about one item's time of each other (LPT-like, no atomics).
+// plan. Items are walked heaviest query tile first (q_tile_order) in a work
+// order (work_items.hpp) and handed out statically: the grid has at most one
+// block per SM, and each block walks the list of items the host computed for it
+// (block_schedule.hpp: balanced by kept key tiles, or round-robin), so no
+// atomics and no hand-off of items from the producer to the consumers.
 //
 // A block is three warpgroups with fixed roles (warp specialization):
 //   producer (warpgroup 0, one thread): TMA loads of Q and of every kept key
@@ -116,6 +115,17 @@ __device__ __forceinline__ void wgmma_values(float (&o)[kAccumulators], const st
     else
       wgmma_m64n64k16_rs_tb_f16(o, p, desc_v, 1);
   }
+}
+
+// The items this block walks, in order (block_schedule.hpp).
+struct BlockItems {
+  const std::int32_t* items = nullptr;
+  int count = 0;
+};
+
+__device__ __forceinline__ BlockItems block_items(const AttentionParams& p) {
+  const int begin = p.block_item_begin[blockIdx.x];
+  return {p.block_items + begin, p.block_item_begin[blockIdx.x + 1] - begin};
 }
 
 // Where one work item's data lives.
@@ -513,7 +523,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   __syncthreads();  // the last block-wide barrier: roles split below
 
-  const int items = p.q_tiles * p.batch * p.head_count;
+  const BlockItems mine = block_items(p);
 
   if (warp_group == 0) {
     // ---------------- producer ----------------
@@ -523,9 +533,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     tma_prefetch_descriptor(&params.k_map);
     tma_prefetch_descriptor(&params.v_map);
     int kv_use = 0;
-    int local_item = 0;
-    for (int item = int(blockIdx.x); item < items; item += int(gridDim.x), ++local_item) {
-      const WorkItem w = decode_item(p, item);
+    for (int local_item = 0; local_item < mine.count; ++local_item) {
+      const WorkItem w = decode_item(p, mine.items[local_item]);
       mbarrier_wait(q_empty, (local_item & 1) ^ 1);
       mbarrier_arrive_expect_bytes(q_full, Traits::kQBytes);
       for (int c = 0; c < Traits::kColumnBlocks; ++c)
@@ -576,9 +585,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   turns.grant_first(consumer_group);
 
   int kv_use = 0;
-  int local_item = 0;
-  for (int item = int(blockIdx.x); item < items; item += int(gridDim.x), ++local_item) {
+  // The next item's number is loaded an item ahead: between two items the
+  // consumers wait only for decode_item's own loads, as before the lists.
+  int item = mine.count > 0 ? mine.items[0] : 0;
+  for (int local_item = 0; local_item < mine.count; ++local_item) {
     const WorkItem w = decode_item(p, item);
+    if (local_item + 1 < mine.count) item = mine.items[local_item + 1];
     float o_acc[kD / 2];
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o_acc[i] = 0.f;

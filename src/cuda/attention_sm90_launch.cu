@@ -1,7 +1,7 @@
 // The sm90 kernel's instantiations (bf16 / fp16 x head dim 64 / 128 x the three
-// consumer schedules), their TMA descriptors and the persistent launch (one
-// block per SM, at most one per item).
-#include <algorithm>
+// consumer schedules), their TMA descriptors and the persistent launch (the
+// grid of the launch's block schedule: at most one block per SM and per item).
+#include <type_traits>
 
 #include "cuda/attention_launch.hpp"
 #include "cuda/attention_sm90_kernel.cuh"
@@ -32,7 +32,7 @@ void check_register_budget(const void* kernel) {
 }
 
 template <class Element, int kHeadDim, Sm90Schedule kSchedule>
-void launch_sm90_typed(const AttentionParams& params, int max_blocks, cudaStream_t stream) {
+void launch_sm90_typed(const AttentionParams& params, int blocks, cudaStream_t stream) {
   using Traits = Sm90Traits<Element, kHeadDim, kSchedule>;
   constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
   Sm90AttentionParams launch;
@@ -45,12 +45,6 @@ void launch_sm90_typed(const AttentionParams& params, int max_blocks, cudaStream
   launch.v_map = map(params.v, params.v_stride, Traits::kBlockN);
   launch.barrier_timeout_report = barrier_timeout_slot(stream);
 
-  const long long items = static_cast<long long>(params.q_tiles) * params.batch * params.head_count;
-  const long long blocks = std::min<long long>(items, max_blocks);
-  const long long key_tiles = (static_cast<long long>(params.tokens) + Traits::kBlockN - 1) / Traits::kBlockN;
-  STSA_CHECK(persistent_launch_fits(items, blocks, key_tiles), ResourceError, "attention launch of ", items,
-             " work items over ", blocks, " persistent blocks (up to ", key_tiles,
-             " key tiles each) does not fit the sm90 kernel's 32-bit counters; use more persistent blocks");
   const auto kernel = tile_sparse_attention_sm90_kernel<Traits>;
   check_register_budget<Traits>(reinterpret_cast<const void*>(kernel));
   STSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
@@ -59,19 +53,19 @@ void launch_sm90_typed(const AttentionParams& params, int max_blocks, cudaStream
 }
 
 template <int kHeadDim, Sm90Schedule kSchedule>
-void launch_sm90_dim(const AttentionParams& params, bool bf16_inputs, int max_blocks, cudaStream_t stream) {
+void launch_sm90_dim(const AttentionParams& params, bool bf16_inputs, int blocks, cudaStream_t stream) {
   if (bf16_inputs)
-    launch_sm90_typed<__nv_bfloat16, kHeadDim, kSchedule>(params, max_blocks, stream);
+    launch_sm90_typed<__nv_bfloat16, kHeadDim, kSchedule>(params, blocks, stream);
   else
-    launch_sm90_typed<__half, kHeadDim, kSchedule>(params, max_blocks, stream);
+    launch_sm90_typed<__half, kHeadDim, kSchedule>(params, blocks, stream);
 }
 
 template <Sm90Schedule kSchedule>
-void launch_sm90_schedule(const AttentionParams& params, bool bf16_inputs, int max_blocks,
+void launch_sm90_schedule(const AttentionParams& params, bool bf16_inputs, int blocks,
                           cudaStream_t stream) {
   switch (params.head_dim) {
-    case 64: launch_sm90_dim<64, kSchedule>(params, bf16_inputs, max_blocks, stream); break;
-    case 128: launch_sm90_dim<128, kSchedule>(params, bf16_inputs, max_blocks, stream); break;
+    case 64: launch_sm90_dim<64, kSchedule>(params, bf16_inputs, blocks, stream); break;
+    case 128: launch_sm90_dim<128, kSchedule>(params, bf16_inputs, blocks, stream); break;
     default:
       throw Unsupported(detail::concat("cuda sm90 attention: head dim ", params.head_dim, " (supported: 64, 128)"));
   }
@@ -85,20 +79,22 @@ int attention_sm90_smem_bytes(int head_dim) {
                         : Sm90Traits<__nv_bfloat16, 128, Sm90Schedule::Serial>::kSmemBytes;
 }
 
-void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int max_blocks,
+void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int blocks,
                            Sm90Schedule schedule, void* stream) {
   using Any = Sm90Traits<__half, 128, Sm90Schedule::Serial>;
   static_assert(Any::kBlockM == kTileQ && Any::kBlockN == kTileK, "the kernel's tile is the plan tile it accepts");
+  STSA_CHECK(blocks > 0 && params.block_item_begin != nullptr && params.block_items != nullptr, InvalidArgument,
+             "the sm90 attention launch needs its block schedule (launch_schedule.hpp)");
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   switch (schedule) {
     case Sm90Schedule::Serial:
-      launch_sm90_schedule<Sm90Schedule::Serial>(params, bf16_inputs, max_blocks, cuda_stream);
+      launch_sm90_schedule<Sm90Schedule::Serial>(params, bf16_inputs, blocks, cuda_stream);
       break;
     case Sm90Schedule::Overlap:
-      launch_sm90_schedule<Sm90Schedule::Overlap>(params, bf16_inputs, max_blocks, cuda_stream);
+      launch_sm90_schedule<Sm90Schedule::Overlap>(params, bf16_inputs, blocks, cuda_stream);
       break;
     case Sm90Schedule::PingPong:
-      launch_sm90_schedule<Sm90Schedule::PingPong>(params, bf16_inputs, max_blocks, cuda_stream);
+      launch_sm90_schedule<Sm90Schedule::PingPong>(params, bf16_inputs, blocks, cuda_stream);
       break;
   }
 }

@@ -15,8 +15,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_checks.hpp"
 #include "cuda/device_plan_arrays.hpp"
-#include "cuda/work_items.hpp"
-#include "cuda/work_order_model.hpp"
+#include "cuda/launch_schedule.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/error.hpp"
 
@@ -107,22 +106,6 @@ int smem_bytes(CudaKernel kernel, int head_dim) {
                          : cuda_detail::attention_smem_bytes(head_dim);
 }
 
-// The order a launch walks its items in. Auto: the model's choice for the
-// persistent Hopper kernels (work_order_model.hpp, cached per plan and launch
-// shape); across heads for sm80, whose order was only measured that way.
-int work_order(CudaWorkOrder requested, CudaKernel kernel, const DevicePlan::Arrays& plan, std::int64_t pairs,
-               int persistent_blocks) {
-  if (requested == CudaWorkOrder::HeadByHead) return cuda_detail::kWorkHeadByHead;
-  if (requested == CudaWorkOrder::AcrossHeads || !is_sm90(kernel)) return cuda_detail::kWorkAcrossHeads;
-  // The model clamps the blocks to the items, as the launcher does.
-  const std::lock_guard lock(plan.order_mutex);
-  for (const auto& [cached_pairs, cached_blocks, order] : plan.order_choices)
-    if (cached_pairs == pairs && cached_blocks == persistent_blocks) return int(order);
-  const int order = cuda_detail::choose_work_order(plan.rank_costs, pairs, persistent_blocks);
-  plan.order_choices.push_back({pairs, persistent_blocks, order});
-  return order;
-}
-
 // The device a call runs on and the kernel it runs with there.
 struct Launch {
   DeviceFacts facts;
@@ -196,6 +179,21 @@ CudaWorkOrder parse_cuda_work_order(std::string_view name) {
       detail::concat("unknown cuda work order '", name, "' (expected auto, across-heads or head-by-head)"));
 }
 
+std::string_view to_string(CudaBlockSchedule schedule) {
+  switch (schedule) {
+    case CudaBlockSchedule::Balanced: return "balanced";
+    case CudaBlockSchedule::RoundRobin: return "round-robin";
+  }
+  return "?";
+}
+
+CudaBlockSchedule parse_cuda_block_schedule(std::string_view name) {
+  for (const CudaBlockSchedule schedule : {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin})
+    if (name == to_string(schedule)) return schedule;
+  throw InvalidArgument(
+      detail::concat("unknown cuda block schedule '", name, "' (expected balanced or round-robin)"));
+}
+
 struct CudaBackend::State {
   CudaBackendOptions options;
   struct Entry {
@@ -212,6 +210,10 @@ CudaBackend::CudaBackend(CudaBackendOptions options) : state_(std::make_unique<S
   STSA_CHECK(options.persistent_blocks >= 0, InvalidArgument,
              "CudaBackendOptions::persistent_blocks must be >= 0 (0: one per multiprocessor), got ",
              options.persistent_blocks);
+  STSA_CHECK(options.block_schedule == CudaBlockSchedule::Balanced ||
+                 options.block_schedule == CudaBlockSchedule::RoundRobin,
+             InvalidArgument, "CudaBackendOptions::block_schedule is not a CudaBlockSchedule (",
+             int(options.block_schedule), ")");
   state_->options = options;
 }
 CudaBackend::~CudaBackend() = default;
@@ -313,10 +315,14 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
       const std::size_t count = std::min<std::size_t>(cuda_detail::kMaxHeadsPerLaunch, heads.size() - first);
       params.head_count = int(count);
       std::copy_n(heads.begin() + std::ptrdiff_t(first), count, params.heads);
-      params.work_order = work_order(state_->options.work_order, kernel, arrays, call.layout.batch * std::int64_t(count),
-                                     persistent_blocks);
+      const cuda_detail::LaunchSchedule schedule =
+          cuda_detail::launch_schedule(arrays, state_->options, is_sm90(kernel),
+                                       call.layout.batch * std::int64_t(count), persistent_blocks);
+      params.work_order = schedule.work_order;
+      params.block_item_begin = schedule.block_item_begin;
+      params.block_items = schedule.block_items;
       if (is_sm90(kernel))
-        cuda_detail::launch_attention_sm90(params, bf16, persistent_blocks, sm90_schedule(kernel), stream);
+        cuda_detail::launch_attention_sm90(params, bf16, schedule.blocks, sm90_schedule(kernel), stream);
       else
         cuda_detail::launch_attention(params, bf16, int(call.layout.head_dim), stream);
     }

@@ -24,6 +24,7 @@ DevicePlan::~DevicePlan() {
   const bool switched = cudaGetDevice(&current) == cudaSuccess && current != arrays_->device &&
                         cudaSetDevice(arrays_->device) == cudaSuccess;
   cudaDeviceSynchronize();
+  for (const Arrays::CachedSchedule& schedule : arrays_->schedules) cudaFree(schedule.storage);
   cudaFree(arrays_->storage);
   if (switched) cudaSetDevice(current);
   cudaGetLastError();

@@ -1,13 +1,14 @@
 // What a DevicePlan holds on the device: the plan's CSR lists as int32, the
-// deduplicated partial bitmasks, and the order in which query tiles are scheduled.
+// deduplicated partial bitmasks, the order in which query tiles are scheduled,
+// and the block schedules of the launch shapes it has run with.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <vector>
 
+#include "cuda/launch_schedule.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/plan.hpp"
 
@@ -31,12 +32,22 @@ struct DevicePlan::Arrays {
   // first, so the light tiles fill the gaps at the end of a launch.
   const std::int32_t* q_tile_order = nullptr;
 
-  // On the host: kept key tiles of the query tile at each rank, and the work
-  // order CudaWorkOrder::Auto chose for each (pairs, blocks) launch shape
-  // (work_order_model.hpp), computed once per shape.
+  // On the host: kept key tiles of the query tile at each rank (the block
+  // schedules' costs, block_schedule.hpp).
   std::vector<std::int32_t> rank_costs;
-  mutable std::mutex order_mutex;
-  mutable std::vector<std::array<std::int64_t, 3>> order_choices;  // pairs, persistent blocks, WorkOrder
+
+  // The schedules of the launch shapes seen so far (launch_schedule.cpp), each
+  // with its own device allocation, freed with the plan.
+  struct CachedSchedule {
+    std::int64_t pairs = 0;
+    int persistent_blocks = 0;
+    CudaWorkOrder order = CudaWorkOrder::Auto;
+    CudaBlockSchedule policy = CudaBlockSchedule::Balanced;
+    cuda_detail::LaunchSchedule launch;
+    void* storage = nullptr;
+  };
+  mutable std::mutex schedule_mutex;
+  mutable std::vector<CachedSchedule> schedules;
 };
 
 }  // namespace stsa

@@ -17,7 +17,7 @@ struct DevicePlanImage {
   std::size_t row_begin = 0, partial_begin = 0, key_tiles = 0, mask_ids = 0, q_tile_order = 0, masks = 0;
   std::int64_t q_tiles = 0, kept_tiles = 0, distinct_masks = 0;
   // Kept key tiles of the query tile at each rank of q_tile_order (stays on the
-  // host: the work-order model reads it, work_order_model.hpp).
+  // host: the block schedules read it, block_schedule.hpp).
   std::vector<std::int32_t> rank_costs;
 };
 

@@ -1,8 +1,9 @@
 // Which query tile of which (batch, head) a work item of an attention launch
 // is. A launch has one item per (query tile, batch entry, head slot); rank r
 // names the r-th heaviest query tile of the plan (q_tile_order). The persistent
-// sm90 kernel hands items to blocks round-robin, the sm80 grid launches them in
-// order, so the order decides both the balance and what shares L2:
+// sm90 kernel's blocks walk their items in this order (block_schedule.hpp), the
+// sm80 grid launches them in it, so the order decides what shares L2 and, with
+// the block schedule, the balance:
 //   across heads: rank slowest, the heaviest tiles of every head first; costs
 //     fall monotonically over the whole list;
 //   head by head: (batch, head slot) slowest, every tile of one head
@@ -33,17 +34,6 @@ STSA_HOST_DEVICE WorkSlot work_slot(int item, int q_tiles, int batch, int head_c
     pair = item - rank * pairs;
   }
   return {rank, pair / head_count, pair % head_count};
-}
-
-// Whether a persistent launch fits the sm90 kernel's 32-bit counters: the item
-// loop (item += gridDim.x) and each block's running count of key tiles through
-// its K/V ring, which sets stage and barrier parity (a block gets at most
-// ceil(items / blocks) items of at most key_tiles each). Few persistent blocks
-// (CudaBackendOptions::persistent_blocks) on a long sequence could pass 2^31.
-constexpr bool persistent_launch_fits(long long items, long long blocks, long long key_tiles) {
-  constexpr long long kIntMax = 2147483647;
-  if (items <= 0 || blocks <= 0 || key_tiles <= 0 || items > kIntMax || blocks > kIntMax) return false;
-  return items + blocks <= kIntMax && (items + blocks - 1) / blocks * key_tiles <= kIntMax;
 }
 
 }  // namespace stsa::cuda_detail

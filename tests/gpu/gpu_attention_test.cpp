@@ -147,11 +147,15 @@ class GpuAttention : public ::testing::TestWithParam<CudaKernel> {
     if (GetParam() != CudaKernel::Sm80 && !is_hopper())
       GTEST_SKIP() << "the " << to_string(GetParam()) << " kernel needs compute capability 9.0";
   }
-  CudaBackend backend() const { return CudaBackend(CudaBackendOptions{GetParam(), work_order_, persistent_blocks_}); }
+  CudaBackend backend() const {
+    return CudaBackend(CudaBackendOptions{GetParam(), work_order_, persistent_blocks_, block_schedule_});
+  }
   void run_case(const Case& c) const;  // mixed_heads(c.layout, c.density)
   void run_case(const Case& c, const std::vector<HeadMask>& heads) const;
-  CudaWorkOrder work_order_ = CudaWorkOrder::AcrossHeads;  // what backend() and run_case() use
+  // What backend() and run_case() use: the defaults unless a test says otherwise.
+  CudaWorkOrder work_order_ = CudaWorkOrder::Auto;
   int persistent_blocks_ = 0;
+  CudaBlockSchedule block_schedule_ = CudaBlockSchedule::Balanced;
 };
 
 // Test-name suffix: sm80, sm90, sm90_overlap, sm90_pingpong (GoogleTest allows no '-').
@@ -466,30 +470,64 @@ TEST_P(GpuAttention, MoreThan64HeadsTakeTwoLaunches) {
 // 4 stages, D = 128: 2), the producer runs ahead into the next item in every
 // round, and ping-pong turns carry across items. (The sm80 kernel is not
 // persistent: for it this is one more ordinary case.)
+// Both block schedules: round-robin gives the blocks equal item counts, the
+// balanced one unequal counts of unequal items.
 TEST_P(GpuAttention, FewPersistentBlocksRunEveryItem) {
-  for (const int blocks : {1, 3}) {
-    SCOPED_TRACE(blocks);
-    persistent_blocks_ = blocks;
-    run_case({make_layout(7, 8, 12, 20, TextPlacement::After, 2, 4, 64), DType::BF16, DType::F32,
-              MemoryLayout::BNHD, 0.5});
-    run_case({make_layout(5, 9, 13, 0, TextPlacement::After, 1, 4, 128), DType::F16, DType::BF16,
-              MemoryLayout::BHND, 0.4});
+  for (const CudaBlockSchedule schedule : {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin})
+    for (const int blocks : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << to_string(schedule) << ", " << blocks << " blocks");
+      block_schedule_ = schedule;
+      persistent_blocks_ = blocks;
+      run_case({make_layout(7, 8, 12, 20, TextPlacement::After, 2, 4, 64), DType::BF16, DType::F32,
+                MemoryLayout::BNHD, 0.5});
+      run_case({make_layout(5, 9, 13, 0, TextPlacement::After, 1, 4, 128), DType::F16, DType::BF16,
+                MemoryLayout::BHND, 0.4});
+    }
+}
+
+// One backend, one plan, three launch shapes in turn (4 heads, then 3 with one
+// skipped, then 4 again): each shape gets its own block schedule, kept with the
+// device plan and found again, never another shape's.
+TEST_P(GpuAttention, EachLaunchShapeGetsItsOwnBlockSchedule) {
+  for (const CudaWorkOrder order : {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead}) {
+    SCOPED_TRACE(to_string(order));
+    work_order_ = order;
+    persistent_blocks_ = 5;
+    const VideoLayout layout = make_layout(9, 8, 12, 20, TextPlacement::After, 1, 4, 64);
+    PlanCache cache;
+    const MaskSpec spec = mask_for_density(layout.grid, SparseKind::Spatial, 0.3);
+    std::vector<HeadMask> heads(4, HeadMask{spec, spec.natural_order(), cache.get(layout.grid, spec), true});
+    const CudaBackend backend = this->backend();
+    for (const int skipped : {-1, 2, -1}) {
+      for (int h = 0; h < 4; ++h) heads[std::size_t(h)].compute = h != skipped;
+      auto problem = testing::make_problem(layout, DType::BF16, heads, testing::fresh_seed());
+      SCOPED_TRACE(problem.label);
+      DeviceProblem device(problem);
+      backend.run(device.call);
+      device.download_into(problem);
+      expect_matches_reference(problem, 0);
+    }
+    EXPECT_EQ(backend.cached_plans(), 1u);
   }
 }
 
-// The other work order walks the same items in another order: same answers,
+// Each fixed work order walks the same items in its own order: same answers,
 // through the persistent loop (more items than SMs, batch 2) and through calls
 // with several plans (one launch each).
-TEST_P(GpuAttention, HeadByHeadWorkOrderGivesTheSameAnswers) {
-  work_order_ = CudaWorkOrder::HeadByHead;
-  const Case many{make_layout(21, 8, 12, 40, TextPlacement::After, 2, 8, 128), DType::BF16, DType::BF16,
-                  MemoryLayout::BNHD, 0.2, /*sample_rows=*/96};
-  PlanCache cache;
-  const MaskSpec spec = mask_for_density(many.layout.grid, SparseKind::Spatial, many.density);
-  const auto plan = cache.get(many.layout.grid, spec);
-  ASSERT_GT(plan->q_tiles() * many.layout.batch * many.layout.heads, 2 * cuda_device_info().multiprocessors);
-  run_case(many, std::vector<HeadMask>(std::size_t(many.layout.heads), HeadMask{spec, spec.natural_order(), plan, true}));
-  run_case({make_layout(3, 7, 9, 77, TextPlacement::After, 2, 4, 64), DType::F16, DType::F32});
+TEST_P(GpuAttention, EveryWorkOrderGivesTheSameAnswers) {
+  for (const CudaWorkOrder order : {CudaWorkOrder::HeadByHead, CudaWorkOrder::AcrossHeads}) {
+    SCOPED_TRACE(to_string(order));
+    work_order_ = order;
+    const Case many{make_layout(21, 8, 12, 40, TextPlacement::After, 2, 8, 128), DType::BF16, DType::BF16,
+                    MemoryLayout::BNHD, 0.2, /*sample_rows=*/96};
+    PlanCache cache;
+    const MaskSpec spec = mask_for_density(many.layout.grid, SparseKind::Spatial, many.density);
+    const auto plan = cache.get(many.layout.grid, spec);
+    ASSERT_GT(plan->q_tiles() * many.layout.batch * many.layout.heads, 2 * cuda_device_info().multiprocessors);
+    run_case(many,
+             std::vector<HeadMask>(std::size_t(many.layout.heads), HeadMask{spec, spec.natural_order(), plan, true}));
+    run_case({make_layout(3, 7, 9, 77, TextPlacement::After, 2, 4, 64), DType::F16, DType::F32});
+  }
 }
 
 // Each Hopper kernel against the portable one on identical inputs: both round P
@@ -623,6 +661,16 @@ TEST(GpuAttentionInput, HostMemoryOrNoGpuIsUnsupported) {
 TEST(GpuAttentionInput, NegativePersistentBlocksAreInvalid) {
   EXPECT_THROW(CudaBackend(CudaBackendOptions{CudaKernel::Auto, CudaWorkOrder::AcrossHeads, -1}), InvalidArgument);
   EXPECT_NO_THROW(CudaBackend(CudaBackendOptions{CudaKernel::Auto, CudaWorkOrder::AcrossHeads, 0}));
+}
+
+TEST(GpuAttentionInput, BlockScheduleNamesRoundTrip) {
+  for (const CudaBlockSchedule schedule : {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin})
+    EXPECT_EQ(parse_cuda_block_schedule(to_string(schedule)), schedule);
+  EXPECT_THROW(parse_cuda_block_schedule("dynamic"), InvalidArgument);
+  EXPECT_EQ(CudaBackend().options().block_schedule, CudaBlockSchedule::Balanced);
+  CudaBackendOptions nonsense;
+  nonsense.block_schedule = static_cast<CudaBlockSchedule>(7);
+  EXPECT_THROW(CudaBackend{nonsense}, InvalidArgument);
 }
 
 TEST(GpuAttentionInput, WorkOrderNamesRoundTrip) {

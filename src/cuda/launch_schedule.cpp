@@ -1,0 +1,94 @@
+// Work order and block schedule of a launch, computed on the first launch of a
+// shape and kept with the device plan (launch_schedule.hpp).
+#include "cuda/launch_schedule.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "cuda/block_schedule.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_plan_arrays.hpp"
+#include "cuda/work_items.hpp"
+#include "cuda/work_order_model.hpp"
+#include "stsa/error.hpp"
+
+namespace stsa::cuda_detail {
+namespace {
+
+OrderChoice schedule_items(const DevicePlan::Arrays& plan, const CudaBackendOptions& options, std::int64_t pairs,
+                           int persistent_blocks) {
+  const CudaBlockSchedule policy = options.block_schedule;
+  switch (options.work_order) {
+    case CudaWorkOrder::AcrossHeads:
+      return {kWorkAcrossHeads, make_block_schedule(plan.rank_costs, pairs, persistent_blocks, kWorkAcrossHeads, policy)};
+    case CudaWorkOrder::HeadByHead:
+      return {kWorkHeadByHead, make_block_schedule(plan.rank_costs, pairs, persistent_blocks, kWorkHeadByHead, policy)};
+    case CudaWorkOrder::Auto: break;
+  }
+  return choose_work_order(plan.rank_costs, pairs, persistent_blocks, policy);
+}
+
+// One allocation: begin, then items. A copy from pageable memory may return
+// before its DMA has landed, and a kernel on a non-blocking stream is not
+// ordered after the legacy stream: wait here, as the plan upload does.
+void* upload(const BlockSchedule& schedule, LaunchSchedule& launch) {
+  const std::size_t begin_bytes = schedule.begin.size() * sizeof(std::int32_t);
+  const std::size_t items_bytes = schedule.items.size() * sizeof(std::int32_t);
+  void* storage = nullptr;
+  STSA_CUDA_CHECK(cudaMalloc(&storage, begin_bytes + items_bytes));
+  auto* base = static_cast<std::int32_t*>(storage);
+  const auto copy = [&] {
+    STSA_CUDA_CHECK(cudaMemcpy(base, schedule.begin.data(), begin_bytes, cudaMemcpyHostToDevice));
+    STSA_CUDA_CHECK(cudaMemcpy(base + schedule.begin.size(), schedule.items.data(), items_bytes,
+                               cudaMemcpyHostToDevice));
+    STSA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  };
+  try {
+    copy();
+  } catch (...) {
+    cudaFree(storage);
+    throw;
+  }
+  launch.blocks = schedule.blocks();
+  launch.block_item_begin = base;
+  launch.block_items = base + schedule.begin.size();
+  return storage;
+}
+
+}  // namespace
+
+LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackendOptions& options, bool persistent,
+                               std::int64_t pairs, int persistent_blocks) {
+  if (!persistent) {
+    LaunchSchedule launch;
+    launch.work_order = options.work_order == CudaWorkOrder::HeadByHead ? kWorkHeadByHead : kWorkAcrossHeads;
+    return launch;
+  }
+  const std::lock_guard lock(plan.schedule_mutex);
+  for (const auto& cached : plan.schedules)
+    if (cached.pairs == pairs && cached.persistent_blocks == persistent_blocks && cached.order == options.work_order &&
+        cached.policy == options.block_schedule)
+      return cached.launch;
+
+  const OrderChoice choice = schedule_items(plan, options, pairs, persistent_blocks);
+  STSA_CHECK(fits_kernel_counters(choice.schedule), ResourceError, "attention launch of ", choice.schedule.items.size(),
+             " work items over ", choice.schedule.blocks(), " persistent blocks: one block walks ",
+             choice.schedule.most_key_tiles,
+             " key tiles, past the sm90 kernel's 32-bit counters; use more persistent blocks");
+  plan.schedules.reserve(plan.schedules.size() + 1);  // nothing throws between the upload and its entry
+  DevicePlan::Arrays::CachedSchedule cached;
+  cached.pairs = pairs;
+  cached.persistent_blocks = persistent_blocks;
+  cached.order = options.work_order;
+  cached.policy = options.block_schedule;
+  cached.launch.work_order = choice.order;
+  cached.storage = upload(choice.schedule, cached.launch);
+  plan.schedules.push_back(cached);
+  return cached.launch;
+}
+
+}  // namespace stsa::cuda_detail
