@@ -16,9 +16,12 @@
 //   - a GPU of compute capability 8.0 or newer with enough shared memory per
 //     block (the sm80 kernel at D = 128: 136 KB, so A100/H100/H200 class, not
 //     the 99 KB of compute capability 8.6/8.9).
-// The first call with a plan uploads it and waits for the copy, and the first
-// Hopper call allocates the small host-mapped buffer a hung barrier wait reports
-// into: make such calls (or device_plan()) before capturing into a CUDA graph.
+// The first call with a plan uploads it and waits for the copy, the first Hopper
+// call of each launch shape (plan, batch x heads, persistent blocks, work order,
+// block schedule) uploads its block schedule the same way, and the first Hopper
+// call allocates the small host-mapped buffer a hung barrier wait reports into:
+// make such calls before capturing into a CUDA graph (a warm-up call of every
+// shape the graph will hold).
 // Without a GPU the backend still constructs; supports() says why it cannot
 // run and run() throws Unsupported.
 #pragma once

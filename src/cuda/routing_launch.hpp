@@ -53,7 +53,9 @@ struct RoutingParams {
 
   // Workspace. Partials are indexed by slot = ((head * row_blocks + row block) * splits + split) * kRoutingOutputs
   // + output, then row (and channel for acc).
-  float* part_max = nullptr;         // [slots][kRoutingRows]: running maximum (log2 domain); NaN: non-finite score
+  // [slots][kRoutingRows]: running maximum (log2 domain). NaN in the dense output's slot (output 0) flags a
+  // non-finite score in the row; candidate slots never carry it (combine reads the flag across outputs).
+  float* part_max = nullptr;
   float* part_sum = nullptr;         // [slots][kRoutingRows]: sum of P relative to that maximum
   float* part_acc = nullptr;         // [slots][kRoutingRows][head_dim]: P.V relative to that maximum
   std::int32_t* part_kept = nullptr; // [slots][kRoutingRows]: allowed (row, key) pairs
