@@ -277,8 +277,8 @@ else
   FAILED+=("cli_build")
 fi
 # What the next optimisation should aim at: Nsight Compute on one sparse 1440p
-# call of the first kernel left (the expected fastest), and of its other work
-# order when that is in the table, then on the routing kernel; before the demo,
+# call of the first kernel left (the expected fastest), and of its first variant
+# when one is in the table, then on the routing kernels; before the demo,
 # which they may leave without time. Information, not steps: missing ncu or
 # counters it may not read fail nothing.
 NCU="$(find_tool ncu)"

@@ -95,14 +95,21 @@ std::vector<KernelSpec> parse_kernels(const std::string& list) {
     while (plus != std::string_view::npos) {
       const std::size_t next = item.find('+', plus + 1);
       const std::string_view modifier = item.substr(plus + 1, next == std::string_view::npos ? next : next - plus - 1);
-      if (modifier == "balanced" || modifier == "round-robin")
-        spec.options.block_schedule = stsa::parse_cuda_block_schedule(modifier);
-      else if (modifier == "auto" || modifier == "across-heads" || modifier == "head-by-head")
-        spec.options.work_order = stsa::parse_cuda_work_order(modifier);
-      else
-        throw stsa::InvalidArgument(stsa::detail::concat(
-            "unknown variant '", modifier, "' in kernel '", item,
-            "' (expected a work order: auto, across-heads, head-by-head; or a block schedule: balanced, round-robin)"));
+      bool known = false;
+      for (const auto order : {stsa::CudaWorkOrder::Auto, stsa::CudaWorkOrder::AcrossHeads,
+                               stsa::CudaWorkOrder::HeadByHead})
+        if (modifier == stsa::to_string(order)) {
+          spec.options.work_order = order;
+          known = true;
+        }
+      for (const auto schedule : {stsa::CudaBlockSchedule::Balanced, stsa::CudaBlockSchedule::RoundRobin})
+        if (modifier == stsa::to_string(schedule)) {
+          spec.options.block_schedule = schedule;
+          known = true;
+        }
+      STSA_CHECK(known, stsa::InvalidArgument, "unknown variant '", modifier, "' in kernel '", item,
+                 "' (expected a work order: auto, across-heads, head-by-head; or a block schedule: balanced, "
+                 "round-robin)");
       plus = next;
     }
     spec.name = std::string(item);

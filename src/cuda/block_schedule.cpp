@@ -21,10 +21,8 @@ BlockSchedule make_block_schedule(std::span<const std::int32_t> rank_costs, std:
   const std::int64_t items = q_tiles * pairs;
   blocks = std::min(blocks, items);
 
-  // Walk order: item i is (rank, pair) as work_slot decodes it.
-  const auto rank_of = [&](std::int64_t item) {
-    return order == kWorkHeadByHead ? item % q_tiles : item / pairs;
-  };
+  // Walk order: item i's rank as the kernel decodes it (both fit int: checked above).
+  const auto rank_of = [&](std::int64_t item) { return work_slot(int(item), int(q_tiles), 1, int(pairs), order).rank; };
   std::vector<std::int32_t> block_of(static_cast<std::size_t>(items));
   std::vector<std::int64_t> load(std::size_t(blocks), 0), tiles(std::size_t(blocks), 0);
   const auto assign = [&](std::int64_t item, std::int64_t block) {

@@ -19,17 +19,18 @@
 namespace stsa::cuda_detail {
 namespace {
 
+// A fixed work order as the kernels name it (Auto is resolved by the model).
+WorkOrder fixed_order(CudaWorkOrder order) {
+  return order == CudaWorkOrder::HeadByHead ? kWorkHeadByHead : kWorkAcrossHeads;
+}
+
 OrderChoice schedule_items(const DevicePlan::Arrays& plan, const CudaBackendOptions& options, std::int64_t pairs,
                            int persistent_blocks) {
   const CudaBlockSchedule policy = options.block_schedule;
-  switch (options.work_order) {
-    case CudaWorkOrder::AcrossHeads:
-      return {kWorkAcrossHeads, make_block_schedule(plan.rank_costs, pairs, persistent_blocks, kWorkAcrossHeads, policy)};
-    case CudaWorkOrder::HeadByHead:
-      return {kWorkHeadByHead, make_block_schedule(plan.rank_costs, pairs, persistent_blocks, kWorkHeadByHead, policy)};
-    case CudaWorkOrder::Auto: break;
-  }
-  return choose_work_order(plan.rank_costs, pairs, persistent_blocks, policy);
+  if (options.work_order == CudaWorkOrder::Auto)
+    return choose_work_order(plan.rank_costs, pairs, persistent_blocks, policy);
+  const WorkOrder order = fixed_order(options.work_order);
+  return {order, make_block_schedule(plan.rank_costs, pairs, persistent_blocks, order, policy)};
 }
 
 // One allocation: begin, then items. A copy from pageable memory may return
@@ -65,7 +66,7 @@ LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackend
                                std::int64_t pairs, int persistent_blocks) {
   if (!persistent) {
     LaunchSchedule launch;
-    launch.work_order = options.work_order == CudaWorkOrder::HeadByHead ? kWorkHeadByHead : kWorkAcrossHeads;
+    launch.work_order = fixed_order(options.work_order);
     return launch;
   }
   const std::lock_guard lock(plan.schedule_mutex);
