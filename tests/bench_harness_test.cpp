@@ -5,8 +5,10 @@
 // is asserted on.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/figures.hpp"
@@ -80,6 +82,34 @@ TEST(BenchTimingLoop, WarmUpsAreUntimedThenExactlyRepeatsWithoutBudget) {
                                           "wall.start", "run4", "wall.stop", "wall.start", "run5", "wall.stop"};
   EXPECT_EQ(log, expected);
   EXPECT_EQ(progress, (std::vector<std::pair<int, int>>{{1, 5}, {2, 5}, {3, 5}, {4, 5}, {5, 5}}));
+}
+
+TEST(BenchTimingLoop, WallWindowBracketsTheTimedRunsAndNotTheWarmUps) {
+  const auto now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  std::vector<std::string> log;
+  FakeStopwatch clock("c", {1.0}, &log);
+  Stopwatch* clocks[] = {&clock};
+  std::vector<double> run_times;
+  double before = 0;
+  const TimedRuns t = time_runs(
+      {.warmup = 1, .repeats = 2},
+      [&] {
+        // The warm-up sleeps, so a window opened before it would contain it.
+        if (run_times.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        run_times.push_back(now());
+      },
+      clocks, [&](int done, int) {
+        if (done == 1) before = now();
+      });
+  ASSERT_EQ(run_times.size(), 3u);
+  EXPECT_GE(t.wall_from_s, before);
+  EXPECT_GT(t.wall_from_s, run_times[0]);  // after the warm-up
+  EXPECT_LE(t.wall_from_s, run_times[1]);
+  EXPECT_GE(t.wall_to_s, run_times[2]);
+  EXPECT_LE(t.wall_to_s, now());
+  EXPECT_GT(t.wall_from_s, 1.7e9);  // seconds since 1970 (after 2023), not since boot
 }
 
 TEST(BenchTimingLoop, BudgetStopsBeforeTheRunThatWouldStartPastIt) {

@@ -28,6 +28,11 @@ D = 128; bf16) it
      and writes JSON under --out, rewritten after every step, so a kill keeps
      everything measured before it.
 
+Throughout, a thread samples the SM clock and board power from NVML
+(gpu_clocks.py); each row gets the mean clock over its timed runs and the
+share of the tensor peak at that clock it reached, so a row that is slow
+because the power cap lowered the clock shows as such.
+
 Every case is time-boxed; cases that would pass the deadline are reported as
 skipped rather than run. Needs python3 and torch only (no numpy, no network).
 --dry-run needs neither torch nor a GPU: it formats made-up results, to check
@@ -41,6 +46,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import namedtuple
+
+import gpu_clocks
 
 SHAPES = {"720p": (21, 45, 80), "1440p": (21, 90, 160), "480p": (21, 30, 52)}
 # The issue's shapes; the others run only when this much time is left, and are
@@ -78,6 +86,10 @@ class Clock:
         return self.deadline - time.time()
 
 
+# A timing: the median ms, and the wall-clock window (time.time()) of the timed runs.
+Timed = namedtuple("Timed", "ms wall_from_s wall_to_s")
+
+
 def time_cuda(fn, repeats, budget_s):
     """Median ms of `fn` over up to `repeats` runs after one warm-up, CUDA events
     (the same rule as stsa's harness: no run starts once the budget is spent)."""
@@ -85,6 +97,7 @@ def time_cuda(fn, repeats, budget_s):
     fn()
     torch.cuda.synchronize()
     times, spent = [], 0.0
+    wall_from = time.time()
     while len(times) < repeats and spent < budget_s * 1e3:
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -93,9 +106,27 @@ def time_cuda(fn, repeats, budget_s):
         stop.synchronize()
         times.append(start.elapsed_time(stop))
         spent += times[-1]
+    wall_to = time.time()
     times.sort()
     n = len(times)
-    return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
+    return Timed(times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2]), wall_from, wall_to)
+
+
+def attach_clocks(results, sampler):
+    """The clock summary of each row's timed window, for rows that have a window
+    and no summary yet (a row's samples are all in once its timing returned)."""
+    if sampler is None:
+        return
+    for shape in results:
+        rows = [(c, c.get("wall_from_s"), c.get("wall_to_s"), "clock")
+                for run in (shape.get("stsa") or {}).values() for c in run.get("cases", [])]
+        dense_clock = shape.setdefault("dense_clock", {})
+        rows += [(dense_clock, *window, label) for label, window in shape.get("dense_window", {}).items()]
+        rows += [(case, *case["flex_window"], "flex_clock") for case in shape.get("cases", {}).values()
+                 if case.get("flex_window")]
+        for holder, wall_from, wall_to, key in rows:
+            if wall_from and holder.get(key) is None:
+                holder[key] = sampler.summary(wall_from, wall_to)
 
 
 def write_raw(tensor, path):
@@ -308,7 +339,9 @@ def bench_shape_in(name, args, clock, shape_result, work, frames, height, width,
         try:
             with sdpa_kernel(backend):
                 fn = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
-                dense_ms[label] = time_cuda(fn, reps, budget_s=6)
+                timed = time_cuda(fn, reps, budget_s=6)
+                dense_ms[label] = timed.ms
+                shape_result.setdefault("dense_window", {})[label] = (timed.wall_from_s, timed.wall_to_s)
                 dense_out[label] = fn()
             log(f"  {label} dense: {dense_ms[label]:.2f} ms")
         except Exception as e:  # a missing backend must not stop the rest
@@ -417,7 +450,8 @@ def bench_shape_in(name, args, clock, shape_result, work, frames, height, width,
                                                   seq_lengths=(n, n))
             t0 = time.time()
             fn = lambda: flex(q, k, v, block_mask=block_mask)  # noqa: E731
-            case["flex_ms"] = time_cuda(fn, reps, budget_s=6)
+            timed = time_cuda(fn, reps, budget_s=6)
+            case["flex_ms"], case["flex_window"] = timed.ms, (timed.wall_from_s, timed.wall_to_s)
             check = case.setdefault("flex_check", {})
             max_errs(fn(), label, check)
             log(f"  flex {label}: {case['flex_ms']:.2f} ms (incl. compile {time.time() - t0:.0f} s wall), "
@@ -506,9 +540,41 @@ def per_video(name, records, cudnn, perm):
             + ", ".join(cells))
 
 
-def table(results, kernels):
+def clock_cells(clock, flops, ms, device):
+    """The row's mean SM clock over its timed runs, and the share of the tensor
+    peak at that clock its FLOP/s reached (work per cycle, the clock taken out)."""
+    mhz = (clock or {}).get("sm_mhz_mean")
+    device = device or {}
+    share = gpu_clocks.tensor_share(flops, ms, mhz, device.get("sms"), device.get("capability"))
+    return fmt(mhz / 1e3 if mhz else None, ".2f"), fmt(share * 100 if share else None, ".0f")
+
+
+def clock_line(name, results_shape, device):
+    """The spread of the rows' clocks and how often the power cap held them."""
+    clocks = [c["clock"] for run in (results_shape.get("stsa") or {}).values() for c in run.get("cases", [])
+              if c.get("clock")]
+    clocks += [c for c in results_shape.get("dense_clock", {}).values() if c]
+    clocks += [c["flex_clock"] for c in results_shape.get("cases", {}).values() if c.get("flex_clock")]
+    if not clocks:
+        return None
+    samples = sum(c["samples"] for c in clocks)
+    capped = sum(c["power_capped_share"] * c["samples"] for c in clocks) / samples
+    thermal = sum(c["thermal_or_hw_slowdown_share"] * c["samples"] for c in clocks) / samples
+    device = device or {}
+    ceiling = (f" (board: {device['max_sm_mhz'] / 1e3:.2f} GHz max, {device['power_limit_w']:.0f} W limit)"
+               if device.get("max_sm_mhz") and device.get("power_limit_w") else "")
+    return (f"{name} | SM clock over the timed rows: {min(c['sm_mhz_min'] for c in clocks) / 1e3:.2f}-"
+            f"{max(c['sm_mhz_mean'] for c in clocks) / 1e3:.2f} GHz{ceiling}, power "
+            f"{min(c['power_w_mean'] for c in clocks):.0f}-{max(c['power_w_mean'] for c in clocks):.0f} W; "
+            f"the power cap held the clock in {capped:.0%} of {samples} samples, thermal or hardware "
+            f"slowdown in {thermal:.0%}")
+
+
+def table(results, kernels, device=None):
+    """device: {"sms", "capability", "max_sm_mhz", "power_limit_w"} (any may be
+    missing) for the clock columns."""
     head = ("shape", "case", "impl", "tile dens", "ms", "TF/s kept tiles", "vs cuDNN dense", "vs flex",
-            "max err vs ref (rel)")
+            "SM GHz", "tensor % at clock", "max err vs ref (rel)")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for shape in results:
         name = shape["shape"]
@@ -549,11 +615,13 @@ def table(results, kernels):
                     impl += f" ({c['kernel_resolved']})"
                 lines.append(" | ".join((name, label, impl, density, fmt(c["ms"], ".2f"),
                                          fmt(c["tflops_kept_tiles"], ".0f"),
-                                         times(cudnn, c["ms"]), times(flex_ms, c["ms"]),
-                                         err_cell(check, kernel))))
-            flex_cells = (fmt(flex_ms, ".2f"), fmt(ratio(kept, flex_ms * 1e9 if flex_ms else None), ".0f"),
-                          times(cudnn, flex_ms),
-                          "1.00x" if flex_ms else "-", "(ref)" if label != "dense" and flex_ms else "-")
+                                         times(cudnn, c["ms"]), times(flex_ms, c["ms"]))
+                                        + clock_cells(c.get("clock"), kept, c["ms"], device)
+                                        + (err_cell(check, kernel),)))
+            flex_cells = ((fmt(flex_ms, ".2f"), fmt(ratio(kept, flex_ms * 1e9 if flex_ms else None), ".0f"),
+                           times(cudnn, flex_ms), "1.00x" if flex_ms else "-")
+                          + clock_cells(extra.get("flex_clock"), kept, flex_ms, device)
+                          + ("(ref)" if label != "dense" and flex_ms else "-",))
             if flex_ms:
                 lines.append(" | ".join((name, label, "flex", density) + flex_cells))
             else:
@@ -562,10 +630,12 @@ def table(results, kernels):
                 for impl, ms in (("cuDNN", cudnn), ("FA2", fa2)):
                     if not ms:
                         continue
+                    clock = shape.get("dense_clock", {}).get(impl.lower())
                     lines.append(" | ".join((name, label, impl, "1.000", fmt(ms, ".2f"),
                                              fmt(any_record["dense_flops"] / ms / 1e9, ".0f"),
-                                             times(cudnn, ms), times(flex_ms, ms),
-                                             "(ref)" if impl == "cuDNN" else "-")))
+                                             times(cudnn, ms), times(flex_ms, ms))
+                                            + clock_cells(clock, any_record["dense_flops"], ms, device)
+                                            + ("(ref)" if impl == "cuDNN" else "-",)))
         if cudnn:
             dense_tf = any_record["dense_flops"] / cudnn / 1e9
             lines.append(f"{name} | cuDNN dense {dense_tf:.0f} TFLOP/s"
@@ -583,14 +653,27 @@ def table(results, kernels):
         video = per_video(name, records, cudnn, perm)
         if video:
             lines.append(video)
+        clocks = clock_line(name, shape, device)
+        if clocks:
+            lines.append(clocks)
         for e in shape["errors"]:
             lines.append(f"{name} | error: {e}")
     return "\n".join(lines)
 
 
+# What main() records about the board for the clock columns; --dry-run's made-up one.
+DRY_DEVICE = {"name": "made-up", "max_sm_mhz": 1980, "power_limit_w": 700.0, "sms": 132, "capability": [9, 0]}
+
+
+def dry_clock(mhz):
+    return {"samples": 40, "sm_mhz_mean": mhz, "sm_mhz_min": mhz - 30, "power_w_mean": 690.0,
+            "temperature_c_max": 70, "power_capped_share": 0.5, "thermal_or_hw_slowdown_share": 0.0}
+
+
 def dry_results(args):
     """Made-up stsa_gpu_bench output in its real format (one kernel failing every
-    case but the first, the next kernel whole) and made-up PyTorch timings."""
+    case but the first, the next kernel whole), made-up PyTorch timings, and
+    made-up clocks on all but the first kernel's rows."""
     results = []
     for name in args.shapes:
         frames, height, width = SHAPES[name]
@@ -609,7 +692,8 @@ def dry_results(args):
                 cases.append({"label": label, "kernel": kernel, "kernel_resolved": "sm90" if kernel == "auto" else kernel,
                               "density": density, "band": int(n * density), "tile_density": tile_density,
                               "ms": ms, "kept_tile_flops": dense_flops * tile_density,
-                              "tflops_kept_tiles": dense_flops * tile_density / ms / 1e9, "dense_flops": dense_flops})
+                              "tflops_kept_tiles": dense_flops * tile_density / ms / 1e9, "dense_flops": dense_flops,
+                              "clock": dry_clock(1500 + 10 * i) if i else None})
             stsa = {"sample_rows": [0, n - 1], "cases": cases, "errors": errors}
             if i == 0:
                 stsa["permutation"] = {"gather_qkv_ms": 1.0, "gather_gbps": 3000, "scatter_o_lse_ms": 0.5,
@@ -618,6 +702,7 @@ def dry_results(args):
         if len(args.kernels) > 2:
             add_stsa_run(shape_result, "extra", "timed out after 15 seconds", None)
         shape_result["dense_ms"] = {"cudnn": dense_flops / 570e12 * 1e3, "fa2": dense_flops / 360e12 * 1e3}
+        shape_result["dense_clock"] = {"cudnn": dry_clock(1600), "fa2": None}
         shape_result["dense_check"] = {"cudnn": {"max_err": {k: 1e-5 for k in args.kernels}, "ref_max": 2e-3}}
         shape_result["dense_check"]["cudnn"]["max_err"][args.kernels[-1]] = float("nan")
         for density in args.densities:
@@ -626,6 +711,7 @@ def dry_results(args):
                 shape_result["cases"][label] = {"flex_error": "skipped: out of time"}
             else:
                 shape_result["cases"][label] = {"flex_ms": dense_flops * min(1.0, density * 1.2 + 0.03) / 410e12 * 1e3,
+                                                "flex_clock": dry_clock(1700),
                                                 "flex_check": {"max_err": {k: 2e-4 for k in args.kernels},
                                                                "ref_max": 1e-2}}
         results.append(shape_result)
@@ -654,27 +740,35 @@ def main():
                      else "--build is required")
     clock = Clock(args.deadline_s)
     os.makedirs(args.out, exist_ok=True)
+    sampler = None
 
     def write_outputs(results, meta):
         """gpu_bench.json, then the table (gpu_bench.txt): after every step of a
         shape, so a later hang or kill keeps what was already measured."""
         meta["seconds"] = time.time() - clock.start
+        attach_clocks(results, sampler)
+        if sampler is not None and sampler.error:
+            meta["clock_sampler_error"] = sampler.error
         with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
-        text = table(results, args.kernels)
+        text = table(results, args.kernels, meta.get("clocks"))
         with open(os.path.join(args.out, "gpu_bench.txt"), "w") as f:
             f.write(text + "\n")
         return text
 
     if args.dry_run:
         results = dry_results(args)
-        meta = {"dry_run": True, "kernels": args.kernels}
+        meta = {"dry_run": True, "kernels": args.kernels, "clocks": DRY_DEVICE}
     else:
         import torch
         log(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, kernels {','.join(args.kernels)}, "
             f"deadline {args.deadline_s:.0f} s")
         results = []
         meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "kernels": args.kernels}
+        sampler, board = gpu_clocks.start_nvml_sampler()
+        props = torch.cuda.get_device_properties(0)
+        meta["clocks"] = dict(board, sms=props.multi_processor_count, capability=[props.major, props.minor])
+        log(f"clock sampler: {'NVML, ' + str(board) if sampler else board['unavailable']}")
         for name in args.shapes:
             if name not in REQUIRED_SHAPES and clock.left() < OPTIONAL_SHAPE_MIN_S:
                 results.append({"shape": name, "stsa": {}, "cases": {}, "errors": [], "skipped": "out of time"})
@@ -690,6 +784,8 @@ def main():
                 results[-1]["errors"].append(f"{type(e).__name__}: {e}")
                 log(f"{name} failed: {e}")
             write_outputs(results, meta)
+    if sampler is not None:
+        sampler.stop()
     text = write_outputs(results, meta)
     log("\n" + text)
     sys.exit(0 if results_ok(results) else 1)

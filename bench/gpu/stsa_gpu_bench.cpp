@@ -402,6 +402,9 @@ Outcome run(const Options& opt) {
                        {"dense_flops", work.dense_flops}};
         stsa::bench::add_plan_stats(record, s);
         stsa::bench::add_timing(record, "", times);  // ms (median), ms_min, ms_max, ms_runs
+        // When the timed runs ran (epoch seconds), for compare.py's SM clock samples.
+        record["wall_from_s"] = timed.wall_from_s;
+        record["wall_to_s"] = timed.wall_to_s;
         std::cerr << "  [" << runner.name << "] " << label << ": " << ms << " ms, "
                   << record["tflops_kept_tiles"].get<double>() << " TFLOP/s on kept tiles (tile density "
                   << s.tile_density() << ")\n";

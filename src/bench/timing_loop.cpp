@@ -1,10 +1,18 @@
 #include "bench/timing_loop.hpp"
 
+#include <chrono>
 #include <cmath>
 
 #include "stsa/error.hpp"
 
 namespace stsa::bench {
+namespace {
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 void TimingOptions::validate() const {
   STSA_CHECK(warmup >= 0, InvalidArgument, "warmup (untimed runs) must be >= 0, got ", warmup);
@@ -28,6 +36,7 @@ TimedRuns time_runs(const TimingOptions& options, const std::function<void()>& r
   TimedRuns timed;
   timed.clocks.resize(clocks.size());
   double spent_ms = 0;
+  timed.wall_from_s = wall_seconds();
   while (int(timed.clocks[0].runs()) < options.repeats) {
     if (spent_ms >= options.budget_ms) {
       timed.budget_spent = true;
@@ -43,6 +52,7 @@ TimedRuns time_runs(const TimingOptions& options, const std::function<void()>& r
     spent_ms += timed.clocks[0].ms.back();
     if (observer) observer(++done, total);
   }
+  timed.wall_to_s = wall_seconds();
   return timed;
 }
 

@@ -27,6 +27,11 @@ struct TimingOptions {
 struct TimedRuns {
   std::vector<Samples> clocks;  // one per stopwatch, in the order given
   bool budget_spent = false;    // fewer than `repeats` runs because the budget ran out
+  // Wall-clock seconds since the Unix epoch (std::chrono::system_clock) just
+  // before the first timed run and just after the last: the window in which a
+  // sampler outside the process (the SM clock, bench/gpu/gpu_clocks.py) read
+  // what these runs ran at.
+  double wall_from_s = 0, wall_to_s = 0;
 
   const Samples& operator[](std::size_t clock) const { return clocks[clock]; }
 };

@@ -5,6 +5,7 @@ made-up results of --dry-run formatted without an exception, one row per kernel.
 Usage: compare_table_test.py BENCH_GPU_DIR"""
 import argparse
 import sys
+import time
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 
@@ -76,3 +77,76 @@ with_perm = {"shape": "720p", "tokens": 75600, "cases": {}, "errors": [], "dense
 text = compare.table([with_perm], ["sm90"])
 assert "nan% of the s0.10 sm90 attention time" in text, text
 print("compare.py partial shapes: ok")
+
+
+# The clock columns. gpu_clocks' sampler on a scripted NVML reading and a scripted
+# clock: each row's summary takes exactly the samples inside its window.
+import gpu_clocks  # noqa: E402
+
+script = iter([(1980, 300.0, 0x0, 40), (1500, 700.0, 0x4, 60), (1400, 690.0, 0x4 | 0x40, 65),
+               (1600, 650.0, 0x0, 62)])
+fake_now = iter([10.0, 11.0, 12.0, 13.0])
+done = []
+
+
+def read():
+    try:
+        return next(script)
+    except StopIteration:
+        done.append(True)
+        raise RuntimeError("no more readings")
+
+
+sampler = gpu_clocks.ClockSampler(read, period_s=0.0, now=lambda: next(fake_now)).start()
+sampler._thread.join(timeout=10)  # the fifth read raises: the thread ends and keeps the error
+assert done and not sampler._thread.is_alive()
+sampler.stop()
+assert sampler.error == "RuntimeError: no more readings", sampler.error
+assert [s[0] for s in sampler.samples] == [10.0, 11.0, 12.0, 13.0]
+mid = sampler.summary(10.5, 12.0)  # the 1500 and 1400 MHz samples
+assert mid["samples"] == 2 and mid["sm_mhz_mean"] == 1450 and mid["sm_mhz_min"] == 1400, mid
+assert mid["power_w_mean"] == 695.0 and mid["temperature_c_max"] == 65, mid
+assert mid["power_capped_share"] == 1.0 and mid["thermal_or_hw_slowdown_share"] == 0.5, mid
+assert sampler.summary(13.5, 20.0) is None  # no sample in the window: no figure made up
+# A sampler stops when asked, whatever the reading.
+steady = gpu_clocks.ClockSampler(lambda: (1700, 500.0, 0, 50), period_s=0.001).start()
+time.sleep(0.02)
+steady.stop()
+assert not steady._thread.is_alive() and steady.samples and steady.error is None
+
+# 132 SMs x 4096 FLOP per clock at 1.5 GHz = 811 TFLOP/s; 405.5 TFLOP in 1 s is half of it.
+peak = 132 * 4096 * 1.5e9
+assert abs(gpu_clocks.tensor_share(peak / 2, 1000.0, 1500, 132, [9, 0]) - 0.5) < 1e-12
+assert gpu_clocks.tensor_share(peak / 2, 1000.0, 1500, 132, [8, 0]) is None  # no peak known for sm80
+assert gpu_clocks.tensor_share(peak / 2, 1000.0, None, 132, [9, 0]) is None
+
+# compare.py fills each row's clock from its window and prints it with the share.
+rec = record("s0.10", "sm90", 0.1, 1000.0)
+rec.update(kept_tile_flops=peak / 2, wall_from_s=10.5, wall_to_s=12.0)
+shape = {"shape": "720p", "tokens": 75600, "errors": [], "dense_ms": {"cudnn": 60.0},
+         "dense_window": {"cudnn": (12.5, 13.0)},
+         "cases": {"s0.10": {"flex_ms": 2000.0, "flex_window": (9.0, 10.0)}},
+         "stsa": {"sm90": {"cases": [rec]}}}
+compare.attach_clocks([shape], sampler)
+assert rec["clock"]["sm_mhz_mean"] == 1450
+assert shape["dense_clock"]["cudnn"]["sm_mhz_mean"] == 1600
+assert shape["cases"]["s0.10"]["flex_clock"]["sm_mhz_mean"] == 1980
+device = {"sms": 132, "capability": [9, 0], "max_sm_mhz": 1980, "power_limit_w": 700.0}
+text = compare.table([shape], ["sm90"], device)
+# 405.5 TFLOP in 1 s at 1.45 GHz: 405.5 / (132 x 4096 x 1.45e9) = 52%.
+assert "720p | s0.10 | stsa-sm90 | 0.100 | 1000.00 | 1 | 0.06x | 2.00x | 1.45 | 52 |" in text, text
+# FlexAttention: the same work in 2 s at 1.98 GHz: 405.5 / 2 / (132 x 4096 x 1.98e9) = 19%.
+assert "720p | s0.10 | flex | 0.100 | 2000.00 | 203 | 0.03x | 1.00x | 1.98 | 19 | (ref)" in text, text
+assert "SM clock over the timed rows: 1.40-1.98 GHz (board: 1.98 GHz max, 700 W limit)" in text, text
+assert "the power cap held the clock in 50% of 4 samples" in text, text
+# Without a sampler (no NVML) the rows say "-", and nothing fails.
+bare = {"shape": "720p", "tokens": 75600, "errors": [], "cases": {}, "stsa": {"sm90": {"cases": [record("s0.10", "sm90", 0.1, 5.0)]}}}
+compare.attach_clocks([bare], None)
+assert "| 0.100 | 5.00 | 1 | - | - | - | - |" in compare.table([bare], ["sm90"]), compare.table([bare], ["sm90"])
+# NVML may or may not load here (no GPU driver on CI): either way no exception.
+live, board = gpu_clocks.start_nvml_sampler()
+if live is not None:
+    live.stop()
+else:
+    assert board["unavailable"], board
+print("gpu_clocks and the clock columns: ok")

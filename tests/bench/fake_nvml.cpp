@@ -1,0 +1,73 @@
+// A stand-in for the driver's libnvidia-ml.so.1 with the calls gpu_clocks.py
+// makes, their signatures as nvml.h declares them (C linkage; they return
+// nvmlReturn_t, 0 on success). Each checks what it is handed, so a wrong
+// argument from ctypes fails the test instead of reading garbage on the GPU
+// machine.
+#include <cstring>
+
+extern "C" {
+
+typedef struct FakeDevice { int magic; } FakeDevice;
+static FakeDevice device = {0x5157};
+static int initialised = 0;
+
+enum { kSuccess = 0, kUninitialized = 1, kInvalidArgument = 2 };
+
+static int valid(const FakeDevice* d) { return initialised && d == &device && d->magic == 0x5157; }
+
+int nvmlInit_v2(void) { initialised = 1; return kSuccess; }
+int nvmlShutdown(void) { initialised = 0; return kSuccess; }
+
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, FakeDevice** out) {
+  if (!initialised) return kUninitialized;
+  if (index != 0 || !out) return kInvalidArgument;
+  *out = &device;
+  return kSuccess;
+}
+
+int nvmlDeviceGetName(FakeDevice* d, char* name, unsigned int length) {
+  if (!valid(d) || !name || length < 12) return kInvalidArgument;
+  std::strcpy(name, "Fake H200");
+  return kSuccess;
+}
+
+// type 1 is NVML_CLOCK_SM
+int nvmlDeviceGetMaxClockInfo(FakeDevice* d, int type, unsigned int* mhz) {
+  if (!valid(d) || type != 1 || !mhz) return kInvalidArgument;
+  *mhz = 1980;
+  return kSuccess;
+}
+
+int nvmlDeviceGetClockInfo(FakeDevice* d, int type, unsigned int* mhz) {
+  if (!valid(d) || type != 1 || !mhz) return kInvalidArgument;
+  *mhz = 1545;
+  return kSuccess;
+}
+
+int nvmlDeviceGetEnforcedPowerLimit(FakeDevice* d, unsigned int* milliwatts) {
+  if (!valid(d) || !milliwatts) return kInvalidArgument;
+  *milliwatts = 700000;
+  return kSuccess;
+}
+
+int nvmlDeviceGetPowerUsage(FakeDevice* d, unsigned int* milliwatts) {
+  if (!valid(d) || !milliwatts) return kInvalidArgument;
+  *milliwatts = 688500;
+  return kSuccess;
+}
+
+// 0x4: software power cap; a 64-bit mask
+int nvmlDeviceGetCurrentClocksEventReasons(FakeDevice* d, unsigned long long* reasons) {
+  if (!valid(d) || !reasons) return kInvalidArgument;
+  *reasons = 0x4ull | (1ull << 40); // and a high bit: the mask must not be cut to 32 bits
+  return kSuccess;
+}
+
+// sensor 0 is NVML_TEMPERATURE_GPU
+int nvmlDeviceGetTemperature(FakeDevice* d, int sensor, unsigned int* celsius) {
+  if (!valid(d) || sensor != 0 || !celsius) return kInvalidArgument;
+  *celsius = 61;
+  return kSuccess;
+}
+
+}  // extern "C"
