@@ -10,6 +10,7 @@ r = json.load(open(sys.argv[1]))
 keys = ("kernel", "dense_ms", "sparse_ms", "speedup", "tile_density", "check_rows", "rel_l2_err", "max_abs_err",
         "lse_max_abs_err", "dense_rel_l2_err", "dense_max_abs_err", "dense_lse_max_abs_err")
 print({k: r.get(k) for k in keys})
+print("clocks:", r.get("clocks"))  # the SM clock over each kernel's runs (NVML), or why it was not read
 
 
 def below(key, bound):

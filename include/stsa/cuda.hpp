@@ -55,6 +55,7 @@ struct CudaDeviceInfo {
   std::int64_t shared_memory_per_block_optin = 0;
   bool memory_pools = false;  // stream-ordered allocation (the library's scratch pool needs it)
   int driver_version = 0, runtime_version = 0;  // e.g. 13000
+  std::string pci_bus_id;  // "0000:00:06.0", as cudaDeviceGetPCIBusId writes it (how NVML finds the device)
 };
 // Properties of `device` (-1: the current one). Throws Unsupported without a GPU.
 CudaDeviceInfo cuda_device_info(int device = -1);

@@ -3,11 +3,14 @@
 // each call enqueued on the default stream (after a warm-up; the start event
 // waits until the call is enqueued, so the host's checks and launches are not
 // timed) and checked against the fp64 reference on sampled rows. The GPU check
-// (bench/gpu/check.sh) also times against PyTorch.
+// (bench/gpu/check.sh) also times against PyTorch. Where the driver's NVML
+// is there, a thread samples the SM clock meanwhile: each kernel's share of
+// the tensor peak is taken at the clock it ran at (bench/nvml_clocks.hpp).
 #include <cstdio>
 #include <string>
 
 #include "bench/figures.hpp"
+#include "bench/nvml_clocks.hpp"
 #include "bench/record.hpp"
 #include "bench/timing_loop.hpp"
 #include "cli/bench_shared.hpp"
@@ -47,7 +50,7 @@ DeviceTensor empty_like(const TensorView& host) {
   return d;
 }
 
-bench::Samples time_calls(const CudaBackend& backend, const AttentionCall& call, int repeats, Progress& progress) {
+bench::TimedRuns time_calls(const CudaBackend& backend, const AttentionCall& call, int repeats, Progress& progress) {
   bench::CudaEventStopwatch events;  // the default stream, where run_async(call, nullptr) enqueues
   bench::Stopwatch* clocks[] = {&events};
   const bench::TimedRuns runs = bench::time_runs(
@@ -55,7 +58,23 @@ bench::Samples time_calls(const CudaBackend& backend, const AttentionCall& call,
       [&](int done, int total) { progress.update(double(done) / total); });
   if (const std::string note = events.host_waits_note(); !note.empty())
     std::fprintf(stderr, "stsa: note: %s\n", note.c_str());
-  return runs[0];
+  return runs;
+}
+
+// The clock and power over one kernel's timed runs, and its share of the tensor
+// peak at that clock; null without samples in its window.
+nlohmann::json clock_record(const bench::ClockSampler& sampler, const bench::TimedRuns& runs, double flops,
+                            const CudaDeviceInfo& device) {
+  const std::optional<bench::ClockSummary> s = sampler.summary(runs.wall_from_s, runs.wall_to_s);
+  if (!s) return nullptr;
+  return {{"samples", s->samples},
+          {"sm_mhz_mean", s->sm_mhz_mean},
+          {"sm_mhz_min", s->sm_mhz_min},
+          {"power_w_mean", s->power_w_mean},
+          {"power_capped_share", s->power_capped_share},
+          {"tensor_peak_share", bench::json_number(bench::tensor_peak_share(flops, runs[0].median_ms(), s->sm_mhz_mean,
+                                                                     device.multiprocessors, device.major,
+                                                                     device.minor))}};
 }
 
 }  // namespace
@@ -105,15 +124,20 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
     STSA_CHECK(support.ok, Unsupported, "--backend cuda: ", support.why);
   }
 
-  bench::Samples dense_t, sparse_t;
+  std::string no_clocks;
+  const std::unique_ptr<bench::ClockSampler> sampler = bench::ClockSampler::open(device.pci_bus_id, &no_clocks);
+  if (sampler) sampler->start();
+  bench::TimedRuns dense_runs, sparse_runs;
   {
     Progress p("timing the dense kernel", progress);
-    dense_t = time_calls(backend, dense, args.repeats, p);
+    dense_runs = time_calls(backend, dense, args.repeats, p);
   }
   {
     Progress p("timing the sparse kernel", progress);
-    sparse_t = time_calls(backend, sparse, args.repeats, p);
+    sparse_runs = time_calls(backend, sparse, args.repeats, p);
   }
+  if (sampler) sampler->stop();
+  const bench::Samples &dense_t = dense_runs[0], &sparse_t = sparse_runs[0];
 
   // The outputs back on the host, checked as the CPU benchmark checks its own.
   do_dense.buffer.copy_to_host(c.o_dense.view().data, host_bytes(c.o_dense.view()));
@@ -141,6 +165,16 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
   });
   bench::add_timing(record, "dense_", dense_t);  // dense_ms (median), _min, _max, _runs
   bench::add_timing(record, "sparse_", sparse_t);
+  if (sampler) {
+    record["clocks"] = {{"board", sampler->board().name},
+                        {"max_sm_mhz", sampler->board().max_sm_mhz},
+                        {"power_limit_w", sampler->board().power_limit_w},
+                        {"sampler_error", sampler->error()},
+                        {"dense", clock_record(*sampler, dense_runs, work.dense_flops, device)},
+                        {"sparse", clock_record(*sampler, sparse_runs, work.kept_tile_flops, device)}};
+  } else {
+    record["clocks"] = {{"unavailable", no_clocks}};
+  }
   return record;
 }
 
@@ -152,6 +186,31 @@ nlohmann::json run_cuda_bench(const BenchArgs&, bool) {
 }
 
 #endif
+
+namespace {
+
+void print_cuda_clocks(const nlohmann::json& clocks) {
+  if (clocks.contains("unavailable")) {
+    std::printf("SM clock not read: %s\n", clocks["unavailable"].get<std::string>().c_str());
+    return;
+  }
+  if (!clocks.contains("dense")) return;
+  std::printf("SM clock (board max %.2f GHz, power limit %.0f W):", json_double(clocks["max_sm_mhz"]) / 1e3,
+              json_double(clocks["power_limit_w"]));
+  for (const char* kernel : {"dense", "sparse"}) {
+    const nlohmann::json& c = clocks[kernel];
+    if (c.is_null()) {
+      std::printf(" %s not sampled;", kernel);
+      continue;
+    }
+    std::printf(" %s %.2f GHz, %.0f W, power-capped %.0f%% of the time, %.0f%% of the tensor peak at that clock;",
+                kernel, json_double(c["sm_mhz_mean"]) / 1e3, json_double(c["power_w_mean"]),
+                100 * json_double(c["power_capped_share"]), 100 * json_double(c["tensor_peak_share"]));
+  }
+  std::printf("\n");
+}
+
+}  // namespace
 
 void print_cuda_bench(const nlohmann::json& r) {
   const auto f = [&](const char* key) { return json_double(r[key]); };
@@ -173,6 +232,7 @@ void print_cuda_bench(const nlohmann::json& r) {
               "max abs %.2e\n",
               (long long)r["check_rows"].get<std::int64_t>(), f("rel_l2_err"), f("max_abs_err"), f("lse_max_abs_err"),
               f("dense_rel_l2_err"), f("dense_max_abs_err"));
+  print_cuda_clocks(r.value("clocks", nlohmann::json::object()));
 }
 
 }  // namespace stsa::cli

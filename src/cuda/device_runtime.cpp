@@ -91,6 +91,9 @@ CudaDeviceInfo cuda_device_info(int device) {
   info.memory_pools = pools != 0;
   STSA_CUDA_CHECK(cudaDriverGetVersion(&info.driver_version));
   STSA_CUDA_CHECK(cudaRuntimeGetVersion(&info.runtime_version));
+  char bus_id[32] = {};
+  STSA_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device));
+  info.pci_bus_id = bus_id;
   return info;
 }
 

@@ -2,7 +2,8 @@
 // makes, their signatures as nvml.h declares them (C linkage; they return
 // nvmlReturn_t, 0 on success). Each checks what it is handed, so a wrong
 // argument from ctypes fails the test instead of reading garbage on the GPU
-// machine.
+// machine. fake_nvml_fail_clock_after(n) makes the clock reading fail after
+// n more successful ones (the sampler's error path).
 #include <cstring>
 
 extern "C" {
@@ -10,6 +11,10 @@ extern "C" {
 typedef struct FakeDevice { int magic; } FakeDevice;
 static FakeDevice device = {0x5157};
 static int initialised = 0;
+static long clock_readings_left = -1;  // < 0: never fails
+
+// Not NVML: the test's handle on the failure above.
+void fake_nvml_fail_clock_after(long n) { clock_readings_left = n; }
 
 enum { kSuccess = 0, kUninitialized = 1, kInvalidArgument = 2 };
 
@@ -21,6 +26,14 @@ int nvmlShutdown(void) { initialised = 0; return kSuccess; }
 int nvmlDeviceGetHandleByIndex_v2(unsigned int index, FakeDevice** out) {
   if (!initialised) return kUninitialized;
   if (index != 0 || !out) return kInvalidArgument;
+  *out = &device;
+  return kSuccess;
+}
+
+int nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, FakeDevice** out) {
+  if (!initialised) return kUninitialized;
+  if (!bus_id || !out) return kInvalidArgument;
+  if (std::strcmp(bus_id, "00000000:00:06.0") != 0) return 6;  // NVML_ERROR_NOT_FOUND
   *out = &device;
   return kSuccess;
 }
@@ -40,6 +53,8 @@ int nvmlDeviceGetMaxClockInfo(FakeDevice* d, int type, unsigned int* mhz) {
 
 int nvmlDeviceGetClockInfo(FakeDevice* d, int type, unsigned int* mhz) {
   if (!valid(d) || type != 1 || !mhz) return kInvalidArgument;
+  if (clock_readings_left == 0) return 999;  // NVML_ERROR_UNKNOWN
+  if (clock_readings_left > 0) --clock_readings_left;
   *mhz = 1545;
   return kSuccess;
 }
