@@ -24,6 +24,18 @@ assert sampler.error is None, sampler.error
 assert summary["samples"] >= 2 and summary["sm_mhz_mean"] == 1545 and summary["power_w_mean"] == 688.5, summary
 assert summary["power_capped_share"] == 1.0 and summary["thermal_or_hw_slowdown_share"] == 0.0, summary
 
+# A reading that fails mid-run ends the sampling, keeps what was read and says which call failed.
+import ctypes  # noqa: E402
+broken, _ = gpu_clocks.start_nvml_sampler(library=fake)
+ctypes.CDLL(fake).fake_nvml_fail_clock_after(ctypes.c_long(2))
+deadline = time.time() + 10
+while broken.error is None and time.time() < deadline:
+    time.sleep(0.005)
+broken.stop()
+assert broken.error == "OSError: nvmlDeviceGetClockInfo returned NVML error 999", broken.error
+assert len(broken.samples) >= 2, broken.samples
+ctypes.CDLL(fake).fake_nvml_fail_clock_after(ctypes.c_long(-1))
+
 # A library that is not there: no sampler, a reason, no exception.
 none, why = gpu_clocks.start_nvml_sampler(library="libnvidia-ml-not-here.so.1")
 assert none is None and "OSError" in why["unavailable"], why
