@@ -4,12 +4,63 @@
 #include <algorithm>
 #include <climits>
 #include <functional>
+#include <numeric>
 #include <queue>
 #include <utility>
 
 #include "stsa/error.hpp"
 
 namespace stsa::cuda_detail {
+
+namespace {
+
+// The lists of a schedule in which block_of[k] took handed_out[k], in that order.
+BlockSchedule lists_of(std::span<const std::int64_t> handed_out, std::span<const std::int32_t> block_of,
+                       std::span<const std::int64_t> item_cost, std::int64_t blocks) {
+  BlockSchedule s;
+  s.begin.assign(std::size_t(blocks) + 1, 0);
+  for (const std::int32_t b : block_of) ++s.begin[std::size_t(b) + 1];
+  for (std::size_t b = 0; b < std::size_t(blocks); ++b) s.begin[b + 1] += s.begin[b];
+  s.items.resize(handed_out.size());
+  std::vector<std::int32_t> next(s.begin.begin(), s.begin.end() - 1);
+  std::vector<std::int64_t> load(std::size_t(blocks), 0), tiles(std::size_t(blocks), 0);
+  for (std::size_t k = 0; k < handed_out.size(); ++k) {
+    const auto b = std::size_t(block_of[k]);
+    s.items[std::size_t(next[b]++)] = std::int32_t(handed_out[k]);
+    load[b] += item_cost[std::size_t(handed_out[k])] + kItemOverheadTiles;
+    tiles[b] += item_cost[std::size_t(handed_out[k])];
+  }
+  s.makespan = *std::max_element(load.begin(), load.end());
+  s.most_key_tiles = *std::max_element(tiles.begin(), tiles.end());
+  return s;
+}
+
+// Greedy list scheduling: each item, in the order given, to the least loaded
+// block (ties: the lower one), via (load, block) pairs in a min-heap.
+BlockSchedule greedy(std::span<const std::int64_t> handed_out, std::span<const std::int64_t> item_cost,
+                     std::int64_t blocks) {
+  using Entry = std::pair<std::int64_t, std::int64_t>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> free_first;
+  for (std::int64_t b = 0; b < blocks; ++b) free_first.push({0, b});
+  std::vector<std::int32_t> block_of(handed_out.size());
+  for (std::size_t k = 0; k < handed_out.size(); ++k) {
+    const auto [load, block] = free_first.top();
+    free_first.pop();
+    block_of[k] = std::int32_t(block);
+    free_first.push({load + item_cost[std::size_t(handed_out[k])] + kItemOverheadTiles, block});
+  }
+  return lists_of(handed_out, block_of, item_cost, blocks);
+}
+
+}  // namespace
+
+std::int64_t heavy_item_cost(std::span<const std::int32_t> rank_costs) {
+  std::vector<std::int32_t> sorted(rank_costs.begin(), rank_costs.end());
+  if (sorted.empty()) return 0;
+  const auto middle = sorted.begin() + std::ptrdiff_t(sorted.size() / 2);
+  std::nth_element(sorted.begin(), middle, sorted.end());
+  return 2 * std::int64_t(*middle);
+}
 
 BlockSchedule make_block_schedule(std::span<const std::int32_t> rank_costs, std::int64_t pairs, std::int64_t blocks,
                                   WorkOrder order, CudaBlockSchedule policy) {
@@ -21,41 +72,28 @@ BlockSchedule make_block_schedule(std::span<const std::int32_t> rank_costs, std:
   const std::int64_t items = q_tiles * pairs;
   blocks = std::min(blocks, items);
 
-  // Walk order: item i's rank as the kernel decodes it (both fit int: checked above).
-  const auto rank_of = [&](std::int64_t item) { return work_slot(int(item), int(q_tiles), 1, int(pairs), order).rank; };
-  std::vector<std::int32_t> block_of(static_cast<std::size_t>(items));
-  std::vector<std::int64_t> load(std::size_t(blocks), 0), tiles(std::size_t(blocks), 0);
-  const auto assign = [&](std::int64_t item, std::int64_t block) {
-    const std::int32_t cost = rank_costs[std::size_t(rank_of(item))];
-    block_of[std::size_t(item)] = std::int32_t(block);
-    load[std::size_t(block)] += cost + kItemOverheadTiles;
-    tiles[std::size_t(block)] += cost;
-  };
-  if (policy == CudaBlockSchedule::RoundRobin) {
-    for (std::int64_t item = 0; item < items; ++item) assign(item, item % blocks);
-  } else {
-    // Least loaded first, then the lower block: (load, block) pairs in a min-heap.
-    using Entry = std::pair<std::int64_t, std::int64_t>;
-    std::priority_queue<Entry, std::vector<Entry>, std::greater<>> free_first;
-    for (std::int64_t b = 0; b < blocks; ++b) free_first.push({0, b});
-    for (std::int64_t item = 0; item < items; ++item) {
-      const std::int64_t block = free_first.top().second;
-      free_first.pop();
-      assign(item, block);
-      free_first.push({load[std::size_t(block)], block});
-    }
-  }
-
-  BlockSchedule s;
-  s.begin.assign(std::size_t(blocks) + 1, 0);
-  for (const std::int32_t b : block_of) ++s.begin[std::size_t(b) + 1];
-  for (std::size_t b = 0; b < std::size_t(blocks); ++b) s.begin[b + 1] += s.begin[b];
-  s.items.resize(std::size_t(items));
-  std::vector<std::int32_t> next(s.begin.begin(), s.begin.end() - 1);
+  // Each item's kept key tiles, its rank as the kernel decodes it (both fit int: checked above).
+  std::vector<std::int64_t> item_cost(static_cast<std::size_t>(items));
   for (std::int64_t item = 0; item < items; ++item)
-    s.items[std::size_t(next[std::size_t(block_of[std::size_t(item)])]++)] = std::int32_t(item);
-  s.makespan = *std::max_element(load.begin(), load.end());
-  s.most_key_tiles = *std::max_element(tiles.begin(), tiles.end());
+    item_cost[std::size_t(item)] = rank_costs[std::size_t(work_slot(int(item), int(q_tiles), 1, int(pairs), order).rank)];
+  std::vector<std::int64_t> walk(static_cast<std::size_t>(items));
+  std::iota(walk.begin(), walk.end(), std::int64_t(0));
+
+  if (policy == CudaBlockSchedule::RoundRobin) {
+    std::vector<std::int32_t> block_of(walk.size());
+    for (std::int64_t item = 0; item < items; ++item) block_of[std::size_t(item)] = std::int32_t(item % blocks);
+    return lists_of(walk, block_of, item_cost, blocks);
+  }
+  BlockSchedule in_walk_order = greedy(walk, item_cost, blocks);
+  // The heavy items first, each group in walk order (stable).
+  const std::int64_t heavy = heavy_item_cost(rank_costs);
+  std::vector<std::int64_t> heavy_first = walk;
+  const auto light = std::stable_partition(heavy_first.begin(), heavy_first.end(),
+                                           [&](std::int64_t item) { return item_cost[std::size_t(item)] > heavy; });
+  if (light == heavy_first.begin() || light == heavy_first.end() || heavy_first == walk) return in_walk_order;
+  BlockSchedule s = greedy(heavy_first, item_cost, blocks);
+  if (s.makespan >= in_walk_order.makespan) return in_walk_order;
+  s.heavy_first = true;
   return s;
 }
 
