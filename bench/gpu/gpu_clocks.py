@@ -23,9 +23,10 @@ REASON_HW_SLOWDOWN = 0x8
 REASON_THERMAL = 0x20 | 0x40  # software and hardware thermal slowdown
 REASON_POWER_BRAKE = 0x80
 
-# Dense bf16/fp16 tensor FLOP per clock per SM on Hopper (wgmma: 989.4 TFLOP/s
-# at 132 SMs and 1.83 GHz); None elsewhere, where the table leaves the column out.
-TENSOR_FLOP_PER_CLOCK_PER_SM = {(9, 0): 4096}
+# Dense bf16/fp16 tensor FLOP per clock per SM (Hopper: 989.4 TFLOP/s at 132 SMs
+# and 1.83 GHz; A100: 2048), as src/bench/nvml_clocks.cpp; None elsewhere, where
+# the table leaves the column out.
+TENSOR_FLOP_PER_CLOCK_PER_SM = {(9, 0): 4096, (8, 0): 2048}
 
 
 class Nvml:
@@ -66,9 +67,6 @@ class Nvml:
         return (self._uint(self._lib.nvmlDeviceGetClockInfo, ctypes.c_int(NVML_CLOCK_SM)),
                 self._uint(self._lib.nvmlDeviceGetPowerUsage) / 1e3, reasons.value,
                 self._uint(self._lib.nvmlDeviceGetTemperature, ctypes.c_int(NVML_TEMPERATURE_GPU)))
-
-    def close(self):
-        self._lib.nvmlShutdown()
 
 
 class ClockSampler:

@@ -1,5 +1,7 @@
 #include "bench/nvml_clocks.hpp"
 
+#include "bench/timing_loop.hpp"
+
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -26,10 +28,6 @@ using ReasonsFn = int (*)(Device, unsigned long long*);
 
 constexpr int kClockSm = 1;                                       // NVML_CLOCK_SM
 constexpr unsigned long long kPowerCapReasons = 0x4ull | 0x80ull;  // SW power cap, HW power brake
-
-double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 struct Sample {
   double time_s, sm_mhz, power_w;
@@ -66,7 +64,7 @@ struct ClockSampler::State {
     if (clock_info(device, kClockSm, &mhz) != 0) *failed = "nvmlDeviceGetClockInfo";
     else if (power_usage(device, &milliwatts) != 0) *failed = "nvmlDeviceGetPowerUsage";
     else if (reasons(device, &why) != 0) *failed = "the clock event reasons";
-    else return Sample{wall_seconds(), double(mhz), milliwatts / 1e3, why};
+    else return Sample{wall_clock_seconds(), double(mhz), milliwatts / 1e3, why};
     return std::nullopt;
   }
 };

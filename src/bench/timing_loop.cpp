@@ -6,13 +6,10 @@
 #include "stsa/error.hpp"
 
 namespace stsa::bench {
-namespace {
 
-double wall_seconds() {
+double wall_clock_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
-
-}  // namespace
 
 void TimingOptions::validate() const {
   STSA_CHECK(warmup >= 0, InvalidArgument, "warmup (untimed runs) must be >= 0, got ", warmup);
@@ -36,7 +33,7 @@ TimedRuns time_runs(const TimingOptions& options, const std::function<void()>& r
   TimedRuns timed;
   timed.clocks.resize(clocks.size());
   double spent_ms = 0;
-  timed.wall_from_s = wall_seconds();
+  timed.wall_from_s = wall_clock_seconds();
   while (int(timed.clocks[0].runs()) < options.repeats) {
     if (spent_ms >= options.budget_ms) {
       timed.budget_spent = true;
@@ -52,7 +49,7 @@ TimedRuns time_runs(const TimingOptions& options, const std::function<void()>& r
     spent_ms += timed.clocks[0].ms.back();
     if (observer) observer(++done, total);
   }
-  timed.wall_to_s = wall_seconds();
+  timed.wall_to_s = wall_clock_seconds();
   return timed;
 }
 

@@ -36,6 +36,10 @@ struct TimedRuns {
   const Samples& operator[](std::size_t clock) const { return clocks[clock]; }
 };
 
+// Seconds since the Unix epoch (std::chrono::system_clock): the clock of
+// TimedRuns::wall_from_s/wall_to_s and of the GPU clock sampler's samples.
+double wall_clock_seconds();
+
 // Called after every run, warm-ups included, with runs done and the most there can be.
 using RunObserver = std::function<void(int done, int total)>;
 

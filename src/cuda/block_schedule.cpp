@@ -88,9 +88,9 @@ BlockSchedule make_block_schedule(std::span<const std::int32_t> rank_costs, std:
   // The heavy items first, each group in walk order (stable).
   const std::int64_t heavy = heavy_item_cost(rank_costs);
   std::vector<std::int64_t> heavy_first = walk;
-  const auto light = std::stable_partition(heavy_first.begin(), heavy_first.end(),
-                                           [&](std::int64_t item) { return item_cost[std::size_t(item)] > heavy; });
-  if (light == heavy_first.begin() || light == heavy_first.end() || heavy_first == walk) return in_walk_order;
+  std::stable_partition(heavy_first.begin(), heavy_first.end(),
+                        [&](std::int64_t item) { return item_cost[std::size_t(item)] > heavy; });
+  if (heavy_first == walk) return in_walk_order;  // none heavy, all heavy, or heavy already first
   BlockSchedule s = greedy(heavy_first, item_cost, blocks);
   if (s.makespan >= in_walk_order.makespan) return in_walk_order;
   s.heavy_first = true;

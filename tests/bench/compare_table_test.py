@@ -117,7 +117,8 @@ assert not steady._thread.is_alive() and steady.samples and steady.error is None
 # 132 SMs x 4096 FLOP per clock at 1.5 GHz = 811 TFLOP/s; 405.5 TFLOP in 1 s is half of it.
 peak = 132 * 4096 * 1.5e9
 assert abs(gpu_clocks.tensor_share(peak / 2, 1000.0, 1500, 132, [9, 0]) - 0.5) < 1e-12
-assert gpu_clocks.tensor_share(peak / 2, 1000.0, 1500, 132, [8, 0]) is None  # no peak known for sm80
+assert abs(gpu_clocks.tensor_share(peak / 4, 1000.0, 1500, 132, [8, 0]) - 0.5) < 1e-12  # A100: half per clock
+assert gpu_clocks.tensor_share(peak / 2, 1000.0, 1500, 132, [8, 9]) is None  # no peak known for sm89
 assert gpu_clocks.tensor_share(peak / 2, 1000.0, None, 132, [9, 0]) is None
 
 # compare.py fills each row's clock from its window and prints it with the share.
