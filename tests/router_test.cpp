@@ -268,6 +268,48 @@ TEST(Router, NonFiniteInputsKeepTheHeadDense) {
   EXPECT_NE(r.heads[0].route, Route::Dense);
 }
 
+// One key whose scores are all -inf (q's channel 0 positive, the key's -inf),
+// every other score finite: the head is still reported non-finite and kept
+// dense, as the GPU router does (the weight of such a key would otherwise be a
+// silent 0, which depends on where the key falls in the router's key chunks).
+TEST(Router, OneInfiniteScoreKeepsTheHeadDense) {
+  const VideoLayout layout{{4, 4, 4, 0, TextPlacement::After}, 1, 2, 64};
+  testing::Problem p = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), 4);
+  for (std::int64_t n = 0; n < layout.tokens(); ++n)
+    p.q.view().store(0, n, 1, 0, 0.5f + std::abs(p.q.view().load(0, n, 1, 0)));
+  p.k.view().store(0, 37, 1, 0, -INFINITY);
+  AttentionCall call = p.call();
+  RouterOptions lenient;
+  lenient.max_rel_l2 = 100;
+  const RoutingReport r = Router(lenient).route(layout, call.q, call.k, call.v);
+  EXPECT_EQ(r.heads[1].route, Route::Dense);
+  EXPECT_TRUE(std::isnan(r.heads[1].candidates[0].mse));
+  EXPECT_NE(r.heads[0].route, Route::Dense);
+}
+
+// Densities of 0 without the anchor or text: every candidate allows a sampled
+// row no key, so its output is 0 (attention.hpp) and its error is the dense
+// output itself: relative L2 exactly 1 (to rounding), MSE the dense output's.
+TEST(Router, CandidatesThatAllowNoKeyHaveTheDenseOutputAsError) {
+  const VideoLayout layout{{4, 4, 4, 0, TextPlacement::After}, 1, 2, 64};
+  testing::Problem p = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), testing::fresh_seed());
+  RouterOptions none;
+  none.spatial_density = none.temporal_density = none.frame_window_density = 0;
+  none.anchor = false;
+  none.try_frame_window = true;
+  const AttentionCall call = p.call();
+  const RoutingReport r = Router(none).route(layout, call.q, call.k, call.v);
+  for (const HeadRoute& h : r.heads) {
+    ASSERT_EQ(h.candidates.size(), 3u);
+    for (const CandidateError& c : h.candidates) {
+      EXPECT_NEAR(c.rel_l2, 1.0, 1e-6) << c.spec.describe();
+      EXPECT_NEAR(c.mse, h.candidates[0].mse, 1e-6 * c.mse);
+      EXPECT_GT(c.mse, 0.0);
+    }
+    EXPECT_EQ(h.route, Route::Dense);
+  }
+}
+
 TEST(Router, RelativeL2FromTheSums) {
   EXPECT_DOUBLE_EQ(router_detail::relative_l2(1.0, 4.0), 0.5);
   EXPECT_EQ(router_detail::relative_l2(0.0, 0.0), 0.0);

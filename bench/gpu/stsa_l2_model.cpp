@@ -119,17 +119,21 @@ Traffic simulate(const KeyLists& lists, const BlockSchedule& schedule, int heads
     ready.pop();
     const WorkSlot slot = work_slot(schedule.items[item[b]], lists.q_tiles, 1, heads, order);
     const int q_tile = lists.q_tile_order[slot.rank];
+    // After an item's last kept tile (at once for a row that keeps none), the
+    // block's next item, if any, starts with its prologue.
+    const auto next_item = [&] {
+      key[b] = -1;
+      return ++item[b] < schedule.begin[b + 1];
+    };
     if (key[b] < 0) {
       key[b] = lists.row_begin[q_tile];
+      if (key[b] == lists.row_begin[q_tile + 1] && !next_item()) continue;
       ready.push({time + double(kItemOverheadTiles) * step(rng), b});
       continue;
     }
     traffic.hits += cache.access(slot.head_slot * lists.q_tiles + lists.key_tiles[key[b]]);
     ++traffic.reads;
-    if (++key[b] == lists.row_begin[q_tile + 1]) {
-      key[b] = -1;
-      if (++item[b] == schedule.begin[b + 1]) continue;
-    }
+    if (++key[b] == lists.row_begin[q_tile + 1] && !next_item()) continue;
     ready.push({time + step(rng), b});
   }
   return traffic;
@@ -142,6 +146,7 @@ int main(int argc, char** argv) {
   std::int64_t frames = 21, height = 90, width = 160;
   int heads = 12, blocks = 132;
   double capacity_mb = 25.0, jitter = 0.05;
+  bool no_anchor = false;
   std::vector<double> densities{0.1, 0.2, 0.3, 0.5, 1.0};
   app.add_option("--frames", frames)->capture_default_str();
   app.add_option("--height", height)->capture_default_str();
@@ -151,6 +156,7 @@ int main(int argc, char** argv) {
   app.add_option("--capacity-mb", capacity_mb, "cache size (MB of 64 KB K+V tile pairs)")->capture_default_str();
   app.add_option("--jitter", jitter, "each step takes 1 +- this (uniform)")->capture_default_str();
   app.add_option("--densities", densities, "kept densities; 1 means the dense mask")->delimiter(',');
+  app.add_flag("--no-anchor", no_anchor, "spatial masks without the frame-0 anchor (rows may keep no tile)");
   CLI11_PARSE(app, argc, argv);
   try {
     STSA_CHECK(frames > 0 && height > 0 && width > 0 && heads > 0 && blocks > 0, stsa::InvalidArgument,
@@ -165,8 +171,9 @@ int main(int argc, char** argv) {
     std::printf("density | K/V reads | L2 hits: across-heads round-robin | head-by-head round-robin | "
                 "across-heads balanced | head-by-head balanced\n");
     for (const double density : densities) {
-      const stsa::MaskSpec spec = density < 1.0 ? stsa::mask_for_density(grid, stsa::SparseKind::Spatial, density)
-                                                : stsa::MaskSpec::dense();
+      const stsa::MaskSpec spec = density < 1.0
+                                      ? stsa::mask_for_density(grid, stsa::SparseKind::Spatial, density, !no_anchor)
+                                      : stsa::MaskSpec::dense();
       const KeyLists lists = key_lists(make_device_plan_image(*stsa::TilePlan::build(grid, spec)));
       std::string cells;
       std::int64_t reads = 0;

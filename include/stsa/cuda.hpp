@@ -158,11 +158,14 @@ std::string_view to_string(CudaWorkOrder order);
 CudaWorkOrder parse_cuda_work_order(std::string_view name);  // the names above; throws InvalidArgument
 
 // How the persistent Hopper kernels share a launch's work items among their
-// blocks; each block walks its items in the work order (src/cuda/block_schedule.hpp).
+// blocks; each block walks its items in the order they were handed out
+// (src/cuda/block_schedule.hpp).
 //   Balanced: on the host, each item goes to the block whose items so far cost
 //         least (kept key tiles plus a fixed cost per item): what a dynamic
-//         scheduler does, without atomics. Computed once per plan and launch
-//         shape and kept on the device with the plan.
+//         scheduler does, without atomics. Items are handed out in the work
+//         order, or every head's heavy items (the anchor rows) first where
+//         that models a shorter slowest block. Computed once per plan and
+//         launch shape and kept on the device with the plan.
 //   RoundRobin: block b takes items b, b + G, b + 2G, ... (G blocks).
 // The sm80 kernel is not persistent (the hardware hands out its blocks) and
 // ignores this.

@@ -35,6 +35,9 @@
 namespace stsa::cuda_detail {
 
 constexpr std::int64_t kItemOverheadTiles = 2;  // Q load and epilogue of an item, in key-tile units
+// Every item costs something, so the first `blocks` hand-outs go to distinct
+// blocks and no block of a launch is left without an item.
+static_assert(kItemOverheadTiles > 0);
 
 struct BlockSchedule {
   std::vector<std::int32_t> begin;  // [blocks + 1]: block b walks items[begin[b] .. begin[b + 1])

@@ -210,6 +210,15 @@ CudaBackend::CudaBackend(CudaBackendOptions options) : state_(std::make_unique<S
   STSA_CHECK(options.persistent_blocks >= 0, InvalidArgument,
              "CudaBackendOptions::persistent_blocks must be >= 0 (0: one per multiprocessor), got ",
              options.persistent_blocks);
+  // Enumerators only: a value cast from an integer would otherwise fall into
+  // some branch's default (the across-heads order, the sm80 launch path).
+  STSA_CHECK(options.kernel == CudaKernel::Auto || options.kernel == CudaKernel::Sm80 ||
+                 options.kernel == CudaKernel::Sm90 || options.kernel == CudaKernel::Sm90Overlap ||
+                 options.kernel == CudaKernel::Sm90PingPong,
+             InvalidArgument, "CudaBackendOptions::kernel is not a CudaKernel (", int(options.kernel), ")");
+  STSA_CHECK(options.work_order == CudaWorkOrder::Auto || options.work_order == CudaWorkOrder::AcrossHeads ||
+                 options.work_order == CudaWorkOrder::HeadByHead,
+             InvalidArgument, "CudaBackendOptions::work_order is not a CudaWorkOrder (", int(options.work_order), ")");
   STSA_CHECK(options.block_schedule == CudaBlockSchedule::Balanced ||
                  options.block_schedule == CudaBlockSchedule::RoundRobin,
              InvalidArgument, "CudaBackendOptions::block_schedule is not a CudaBlockSchedule (",

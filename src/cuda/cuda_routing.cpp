@@ -83,15 +83,16 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
   STSA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   STSA_CHECK(major >= 8, Unsupported, "cuda router: needs compute capability 8.0 or newer, device ", device, " has ",
              major, ".x");
-  const int smem = cuda_detail::routing_shared_bytes(int(layout.head_dim));
-  STSA_CHECK(smem_optin >= smem, Unsupported, "cuda router: needs ", smem, " bytes of shared memory per block; device ",
-             device, " offers ", smem_optin);
+  const int candidates = options.try_frame_window ? 3 : 2;
+  const int smem = cuda_detail::routing_shared_bytes(int(layout.head_dim), candidates);
+  STSA_CHECK(smem_optin >= smem, Unsupported, "cuda router: needs ", smem, " bytes of shared memory per block at head dim ",
+             layout.head_dim, " with ", candidates, " candidates; device ", device, " offers ", smem_optin);
   for (const auto& [name, tensor] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}})
     cuda_detail::require_device_memory("cuda router: ", name, tensor->byte_extent(), device,
                                        "the GPU router takes device pointers (Router::route takes host tensors)");
 
   std::vector<Route> routes{Route::Spatial, Route::Temporal};
-  if (options.try_frame_window) routes.push_back(Route::FrameWindow);
+  if (candidates == 3) routes.push_back(Route::FrameWindow);
   static_assert(kMaxRoutingCandidates >= 3);
   std::vector<MaskSpec> specs;
   for (Route r : routes) {

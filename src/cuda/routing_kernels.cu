@@ -124,6 +124,12 @@ __global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_p
   const Element* v = static_cast<const Element*>(p.v) + batch * p.v_stride[0] + head * p.v_stride[2];
   const int first_row = int(blockIdx.z) * Block::kRows;  // of the row block
   const std::int32_t* positions = p.row_positions + row_block * kRoutingRows + first_row;
+  // Padding rows (position -1) fill a batch entry's last row block; the combine
+  // never reads their slots. A block of padding rows only (the second half of a
+  // row block with 32 or fewer rows, e.g. 64 samples over two batch entries)
+  // leaves at once; a warp of padding rows only stops after each tile's barrier.
+  if (!__syncthreads_or(tid < Block::kRows && positions[tid] >= 0)) return;
+  const bool warp_has_rows = __any_sync(kFullMask, positions[row_group * 16 + (lane & 15)] >= 0);
 
   for (int i = tid; i < Block::kRows * kVectors; i += kThreads) {
     const int r = i / kVectors, c = i % kVectors;
@@ -201,6 +207,8 @@ __global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_p
     __syncthreads();               // ... and everyone's; everyone is also done with tile - 1's stage
     if (tile + kStages - 1 < tiles) load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
     cp_async_commit();
+
+    if (!warp_has_rows) continue;
 
     // Allowed keys: bit 2n + e of allowed[r] is key 8n + 2t + e for row g + 8r.
     const int tile_keys = min(kRoutingKeys, key_end - first);
@@ -451,19 +459,30 @@ void launch_partials_for(const RoutingParams& p, cudaStream_t stream) {
 
 bool routing_head_dim_supported(int head_dim) { return head_dim >= 16 && head_dim <= 128 && head_dim % 16 == 0; }
 
-int routing_shared_bytes(int head_dim) {
-  // The larger block: two candidates, all kRoutingRows rows.
+namespace {
+template <int kOutputs>
+int shared_bytes_for(int head_dim) {
+  constexpr int rows = RoutingBlock<kOutputs>::kRows;
   switch (head_dim) {
-    case 16: return SharedLayout<16, kRoutingRows>::bytes;
-    case 32: return SharedLayout<32, kRoutingRows>::bytes;
-    case 48: return SharedLayout<48, kRoutingRows>::bytes;
-    case 64: return SharedLayout<64, kRoutingRows>::bytes;
-    case 80: return SharedLayout<80, kRoutingRows>::bytes;
-    case 96: return SharedLayout<96, kRoutingRows>::bytes;
-    case 112: return SharedLayout<112, kRoutingRows>::bytes;
-    case 128: return SharedLayout<128, kRoutingRows>::bytes;
+    case 16: return SharedLayout<16, rows>::bytes;
+    case 32: return SharedLayout<32, rows>::bytes;
+    case 48: return SharedLayout<48, rows>::bytes;
+    case 64: return SharedLayout<64, rows>::bytes;
+    case 80: return SharedLayout<80, rows>::bytes;
+    case 96: return SharedLayout<96, rows>::bytes;
+    case 112: return SharedLayout<112, rows>::bytes;
+    case 128: return SharedLayout<128, rows>::bytes;
     default: return 0;
   }
+}
+}  // namespace
+
+int routing_shared_bytes(int head_dim, int candidates) {
+  // Each candidate count has its own block shape (RoutingBlock): two
+  // candidates take all 64 rows of a row block, three take 32.
+  if (candidates == 2) return shared_bytes_for<3>(head_dim);
+  if (candidates == 3) return shared_bytes_for<4>(head_dim);
+  return 0;
 }
 
 void launch_routing(const RoutingParams& p, void* stream) {

@@ -65,8 +65,9 @@ struct RoutingParams {
 
 // Head dims the kernels are built for: multiples of 16 up to 128.
 bool routing_head_dim_supported(int head_dim);
-// Dynamic shared memory of the largest partials block for `head_dim` (bytes).
-int routing_shared_bytes(int head_dim);
+// Dynamic shared memory of the partials block for `head_dim` and 2 or 3
+// candidates (bytes; 0 for a shape that is not built).
+int routing_shared_bytes(int head_dim, int candidates);
 
 // Enqueues the three launches on `stream` (a cudaStream_t). The caller checked
 // every shape, pointer and alignment.

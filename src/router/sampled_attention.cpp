@@ -74,18 +74,30 @@ STSA_VECTOR_CLONES void exp_nonpositive(float* __restrict x, std::int64_t count)
   }
 }
 
-// Largest of x[0..count) (NaN entries are skipped; -inf when none); 16 lanes
-// so the comparisons do not form one serial chain.
+// Largest of x[0..count) (-inf when count is 0), or NaN when any entry is not
+// finite: a score of -inf, +inf or NaN comes only from non-finite or
+// overflowing input, and the row is then reported as NaN whatever the other
+// scores (the GPU router's rule too). x - x is 0 for a finite x and NaN
+// otherwise; 16 lanes so the comparisons do not form one serial chain.
 STSA_VECTOR_CLONES float row_max(const float* __restrict x, std::int64_t count) {
-  float lanes[kLane];
+  float lanes[kLane], poison[kLane] = {};
   std::fill_n(lanes, kLane, -std::numeric_limits<float>::infinity());
   std::int64_t j = 0;
   for (; j + kLane <= count; j += kLane)
-    for (std::int64_t i = 0; i < kLane; ++i) lanes[i] = x[j + i] > lanes[i] ? x[j + i] : lanes[i];
-  float m = -std::numeric_limits<float>::infinity();
-  for (; j < count; ++j) m = x[j] > m ? x[j] : m;
-  for (std::int64_t i = 0; i < kLane; ++i) m = lanes[i] > m ? lanes[i] : m;
-  return m;
+    for (std::int64_t i = 0; i < kLane; ++i) {
+      lanes[i] = x[j + i] > lanes[i] ? x[j + i] : lanes[i];
+      poison[i] += x[j + i] - x[j + i];
+    }
+  float m = -std::numeric_limits<float>::infinity(), tail_poison = 0.f;
+  for (; j < count; ++j) {
+    m = x[j] > m ? x[j] : m;
+    tail_poison += x[j] - x[j];
+  }
+  for (std::int64_t i = 0; i < kLane; ++i) {
+    m = lanes[i] > m ? lanes[i] : m;
+    tail_poison += poison[i];
+  }
+  return std::isnan(tail_poison) ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
 // Sum of one block of kKeyBlock weights: fp32 partial sums over 16 lanes (each
@@ -275,7 +287,7 @@ void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v
         double* sums = sc.block_sum.data() + std::size_t(g) * sum_head + std::size_t(r * sub_blocks);
         const float local = row_max(row, s1 - s0);
         float& m = o.max[std::size_t(r)];
-        if (std::isnan(m) || !std::isfinite(local)) {  // non-finite scores: the row is reported as NaN
+        if (std::isnan(m) || !std::isfinite(local)) {  // a non-finite score: the row is reported as NaN
           m = kNaN;
           std::fill_n(row, sub_width, 0.f);
           std::fill_n(sums, sub_blocks, 0.0);

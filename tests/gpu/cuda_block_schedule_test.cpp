@@ -14,9 +14,12 @@
 
 #include "cuda/block_schedule.hpp"
 #include "cuda/device_plan_arrays.hpp"
+#include "cuda/device_plan_image.hpp"
 #include "cuda/launch_schedule.hpp"
 #include "gpu/measured_wan21_plans.hpp"
 #include "stsa/error.hpp"
+#include "stsa/mask.hpp"
+#include "stsa/plan.hpp"
 #include "support/testing.hpp"
 
 namespace stsa::cuda_detail {
@@ -200,6 +203,23 @@ TEST(BlockSchedule, BalancedHeadByHeadOnTheMeasuredWan21Plans) {
     EXPECT_EQ(balanced.heavy_first, anchors_dominate);
     // Across heads the heavy rows already come first: nothing to change.
     EXPECT_FALSE(make_block_schedule(costs, 12, 132, kWorkAcrossHeads, CudaBlockSchedule::Balanced).heavy_first);
+  }
+}
+
+// The GPU tests' only cases whose balanced lists hand heavy items out first
+// (gpu_attention_test: MoreQueryTilesThanMultiprocessors, spatial, and
+// EveryWorkOrderGivesTheSameAnswers, head by head: 21 x 8 x 12 + 40 text,
+// s = 0.2 with the anchor, 2 x 8 pairs) on an H200's 132 blocks and on fewer:
+// pinned here, so that the device coverage of that order cannot vanish unseen.
+TEST(BlockSchedule, TheGpuTestsRunHeavyFirstLists) {
+  const VideoGrid grid{21, 8, 12, 40, TextPlacement::After};
+  const auto plan = TilePlan::build(grid, mask_for_density(grid, SparseKind::Spatial, 0.2));
+  const std::vector<std::int32_t> costs = make_device_plan_image(*plan).rank_costs;
+  for (const int blocks : {132, 114, 78}) {
+    SCOPED_TRACE(::testing::Message() << blocks << " blocks");
+    const BlockSchedule s = make_block_schedule(costs, 16, blocks, kWorkHeadByHead, CudaBlockSchedule::Balanced);
+    check_schedule(s, costs, 16, blocks, kWorkHeadByHead);
+    EXPECT_TRUE(s.heavy_first);
   }
 }
 

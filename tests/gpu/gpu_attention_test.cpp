@@ -470,8 +470,9 @@ TEST_P(GpuAttention, MoreThan64HeadsTakeTwoLaunches) {
 // 4 stages, D = 128: 2), the producer runs ahead into the next item in every
 // round, and ping-pong turns carry across items. (The sm80 kernel is not
 // persistent: for it this is one more ordinary case.)
-// Both block schedules: round-robin gives the blocks equal item counts, the
-// balanced one unequal counts of unequal items.
+// Both block schedules: round-robin gives block b items b, b + G, ...; the
+// balanced one other lists (the same count per block here, 4 of 12 items on
+// 3 blocks, but of unequal items).
 TEST_P(GpuAttention, FewPersistentBlocksRunEveryItem) {
   for (const CudaBlockSchedule schedule : {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin})
     for (const int blocks : {1, 3}) {
@@ -678,6 +679,9 @@ TEST(GpuAttentionInput, WorkOrderNamesRoundTrip) {
     EXPECT_EQ(parse_cuda_work_order(to_string(order)), order);
   EXPECT_THROW(parse_cuda_work_order("random"), InvalidArgument);
   EXPECT_EQ(CudaBackend().options().work_order, CudaWorkOrder::Auto);
+  CudaBackendOptions nonsense;
+  nonsense.work_order = static_cast<CudaWorkOrder>(3);
+  EXPECT_THROW(CudaBackend{nonsense}, InvalidArgument);
 }
 
 TEST(GpuAttentionInput, KernelNamesRoundTrip) {
@@ -687,6 +691,7 @@ TEST(GpuAttentionInput, KernelNamesRoundTrip) {
   EXPECT_THROW(parse_cuda_kernel("sm100"), InvalidArgument);
   EXPECT_EQ(CudaBackend().options().kernel, CudaKernel::Auto);
   EXPECT_EQ(CudaBackend(CudaBackendOptions{CudaKernel::Sm80}).options().kernel, CudaKernel::Sm80);
+  EXPECT_THROW(CudaBackend{CudaBackendOptions{static_cast<CudaKernel>(9)}}, InvalidArgument);
 }
 
 TEST(GpuAttentionInput, TheKernelResolvesOnlyWithAGpu) {

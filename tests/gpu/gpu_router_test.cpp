@@ -141,6 +141,7 @@ struct RandomCase {
   MemoryLayout memory = MemoryLayout::BNHD;
   float softmax_scale = 0.f;  // 0: 1 / sqrt(D)
   bool frame_window = true;   // three candidates (else two: another block shape of the partials kernel)
+  double candidate_density = -1;  // every candidate's density; < 0: spatial 0.2, temporal 0.3, frame window 0.4
 };
 
 void expect_routes_like_the_cpu(const RandomCase& c, std::uint64_t seed) {
@@ -155,6 +156,8 @@ void expect_routes_like_the_cpu(const RandomCase& c, std::uint64_t seed) {
   ro.spatial_density = 0.2;
   ro.temporal_density = 0.3;
   ro.frame_window_density = 0.4;
+  if (c.candidate_density >= 0)
+    ro.spatial_density = ro.temporal_density = ro.frame_window_density = c.candidate_density;
   ro.anchor = c.anchor;
   const Router router(ro);
   const AttentionCall call = p.call();
@@ -225,6 +228,48 @@ TEST(GpuRouter, NonFiniteScoresKeepTheHeadDense) {
   EXPECT_TRUE(std::isnan(r.heads[1].candidates[0].mse));
   EXPECT_TRUE(std::isnan(r.heads[1].candidates[0].rel_l2));
   EXPECT_NE(r.heads[0].route, Route::Dense);
+}
+
+// Candidates that allow a sampled row no key (density 0, no anchor, no text):
+// every split's maximum is -inf for them, their output 0 and their error the
+// dense output's, as on the CPU; with both block shapes of the partials kernel.
+TEST(GpuRouter, CandidatesThatAllowNoKeyMatchTheCpu) {
+  STSA_REQUIRE_GPU();
+  RandomCase c = {{{5, 12, 16, 0, TextPlacement::After}, 1, 3, 64}, DType::BF16, TokenOrder::FrameMajor, 40, false};
+  c.candidate_density = 0;
+  const std::uint64_t seed = testing::fresh_seed();
+  expect_routes_like_the_cpu(c, seed);
+  c.frame_window = false;
+  expect_routes_like_the_cpu(c, seed);
+}
+
+// One NaN in one key of a late split (head 1), and one key whose scores are all
+// -inf (head 2: q's channel 0 positive, the key's -inf): both heads are
+// non-finite and dense, as on the CPU, while head 0 routes with finite errors.
+// 1,260 keys in 20 tiles: five key splits, so the combine meets one poisoned split.
+TEST(GpuRouter, OneNonFiniteKeyInOneSplitKeepsTheHeadDense) {
+  STSA_REQUIRE_GPU();
+  const VideoLayout layout{{9, 10, 14, 0, TextPlacement::After}, 1, 3, 64};
+  testing::Problem p =
+      testing::make_problem(layout, DType::BF16, std::vector<HeadMask>(3), testing::fresh_seed());
+  p.k.view().store(0, 1100, 1, 5, NAN);
+  for (std::int64_t n = 0; n < layout.tokens(); ++n)
+    p.q.view().store(0, n, 2, 0, 0.5f + std::abs(p.q.view().load(0, n, 2, 0)));
+  p.k.view().store(0, 300, 2, 0, -INFINITY);
+  RouterOptions lenient;
+  lenient.max_rel_l2 = 100;
+  lenient.samples = 40;
+  const Router router(lenient);
+  const AttentionCall call = p.call();
+  const RoutingReport cpu = router.route(layout, call.q, call.k, call.v);
+  const DeviceTensor q(call.q), k(call.k), v(call.v);
+  const RoutingReport gpu = cuda_route(router, layout, q.view, k.view, v.view);
+  expect_same_report(gpu, cpu, gpu_testing::max_abs(call.v), DType::BF16, p.label);
+  for (std::size_t h : {1u, 2u}) {
+    EXPECT_EQ(gpu.heads[h].route, Route::Dense) << "head " << h;
+    EXPECT_TRUE(std::isnan(gpu.heads[h].candidates[0].mse)) << "head " << h;
+  }
+  EXPECT_TRUE(std::isfinite(gpu.heads[0].candidates[0].mse));
 }
 
 // Runs without a GPU too: the checks come before any device work.
