@@ -1,5 +1,6 @@
 // The shape of the TMA descriptors the sm90 kernel uses, as plain arithmetic
-// (no CUDA header), so it is tested without a GPU; tensor_map.cpp encodes it.
+// (no CUDA header), so it is tested without a GPU (tensor_map_shape.cpp);
+// tensor_map.cpp encodes it.
 #pragma once
 
 #include <cstdint>

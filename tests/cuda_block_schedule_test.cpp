@@ -13,13 +13,11 @@
 #include <vector>
 
 #include "cuda/block_schedule.hpp"
-#include "cuda/device_plan_arrays.hpp"
 #include "cuda/device_plan_image.hpp"
-#include "cuda/launch_schedule.hpp"
-#include "gpu/measured_wan21_plans.hpp"
 #include "stsa/error.hpp"
 #include "stsa/mask.hpp"
 #include "stsa/plan.hpp"
+#include "support/measured_wan21_plans.hpp"
 #include "support/testing.hpp"
 
 namespace stsa::cuda_detail {
@@ -246,29 +244,6 @@ TEST(BlockSchedule, KernelCountersAndLaunchLimits) {
   EXPECT_THROW(schedule({1}, 0, 132), InvalidArgument);
   EXPECT_THROW(schedule({1}, 12, 0), InvalidArgument);
   EXPECT_THROW(schedule(std::vector<std::int32_t>(65536, 1), 32768, 132), ResourceError);
-}
-
-// The launch's schedule is checked before anything is uploaded, and an sm80
-// launch (not persistent) gets its order only: neither touches a GPU.
-TEST(BlockSchedule, LaunchScheduleRefusesWhatTheKernelCannotCountBeforeAnyUpload) {
-  DevicePlan::Arrays plan;
-  plan.rank_costs = {1073741824, 1073741824};
-  CudaBackendOptions options;
-  try {
-    launch_schedule(plan, options, /*persistent=*/true, /*pairs=*/1, /*persistent_blocks=*/1);
-    ADD_FAILURE() << "no ResourceError";
-  } catch (const ResourceError& e) {
-    EXPECT_NE(std::string(e.what()).find("use more persistent blocks"), std::string::npos) << e.what();
-  }
-  EXPECT_TRUE(plan.schedules.empty());
-  for (const CudaWorkOrder order : {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead}) {
-    options.work_order = order;
-    const LaunchSchedule sm80 = launch_schedule(plan, options, /*persistent=*/false, 1, 1);
-    EXPECT_EQ(sm80.work_order, order == CudaWorkOrder::HeadByHead ? kWorkHeadByHead : kWorkAcrossHeads);
-    EXPECT_EQ(sm80.blocks, 0);
-    EXPECT_EQ(sm80.block_items, nullptr);
-  }
-  EXPECT_TRUE(plan.schedules.empty());
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cuda/work_order_model.hpp"
-#include "gpu/measured_wan21_plans.hpp"
+#include "support/measured_wan21_plans.hpp"
 
 namespace stsa::cuda_detail {
 namespace {
