@@ -112,6 +112,9 @@ class DevicePlan {
   TileShape tile() const;
   std::int64_t q_tiles() const;
   std::int64_t kept_tiles() const;
+  // Device memory the plan holds: its arrays, and the block schedule of each
+  // launch shape a persistent Hopper kernel has run it with (kept until the
+  // plan is freed).
   std::int64_t device_bytes() const;
 
   struct Arrays;  // device pointers, read by the kernels (src/cuda/device_plan_arrays.hpp)

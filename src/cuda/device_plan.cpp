@@ -34,7 +34,12 @@ int DevicePlan::device() const { return arrays_->device; }
 TileShape DevicePlan::tile() const { return arrays_->tile; }
 std::int64_t DevicePlan::q_tiles() const { return arrays_->q_tiles; }
 std::int64_t DevicePlan::kept_tiles() const { return arrays_->kept_tiles; }
-std::int64_t DevicePlan::device_bytes() const { return std::int64_t(arrays_->bytes); }
+std::int64_t DevicePlan::device_bytes() const {
+  std::size_t bytes = arrays_->bytes;
+  const std::lock_guard lock(arrays_->schedule_mutex);
+  for (const Arrays::CachedSchedule& schedule : arrays_->schedules) bytes += schedule.bytes;
+  return std::int64_t(bytes);
+}
 
 std::shared_ptr<const DevicePlan> DevicePlan::upload(const TilePlan& plan) {
   const int device = cuda_detail::current_device();

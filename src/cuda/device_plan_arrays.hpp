@@ -45,6 +45,7 @@ struct DevicePlan::Arrays {
     CudaBlockSchedule policy = CudaBlockSchedule::Balanced;
     cuda_detail::LaunchSchedule launch;
     void* storage = nullptr;
+    std::size_t bytes = 0;  // of storage
   };
   mutable std::mutex schedule_mutex;
   mutable std::vector<CachedSchedule> schedules;

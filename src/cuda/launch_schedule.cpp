@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <mutex>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -36,7 +37,7 @@ OrderChoice schedule_items(const DevicePlan::Arrays& plan, const CudaBackendOpti
 // One allocation: begin, then items. A copy from pageable memory may return
 // before its DMA has landed, and a kernel on a non-blocking stream is not
 // ordered after the legacy stream: wait here, as the plan upload does.
-void* upload(const BlockSchedule& schedule, LaunchSchedule& launch) {
+std::pair<void*, std::size_t> upload(const BlockSchedule& schedule, LaunchSchedule& launch) {
   const std::size_t begin_bytes = schedule.begin.size() * sizeof(std::int32_t);
   const std::size_t items_bytes = schedule.items.size() * sizeof(std::int32_t);
   void* storage = nullptr;
@@ -57,7 +58,7 @@ void* upload(const BlockSchedule& schedule, LaunchSchedule& launch) {
   launch.blocks = schedule.blocks();
   launch.block_item_begin = base;
   launch.block_items = base + schedule.begin.size();
-  return storage;
+  return {storage, begin_bytes + items_bytes};
 }
 
 }  // namespace
@@ -87,7 +88,7 @@ LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackend
   cached.order = options.work_order;
   cached.policy = options.block_schedule;
   cached.launch.work_order = choice.order;
-  cached.storage = upload(choice.schedule, cached.launch);
+  std::tie(cached.storage, cached.bytes) = upload(choice.schedule, cached.launch);
   plan.schedules.push_back(cached);
   return cached.launch;
 }

@@ -499,6 +499,7 @@ TEST_P(GpuAttention, EachLaunchShapeGetsItsOwnBlockSchedule) {
     const MaskSpec spec = mask_for_density(layout.grid, SparseKind::Spatial, 0.3);
     std::vector<HeadMask> heads(4, HeadMask{spec, spec.natural_order(), cache.get(layout.grid, spec), true});
     const CudaBackend backend = this->backend();
+    std::vector<std::int64_t> device_bytes;
     for (const int skipped : {-1, 2, -1}) {
       for (int h = 0; h < 4; ++h) heads[std::size_t(h)].compute = h != skipped;
       auto problem = testing::make_problem(layout, DType::BF16, heads, testing::fresh_seed());
@@ -507,8 +508,13 @@ TEST_P(GpuAttention, EachLaunchShapeGetsItsOwnBlockSchedule) {
       backend.run(device.call);
       device.download_into(problem);
       expect_matches_reference(problem, 0);
+      device_bytes.push_back(backend.device_plan(heads[0].plan)->device_bytes());
     }
     EXPECT_EQ(backend.cached_plans(), 1u);
+    // The plan's device bytes count each new shape's schedule (persistent
+    // kernels only; sm80 has none), and a shape seen before adds nothing.
+    EXPECT_EQ(device_bytes[1] > device_bytes[0], backend.resolved_kernel() != CudaKernel::Sm80);
+    EXPECT_EQ(device_bytes[2], device_bytes[1]);
   }
 }
 
