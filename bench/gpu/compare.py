@@ -70,6 +70,8 @@ def results_ok(results):
         elif any(not any(t in e for t in TIME_ERRORS) for e in r["errors"]):
             return False
     return True
+
+
 HEADS, HEAD_DIM, TILE = 12, 128, 128
 
 
@@ -114,7 +116,8 @@ def time_cuda(fn, repeats, budget_s):
 
 def attach_clocks(results, sampler):
     """The clock summary of each row's timed window, for rows that have a window
-    and no summary yet (a row's samples are all in once its timing returned)."""
+    and no summary yet (a row's samples are all in once its timing returned);
+    {"samples": 0} where none fell inside, so the row is not searched again."""
     if sampler is None:
         return
     for shape in results:
@@ -125,8 +128,9 @@ def attach_clocks(results, sampler):
         rows += [(case, *case["flex_window"], "flex_clock") for case in shape.get("cases", {}).values()
                  if case.get("flex_window")]
         for holder, wall_from, wall_to, key in rows:
-            if wall_from and holder.get(key) is None:
-                holder[key] = sampler.summary(wall_from, wall_to)
+            window_known = all(isinstance(t, (int, float)) and t > 0 for t in (wall_from, wall_to))
+            if window_known and holder.get(key) is None:
+                holder[key] = sampler.summary(wall_from, wall_to) or {"samples": 0}
 
 
 def write_raw(tensor, path):
@@ -258,9 +262,17 @@ def run_stsa(name, args, clock, shape_result, work, frames, height, width):
     # What FlexAttention needs after stsa (its compile and five cases), kept out of
     # the stsa processes' share (the SDPA baselines ran before them).
     torch_reserve = 40 if big else 25
+    floor = 30.0 if big else 15.0
     for i, kernel in enumerate(args.kernels):
         left_kernels = len(args.kernels) - i
-        timeout = max(30.0 if big else 15.0, (clock.left() - torch_reserve) / left_kernels)
+        # The first kernel (the default) always runs; the others only while
+        # their share of the time left is at least the floor, which would
+        # otherwise overrun the deadline by up to a floor per kernel.
+        if i > 0 and (clock.left() - torch_reserve) / left_kernels < floor:
+            log(f"stsa_gpu_bench --kernels {kernel}: skipped, out of time")
+            add_stsa_run(shape_result, kernel, "skipped: out of time", None)
+            continue
+        timeout = max(floor, (clock.left() - torch_reserve) / left_kernels)
         out_json = os.path.join(work, f"stsa_{kernel}.json")
         cmd = [os.path.join(args.build, "stsa_gpu_bench"), "--frames", str(frames), "--height", str(height),
                "--width", str(width), "--heads", str(HEADS), "--head-dim", str(HEAD_DIM), "--densities", densities,
@@ -540,10 +552,16 @@ def per_video(name, records, cudnn, perm):
             + ", ".join(cells))
 
 
+# Fewer samples than this in a row's window (5 ms apart: a row timed in under
+# ~15 ms) give a mean too rough for the table; the JSON keeps them.
+MIN_TABLE_SAMPLES = 3
+
+
 def clock_cells(clock, flops, ms, device):
     """The row's mean SM clock over its timed runs, and the share of the tensor
     peak at that clock its FLOP/s reached (work per cycle, the clock taken out)."""
-    mhz = (clock or {}).get("sm_mhz_mean")
+    clock = clock or {}
+    mhz = clock.get("sm_mhz_mean") if clock.get("samples", 0) >= MIN_TABLE_SAMPLES else None
     device = device or {}
     share = gpu_clocks.tensor_share(flops, ms, mhz, device.get("sms"), device.get("capability"))
     return fmt(mhz / 1e3 if mhz else None, ".2f"), fmt(share * 100 if share else None, ".0f")
@@ -555,6 +573,7 @@ def clock_line(name, results_shape, device):
               if c.get("clock")]
     clocks += [c for c in results_shape.get("dense_clock", {}).values() if c]
     clocks += [c["flex_clock"] for c in results_shape.get("cases", {}).values() if c.get("flex_clock")]
+    clocks = [c for c in clocks if c.get("samples")]  # {"samples": 0}: a window no sample fell in
     if not clocks:
         return None
     samples = sum(c["samples"] for c in clocks)
@@ -563,8 +582,9 @@ def clock_line(name, results_shape, device):
     device = device or {}
     ceiling = (f" (board: {device['max_sm_mhz'] / 1e3:.2f} GHz max, {device['power_limit_w']:.0f} W limit)"
                if device.get("max_sm_mhz") and device.get("power_limit_w") else "")
-    return (f"{name} | SM clock over the timed rows: {min(c['sm_mhz_min'] for c in clocks) / 1e3:.2f}-"
-            f"{max(c['sm_mhz_mean'] for c in clocks) / 1e3:.2f} GHz{ceiling}, power "
+    return (f"{name} | SM clock, mean of each timed row: {min(c['sm_mhz_mean'] for c in clocks) / 1e3:.2f}-"
+            f"{max(c['sm_mhz_mean'] for c in clocks) / 1e3:.2f} GHz, lowest sample "
+            f"{min(c['sm_mhz_min'] for c in clocks) / 1e3:.2f} GHz{ceiling}; board power (NVML's 1 s average) "
             f"{min(c['power_w_mean'] for c in clocks):.0f}-{max(c['power_w_mean'] for c in clocks):.0f} W; "
             f"the power cap held the clock in {capped:.0%} of {samples} samples, thermal or hardware "
             f"slowdown in {thermal:.0%}")
@@ -742,18 +762,34 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     sampler = None
 
+    def write_atomically(name, write):
+        """A kill mid-write (check.sh's hard timeout) leaves the last whole file."""
+        path = os.path.join(args.out, name)
+        with open(path + ".tmp", "w") as f:
+            write(f)
+        os.replace(path + ".tmp", path)
+
     def write_outputs(results, meta):
         """gpu_bench.json, then the table (gpu_bench.txt): after every step of a
-        shape, so a later hang or kill keeps what was already measured."""
+        shape, so a later hang or kill keeps what was already measured. The
+        clocks and the table are extras: an error in either is logged and
+        recorded, never the end of the run."""
         meta["seconds"] = time.time() - clock.start
-        attach_clocks(results, sampler)
+        try:
+            attach_clocks(results, sampler)
+        except Exception as e:
+            meta["attach_clocks_error"] = f"{type(e).__name__}: {e}"
+            log(f"clock summaries failed: {meta['attach_clocks_error']}")
         if sampler is not None and sampler.error:
-            meta["clock_sampler_error"] = sampler.error
-        with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
-        text = table(results, args.kernels, meta.get("clocks"))
-        with open(os.path.join(args.out, "gpu_bench.txt"), "w") as f:
-            f.write(text + "\n")
+            meta["clock_sampler_error"] = f"{sampler.error} ({sampler.failures} failed readings)"
+        write_atomically("gpu_bench.json",
+                         lambda f: json.dump({"meta": meta, "results": results}, f, indent=1, default=str))
+        try:
+            text = table(results, args.kernels, meta.get("clocks"))
+        except Exception as e:
+            text = f"(no table: {type(e).__name__}: {e}; the measurements are in gpu_bench.json)"
+            log(text)
+        write_atomically("gpu_bench.txt", lambda f: f.write(text + "\n"))
         return text
 
     if args.dry_run:

@@ -6,7 +6,11 @@ across heads, 1.54 GHz head by head, in nearly the same cycle count), so a
 row's TFLOP/s is (work per cycle) x (clock), and only the clock tells the two
 apart. The sampler polls NVML from a thread; each row then asks for the
 samples inside its timed window (wall-clock seconds, time.time(), which
-stsa_gpu_bench's records use too).
+stsa_gpu_bench's records use too: both are CLOCK_REALTIME).
+
+Power is what nvmlDeviceGetPowerUsage reports, which on Ampere and newer
+boards (GA100 aside) is an average over the last second: a reading says how
+hard the board has been pulling, not what one short row drew.
 
 NVML is loaded with ctypes from the driver (libnvidia-ml.so.1): nothing to
 install, and without a driver the sampler says why and every summary is None.
@@ -61,22 +65,30 @@ class Nvml:
                 "power_limit_w": self._uint(self._lib.nvmlDeviceGetEnforcedPowerLimit) / 1e3}
 
     def read(self):
-        """(SM MHz, board power W, clock event reasons bitmask, temperature C)."""
+        """(SM MHz, board power W (1 s average), clock event reasons bitmask,
+        temperature C or None: deprecated in newer drivers, so optional)."""
         reasons = ctypes.c_ulonglong()
         self._check(self._reasons(self._handle, ctypes.byref(reasons)), "clock event reasons")
+        try:
+            temperature = self._uint(self._lib.nvmlDeviceGetTemperature, ctypes.c_int(NVML_TEMPERATURE_GPU))
+        except (OSError, AttributeError):
+            temperature = None
         return (self._uint(self._lib.nvmlDeviceGetClockInfo, ctypes.c_int(NVML_CLOCK_SM)),
-                self._uint(self._lib.nvmlDeviceGetPowerUsage) / 1e3, reasons.value,
-                self._uint(self._lib.nvmlDeviceGetTemperature, ctypes.c_int(NVML_TEMPERATURE_GPU)))
+                self._uint(self._lib.nvmlDeviceGetPowerUsage) / 1e3, reasons.value, temperature)
 
 
 class ClockSampler:
     """Polls `read()` (as Nvml.read) every `period_s` on a thread between start()
-    and stop(); summary(t0, t1) describes the samples taken in [t0, t1]."""
+    and stop(); summary(t0, t1) describes the samples taken in [t0, t1]. Each
+    sample is stamped with the middle of its reading. A failed reading is
+    skipped and counted; `max_failures` failures in a row end the sampling,
+    with the last one kept as `error`."""
 
-    def __init__(self, read, period_s=0.005, now=time.time):
-        self._read, self._period, self._now = read, period_s, now
+    def __init__(self, read, period_s=0.005, now=time.time, max_failures=20):
+        self._read, self._period, self._now, self._max_failures = read, period_s, now, max_failures
         self.samples = []  # (time, sm_mhz, power_w, reasons, temperature_c)
         self.error = None
+        self.failures = 0
         self._stop = threading.Event()
         self._thread = None
 
@@ -86,24 +98,33 @@ class ClockSampler:
         return self
 
     def stop(self):
+        """Returns within about a second even if a reading hangs in the driver
+        (the thread is a daemon: it cannot hold the process)."""
         self._stop.set()
         if self._thread:
-            self._thread.join()
+            self._thread.join(timeout=1.0)
 
     def _run(self):
+        in_a_row = 0
         while not self._stop.is_set():
+            before = self._now()
             try:
                 sample = self._read()
-            except Exception as e:  # the benchmark goes on without clocks
+            except Exception as e:  # the benchmark goes on, with fewer samples or none
                 self.error = f"{type(e).__name__}: {e}"
-                return
-            self.samples.append((self._now(),) + tuple(sample))
+                self.failures += 1
+                in_a_row += 1
+                if in_a_row >= self._max_failures:
+                    return
+            else:
+                in_a_row = 0
+                self.samples.append((0.5 * (before + self._now()),) + tuple(sample))
             self._stop.wait(self._period)
 
     def summary(self, t0, t1):
-        """Mean and lowest SM clock, mean power and temperature, and the share of
-        samples with the power cap (or a thermal or hardware slowdown) holding the
-        clock, over the samples in [t0, t1]; None without any there."""
+        """Mean and lowest SM clock, mean power, highest temperature, and the
+        share of samples with the power cap (or a thermal or hardware slowdown)
+        holding the clock, over the samples in [t0, t1]; None without any there."""
         window = [s for s in list(self.samples) if t0 <= s[0] <= t1]
         if not window:
             return None
@@ -112,11 +133,12 @@ class ClockSampler:
         def share(mask):
             return sum(1 for s in window if s[3] & mask) / n
 
+        temperatures = [s[4] for s in window if s[4] is not None]
         return {"samples": n,
                 "sm_mhz_mean": sum(s[1] for s in window) / n,
                 "sm_mhz_min": min(s[1] for s in window),
                 "power_w_mean": sum(s[2] for s in window) / n,
-                "temperature_c_max": max(s[4] for s in window),
+                "temperature_c_max": max(temperatures) if temperatures else None,
                 "power_capped_share": share(REASON_SW_POWER_CAP | REASON_POWER_BRAKE),
                 "thermal_or_hw_slowdown_share": share(REASON_THERMAL | REASON_HW_SLOWDOWN)}
 

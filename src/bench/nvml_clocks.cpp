@@ -51,20 +51,22 @@ struct ClockSampler::State {
   bool stopping = false;
   std::vector<Sample> samples;
   std::string error;
+  int failed_readings = 0;
 
   ~State() {
     if (shutdown) shutdown();
     if (library) dlclose(library);
   }
 
-  // One reading, or the name of the call that failed.
+  // One reading, stamped with the middle of its calls, or the name of the call that failed.
   std::optional<Sample> read(std::string* failed) const {
     unsigned mhz = 0, milliwatts = 0;
     unsigned long long why = 0;
+    const double before = wall_clock_seconds();
     if (clock_info(device, kClockSm, &mhz) != 0) *failed = "nvmlDeviceGetClockInfo";
     else if (power_usage(device, &milliwatts) != 0) *failed = "nvmlDeviceGetPowerUsage";
     else if (reasons(device, &why) != 0) *failed = "the clock event reasons";
-    else return Sample{wall_clock_seconds(), double(mhz), milliwatts / 1e3, why};
+    else return Sample{0.5 * (before + wall_clock_seconds()), double(mhz), milliwatts / 1e3, why};
     return std::nullopt;
   }
 };
@@ -122,16 +124,20 @@ void ClockSampler::start(std::chrono::microseconds period) {
   state_->thread = std::thread([this, period] {
     State& s = *state_;
     std::unique_lock lock(s.mutex);
+    int in_a_row = 0;
     while (!s.stopping) {
       lock.unlock();
       std::string failed;
       const std::optional<Sample> sample = s.read(&failed);
       lock.lock();
-      if (!sample) {
+      if (sample) {
+        in_a_row = 0;
+        s.samples.push_back(*sample);
+      } else {
         s.error = failed + " failed";
-        return;
+        ++s.failed_readings;
+        if (++in_a_row == kMaxFailedReadingsInARow) return;
       }
-      s.samples.push_back(*sample);
       s.wake.wait_for(lock, period, [&] { return s.stopping; });
     }
   });
@@ -164,6 +170,11 @@ std::optional<ClockSummary> ClockSampler::summary(double from_s, double to_s) co
   out.power_w_mean = watts / out.samples;
   out.power_capped_share = capped / out.samples;
   return out;
+}
+
+int ClockSampler::failed_readings() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->failed_readings;
 }
 
 std::string ClockSampler::error() const {

@@ -29,7 +29,7 @@ struct BoardLimits {
 struct ClockSummary {
   int samples = 0;
   double sm_mhz_mean = 0, sm_mhz_min = 0;
-  double power_w_mean = 0;
+  double power_w_mean = 0;  // NVML's power reading: an average over the last second on Ampere and newer
   double power_capped_share = 0;  // of samples with the power cap (or power brake) holding the clock
 };
 
@@ -45,14 +45,17 @@ class ClockSampler {
   ClockSampler& operator=(const ClockSampler&) = delete;
 
   const BoardLimits& board() const;
-  // Samples on a thread every `period` until stop() (or the destructor). A
-  // reading that fails ends the sampling and is kept as error().
+  // Samples on a thread every `period` until stop() (or the destructor), each
+  // stamped with the middle of its reading. A reading that fails is skipped,
+  // counted and kept as error(); kMaxFailedReadingsInARow in a row end the sampling.
+  static constexpr int kMaxFailedReadingsInARow = 20;
   void start(std::chrono::microseconds period = std::chrono::milliseconds(5));
   void stop();
   // The samples taken at wall-clock seconds since the epoch (system_clock, as
   // TimedRuns::wall_from_s) in [from_s, to_s]; nullopt when there are none.
   std::optional<ClockSummary> summary(double from_s, double to_s) const;
-  std::string error() const;
+  std::string error() const;  // the last failed reading's call, "" when none failed
+  int failed_readings() const;
 
  private:
   struct State;

@@ -195,8 +195,8 @@ void print_cuda_clocks(const nlohmann::json& clocks) {
     return;
   }
   if (!clocks.contains("dense")) return;
-  std::printf("SM clock (board max %.2f GHz, power limit %.0f W):", json_double(clocks["max_sm_mhz"]) / 1e3,
-              json_double(clocks["power_limit_w"]));
+  std::printf("SM clock (board max %.2f GHz, power limit %.0f W; power as NVML reports it, a 1 s average):",
+              json_double(clocks["max_sm_mhz"]) / 1e3, json_double(clocks["power_limit_w"]));
   for (const char* kernel : {"dense", "sparse"}) {
     const nlohmann::json& c = clocks[kernel];
     if (c.is_null()) {

@@ -1,7 +1,7 @@
 // The NVML clock sampler (src/bench/nvml_clocks.hpp) against a stand-in
 // library (fake_nvml.cpp) that checks every argument: opening by PCI bus id
 // and by index, the board's limits, samples inside a window and none outside,
-// a reading that fails mid-run, and the reasons it cannot open. No GPU needed.
+// readings that fail mid-run, and the reasons it cannot open. No GPU needed.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
@@ -58,8 +58,10 @@ TEST(ClockSampler, SaysWhyWhenThereIsNoLibrary) {
   EXPECT_NE(why.find("lacks one of the NVML calls"), std::string::npos) << why;
 }
 
-TEST(ClockSampler, AReadingThatFailsEndsTheSamplingAndIsKept) {
-  // The fake's clock reading fails after the first reading in open() and three samples.
+// The fake's clock reading fails after the first reading in open() and three
+// samples: the failures are skipped and counted, and sampling resumes once
+// readings succeed again; kMaxFailedReadingsInARow in a row end it.
+TEST(ClockSampler, FailedReadingsAreSkippedAndEnoughInARowEndTheSampling) {
   std::string why;
   auto sampler = ClockSampler::open("", &why, FAKE_NVML_LIBRARY);
   ASSERT_NE(sampler, nullptr) << why;
@@ -67,14 +69,29 @@ TEST(ClockSampler, AReadingThatFailsEndsTheSamplingAndIsKept) {
   ASSERT_NE(fake, nullptr);
   const auto fail_after = reinterpret_cast<void (*)(long)>(dlsym(fake, "fake_nvml_fail_clock_after"));
   ASSERT_NE(fail_after, nullptr);
+  const auto wait_until = [](const auto& done) {
+    for (int i = 0; i < 5000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return done();
+  };
   fail_after(3);
   const double before = now_s();
   sampler->start(std::chrono::milliseconds(1));
-  for (int i = 0; i < 2000 && sampler->error().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(wait_until([&] { return sampler->failed_readings() > 0; }));
   EXPECT_EQ(sampler->error(), "nvmlDeviceGetClockInfo failed");
+  fail_after(-1);  // readings succeed again: the sampling goes on
+  ASSERT_TRUE(wait_until([&] {
+    const auto s = sampler->summary(before, now_s());
+    return s && s->samples > 3;
+  }));
+  const int earlier = sampler->failed_readings();  // no reading fails meanwhile
+  fail_after(0);  // and now fail for good
+  const int last = earlier + ClockSampler::kMaxFailedReadingsInARow;
+  ASSERT_TRUE(wait_until([&] { return sampler->failed_readings() >= last; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(sampler->failed_readings(), last);  // the thread has ended: no more readings
   const auto kept = sampler->summary(before, now_s());
   ASSERT_TRUE(kept.has_value());
-  EXPECT_EQ(kept->samples, 3);
+  EXPECT_GT(kept->samples, 3);
   fail_after(-1);
   dlclose(fake);
 }

@@ -84,8 +84,10 @@ print("compare.py partial shapes: ok")
 import gpu_clocks  # noqa: E402
 
 script = iter([(1980, 300.0, 0x0, 40), (1500, 700.0, 0x4, 60), (1400, 690.0, 0x4 | 0x40, 65),
-               (1600, 650.0, 0x0, 62)])
-fake_now = iter([10.0, 11.0, 12.0, 13.0])
+               (1450, 695.0, 0x4, 63), (1600, 650.0, 0x0, None)])  # the last without a temperature
+# Each reading reads the clock before and after; its sample is stamped with the
+# middle: 10.0, 11.0, ... 14.0 (quarters: exact in binary).
+times = [t + d for t in (10.0, 11.0, 12.0, 13.0, 14.0) for d in (-0.25, 0.25)]
 done = []
 
 
@@ -97,17 +99,38 @@ def read():
         raise RuntimeError("no more readings")
 
 
-sampler = gpu_clocks.ClockSampler(read, period_s=0.0, now=lambda: next(fake_now)).start()
-sampler._thread.join(timeout=10)  # the fifth read raises: the thread ends and keeps the error
-assert done and not sampler._thread.is_alive()
+def now():
+    return times.pop(0) if times else 99.0
+
+
+sampler = gpu_clocks.ClockSampler(read, period_s=0.0, now=now, max_failures=3).start()
+sampler._thread.join(timeout=10)  # readings 6, 7 and 8 fail: three in a row end the thread, error kept
+assert len(done) == 3 and not sampler._thread.is_alive()
 sampler.stop()
-assert sampler.error == "RuntimeError: no more readings", sampler.error
-assert [s[0] for s in sampler.samples] == [10.0, 11.0, 12.0, 13.0]
-mid = sampler.summary(10.5, 12.0)  # the 1500 and 1400 MHz samples
-assert mid["samples"] == 2 and mid["sm_mhz_mean"] == 1450 and mid["sm_mhz_min"] == 1400, mid
+assert sampler.error == "RuntimeError: no more readings" and sampler.failures == 3, (sampler.error, sampler.failures)
+assert [s[0] for s in sampler.samples] == [10.0, 11.0, 12.0, 13.0, 14.0], sampler.samples
+mid = sampler.summary(10.5, 13.5)  # the 1500, 1400 and 1450 MHz samples
+assert mid["samples"] == 3 and mid["sm_mhz_mean"] == 1450 and mid["sm_mhz_min"] == 1400, mid
 assert mid["power_w_mean"] == 695.0 and mid["temperature_c_max"] == 65, mid
-assert mid["power_capped_share"] == 1.0 and mid["thermal_or_hw_slowdown_share"] == 0.5, mid
-assert sampler.summary(13.5, 20.0) is None  # no sample in the window: no figure made up
+assert mid["power_capped_share"] == 1.0 and abs(mid["thermal_or_hw_slowdown_share"] - 1 / 3) < 1e-12, mid
+assert sampler.summary(13.5, 20.0)["temperature_c_max"] is None  # temperature is optional
+assert sampler.summary(14.5, 20.0) is None  # no sample in the window: no figure made up
+# A failed reading between good ones is skipped, and the sampling goes on.
+flaky_script = iter([(1700, 500.0, 0, 50), RuntimeError("busy"), (1710, 500.0, 0, 50)])
+
+
+def flaky_read():
+    item = next(flaky_script, None)
+    if item is None:
+        raise RuntimeError("done")
+    if isinstance(item, Exception):
+        raise item
+    return item
+
+
+flaky = gpu_clocks.ClockSampler(flaky_read, period_s=0.0, max_failures=2).start()
+flaky._thread.join(timeout=10)
+assert [s[1] for s in flaky.samples] == [1700, 1710] and flaky.failures == 3, (flaky.samples, flaky.failures)
 # A sampler stops when asked, whatever the reading.
 steady = gpu_clocks.ClockSampler(lambda: (1700, 500.0, 0, 50), period_s=0.001).start()
 time.sleep(0.02)
@@ -123,23 +146,29 @@ assert gpu_clocks.tensor_share(peak / 2, 1000.0, None, 132, [9, 0]) is None
 
 # compare.py fills each row's clock from its window and prints it with the share.
 rec = record("s0.10", "sm90", 0.1, 1000.0)
-rec.update(kept_tile_flops=peak / 2, wall_from_s=10.5, wall_to_s=12.0)
+rec.update(kept_tile_flops=peak / 2, wall_from_s=10.5, wall_to_s=13.5)
+half_known = record("s0.20", "sm90", 0.2, 1000.0)
+half_known.update(wall_from_s=10.5, wall_to_s=None)  # a window without an end: left without a clock
 shape = {"shape": "720p", "tokens": 75600, "errors": [], "dense_ms": {"cudnn": 60.0},
-         "dense_window": {"cudnn": (12.5, 13.0)},
+         "dense_window": {"cudnn": (13.5, 14.5), "fa2": (20.0, 21.0)},
          "cases": {"s0.10": {"flex_ms": 2000.0, "flex_window": (9.0, 10.0)}},
-         "stsa": {"sm90": {"cases": [rec]}}}
+         "stsa": {"sm90": {"cases": [rec, half_known]}}}
 compare.attach_clocks([shape], sampler)
 assert rec["clock"]["sm_mhz_mean"] == 1450
+assert "clock" not in half_known or half_known["clock"] is None, half_known
 assert shape["dense_clock"]["cudnn"]["sm_mhz_mean"] == 1600
+assert shape["dense_clock"]["fa2"] == {"samples": 0}  # no sample in its window: marked, not searched again
 assert shape["cases"]["s0.10"]["flex_clock"]["sm_mhz_mean"] == 1980
 device = {"sms": 132, "capability": [9, 0], "max_sm_mhz": 1980, "power_limit_w": 700.0}
 text = compare.table([shape], ["sm90"], device)
 # 405.5 TFLOP in 1 s at 1.45 GHz: 405.5 / (132 x 4096 x 1.45e9) = 52%.
 assert "720p | s0.10 | stsa-sm90 | 0.100 | 1000.00 | 1 | 0.06x | 2.00x | 1.45 | 52 |" in text, text
-# FlexAttention: the same work in 2 s at 1.98 GHz: 405.5 / 2 / (132 x 4096 x 1.98e9) = 19%.
-assert "720p | s0.10 | flex | 0.100 | 2000.00 | 203 | 0.03x | 1.00x | 1.98 | 19 | (ref)" in text, text
-assert "SM clock over the timed rows: 1.40-1.98 GHz (board: 1.98 GHz max, 700 W limit)" in text, text
-assert "the power cap held the clock in 50% of 4 samples" in text, text
+# FlexAttention's window holds one sample: too few for the table (the JSON keeps it).
+assert "720p | s0.10 | flex | 0.100 | 2000.00 | 203 | 0.03x | 1.00x | - | - | (ref)" in text, text
+# Row means 1.45 (3 samples), 1.60 and 1.98 (1 each); lowest sample 1.40.
+assert ("SM clock, mean of each timed row: 1.45-1.98 GHz, lowest sample 1.40 GHz "
+        "(board: 1.98 GHz max, 700 W limit); board power (NVML's 1 s average) 300-695 W") in text, text
+assert "the power cap held the clock in 60% of 5 samples, thermal or hardware slowdown in 20%" in text, text
 # Without a sampler (no NVML) the rows say "-", and nothing fails.
 bare = {"shape": "720p", "tokens": 75600, "errors": [], "cases": {}, "stsa": {"sm90": {"cases": [record("s0.10", "sm90", 0.1, 5.0)]}}}
 compare.attach_clocks([bare], None)

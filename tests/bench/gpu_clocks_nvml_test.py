@@ -24,13 +24,16 @@ assert sampler.error is None, sampler.error
 assert summary["samples"] >= 2 and summary["sm_mhz_mean"] == 1545 and summary["power_w_mean"] == 688.5, summary
 assert summary["power_capped_share"] == 1.0 and summary["thermal_or_hw_slowdown_share"] == 0.0, summary
 
-# A reading that fails mid-run ends the sampling, keeps what was read and says which call failed.
+# A reading that keeps failing ends the sampling (after max_failures in a row),
+# keeps what was read and says which call failed.
 import ctypes  # noqa: E402
 broken, _ = gpu_clocks.start_nvml_sampler(library=fake)
 ctypes.CDLL(fake).fake_nvml_fail_clock_after(ctypes.c_long(2))
 deadline = time.time() + 10
 while broken.error is None and time.time() < deadline:
     time.sleep(0.005)
+broken._thread.join(timeout=10)
+assert not broken._thread.is_alive() and broken.failures == 20, broken.failures
 broken.stop()
 assert broken.error == "OSError: nvmlDeviceGetClockInfo returned NVML error 999", broken.error
 assert len(broken.samples) >= 2, broken.samples
