@@ -21,7 +21,9 @@
 // block schedule) uploads its block schedule the same way, and the first Hopper
 // call allocates the small host-mapped buffer a hung barrier wait reports into:
 // make such calls before capturing into a CUDA graph (a warm-up call of every
-// shape the graph will hold).
+// shape the graph will hold). A call on a capturing stream that would need an
+// upload throws InvalidArgument before anything is enqueued, so the capture
+// stays intact (tested in global capture mode, PyTorch's default).
 // Without a GPU the backend still constructs; supports() says why it cannot
 // run and run() throws Unsupported.
 #pragma once

@@ -204,6 +204,10 @@ struct CudaBackend::State {
   };
   mutable std::mutex mutex;
   mutable std::vector<Entry> entries;
+
+  // The cached device copy of `plan`, uploaded on a miss unless !may_upload
+  // (the call's stream is being captured into a graph: InvalidArgument).
+  std::shared_ptr<const DevicePlan> device_plan(const std::shared_ptr<const TilePlan>& plan, bool may_upload) const;
 };
 
 CudaBackend::CudaBackend(CudaBackendOptions options) : state_(std::make_unique<State>()) {
@@ -232,10 +236,14 @@ const CudaBackendOptions& CudaBackend::options() const { return state_->options;
 CudaKernel CudaBackend::resolved_kernel() const { return resolve_kernel(state_->options.kernel, device_facts()); }
 
 std::shared_ptr<const DevicePlan> CudaBackend::device_plan(const std::shared_ptr<const TilePlan>& plan) const {
+  return state_->device_plan(plan, /*may_upload=*/true);
+}
+
+std::shared_ptr<const DevicePlan> CudaBackend::State::device_plan(const std::shared_ptr<const TilePlan>& plan,
+                                                                  bool may_upload) const {
   STSA_CHECK(plan != nullptr, InvalidArgument, "device_plan: no plan given");
   const int device = cuda_detail::current_device();
-  std::lock_guard lock(state_->mutex);
-  auto& entries = state_->entries;
+  std::lock_guard lock(mutex);
   // Plans whose host copy is gone are dropped (cudaFree waits for kernels still using them).
   std::erase_if(entries, [](const State::Entry& e) { return e.host.expired(); });
   // Least recently used first: a hit moves to the back, a full cache drops the front.
@@ -245,6 +253,9 @@ std::shared_ptr<const DevicePlan> CudaBackend::device_plan(const std::shared_ptr
     std::rotate(hit, hit + 1, entries.end());
     return entries.back().uploaded;
   }
+  STSA_CHECK(may_upload, InvalidArgument,
+             cuda_detail::capture_needs_warm_up(detail::concat("uploading the tile plan of ", plan->grid().describe(),
+                                                               " (not on this device yet)")));
   if (entries.size() >= CudaBackend::kMaxCachedPlans) entries.erase(entries.begin());
   entries.push_back({plan.get(), plan, device, DevicePlan::upload(*plan)});
   return entries.back().uploaded;
@@ -294,6 +305,9 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
   params.scale_log2 = float(double(call.scale()) * kLog2e);
 
   // Heads that share a plan share a launch (and the device copy of the plan).
+  // During graph capture nothing may be uploaded: a plan or a launch shape not
+  // seen before is refused before anything is enqueued.
+  const bool may_upload = !cuda_detail::stream_is_capturing(stream);
   std::vector<const TilePlan*> group_keys;
   std::vector<std::pair<std::shared_ptr<const DevicePlan>, std::vector<int>>> groups;
   for (std::size_t h = 0; h < call.heads.size(); ++h) {
@@ -303,7 +317,7 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
     std::size_t index = std::size_t(found - group_keys.begin());
     if (found == group_keys.end()) {
       group_keys.push_back(head.plan.get());
-      groups.emplace_back(device_plan(head.plan), std::vector<int>{});
+      groups.emplace_back(state_->device_plan(head.plan, may_upload), std::vector<int>{});
     }
     groups[index].second.push_back(int(h));
   }
@@ -326,7 +340,7 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
       std::copy_n(heads.begin() + std::ptrdiff_t(first), count, params.heads);
       const cuda_detail::LaunchSchedule schedule =
           cuda_detail::launch_schedule(arrays, state_->options, is_sm90(kernel),
-                                       call.layout.batch * std::int64_t(count), persistent_blocks);
+                                       call.layout.batch * std::int64_t(count), persistent_blocks, may_upload);
       params.work_order = schedule.work_order;
       params.block_item_begin = schedule.block_item_begin;
       params.block_items = schedule.block_items;

@@ -12,6 +12,7 @@
 
 #include "cuda/block_schedule.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/device_checks.hpp"
 #include "cuda/device_plan_arrays.hpp"
 #include "cuda/work_items.hpp"
 #include "cuda/work_order_model.hpp"
@@ -64,7 +65,7 @@ std::pair<void*, std::size_t> upload(const BlockSchedule& schedule, LaunchSchedu
 }  // namespace
 
 LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackendOptions& options, bool persistent,
-                               std::int64_t pairs, int persistent_blocks) {
+                               std::int64_t pairs, int persistent_blocks, bool may_upload) {
   if (!persistent) {
     LaunchSchedule launch;
     launch.work_order = fixed_order(options.work_order);
@@ -75,6 +76,11 @@ LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackend
     if (cached.pairs == pairs && cached.persistent_blocks == persistent_blocks && cached.order == options.work_order &&
         cached.policy == options.block_schedule)
       return cached.launch;
+  STSA_CHECK(may_upload, InvalidArgument,
+             capture_needs_warm_up(detail::concat("the block schedule of this launch shape (", pairs,
+                                                  " batch x heads, ", persistent_blocks, " persistent blocks, work "
+                                                  "order ", to_string(options.work_order), ", ",
+                                                  to_string(options.block_schedule), ")")));
 
   const OrderChoice choice = schedule_items(plan, options, pairs, persistent_blocks);
   STSA_CHECK(fits_kernel_counters(choice.schedule), ResourceError, "attention launch of ", choice.schedule.items.size(),

@@ -21,8 +21,10 @@ struct LaunchSchedule {
 // blocks a persistent launch may use. sm80 launches (persistent = false) get
 // their order only: across heads unless head by head is asked for, the order
 // their speed was measured in. Throws ResourceError when a persistent block
-// would walk more key tiles than the kernel counts in 32 bits.
+// would walk more key tiles than the kernel counts in 32 bits, and
+// InvalidArgument when the shape's schedule is not on the device yet and
+// `may_upload` is false (the launch stream is being captured into a graph).
 LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackendOptions& options, bool persistent,
-                               std::int64_t pairs, int persistent_blocks);
+                               std::int64_t pairs, int persistent_blocks, bool may_upload = true);
 
 }  // namespace stsa::cuda_detail

@@ -5,6 +5,7 @@
 // nothing to attend to). Every GPU test runs once per kernel (sm80, sm90); the
 // sm90 runs skip on GPUs other than compute capability 9.0, all of them skip
 // without a GPU. The checks of bad input that need no GPU run everywhere.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -251,6 +252,49 @@ TEST_P(GpuAttention, SkippedHeadsAreLeftUntouched) {
     ASSERT_TRUE(std::isnan(problem.lse.view().at(0, 1, n)));
   }
   expect_matches_reference(problem);
+}
+
+// A serving loop captures its layers into a CUDA graph (PyTorch's default
+// capture mode is global). Before a warm-up call the capture is refused with a
+// clear error, since a first call uploads the plan and its block schedule, and
+// the capture stays intact; after it, the captured launch replays on poisoned
+// outputs and matches the reference.
+TEST_P(GpuAttention, CapturesIntoACudaGraphAfterAWarmUp) {
+  const VideoLayout layout = make_layout(5, 8, 12, 9, TextPlacement::After, 1, 4, 64);
+  PlanCache cache;
+  const auto heads = mixed_heads(layout, 0.3, cache);
+  auto problem = testing::make_problem(layout, DType::BF16, heads, testing::fresh_seed());
+  DeviceProblem device(problem);
+  const CudaBackend backend = this->backend();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  try {
+    backend.run_async(device.call, stream);
+    ADD_FAILURE() << "a first call during capture was not refused";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("captured into a CUDA graph"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "the refusal broke the capture";
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+
+  backend.run_async(device.call, stream);  // the warm-up
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  device.o.poison();
+  device.lse.poison();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  backend.run_async(device.call, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t replay = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&replay, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(replay, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  device.download_into(problem);
+  expect_matches_reference(problem);
+  EXPECT_EQ(cudaGraphExecDestroy(replay), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 TEST_P(GpuAttention, AgreesWithTheCpuBackend) {
