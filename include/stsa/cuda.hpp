@@ -23,7 +23,11 @@
 // make such calls before capturing into a CUDA graph (a warm-up call of every
 // shape the graph will hold). A call on a capturing stream that would need an
 // upload throws InvalidArgument before anything is enqueued, so the capture
-// stays intact (tested in global capture mode, PyTorch's default).
+// stays intact (tested in global capture mode, PyTorch's default). A graph
+// holds the device addresses of the plans it launched with: keep each plan's
+// device copy alive while the graph may replay, by holding what device_plan()
+// returns (the backend's cache drops a copy when its host plan dies or past
+// kMaxCachedPlans, and the memory goes with the last reference).
 // Without a GPU the backend still constructs; supports() says why it cannot
 // run and run() throws Unsupported.
 #pragma once

@@ -286,6 +286,9 @@ TEST_P(GpuAttention, CapturesIntoACudaGraphAfterAWarmUp) {
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
   backend.run_async(device.call, stream);
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  // What keeps the graph's plans on the device, whatever the backend's cache does.
+  std::vector<std::shared_ptr<const DevicePlan>> held;
+  for (const HeadMask& head : heads) held.push_back(backend.device_plan(head.plan));
   cudaGraphExec_t replay = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&replay, graph, 0), cudaSuccess);
   ASSERT_EQ(cudaGraphLaunch(replay, stream), cudaSuccess);
