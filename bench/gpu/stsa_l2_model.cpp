@@ -28,9 +28,8 @@
 #include "cuda/block_schedule.hpp"
 #include "cuda/device_plan_image.hpp"
 #include "cuda/work_items.hpp"
+#include "model_shape.hpp"
 #include "stsa/error.hpp"
-#include "stsa/mask.hpp"
-#include "stsa/plan.hpp"
 
 namespace {
 
@@ -143,38 +142,25 @@ Traffic simulate(const KeyLists& lists, const BlockSchedule& schedule, int heads
 
 int main(int argc, char** argv) {
   CLI::App app{"Models the L2 hit rate of the sm90 kernel's K/V reads per work order and block schedule (no GPU)."};
-  std::int64_t frames = 21, height = 90, width = 160;
-  int heads = 12, blocks = 132;
+  stsa::bench_models::ModelShape shape;
   double capacity_mb = 25.0, jitter = 0.05;
-  bool no_anchor = false;
-  std::vector<double> densities{0.1, 0.2, 0.3, 0.5, 1.0};
-  app.add_option("--frames", frames)->capture_default_str();
-  app.add_option("--height", height)->capture_default_str();
-  app.add_option("--width", width)->capture_default_str();
-  app.add_option("--heads", heads, "heads sharing one plan")->capture_default_str();
-  app.add_option("--blocks", blocks, "persistent blocks (one per SM: 132 on an H200)")->capture_default_str();
+  shape.add_options(app);
   app.add_option("--capacity-mb", capacity_mb, "cache size (MB of 64 KB K+V tile pairs)")->capture_default_str();
   app.add_option("--jitter", jitter, "each step takes 1 +- this (uniform)")->capture_default_str();
-  app.add_option("--densities", densities, "kept densities; 1 means the dense mask")->delimiter(',');
-  app.add_flag("--no-anchor", no_anchor, "spatial masks without the frame-0 anchor (rows may keep no tile)");
   CLI11_PARSE(app, argc, argv);
   try {
-    STSA_CHECK(frames > 0 && height > 0 && width > 0 && heads > 0 && blocks > 0, stsa::InvalidArgument,
-               "every size must be > 0");
+    shape.grid();  // checks the sizes
+    const int heads = shape.heads, blocks = shape.blocks;
     const int capacity_tiles = static_cast<int>(capacity_mb * 1024 * 1024 / (64 * 1024));
     STSA_CHECK(capacity_tiles >= 1, stsa::InvalidArgument, "--capacity-mb must hold one 64 KB tile pair");
     STSA_CHECK(jitter >= 0 && jitter < 1, stsa::InvalidArgument, "--jitter must be in [0, 1)");
-    const stsa::VideoGrid grid{frames, height, width, 0, stsa::TextPlacement::After};
     std::printf("%lldx%lldx%lld tokens, %d heads, %d blocks, %d tile pairs of cache (%.1f MB), jitter %.2f\n",
-                static_cast<long long>(frames), static_cast<long long>(height), static_cast<long long>(width), heads,
-                blocks, capacity_tiles, capacity_mb, jitter);
+                static_cast<long long>(shape.frames), static_cast<long long>(shape.height),
+                static_cast<long long>(shape.width), heads, blocks, capacity_tiles, capacity_mb, jitter);
     std::printf("density | K/V reads | L2 hits: across-heads round-robin | head-by-head round-robin | "
                 "across-heads balanced | head-by-head balanced\n");
-    for (const double density : densities) {
-      const stsa::MaskSpec spec = density < 1.0
-                                      ? stsa::mask_for_density(grid, stsa::SparseKind::Spatial, density, !no_anchor)
-                                      : stsa::MaskSpec::dense();
-      const KeyLists lists = key_lists(make_device_plan_image(*stsa::TilePlan::build(grid, spec)));
+    for (const double density : shape.densities) {
+      const KeyLists lists = key_lists(shape.plan_image(density));
       std::string cells;
       std::int64_t reads = 0;
       for (const auto policy : {stsa::CudaBlockSchedule::RoundRobin, stsa::CudaBlockSchedule::Balanced})
@@ -186,8 +172,7 @@ int main(int argc, char** argv) {
           std::snprintf(cell, sizeof cell, " | %.3f", traffic.hit_rate());
           cells += cell;
         }
-      std::printf("%s | %lld%s\n", density < 1.0 ? std::to_string(density).substr(0, 4).c_str() : "dense",
-                  static_cast<long long>(reads), cells.c_str());
+      std::printf("%s | %lld%s\n", shape.label(density).c_str(), static_cast<long long>(reads), cells.c_str());
       std::fflush(stdout);
     }
   } catch (const std::exception& e) {

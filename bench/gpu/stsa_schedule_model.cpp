@@ -8,22 +8,12 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <string>
-#include <vector>
 
 #include "cuda/block_schedule.hpp"
-#include "cuda/device_plan_image.hpp"
 #include "cuda/work_order_model.hpp"
-#include "stsa/error.hpp"
-#include "stsa/mask.hpp"
-#include "stsa/plan.hpp"
+#include "model_shape.hpp"
 
 namespace {
-
-struct Options {
-  std::int64_t frames = 21, height = 90, width = 160, heads = 12, blocks = 132;
-  std::vector<double> densities{0.1, 0.2, 0.3, 0.5, 1.0};
-};
 
 const char* order_name(stsa::cuda_detail::WorkOrder order) {
   return order == stsa::cuda_detail::kWorkHeadByHead ? "head-by-head" : "across-heads";
@@ -35,32 +25,22 @@ int main(int argc, char** argv) {
   using namespace stsa::cuda_detail;
   using stsa::CudaBlockSchedule;
   CLI::App app{"Models the sm90 kernel's block schedules and work orders at one video shape (no GPU)."};
-  Options opt;
-  app.add_option("--frames", opt.frames)->capture_default_str();
-  app.add_option("--height", opt.height)->capture_default_str();
-  app.add_option("--width", opt.width)->capture_default_str();
-  app.add_option("--heads", opt.heads, "heads sharing one plan (batch x heads of one launch)")->capture_default_str();
-  app.add_option("--blocks", opt.blocks, "persistent blocks (one per SM: 132 on an H200)")->capture_default_str();
-  app.add_option("--densities", opt.densities, "kept densities; 1 means the dense mask")->delimiter(',');
+  stsa::bench_models::ModelShape opt;
+  opt.add_options(app);
   CLI11_PARSE(app, argc, argv);
   try {
-    STSA_CHECK(opt.frames > 0 && opt.height > 0 && opt.width > 0 && opt.heads > 0 && opt.blocks > 0,
-               stsa::InvalidArgument, "every size must be > 0");
-    const stsa::VideoGrid grid{opt.frames, opt.height, opt.width, 0, stsa::TextPlacement::After};
-    std::printf("%lldx%lldx%lld tokens, %lld heads, %lld blocks; slowest block / mean of the modelled costs\n",
+    opt.grid();  // checks the sizes
+    std::printf("%lldx%lldx%lld tokens, %d heads, %d blocks; slowest block / mean of the modelled costs\n",
                 static_cast<long long>(opt.frames), static_cast<long long>(opt.height),
-                static_cast<long long>(opt.width), static_cast<long long>(opt.heads),
-                static_cast<long long>(opt.blocks));
+                static_cast<long long>(opt.width), opt.heads, opt.blocks);
     std::printf("density | across-heads round-robin | head-by-head round-robin | across-heads balanced | "
                 "head-by-head balanced | Auto round-robin | Auto balanced\n");
     for (const double density : opt.densities) {
-      const stsa::MaskSpec spec = density < 1.0 ? stsa::mask_for_density(grid, stsa::SparseKind::Spatial, density)
-                                                : stsa::MaskSpec::dense();
-      const DevicePlanImage image = make_device_plan_image(*stsa::TilePlan::build(grid, spec));
+      const DevicePlanImage image = opt.plan_image(density);
       std::int64_t total = 0;
       for (const std::int32_t c : image.rank_costs) total += opt.heads * (c + kItemOverheadTiles);
       const auto ratio = [&](const BlockSchedule& s) { return double(s.makespan) * s.blocks() / double(total); };
-      std::printf("%s", density < 1.0 ? std::to_string(density).substr(0, 4).c_str() : "dense");
+      std::printf("%s", opt.label(density).c_str());
       for (const CudaBlockSchedule policy : {CudaBlockSchedule::RoundRobin, CudaBlockSchedule::Balanced})
         for (const WorkOrder order : {kWorkAcrossHeads, kWorkHeadByHead})
           std::printf(" | %.3f", ratio(make_block_schedule(image.rank_costs, opt.heads, opt.blocks, order, policy)));

@@ -169,6 +169,14 @@ void expect_routes_like_the_cpu(const RandomCase& c, std::uint64_t seed) {
   expect_same_report(gpu, cpu, gpu_testing::max_abs(call.v), c.dtype, p.label + " " + std::string(to_string(c.order)));
 }
 
+// Three candidates, then two: the partials kernel's two block shapes.
+void expect_both_block_shapes_route_like_the_cpu(RandomCase c, std::uint64_t seed) {
+  c.frame_window = true;
+  expect_routes_like_the_cpu(c, seed);
+  c.frame_window = false;
+  expect_routes_like_the_cpu(c, seed);
+}
+
 const RandomCase kSmallSpatialMajorCase = {
     {{5, 7, 9, 13, TextPlacement::Before}, 2, 4, 128}, DType::BF16, TokenOrder::SpatialMajor, 33, false};
 
@@ -205,12 +213,9 @@ TEST(GpuRouter, ErrorsMatchTheCpuRouterOnRandomAwkwardShapes) {
 // three candidates and with two (the partials kernel's two block shapes).
 TEST(GpuRouterSanitize, OneSmallRoute) {
   STSA_REQUIRE_GPU();
-  RandomCase split_keys = {
+  const RandomCase split_keys = {
       {{5, 12, 16, 13, TextPlacement::Before}, 2, 4, 128}, DType::BF16, TokenOrder::SpatialMajor, 33, false};
-  const std::uint64_t seed = testing::fresh_seed();
-  expect_routes_like_the_cpu(split_keys, seed);
-  split_keys.frame_window = false;
-  expect_routes_like_the_cpu(split_keys, seed);
+  expect_both_block_shapes_route_like_the_cpu(split_keys, testing::fresh_seed());
 }
 
 TEST(GpuRouter, NonFiniteScoresKeepTheHeadDense) {
@@ -237,10 +242,7 @@ TEST(GpuRouter, CandidatesThatAllowNoKeyMatchTheCpu) {
   STSA_REQUIRE_GPU();
   RandomCase c = {{{5, 12, 16, 0, TextPlacement::After}, 1, 3, 64}, DType::BF16, TokenOrder::FrameMajor, 40, false};
   c.candidate_density = 0;
-  const std::uint64_t seed = testing::fresh_seed();
-  expect_routes_like_the_cpu(c, seed);
-  c.frame_window = false;
-  expect_routes_like_the_cpu(c, seed);
+  expect_both_block_shapes_route_like_the_cpu(c, testing::fresh_seed());
 }
 
 // One NaN in one key of a late split (head 1), and one key whose scores are all
