@@ -765,9 +765,13 @@ def main():
     def write_atomically(name, write):
         """A kill mid-write (check.sh's hard timeout) leaves the last whole file."""
         path = os.path.join(args.out, name)
-        with open(path + ".tmp", "w") as f:
-            write(f)
-        os.replace(path + ".tmp", path)
+        try:
+            with open(path + ".tmp", "w") as f:
+                write(f)
+            os.replace(path + ".tmp", path)
+        finally:
+            if os.path.exists(path + ".tmp"):
+                os.remove(path + ".tmp")
 
     def write_outputs(results, meta):
         """gpu_bench.json, then the table (gpu_bench.txt): after every step of a

@@ -21,9 +21,10 @@
 // block schedule) uploads its block schedule the same way, and the first Hopper
 // call allocates the small host-mapped buffer a hung barrier wait reports into:
 // make such calls before capturing into a CUDA graph (a warm-up call of every
-// shape the graph will hold). A call on a capturing stream that would need an
-// upload throws InvalidArgument before anything is enqueued, so the capture
-// stays intact (tested in global capture mode, PyTorch's default). A graph
+// shape the graph will hold, before any capture begins). A call on a capturing
+// stream that would need an upload throws InvalidArgument before anything is
+// enqueued, so the capture stays intact (tested in global capture mode,
+// PyTorch's default). A graph
 // holds the device addresses of the plans it launched with: keep each plan's
 // device copy alive while the graph may replay, by holding what device_plan()
 // returns (the backend's cache drops a copy when its host plan dies or past

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/attention_launch.hpp"
+#include "cuda/capture.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_checks.hpp"
 #include "cuda/device_plan_arrays.hpp"
@@ -206,7 +207,8 @@ struct CudaBackend::State {
   mutable std::vector<Entry> entries;
 
   // The cached device copy of `plan`, uploaded on a miss unless !may_upload
-  // (the call's stream is being captured into a graph: InvalidArgument).
+  // (the call's stream is being captured into a graph: InvalidArgument; no
+  // expired plan is freed then either, since freeing waits for the device).
   std::shared_ptr<const DevicePlan> device_plan(const std::shared_ptr<const TilePlan>& plan, bool may_upload) const;
 };
 
@@ -244,8 +246,9 @@ std::shared_ptr<const DevicePlan> CudaBackend::State::device_plan(const std::sha
   STSA_CHECK(plan != nullptr, InvalidArgument, "device_plan: no plan given");
   const int device = cuda_detail::current_device();
   std::lock_guard lock(mutex);
-  // Plans whose host copy is gone are dropped (cudaFree waits for kernels still using them).
-  std::erase_if(entries, [](const State::Entry& e) { return e.host.expired(); });
+  // Plans whose host copy is gone are dropped (cudaFree waits for kernels still
+  // using them); not during a capture, which a device-wide wait would break.
+  if (may_upload) std::erase_if(entries, [](const State::Entry& e) { return e.host.expired(); });
   // Least recently used first: a hit moves to the back, a full cache drops the front.
   const auto hit = std::find_if(entries.begin(), entries.end(),
                                 [&](const State::Entry& e) { return e.key == plan.get() && e.device == device; });
@@ -305,8 +308,8 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
   params.scale_log2 = float(double(call.scale()) * kLog2e);
 
   // Heads that share a plan share a launch (and the device copy of the plan).
-  // During graph capture nothing may be uploaded: a plan or a launch shape not
-  // seen before is refused before anything is enqueued.
+  // During graph capture nothing may be uploaded (or freed): a plan or a launch
+  // shape not seen before is refused before anything is enqueued.
   const bool may_upload = !cuda_detail::stream_is_capturing(stream);
   std::vector<const TilePlan*> group_keys;
   std::vector<std::pair<std::shared_ptr<const DevicePlan>, std::vector<int>>> groups;
@@ -322,11 +325,30 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
     groups[index].second.push_back(int(h));
   }
 
-  const bool bf16 = call.q.dtype == DType::BF16;
+  // Every launch's schedule first, then the launches: a schedule that cannot
+  // be had (not uploaded during a capture, or past the kernel's counters)
+  // throws before any launch, so a call runs whole or not at all.
+  struct Launch {
+    const DevicePlan::Arrays* arrays;
+    const std::vector<int>* heads;
+    std::size_t first, count;
+    cuda_detail::LaunchSchedule schedule;
+  };
+  std::vector<Launch> launches;
   const int requested_blocks = state_->options.persistent_blocks;
   const int persistent_blocks = requested_blocks > 0 ? requested_blocks : facts.multiprocessors;
-  for (const auto& [plan, heads] : groups) {
-    const DevicePlan::Arrays& arrays = plan->arrays();
+  for (const auto& [plan, heads] : groups)
+    for (std::size_t first = 0; first < heads.size(); first += cuda_detail::kMaxHeadsPerLaunch) {
+      const std::size_t count = std::min<std::size_t>(cuda_detail::kMaxHeadsPerLaunch, heads.size() - first);
+      launches.push_back({&plan->arrays(), &heads, first, count,
+                          cuda_detail::launch_schedule(plan->arrays(), state_->options, is_sm90(kernel),
+                                                       call.layout.batch * std::int64_t(count), persistent_blocks,
+                                                       may_upload)});
+    }
+
+  const bool bf16 = call.q.dtype == DType::BF16;
+  for (const Launch& launch : launches) {
+    const DevicePlan::Arrays& arrays = *launch.arrays;
     params.row_begin = arrays.row_begin;
     params.partial_begin = arrays.partial_begin;
     params.key_tiles = arrays.key_tiles;
@@ -334,21 +356,15 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
     params.masks = arrays.masks;
     params.q_tile_order = arrays.q_tile_order;
     params.q_tiles = int(arrays.q_tiles);
-    for (std::size_t first = 0; first < heads.size(); first += cuda_detail::kMaxHeadsPerLaunch) {
-      const std::size_t count = std::min<std::size_t>(cuda_detail::kMaxHeadsPerLaunch, heads.size() - first);
-      params.head_count = int(count);
-      std::copy_n(heads.begin() + std::ptrdiff_t(first), count, params.heads);
-      const cuda_detail::LaunchSchedule schedule =
-          cuda_detail::launch_schedule(arrays, state_->options, is_sm90(kernel),
-                                       call.layout.batch * std::int64_t(count), persistent_blocks, may_upload);
-      params.work_order = schedule.work_order;
-      params.block_item_begin = schedule.block_item_begin;
-      params.block_items = schedule.block_items;
-      if (is_sm90(kernel))
-        cuda_detail::launch_attention_sm90(params, bf16, schedule.blocks, sm90_schedule(kernel), stream);
-      else
-        cuda_detail::launch_attention(params, bf16, int(call.layout.head_dim), stream);
-    }
+    params.head_count = int(launch.count);
+    std::copy_n(launch.heads->begin() + std::ptrdiff_t(launch.first), launch.count, params.heads);
+    params.work_order = launch.schedule.work_order;
+    params.block_item_begin = launch.schedule.block_item_begin;
+    params.block_items = launch.schedule.block_items;
+    if (is_sm90(kernel))
+      cuda_detail::launch_attention_sm90(params, bf16, launch.schedule.blocks, sm90_schedule(kernel), stream);
+    else
+      cuda_detail::launch_attention(params, bf16, int(call.layout.head_dim), stream);
   }
 }
 

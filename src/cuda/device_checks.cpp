@@ -38,21 +38,4 @@ void require_row_vectors(std::string_view who, std::string_view name, const Tens
                " stride of ", t.stride[i] * element, " bytes; rows must start at multiples of 16 bytes");
 }
 
-bool stream_is_capturing(void* stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
-    // The legacy stream while another stream captures in global mode: the query
-    // itself fails, and so would any work; say "capturing" so nothing uploads.
-    cudaGetLastError();
-    return true;
-  }
-  return status != cudaStreamCaptureStatusNone;
-}
-
-std::string capture_needs_warm_up(std::string_view what) {
-  return detail::concat("the stream is being captured into a CUDA graph, and ", what,
-                        " would allocate and copy synchronously, which invalidates the capture; make the same "
-                        "call once before capturing (a warm-up of every shape the graph will hold)");
-}
-
 }  // namespace stsa::cuda_detail

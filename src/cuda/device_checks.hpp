@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstddef>
-#include <string>
 #include <string_view>
 #include <utility>
 
@@ -27,13 +26,5 @@ void require_device_memory(std::string_view who, std::string_view name,
 // 16-byte vectors: the head dim contiguous, the data pointer and the B, N and H
 // strides in bytes multiples of 16 (a dimension of extent 1 is never stepped over).
 void require_row_vectors(std::string_view who, std::string_view name, const TensorView& t);
-
-// Whether `stream` (a cudaStream_t; nullptr: the default stream) is being
-// captured into a CUDA graph. A call that would allocate or copy synchronously
-// (a first upload) must refuse before it does: those calls invalidate the capture.
-bool stream_is_capturing(void* stream);
-
-// The message of such a refusal: what `what` needed, and the warm-up that avoids it.
-std::string capture_needs_warm_up(std::string_view what);
 
 }  // namespace stsa::cuda_detail

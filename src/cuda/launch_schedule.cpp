@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cuda/block_schedule.hpp"
+#include "cuda/capture.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/device_checks.hpp"
 #include "cuda/device_plan_arrays.hpp"
 #include "cuda/work_items.hpp"
 #include "cuda/work_order_model.hpp"

@@ -25,6 +25,6 @@ struct LaunchSchedule {
 // InvalidArgument when the shape's schedule is not on the device yet and
 // `may_upload` is false (the launch stream is being captured into a graph).
 LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackendOptions& options, bool persistent,
-                               std::int64_t pairs, int persistent_blocks, bool may_upload = true);
+                               std::int64_t pairs, int persistent_blocks, bool may_upload);
 
 }  // namespace stsa::cuda_detail

@@ -2,8 +2,9 @@
 // makes, their signatures as nvml.h declares them (C linkage; they return
 // nvmlReturn_t, 0 on success). Each checks what it is handed, so a wrong
 // argument from ctypes fails the test instead of reading garbage on the GPU
-// machine. fake_nvml_fail_clock_after(n) makes the clock reading fail after
-// n more successful ones (the sampler's error path).
+// machine. fake_nvml_fail_clock_after(n) makes the clock reading fail for good
+// after n more successful ones, fake_nvml_fail_clock_times(n) the next n
+// readings only (the samplers' error paths).
 #include <cstring>
 
 extern "C" {
@@ -13,8 +14,11 @@ static FakeDevice device = {0x5157};
 static int initialised = 0;
 static long clock_readings_left = -1;  // < 0: never fails
 
-// Not NVML: the test's handle on the failure above.
+static long clock_failures_left = 0;     // > 0: that many readings fail first, then they succeed again
+
+// Not NVML: the tests' handles on the failures above.
 void fake_nvml_fail_clock_after(long n) { clock_readings_left = n; }
+void fake_nvml_fail_clock_times(long n) { clock_failures_left = n; }
 
 enum { kSuccess = 0, kUninitialized = 1, kInvalidArgument = 2 };
 
@@ -53,7 +57,11 @@ int nvmlDeviceGetMaxClockInfo(FakeDevice* d, int type, unsigned int* mhz) {
 
 int nvmlDeviceGetClockInfo(FakeDevice* d, int type, unsigned int* mhz) {
   if (!valid(d) || type != 1 || !mhz) return kInvalidArgument;
-  if (clock_readings_left == 0) return 999;  // NVML_ERROR_UNKNOWN
+  if (clock_failures_left > 0) {
+    --clock_failures_left;
+    return 999;  // NVML_ERROR_UNKNOWN
+  }
+  if (clock_readings_left == 0) return 999;
   if (clock_readings_left > 0) --clock_readings_left;
   *mhz = 1545;
   return kSuccess;

@@ -1,7 +1,8 @@
 // The per-launch schedule of a device plan (src/cuda/launch_schedule.hpp)
-// before anything reaches the device: what the kernel cannot count is refused
-// before any upload, and an sm80 launch gets its work order only. Needs the
-// CUDA backend's library, no GPU: runs in CI.
+// before anything reaches the device: what the kernel cannot count, and a new
+// shape during graph capture, are refused before any upload, and an sm80
+// launch gets its work order only. Needs the CUDA backend's library but no
+// GPU: runs in CI wherever CUDA is built.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -21,7 +22,7 @@ TEST(LaunchSchedule, RefusesWhatTheKernelCannotCountBeforeAnyUpload) {
   plan.rank_costs = {1073741824, 1073741824};
   CudaBackendOptions options;
   try {
-    launch_schedule(plan, options, /*persistent=*/true, /*pairs=*/1, /*persistent_blocks=*/1);
+    launch_schedule(plan, options, /*persistent=*/true, /*pairs=*/1, /*persistent_blocks=*/1, /*may_upload=*/true);
     ADD_FAILURE() << "no ResourceError";
   } catch (const ResourceError& e) {
     EXPECT_NE(std::string(e.what()).find("use more persistent blocks"), std::string::npos) << e.what();
@@ -29,10 +30,27 @@ TEST(LaunchSchedule, RefusesWhatTheKernelCannotCountBeforeAnyUpload) {
   EXPECT_TRUE(plan.schedules.empty());
   for (const CudaWorkOrder order : {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead}) {
     options.work_order = order;
-    const LaunchSchedule sm80 = launch_schedule(plan, options, /*persistent=*/false, 1, 1);
+    const LaunchSchedule sm80 = launch_schedule(plan, options, /*persistent=*/false, 1, 1, /*may_upload=*/false);
     EXPECT_EQ(sm80.work_order, order == CudaWorkOrder::HeadByHead ? kWorkHeadByHead : kWorkAcrossHeads);
     EXPECT_EQ(sm80.blocks, 0);
     EXPECT_EQ(sm80.block_items, nullptr);
+  }
+  EXPECT_TRUE(plan.schedules.empty());
+}
+
+// A persistent launch shape with no schedule on the device yet, on a stream
+// being captured: refused, saying what to warm up, with nothing uploaded.
+TEST(LaunchSchedule, ANewShapeDuringGraphCaptureIsRefusedBeforeAnyUpload) {
+  DevicePlan::Arrays plan;
+  plan.rank_costs = {5, 3, 1};
+  try {
+    launch_schedule(plan, CudaBackendOptions{}, /*persistent=*/true, /*pairs=*/4, /*persistent_blocks=*/2,
+                    /*may_upload=*/false);
+    ADD_FAILURE() << "no InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("captured into a CUDA graph"), std::string::npos) << what;
+    EXPECT_NE(what.find("4 batch x heads, 2 persistent blocks"), std::string::npos) << what;
   }
   EXPECT_TRUE(plan.schedules.empty());
 }

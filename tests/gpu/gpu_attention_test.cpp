@@ -256,9 +256,9 @@ TEST_P(GpuAttention, SkippedHeadsAreLeftUntouched) {
 
 // A serving loop captures its layers into a CUDA graph (PyTorch's default
 // capture mode is global). Before a warm-up call the capture is refused with a
-// clear error, since a first call uploads the plan and its block schedule, and
-// the capture stays intact; after it, the captured launch replays on poisoned
-// outputs and matches the reference.
+// clear error, since a first call uploads the plans and their block
+// schedules, with nothing enqueued and the capture intact; after it, the
+// captured launches replay on poisoned outputs and match the reference.
 TEST_P(GpuAttention, CapturesIntoACudaGraphAfterAWarmUp) {
   const VideoLayout layout = make_layout(5, 8, 12, 9, TextPlacement::After, 1, 4, 64);
   PlanCache cache;
@@ -277,6 +277,26 @@ TEST_P(GpuAttention, CapturesIntoACudaGraphAfterAWarmUp) {
     EXPECT_NE(std::string(e.what()).find("captured into a CUDA graph"), std::string::npos) << e.what();
   }
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "the refusal broke the capture";
+  std::size_t nodes = 1;
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  EXPECT_EQ(nodes, 0u) << "something was enqueued before the refusal";
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  // The plans on the device, but no call run: a Hopper kernel still lacks the
+  // launch shape's block schedules (4 plans: 4 launches, none enqueued); sm80
+  // needs none and is captured.
+  for (const HeadMask& head : heads) backend.device_plan(head.plan);
+  const bool persistent = backend.resolved_kernel() != CudaKernel::Sm80;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  try {
+    backend.run_async(device.call, stream);
+    EXPECT_FALSE(persistent) << "a new launch shape during capture was not refused";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(persistent) << e.what();
+    EXPECT_NE(std::string(e.what()).find("block schedule"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "the refusal broke the capture";
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  EXPECT_EQ(nodes, persistent ? 0u : 4u);
   ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 
   backend.run_async(device.call, stream);  // the warm-up
