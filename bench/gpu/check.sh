@@ -14,9 +14,12 @@
 #      order when STSA_CHECK_EXTRA_KERNELS asks for the first kernel in that order;
 #   5. benchmark at Wan2.1 shapes against cuDNN, FlashAttention-2 and
 #      FlexAttention on the identical tile plan (bench/gpu/compare.py, after
-#      compare_selfcheck.py has checked its plan -> BlockMask path on the CPU);
-#   6. run compute-sanitizer memcheck, racecheck and synccheck on small cases
-#      (after the benchmarks, with the time they left, at least 140 s in all);
+#      compare_selfcheck.py has checked its plan -> BlockMask path on the CPU),
+#      then bench/gpu/targets.py: issue 4's targets and bench/gpu/predictions.json
+#      (NOTES' predictions) against this run's figures, met / missed / inside;
+#   6. run compute-sanitizer memcheck, racecheck and synccheck on small cases,
+#      and initcheck on the routing call (after the benchmarks, with the time
+#      they left, at least 140 s in all);
 #   7. if time is left: the CLI's `stsa bench --backend cuda` (checked against
 #      the fp64 reference), Nsight Compute (when ncu is there) on one sparse
 #      1440p call (s = STSA_CHECK_PROFILE_DENSITY, 0.5) of the first kernel (and
@@ -224,6 +227,13 @@ if [ -z "${STSA_CHECK_SKIP_BENCH:-}" ]; then
   done
   run_step bench timeout $(( LEFT + 60 )) env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/gpu/compare.py" \
     --build "$BUILD" --out "$OUT" --deadline-s "$LEFT" --kernels "$BENCH_KERNELS"
+fi
+if [ -f "$OUT/gpu_bench.json" ]; then
+  # Issue 4's targets and NOTES' predictions, read off this run's files (under a
+  # second; into check.log only: the device tool returns at most 8 files).
+  step "targets and predictions (targets.py)"
+  python3 "$ROOT/bench/gpu/targets.py" --bench "$OUT/gpu_bench.json" --predictions "$ROOT/bench/gpu/predictions.json" \
+    $([ -f "$OUT/gpu_route_bench.json" ] && echo --route "$OUT/gpu_route_bench.json") || true
 fi
 
 step "compute-sanitizer (small cases)"

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""bench/gpu/targets.py on the second H200 run's stored files (bench/gpu/runs/
+2026-11-30-fd6cf44), whose verdicts bench/gpu/RESULTS.md records by hand, and
+on made-up figures for the prediction verdicts. Usage: targets_test.py BENCH_GPU_DIR"""
+import contextlib
+import io
+import os
+import sys
+
+sys.dont_write_bytecode = True  # nothing written into the source tree
+bench_gpu = sys.argv[1]
+sys.path.insert(0, bench_gpu)
+import targets  # noqa: E402
+
+run = os.path.join(bench_gpu, "runs", "2026-11-30-fd6cf44")
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    rc = targets.main(["--bench", os.path.join(run, "gpu_bench.json"), "--route",
+                       os.path.join(run, "gpu_route_bench.json"), "--predictions",
+                       os.path.join(bench_gpu, "predictions.json"), "--kernel", "sm90-overlap+head-by-head"])
+text = out.getvalue()
+assert rc == 0, rc
+# RESULTS.md, second run, the configuration Auto then took at 1440p: 596 / 579 /
+# 542 / 535 TFLOP/s against cuDNN's 558; 1.42 / 1.39 / 1.29 / 1.32x FlexAttention;
+# dense 1.06x cuDNN; routing + permutation 3.2% of the attention time.
+for line in ("kept-tile TFLOP/s >= cuDNN dense | 1440p | s0.10 | 596 | 558 | met",
+             "kept-tile TFLOP/s >= cuDNN dense | 1440p | s0.30 | 542 | 558 | MISSED",
+             ">= 1.35x FlexAttention | 1440p | s0.30 | 1.288 | 1.350 | MISSED",
+             ">= 1.35x FlexAttention | 1440p | s0.50 | 1.324 | 1.350 | MISSED",
+             "dense >= 0.95x cuDNN | 1440p | dense | 1.057 | 0.950 | met",
+             "routing + permutation < 3% | 1440p | s0.10 | 0.032 | 0.030 | MISSED",
+             "kept_tflops | 1440p | s0.30 | 570-595 | 542 | below | The clock, not the cycles",
+             "routing_ms | - | - | 1.200-1.600 | 2.365 | above | Routing v2",
+             "sm_ghz | 1440p | s0.30 | 1.500-1.580 | - | no figure"):
+    assert line in text, f"missing: {line}\n{text}"
+
+# The default kernel is the run's first unless one is named.
+bench = {"meta": {"kernels": ["k"]},
+         "results": [{"shape": "720p", "dense_ms": {"cudnn": 2.0},
+                      "cases": {"s0.10": {"flex_ms": 0.30}},
+                      "stsa": {"k": {"cases": [{"label": "s0.10", "ms": 0.2, "kept_tile_flops": 1.2e11,
+                                                "dense_flops": 1.0e12, "clock": {"sm_mhz_mean": 1550.0}}]}}}]}
+values = targets.measured(bench, None, "k")
+assert abs(values[("kept_tflops", "720p", "s0.10")] - 600) < 1e-9, values
+assert abs(values[("cudnn_tflops", "720p", "s0.10")] - 500) < 1e-9, values
+assert abs(values[("vs_flex", "720p", "s0.10")] - 1.5) < 1e-9, values
+rows = {(r[1], r[2], r[0]): r for r in targets.target_rows(values)}
+assert rows[("720p", "s0.10", "kept-tile TFLOP/s >= cuDNN dense")][5] is True
+assert rows[("720p", "s0.10", ">= 1.35x FlexAttention")][5] is True
+assert rows[("1440p", "s0.10", ">= 1.35x FlexAttention")][5] is None  # no figure: neither met nor missed
+predictions = [{"metric": "kept_tflops", "shape": "720p", "case": "s0.10", "low": 590, "high": 610},
+               {"metric": "kept_tflops", "shape": "720p", "case": "s0.10", "low": 500, "high": 599},
+               {"metric": "sm_ghz", "shape": "720p", "case": "s0.10", "low": 1.6, "high": 1.7}]
+verdicts = [r[6] for r in targets.prediction_rows(values, predictions)]
+assert verdicts == ["inside", "above", "below"], verdicts
+
+# A file that cannot be read: exit 2 and one line, no traceback.
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    assert targets.main(["--bench", os.path.join(run, "no-such.json")]) == 2
+assert err.getvalue().startswith("targets.py: ") and err.getvalue().count("\n") == 1, err.getvalue()
+print("targets.py: ok")
