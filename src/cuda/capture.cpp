@@ -19,4 +19,20 @@ std::string capture_needs_warm_up(std::string_view what) {
                         "call once before any capture begins (a warm-up of every shape the graph will hold)");
 }
 
+RelaxedCaptureScope::RelaxedCaptureScope() {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  active_ = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  if (active_) {
+    previous_ = int(mode);
+  } else {
+    cudaGetLastError();  // cleared: no runtime here, and the checks that follow say so
+  }
+}
+
+RelaxedCaptureScope::~RelaxedCaptureScope() {
+  if (!active_) return;
+  auto mode = cudaStreamCaptureMode(previous_);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+}
+
 }  // namespace stsa::cuda_detail

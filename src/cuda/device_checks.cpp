@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "cuda/capture.hpp"
 #include "stsa/error.hpp"
 
 namespace stsa::cuda_detail {
@@ -11,6 +12,7 @@ namespace stsa::cuda_detail {
 void require_device_memory(std::string_view who, std::string_view name,
                            std::pair<const std::byte*, const std::byte*> extent, int device, std::string_view hint) {
   if (extent.first == extent.second) return;  // nothing to read or write (a zero-sized view)
+  const RelaxedCaptureScope relaxed;  // a query must not invalidate a caller's graph capture
   for (const std::byte* address : {extent.first, extent.second - 1}) {
     cudaPointerAttributes attributes{};
     const cudaError_t status = cudaPointerGetAttributes(&attributes, address);
