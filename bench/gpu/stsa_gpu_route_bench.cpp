@@ -38,7 +38,7 @@ struct Options {
   int warmup = 1, repeats = 5;
   std::string kernel = "auto";  // attention kernel: auto, sm80, sm90, sm90-overlap or sm90-pingpong
   std::string work_order = "auto";
-  std::string block_schedule = "balanced";
+  std::string block_schedule = "round-robin";
 };
 
 void fill_random(stsa::DeviceBuffer& buffer, std::uint64_t seed) {

@@ -192,7 +192,7 @@ void add_bench_command(CLI::App& app) {
     STSA_CHECK(args->dist || (args->mask != "mixed" && args->mask != "routed"), InvalidArgument,
                "--mask ", args->mask, " needs --dist (one process runs one mask kind for all heads)");
     STSA_CHECK(args->backend == "cuda" || (args->kernel == "auto" && args->work_order == "auto" &&
-                                           args->persistent_blocks == 0 && args->block_schedule == "balanced"),
+                                           args->persistent_blocks == 0 && args->block_schedule == "round-robin"),
                InvalidArgument, "--kernel, --work-order, --persistent-blocks and --block-schedule set up the CUDA "
                                 "kernel: they need --backend cuda");
     STSA_CHECK(!(args->dist && args->backend == "cuda"), InvalidArgument,

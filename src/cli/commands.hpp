@@ -39,7 +39,7 @@ struct BenchArgs {
   std::string kernel = "auto";  // the CUDA kernel (--backend cuda)
   std::string work_order = "auto";  // --backend cuda
   int persistent_blocks = 0;                // --backend cuda; 0: one per SM
-  std::string block_schedule = "balanced";  // --backend cuda
+  std::string block_schedule = "round-robin";  // --backend cuda
 };
 
 // Options of `stsa route`.

@@ -117,15 +117,24 @@ __device__ __forceinline__ void wgmma_values(float (&o)[kAccumulators], const st
   }
 }
 
-// The items this block walks, in order (block_schedule.hpp).
+// The items this block walks, in order: a list the host computed
+// (block_schedule.hpp, the balanced schedule), or, without one, round-robin
+// by arithmetic: block b takes items b, b + G, b + 2G, ... (G blocks). The
+// arithmetic walk is the default: on an H200 the lists ran 9-12% slower even
+// where they name the same items (third run, bench/NOTES.md).
 struct BlockItems {
-  const std::int32_t* items = nullptr;
-  int count = 0;
+  const std::int32_t* items = nullptr;  // nullptr: round-robin
+  int first = 0, stride = 1, count = 0;
+  __device__ __forceinline__ int at(int k) const { return items != nullptr ? items[k] : first + k * stride; }
 };
 
 __device__ __forceinline__ BlockItems block_items(const AttentionParams& p) {
+  if (p.block_items == nullptr) {
+    const int items = p.q_tiles * p.batch * p.head_count, block = int(blockIdx.x), blocks = int(gridDim.x);
+    return {nullptr, block, blocks, block < items ? (items - block + blocks - 1) / blocks : 0};
+  }
   const int begin = p.block_item_begin[blockIdx.x];
-  return {p.block_items + begin, p.block_item_begin[blockIdx.x + 1] - begin};
+  return {p.block_items + begin, 0, 1, p.block_item_begin[blockIdx.x + 1] - begin};
 }
 
 // Where one work item's data lives.
@@ -534,7 +543,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     tma_prefetch_descriptor(&params.v_map);
     int kv_use = 0;
     for (int local_item = 0; local_item < mine.count; ++local_item) {
-      const WorkItem w = decode_item(p, mine.items[local_item]);
+      const WorkItem w = decode_item(p, mine.at(local_item));
       mbarrier_wait(q_empty, (local_item & 1) ^ 1);
       mbarrier_arrive_expect_bytes(q_full, Traits::kQBytes);
       for (int c = 0; c < Traits::kColumnBlocks; ++c)
@@ -587,10 +596,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   int kv_use = 0;
   // The next item's number is loaded an item ahead: between two items the
   // consumers wait only for decode_item's own loads, as before the lists.
-  int item = mine.count > 0 ? mine.items[0] : 0;
+  int item = mine.count > 0 ? mine.at(0) : 0;
   for (int local_item = 0; local_item < mine.count; ++local_item) {
     const WorkItem w = decode_item(p, item);
-    if (local_item + 1 < mine.count) item = mine.items[local_item + 1];
+    if (local_item + 1 < mine.count) item = mine.at(local_item + 1);
     float o_acc[kD / 2];
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o_acc[i] = 0.f;

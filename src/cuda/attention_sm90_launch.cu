@@ -83,8 +83,10 @@ void launch_attention_sm90(const AttentionParams& params, bool bf16_inputs, int 
                            Sm90Schedule schedule, void* stream) {
   using Any = Sm90Traits<__half, 128, Sm90Schedule::Serial>;
   static_assert(Any::kBlockM == kTileQ && Any::kBlockN == kTileK, "the kernel's tile is the plan tile it accepts");
-  STSA_CHECK(blocks > 0 && params.block_item_begin != nullptr && params.block_items != nullptr, InvalidArgument,
-             "the sm90 attention launch needs its block schedule (launch_schedule.hpp)");
+  // Without lists (round-robin) the kernel walks its items by arithmetic.
+  STSA_CHECK(blocks > 0 && (params.block_item_begin != nullptr) == (params.block_items != nullptr), InvalidArgument,
+             "the sm90 attention launch needs a grid and either both block-schedule arrays or neither "
+             "(launch_schedule.hpp)");
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   switch (schedule) {
     case Sm90Schedule::Serial:

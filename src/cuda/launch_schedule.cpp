@@ -76,7 +76,10 @@ LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackend
     if (cached.pairs == pairs && cached.persistent_blocks == persistent_blocks && cached.order == options.work_order &&
         cached.policy == options.block_schedule)
       return cached.launch;
-  STSA_CHECK(may_upload, InvalidArgument,
+  // Round-robin is walked by arithmetic in the kernel (no list on the device):
+  // only the balanced schedule's lists are uploaded.
+  const bool uploads = options.block_schedule == CudaBlockSchedule::Balanced;
+  STSA_CHECK(may_upload || !uploads, InvalidArgument,
              capture_needs_warm_up(detail::concat("the block schedule of this launch shape (", pairs,
                                                   " batch x heads, ", persistent_blocks, " persistent blocks, work "
                                                   "order ", to_string(options.work_order), ", ",
@@ -94,7 +97,10 @@ LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackend
   cached.order = options.work_order;
   cached.policy = options.block_schedule;
   cached.launch.work_order = choice.order;
-  std::tie(cached.storage, cached.bytes) = upload(choice.schedule, cached.launch);
+  if (uploads)
+    std::tie(cached.storage, cached.bytes) = upload(choice.schedule, cached.launch);
+  else
+    cached.launch.blocks = choice.schedule.blocks();  // block_item_begin and block_items stay null
   plan.schedules.push_back(cached);
   return cached.launch;
 }

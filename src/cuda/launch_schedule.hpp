@@ -13,6 +13,8 @@ namespace stsa::cuda_detail {
 struct LaunchSchedule {
   int work_order = 0;                              // WorkOrder
   int blocks = 0;                                  // persistent grid (sm90); 0 for sm80
+  // The balanced schedule's lists on the device; null for round-robin, which
+  // the kernel walks by arithmetic (block b: items b, b + blocks, ...).
   const std::int32_t* block_item_begin = nullptr;  // device, [blocks + 1]
   const std::int32_t* block_items = nullptr;       // device, every item once
 };
@@ -22,8 +24,8 @@ struct LaunchSchedule {
 // their order only: across heads unless head by head is asked for, the order
 // their speed was measured in. Throws ResourceError when a persistent block
 // would walk more key tiles than the kernel counts in 32 bits, and
-// InvalidArgument when the shape's schedule is not on the device yet and
-// `may_upload` is false (the launch stream is being captured into a graph).
+// InvalidArgument when the shape's balanced schedule is not on the device yet
+// and `may_upload` is false (the launch stream is being captured into a graph).
 LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackendOptions& options, bool persistent,
                                std::int64_t pairs, int persistent_blocks, bool may_upload);
 

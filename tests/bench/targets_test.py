@@ -13,13 +13,29 @@ sys.path.insert(0, bench_gpu)
 import targets  # noqa: E402
 
 run = os.path.join(bench_gpu, "runs", "2026-11-30-fd6cf44")
+# The predictions the third run was judged by (the live file changes run by run).
+import json as _json  # noqa: E402
+import tempfile  # noqa: E402
+predictions_file = os.path.join(tempfile.mkdtemp(), "predictions.json")
+with open(predictions_file, "w") as f:
+    _json.dump({"predictions": [
+        {"metric": "kept_tflops", "shape": "1440p", "case": "s0.30", "low": 570, "high": 595,
+         "source": "The clock, not the cycles"},
+        {"metric": "sm_ghz", "shape": "1440p", "case": "s0.30", "low": 1.50, "high": 1.58,
+         "source": "The clock, not the cycles"},
+        {"metric": "routing_ms", "low": 1.2, "high": 1.6, "source": "Routing v2"}]}, f)
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     rc = targets.main(["--bench", os.path.join(run, "gpu_bench.json"), "--route",
-                       os.path.join(run, "gpu_route_bench.json"), "--predictions",
-                       os.path.join(bench_gpu, "predictions.json"), "--kernel", "sm90-overlap+head-by-head"])
+                       os.path.join(run, "gpu_route_bench.json"), "--predictions", predictions_file,
+                       "--kernel", "sm90-overlap+head-by-head"])
 text = out.getvalue()
 assert rc == 0, rc
+# The live predictions file parses and names metrics targets.py measures.
+import json  # noqa: E402
+live = json.load(open(os.path.join(bench_gpu, "predictions.json")))["predictions"]
+assert live and all(p["metric"] in ("kept_tflops", "vs_cudnn", "vs_flex", "sm_ghz", "routing_ms", "overhead_share")
+                    and p["low"] <= p["high"] for p in live), live
 # RESULTS.md, second run, the configuration Auto then took at 1440p: 596 / 579 /
 # 542 / 535 TFLOP/s against cuDNN's 558; 1.42 / 1.39 / 1.29 / 1.32x FlexAttention;
 # dense 1.06x cuDNN; routing + permutation 3.2% of the attention time.

@@ -28,7 +28,7 @@ def main():
         (["bench", "--frames", "3", "--height", "8", "--width", "8", "--heads", "2", "--head-dim", "64",
           "--mask", "spatial", "--density", "0.25", "--dtype", "fp32", "--repeats", "1", "--json",
           # The CUDA options' defaults given explicitly are accepted without --backend cuda.
-          "--kernel", "auto", "--work-order", "auto", "--persistent-blocks", "0", "--block-schedule", "balanced"],
+          "--kernel", "auto", "--work-order", "auto", "--persistent-blocks", "0", "--block-schedule", "round-robin"],
          ["dense_ms", "sparse_ms", "speedup", "tile_density", "dense_gflops", "sparse_gflops_on_kept_tiles",
           "peak_gflops", "peak_fraction", "rel_l2_err", "max_abs_err"]),
         (["route", "--synthetic", "--frames", "5", "--height", "6", "--width", "8", "--heads", "4", "--head-dim", "64",

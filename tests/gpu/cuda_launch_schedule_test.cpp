@@ -38,13 +38,17 @@ TEST(LaunchSchedule, RefusesWhatTheKernelCannotCountBeforeAnyUpload) {
   EXPECT_TRUE(plan.schedules.empty());
 }
 
-// A persistent launch shape with no schedule on the device yet, on a stream
-// being captured: refused, saying what to warm up, with nothing uploaded.
+// A persistent launch shape whose balanced lists are not on the device yet, on
+// a stream being captured: refused, saying what to warm up, with nothing
+// uploaded. Round-robin uploads nothing (the kernel walks it by arithmetic):
+// a new shape is fine during a capture, and its launch carries no lists.
 TEST(LaunchSchedule, ANewShapeDuringGraphCaptureIsRefusedBeforeAnyUpload) {
   DevicePlan::Arrays plan;
   plan.rank_costs = {5, 3, 1};
+  CudaBackendOptions balanced;
+  balanced.block_schedule = CudaBlockSchedule::Balanced;
   try {
-    launch_schedule(plan, CudaBackendOptions{}, /*persistent=*/true, /*pairs=*/4, /*persistent_blocks=*/2,
+    launch_schedule(plan, balanced, /*persistent=*/true, /*pairs=*/4, /*persistent_blocks=*/2,
                     /*may_upload=*/false);
     ADD_FAILURE() << "no InvalidArgument";
   } catch (const InvalidArgument& e) {
@@ -53,6 +57,15 @@ TEST(LaunchSchedule, ANewShapeDuringGraphCaptureIsRefusedBeforeAnyUpload) {
     EXPECT_NE(what.find("4 batch x heads, 2 persistent blocks"), std::string::npos) << what;
   }
   EXPECT_TRUE(plan.schedules.empty());
+
+  const LaunchSchedule round_robin = launch_schedule(plan, CudaBackendOptions{}, /*persistent=*/true, /*pairs=*/4,
+                                                     /*persistent_blocks=*/2, /*may_upload=*/false);
+  EXPECT_EQ(round_robin.blocks, 2);
+  EXPECT_EQ(round_robin.block_item_begin, nullptr);
+  EXPECT_EQ(round_robin.block_items, nullptr);
+  ASSERT_EQ(plan.schedules.size(), 1u);
+  EXPECT_EQ(plan.schedules[0].storage, nullptr);
+  EXPECT_EQ(plan.schedules[0].bytes, 0u);
 }
 
 }  // namespace

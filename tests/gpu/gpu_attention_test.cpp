@@ -156,7 +156,7 @@ class GpuAttention : public ::testing::TestWithParam<CudaKernel> {
   // What backend() and run_case() use: the defaults unless a test says otherwise.
   CudaWorkOrder work_order_ = CudaWorkOrder::Auto;
   int persistent_blocks_ = 0;
-  CudaBlockSchedule block_schedule_ = CudaBlockSchedule::Balanced;
+  CudaBlockSchedule block_schedule_ = CudaBlockSchedule::RoundRobin;
 };
 
 // Test-name suffix: sm80, sm90, sm90_overlap, sm90_pingpong (GoogleTest allows no '-').
@@ -260,6 +260,7 @@ TEST_P(GpuAttention, SkippedHeadsAreLeftUntouched) {
 // schedules, with nothing enqueued and the capture intact; after it, the
 // captured launches replay on poisoned outputs and match the reference.
 TEST_P(GpuAttention, CapturesIntoACudaGraphAfterAWarmUp) {
+  block_schedule_ = CudaBlockSchedule::Balanced;  // the schedule that uploads lists
   const VideoLayout layout = make_layout(5, 8, 12, 9, TextPlacement::After, 1, 4, 64);
   PlanCache cache;
   const auto heads = mixed_heads(layout, 0.3, cache);
@@ -557,6 +558,7 @@ TEST_P(GpuAttention, FewPersistentBlocksRunEveryItem) {
 // skipped, then 4 again): each shape gets its own block schedule, kept with the
 // device plan and found again, never another shape's.
 TEST_P(GpuAttention, EachLaunchShapeGetsItsOwnBlockSchedule) {
+  block_schedule_ = CudaBlockSchedule::Balanced;  // the schedule kept on the device
   for (const CudaWorkOrder order : {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead}) {
     SCOPED_TRACE(to_string(order));
     work_order_ = order;
@@ -741,7 +743,7 @@ TEST(GpuAttentionInput, BlockScheduleNamesRoundTrip) {
   for (const CudaBlockSchedule schedule : {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin})
     EXPECT_EQ(parse_cuda_block_schedule(to_string(schedule)), schedule);
   EXPECT_THROW(parse_cuda_block_schedule("dynamic"), InvalidArgument);
-  EXPECT_EQ(CudaBackend().options().block_schedule, CudaBlockSchedule::Balanced);
+  EXPECT_EQ(CudaBackend().options().block_schedule, CudaBlockSchedule::RoundRobin);
   CudaBackendOptions nonsense;
   nonsense.block_schedule = static_cast<CudaBlockSchedule>(7);
   EXPECT_THROW(CudaBackend{nonsense}, InvalidArgument);
