@@ -124,6 +124,8 @@ __device__ __forceinline__ void wgmma_values(float (&o)[kAccumulators], const st
 // where they name the same items (third run, bench/NOTES.md).
 struct BlockItems {
   const std::int32_t* items = nullptr;  // nullptr: round-robin
+  // Kept, not reread from blockIdx / gridDim in at(): rereading them made
+  // ptxas spill 8-44 bytes in the consumers (checked with -warn-spills).
   int first = 0, stride = 1, count = 0;
   __device__ __forceinline__ int at(int k) const { return items != nullptr ? items[k] : first + k * stride; }
 };
