@@ -137,5 +137,44 @@ TEST(CudaMaskPredicate, MatchesAllowedOnRandomPairsOfLargeGrids) {
       }
 }
 
+// The routing kernels test a pair through the row's window of key codes
+// (row_window(), window_bit()): the same answer as mask_allows() for every
+// pair of forced and unforced tokens, codes at both ends of their range and
+// widths from -1 (no pair) to 2^31 - 1, where lo - width and lo + width leave 32 bits.
+TEST(CudaMaskPredicate, RowWindowsAgreeWithMaskAllows) {
+  constexpr std::int32_t kTop = 2147483646;  // the largest code (codes lie below 2^31 - 1)
+  std::vector<std::int32_t> codes = {0, 1, 2, 3, 7, 8, 1000, 1 << 30, (1 << 30) + 1, kTop - 2, kTop - 1, kTop};
+  std::mt19937_64 rng(20261130);
+  for (int i = 0; i < 24; ++i) codes.push_back(std::int32_t(rng() % std::uint64_t(kTop + 1)));
+  std::vector<std::int32_t> widths = {-1, 0, 1, 2, 3, 999, 1 << 30, (1 << 30) + 1, kTop - 1, kTop, kTop + 1};
+  for (int i = 0; i < 8; ++i) widths.push_back(std::int32_t(rng() % std::uint64_t(kTop + 2)));
+  std::int64_t checked = 0, allowed = 0;
+  for (const std::int32_t width : widths) {
+    cuda_detail::PredicateMask m;
+    m.kind = cuda_detail::PredicateKind::Band;
+    m.width = width;
+    for (const bool row_forced : {false, true})
+      for (const std::int32_t row_code : codes) {
+        const cuda_detail::MaskToken row{row_forced, row_forced ? 0 : row_code};
+        const cuda_detail::RowWindow window = cuda_detail::row_window(m, row);
+        for (const bool key_forced : {false, true})
+          for (const std::int32_t key_code : codes) {
+            const cuda_detail::MaskToken key{key_forced, key_forced ? 0 : key_code};
+            const bool expected = cuda_detail::mask_allows(m, row, key);
+            const std::int32_t stored = key_forced ? -1 : key_code;  // the kernels' code of a forced key
+            ASSERT_EQ(cuda_detail::window_allows(window, stored), expected)
+                << "width " << width << ", row " << (row_forced ? "forced" : "code ") << row_code << ", key "
+                << (key_forced ? "forced" : "code ") << key_code;
+            ASSERT_EQ(cuda_detail::window_bit(window, stored, 1u << 13), expected ? 1u << 13 : 0u);
+            ++checked;
+            allowed += expected;
+          }
+      }
+  }
+  // Both answers occur in quantity, so neither side can pass by being constant.
+  EXPECT_GT(allowed, checked / 10);
+  EXPECT_LT(allowed, checked - checked / 10);
+}
+
 }  // namespace
 }  // namespace stsa

@@ -61,6 +61,33 @@ STSA_HOST_DEVICE bool mask_allows(const PredicateMask& m, MaskToken q, MaskToken
   return distance <= m.width;
 }
 
+// The keys one row allows, as a window of codes: key code c (-1 where forced)
+// is allowed when c < 0 or c - lo, taken as unsigned, is at most span. A
+// forced row takes every key (lo 0, span 2^32 - 1); a width of -1 takes only
+// the forced keys (lo 2^31 - 1, which every code lies below). The routing
+// kernels' per-pair form: one subtraction and one comparison, no branch.
+struct RowWindow {
+  std::int32_t lo = 0;
+  std::uint32_t span = 0xffffffffu;
+};
+
+STSA_HOST_DEVICE RowWindow row_window(const PredicateMask& m, MaskToken row) {
+  constexpr std::int64_t kMaxCode = 2147483647;  // codes lie below it
+  if (row.forced) return {};
+  if (m.width < 0) return {std::int32_t(kMaxCode), 0u};
+  const std::int64_t lo = row.code - std::int64_t(m.width) > 0 ? row.code - std::int64_t(m.width) : 0;
+  const std::int64_t hi = row.code + std::int64_t(m.width) < kMaxCode ? row.code + std::int64_t(m.width) : kMaxCode;
+  return {std::int32_t(lo), std::uint32_t(hi - lo)};
+}
+
+// window_allows() as `bit` or 0: the kernels OR it into a word of allowed
+// keys (a bool per pair compiles to byte shuffles there).
+STSA_HOST_DEVICE std::uint32_t window_bit(RowWindow w, std::int32_t key_code, std::uint32_t bit) {
+  return (std::uint32_t(key_code) - std::uint32_t(w.lo) <= w.span ? bit : 0u) | (key_code < 0 ? bit : 0u);
+}
+
+STSA_HOST_DEVICE bool window_allows(RowWindow w, std::int32_t key_code) { return window_bit(w, key_code, 1u) != 0u; }
+
 STSA_HOST_DEVICE bool mask_allows_at(const PredicateGrid& g, const PredicateMask& m, std::int32_t q_position,
                                      std::int32_t k_position) {
   return mask_allows(m, mask_token(g, m, q_position), mask_token(g, m, k_position));

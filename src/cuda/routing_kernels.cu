@@ -22,6 +22,8 @@ constexpr int kStages = 3;          // K/V tiles in shared memory: two in flight
 constexpr int kCombineThreads = 128;
 constexpr unsigned kFullMask = 0xffffffffu;
 static_assert(kRoutingKeys == 64, "a thread's keys of a tile are bits of one 32-bit word per row");
+constexpr int kThreadKeys = kRoutingKeys / 4;  // a quad's lane holds keys 8n + 2t + {0, 1}
+constexpr std::uint32_t kThreadKeyBits = (1u << kThreadKeys) - 1;
 
 // Byte offsets of the partials kernel's dynamic shared memory (all multiples of 16).
 template <int kHeadDim, int kBlockRows>
@@ -136,14 +138,29 @@ __global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_p
     const std::int32_t pos = positions[r];
     cp_async_16(q_s + r * kPitch + c * 8, pos >= 0 ? q + pos * p.q_stride[1] + c * 8 : q, pos >= 0);  // padding: 0
   }
+  // K/V tiles are loaded by the candidate warps only: a candidate allows a row
+  // ~10% of the keys and skips most tiles, while the dense warps, which walk
+  // every tile, are the critical path. A tile is kPieces 16-byte pieces; piece
+  // i = loader + m * kLoaders is key i / kVectors, columns (i % kVectors) * 8.
+  constexpr int kLoaders = kThreads - Block::kRowGroups * 32;
+  constexpr int kPieces = kRoutingKeys * kVectors;
+  constexpr int kPiecesPerLoader = (kPieces + kLoaders - 1) / kLoaders;
+  const int loader = tid - Block::kRowGroups * 32;  // < 0: a dense warp
   auto load_tile = [&](int tile, int stage) {
-    const int first = key_begin + tile * kRoutingKeys;
-    for (int i = tid; i < kRoutingKeys * kVectors; i += kThreads) {
+    if (loader < 0) return;
+    const int first = key_begin + tile * kRoutingKeys;  // < key_end: the tile holds a key
+    const Element* const k_tile = k + first * p.k_stride[1];
+    const Element* const v_tile = v + first * p.v_stride[1];
+#pragma unroll
+    for (int m = 0; m < kPiecesPerLoader; ++m) {
+      const int i = loader + m * kLoaders;
+      if (kPieces % kLoaders != 0 && i >= kPieces) break;
       const int j = i / kVectors, c = i % kVectors;
       const bool valid = first + j < key_end;  // keys past the split are zero-filled and never allowed
-      const std::int64_t key = valid ? first + j : 0;
-      cp_async_16(k_s + (stage * kRoutingKeys + j) * kPitch + c * 8, k + key * p.k_stride[1] + c * 8, valid);
-      cp_async_16(v_s + (stage * kRoutingKeys + j) * kPitch + c * 8, v + key * p.v_stride[1] + c * 8, valid);
+      const int key = valid ? j : 0;
+      Element* const to = k_s + (stage * kRoutingKeys + j) * kPitch + c * 8;
+      cp_async_16(to, k_tile + key * p.k_stride[1] + c * 8, valid);
+      cp_async_16(to + (v_s - k_s), v_tile + key * p.v_stride[1] + c * 8, valid);
     }
   };
   // Prologue: Q with the first tile, then the second; one commit group per tile
@@ -161,15 +178,14 @@ __global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_p
   const bool writes_codes = code_thread < (kOutputs - 1) * kRoutingKeys;
   const int code_candidate = code_thread / kRoutingKeys, code_key = code_thread % kRoutingKeys;
 
-  // This warp's rows (g and g + 8 of its group): their mask codes under the
-  // warp's candidate, -1 where forced (and for the dense output: every key allowed).
+  // This warp's rows (g and g + 8 of its group): the window of key codes each
+  // allows under the warp's candidate (the dense output: every key).
   const PredicateMask mask = candidate_mask(p, output > 0 ? output - 1 : 0);
-  int row_code[2];
+  RowWindow row_keys[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const std::int32_t pos = positions[row_group * 16 + group + 8 * r];
-    const MaskToken t = mask_token(p.grid, mask, pos >= 0 ? pos : 0);
-    row_code[r] = output == 0 || t.forced ? -1 : t.code;
+    if (output > 0) row_keys[r] = row_window(mask, mask_token(p.grid, mask, pos >= 0 ? pos : 0));
   }
 
   // This lane's ldmatrix row addresses (shared window) in Q and in stage 0 of K
@@ -187,11 +203,10 @@ __global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_p
 #pragma unroll
   for (int n = 0; n < kHeadDim / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   // Per thread, rows g and g + 8: running maximum (log2 domain), this thread's
-  // share of the sum and of the allowed pairs; the dense warps also whether a
-  // score of the row was non-finite.
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  // share of the sum and of the allowed pairs, and the probe that turns NaN
+  // after a non-finite score (read for the dense output only).
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, row_probe[2] = {0.f, 0.f};
   int row_kept[2] = {0, 0};
-  bool row_bad[2] = {false, false};
 
   for (int tile = 0; tile < tiles; ++tile) {
     const int stage = tile % kStages;
@@ -211,22 +226,30 @@ __global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_p
     if (!warp_has_rows) continue;
 
     // Allowed keys: bit 2n + e of allowed[r] is key 8n + 2t + e for row g + 8r.
+    // The dense output allows every key of the tile; a candidate reads the
+    // tile's codes (mask_predicate.hpp). Keys past the split end are never allowed.
     const int tile_keys = min(kRoutingKeys, key_end - first);
-    std::uint32_t allowed[2] = {0u, 0u};
+    std::uint32_t valid = kThreadKeyBits;
+    if (tile_keys < kRoutingKeys) {
+      valid = 0u;
 #pragma unroll
-    for (int n = 0; n < kRoutingKeys / 8; ++n) {
-      const int key = n * 8 + 2 * quad_lane;
-      const int2 code = output > 0 ? *reinterpret_cast<const int2*>(codes + (output - 1) * kRoutingKeys + key)
-                                   : make_int2(-1, -1);
+      for (int i = 0; i < kThreadKeys; ++i)
+        if ((i / 2) * 8 + 2 * quad_lane + i % 2 < tile_keys) valid |= 1u << i;
+    }
+    std::uint32_t allowed[2] = {valid, valid};
+    if (output > 0) {
+      allowed[0] = allowed[1] = 0u;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (key + e >= tile_keys) continue;
-        const int c = e == 0 ? code.x : code.y;
+      for (int n = 0; n < kRoutingKeys / 8; ++n) {
+        const int2 code = *reinterpret_cast<const int2*>(codes + (output - 1) * kRoutingKeys + n * 8 + 2 * quad_lane);
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-          if (mask_allows(mask, MaskToken{row_code[r] < 0, row_code[r]}, MaskToken{c < 0, c}))
-            allowed[r] |= 1u << (2 * n + e);
+        for (int r = 0; r < 2; ++r) {
+          allowed[r] |= window_bit(row_keys[r], code.x, 1u << (2 * n));
+          allowed[r] |= window_bit(row_keys[r], code.y, 1u << (2 * n + 1));
+        }
       }
+      allowed[0] &= valid;
+      allowed[1] &= valid;
     }
     // Warp-uniform: a candidate that allows these 16 rows nothing here leaves their state as it is.
     if (output > 0 && !__any_sync(kFullMask, (allowed[0] | allowed[1]) != 0u)) continue;
@@ -254,7 +277,12 @@ __global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_p
     // rounded to the input type and passed straight into P.V (the accumulator
     // layout of S tiles 2j and 2j + 1 is the A fragment of keys 16j..16j + 15).
     // P's sum is taken from the rounded values, so O is exactly a weighted mean of V.
-    float m_new[2];
+    // A key the row may not see scores -inf, so it drops out of the maximum and
+    // P = exp2(-inf - m) = 0 needs no second test. Every raw score goes into a
+    // probe as x * 0 (NaN after an infinite or NaN score; the dense output
+    // reports it): keys past the split end are zero-filled, so their scores
+    // are finite whenever Q is.
+    float m_new[2], m_shift[2], alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float tile_max = -INFINITY;
@@ -263,20 +291,26 @@ __global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_p
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float x = s[n][2 * r + e] * p.scale_log2;
-          s[n][2 * r + e] = x;
-          const bool is_allowed = (allowed[r] >> (2 * n + e) & 1u) != 0u;
-          if (output == 0 && is_allowed && !isfinite(x)) row_bad[r] = true;  // dense: allowed = valid
-          if (is_allowed) tile_max = fmaxf(tile_max, x);
+          row_probe[r] = fmaf(x, 0.f, row_probe[r]);
+          s[n][2 * r + e] = (allowed[r] >> (2 * n + e) & 1u) != 0u ? x : -INFINITY;
+          tile_max = fmaxf(tile_max, s[n][2 * r + e]);
         }
       m_new[r] = fmaxf(row_max[r], quad_max(tile_max));
-      const float alpha = m_new[r] == -INFINITY ? 1.f : fast_exp2(row_max[r] - m_new[r]);
+      // No key of the row allowed yet: every score is -inf, and -inf - 0 keeps P = 0.
+      m_shift[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];
+      alpha[r] = fast_exp2(row_max[r] - m_shift[r]);
       row_max[r] = m_new[r];
-      row_sum[r] *= alpha;
+      row_sum[r] *= alpha[r];
       row_kept[r] += __popc(allowed[r]);
+    }
+    // After the first tiles a row's maximum rarely moves (alpha = 1): skip the rescale then.
+    if (__any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int n = 0; n < kHeadDim / 8; ++n) {
-        acc[n][2 * r] *= alpha;
-        acc[n][2 * r + 1] *= alpha;
+        acc[n][0] *= alpha[0];
+        acc[n][1] *= alpha[0];
+        acc[n][2] *= alpha[1];
+        acc[n][3] *= alpha[1];
       }
     }
 #pragma unroll
@@ -287,9 +321,8 @@ __global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_p
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int n = 2 * j + h;
-          const float p0 = (allowed[r] >> (2 * n) & 1u) ? fast_exp2(s[n][2 * r] - m_new[r]) : 0.f;
-          const float p1 = (allowed[r] >> (2 * n + 1) & 1u) ? fast_exp2(s[n][2 * r + 1] - m_new[r]) : 0.f;
-          p_frag[2 * h + r] = pack_pair<Element>(p0, p1);
+          p_frag[2 * h + r] =
+              pack_pair<Element>(fast_exp2(s[n][2 * r] - m_shift[r]), fast_exp2(s[n][2 * r + 1] - m_shift[r]));
           row_sum[r] += pair_sum<Element>(p_frag[2 * h + r]);
         }
 #pragma unroll
@@ -310,7 +343,7 @@ __global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_p
   for (int r = 0; r < 2; ++r) {
     const float sum = quad_sum(row_sum[r]);
     const int kept = quad_sum(row_kept[r]);
-    const bool bad = quad_sum(int(row_bad[r])) != 0;
+    const bool bad = quad_sum(int(isnan(row_probe[r]))) != 0 && output == 0;
     const int row = first_row + row_group * 16 + group + 8 * r;
     const std::int64_t at = slot * kRoutingRows + row;
     if (quad_lane == 0) {
