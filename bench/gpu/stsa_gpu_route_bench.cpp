@@ -87,13 +87,14 @@ nlohmann::json run(const Options& opt) {
       stsa::CudaBackendOptions{stsa::parse_cuda_kernel(opt.kernel), stsa::parse_cuda_work_order(opt.work_order), 0,
                                stsa::parse_cuda_block_schedule(opt.block_schedule)});
   stsa::PlanCache plans;
-  stsa::bench::Samples routing, permutation, attention;
+  stsa::bench::Samples routing, routing_device, permutation, attention;
   double routing_flops = 0;
   for (int i = 0; i < opt.warmup + opt.repeats; ++i) {
     const stsa::RoutingReport report = stsa::cuda_route(router, layout, call.q, call.k, call.v);
     const stsa::RoutedResult r = stsa::cuda_run_routed(backend, plans, call, decisions);
     if (i < opt.warmup) continue;
     routing.ms.push_back(report.routing_ms);
+    routing_device.ms.push_back(report.routing_device_ms);
     routing_flops = report.flops;
     permutation.ms.push_back(r.permutation_ms);
     attention.ms.push_back(r.attention_ms);
@@ -114,6 +115,8 @@ nlohmann::json run(const Options& opt) {
           {"block_schedule", std::string(stsa::to_string(backend.options().block_schedule))},
           {"routing_ms", routing_ms},
           {"routing_tflops", stsa::bench::json_number(stsa::bench::tflops(routing_flops, routing_ms))},
+          // The router's kernels alone; routing_ms less this is host work, copies and the wait.
+          {"routing_device_ms", routing_device.median_ms()},
           {"permutation_ms", permutation_ms},
           {"attention_ms", attention_ms},
           {"overhead_share", (routing_ms + permutation_ms) / attention_ms},

@@ -47,7 +47,7 @@ def measured(bench, route, kernel):
             if flex_ms:
                 values[("vs_flex", name, label)] = flex_ms / rec["ms"]
     if route:
-        for key in ("routing_ms", "permutation_ms", "overhead_share"):
+        for key in ("routing_ms", "routing_device_ms", "permutation_ms", "overhead_share"):
             if route.get(key) is not None:
                 values[(key, None, None)] = route[key]
     return values

@@ -31,7 +31,8 @@ namespace stsa {
 // the host. The errors differ from the CPU router's by the rounding of the
 // attention weights to the input type before P.V (as in any tensor-core
 // attention); the report's flops equal the CPU router's exactly. routing_ms is
-// the wall time of the whole call.
+// the wall time of the whole call, routing_device_ms that of its kernels on the
+// stream (the rest is host work, copies and the wait).
 RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const TensorView& q, const TensorView& k,
                          const TensorView& v, TokenOrder order = TokenOrder::FrameMajor, float softmax_scale = 0.f,
                          std::span<const std::int64_t> heads = {}, void* stream = nullptr);

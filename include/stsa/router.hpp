@@ -62,7 +62,8 @@ struct RoutingReport {
   std::vector<HeadRoute> heads;              // one per routed head, in the order asked for
   std::vector<std::int64_t> sampled_rows;    // token positions in tensor order
   std::vector<std::int64_t> sampled_batch;   // batch index of each sampled row
-  double routing_ms = 0;
+  double routing_ms = 0;         // wall time of the whole call
+  double routing_device_ms = 0;  // the GPU router's kernels alone (CUDA events); 0 from the CPU router
   double flops = 0;  // floating-point operations of the sampled attention (scores and outputs)
 };
 

@@ -41,6 +41,38 @@ void check_shape(const char* name, const TensorView& t, const VideoLayout& layou
     STSA_CHECK(t.stride[i] >= 0, InvalidArgument, "cuda router: ", name, " has a negative stride");
 }
 
+// Two events around work on a stream: elapsed_ms() once the stream has passed
+// stop(). Events are destroyed with it (errors ignored and cleared there).
+class DeviceInterval {
+ public:
+  explicit DeviceInterval(cudaStream_t stream) : stream_(stream) {
+    STSA_CUDA_CHECK(cudaEventCreate(&start_));
+    if (const cudaError_t e = cudaEventCreate(&stop_); e != cudaSuccess) {
+      cudaEventDestroy(start_);
+      STSA_CUDA_CHECK(e);
+    }
+    STSA_CUDA_CHECK(cudaEventRecord(start_, stream_));
+  }
+  ~DeviceInterval() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaGetLastError();
+  }
+  DeviceInterval(const DeviceInterval&) = delete;
+  DeviceInterval& operator=(const DeviceInterval&) = delete;
+
+  void stop() const { STSA_CUDA_CHECK(cudaEventRecord(stop_, stream_)); }
+  double elapsed_ms() const {
+    float ms = 0;
+    STSA_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return double(ms);
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
 }  // namespace
 
 RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const TensorView& q, const TensorView& k,
@@ -175,7 +207,9 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
   p.part_acc = reinterpret_cast<float*>(base + at_acc);
   p.row_stats = reinterpret_cast<double*>(base + at_row_stats);
   p.head_stats = reinterpret_cast<double*>(base + at_head_stats);
+  const DeviceInterval kernels(cuda_stream);
   cuda_detail::launch_routing(p, stream);
+  kernels.stop();
 
   std::vector<double> stats(std::size_t(head_count * kRoutingStats));
   STSA_CUDA_CHECK(cudaMemcpyAsync(stats.data(), base + at_head_stats, stats.size() * sizeof(double),
@@ -210,6 +244,7 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
     report.flops += score_flops + 2.0 * s[kRoutingStats - 1] * double(layout.head_dim);
     report.heads.push_back(std::move(head));
   }
+  report.routing_device_ms = kernels.elapsed_ms();
   report.routing_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return report;
 }

@@ -34,8 +34,8 @@ assert rc == 0, rc
 # The live predictions file parses and names metrics targets.py measures.
 import json  # noqa: E402
 live = json.load(open(os.path.join(bench_gpu, "predictions.json")))["predictions"]
-assert live and all(p["metric"] in ("kept_tflops", "vs_cudnn", "vs_flex", "sm_ghz", "routing_ms", "overhead_share")
-                    and p["low"] <= p["high"] for p in live), live
+assert live and all(p["metric"] in ("kept_tflops", "vs_cudnn", "vs_flex", "sm_ghz", "routing_ms", "routing_device_ms",
+                                    "overhead_share") and p["low"] <= p["high"] for p in live), live
 # RESULTS.md, second run, the configuration Auto then took at 1440p: 596 / 579 /
 # 542 / 535 TFLOP/s against cuDNN's 558; 1.42 / 1.39 / 1.29 / 1.32x FlexAttention;
 # dense 1.06x cuDNN; routing + permutation 3.2% of the attention time.
@@ -69,6 +69,15 @@ predictions = [{"metric": "kept_tflops", "shape": "720p", "case": "s0.10", "low"
                {"metric": "sm_ghz", "shape": "720p", "case": "s0.10", "low": 1.6, "high": 1.7}]
 verdicts = [r[6] for r in targets.prediction_rows(values, predictions)]
 assert verdicts == ["inside", "above", "below"], verdicts
+
+# The route bench's figures, the router's device time among them (runs before
+# session 18 have none: no figure, not a verdict).
+route_values = targets.measured({}, {"routing_ms": 1.5, "routing_device_ms": 1.1, "overhead_share": 0.025}, "k")
+assert route_values[("routing_device_ms", None, None)] == 1.1, route_values
+verdicts = [r[6] for r in targets.prediction_rows(route_values, [
+    {"metric": "routing_device_ms", "low": 0.9, "high": 1.4}, {"metric": "overhead_share", "low": 0.026, "high": 0.03}])]
+assert verdicts == ["inside", "below"], verdicts
+assert ("routing_device_ms", None, None) not in targets.measured({}, {"routing_ms": 2.1}, "k")
 
 # A file that cannot be read: exit 2 and one line, no traceback.
 err = io.StringIO()
