@@ -117,6 +117,10 @@ TEST(GpuRouter, DecidesLikeTheCpuRouterOnSyntheticHeads) {
     const RoutingReport gpu = cuda_route(router, data.layout, q.view, k.view, v.view);
     const std::string label = c.grid.describe() + " D=" + std::to_string(c.head_dim) + " seed " + std::to_string(seed);
     expect_same_report(gpu, cpu, gpu_testing::max_abs(data.v.view()), c.dtype, label);
+    // The kernels' device time is part of the call's wall time.
+    EXPECT_GT(gpu.routing_device_ms, 0.0) << label;
+    EXPECT_LE(gpu.routing_device_ms, gpu.routing_ms) << label;
+    EXPECT_EQ(cpu.routing_device_ms, 0.0) << label;
     // Against the known kinds: as good as the CPU router (it may differ only on close calls).
     int gpu_correct = 0, cpu_correct = 0;
     for (std::size_t h = 0; h < gpu.heads.size(); ++h) {
