@@ -90,8 +90,9 @@ struct RoutingBlock {
 // straight into the P.V fragments. The warps share only the K/V tiles and the
 // tiles' mask codes, so a key tile costs one __syncthreads. A candidate warp
 // whose mask allows its 16 rows no key of the tile skips it (a sparse
-// candidate allows a row ~10% of the keys); the dense warps walk every tile
-// and are the only ones that flag a row's non-finite scores. The scores are
+// candidate allows a row ~10% of the keys); the dense warps walk every tile,
+// are the only ones that flag a row's non-finite scores, and do nothing else:
+// the candidate warps load the K/V tiles and write the mask codes. The scores are
 // computed once per output (4x the Q.K^T of a shared score tile), which costs
 // tensor-core time the kernel has to spare instead of two shared-memory round
 // trips and three barriers per tile.
