@@ -23,11 +23,26 @@
 namespace stsa::cuda_detail {
 namespace {
 
-constexpr CudaBlockSchedule kPolicies[] = {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin};
-constexpr WorkOrder kOrders[] = {kWorkAcrossHeads, kWorkHeadByHead};
+constexpr CudaBlockSchedule kPolicies[] = {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin,
+                                           CudaBlockSchedule::Snake};
+constexpr WorkOrder kOrders[] = {kWorkAcrossHeads, kWorkHeadByHead, kWorkHeavyFirst};
 
-std::int64_t rank_of(std::int64_t item, std::int64_t q_tiles, std::int64_t pairs, WorkOrder order) {
+// An item's rank, worked out here (heavy first: heavy_ranks ranks across heads, then head by head).
+std::int64_t rank_of(std::int64_t item, std::int64_t q_tiles, std::int64_t pairs, WorkOrder order,
+                     std::int64_t heavy_ranks) {
+  if (order == kWorkHeavyFirst)
+    return item < heavy_ranks * pairs ? item / pairs : heavy_ranks + (item - heavy_ranks * pairs) % (q_tiles - heavy_ranks);
   return order == kWorkHeadByHead ? item % q_tiles : item / pairs;
+}
+
+// The leading ranks above 1.5x the upper median, worked out here.
+std::int64_t heavy_first_above(const std::vector<std::int32_t>& costs) {
+  std::vector<std::int32_t> sorted = costs;
+  std::sort(sorted.begin(), sorted.end());
+  const double above = 1.5 * sorted[sorted.size() / 2];
+  std::int64_t ranks = 0;
+  while (ranks < std::int64_t(costs.size()) && costs[std::size_t(ranks)] > above) ++ranks;
+  return ranks;
 }
 
 // Twice the upper median of the rank costs, worked out here: above it an item is heavy.
@@ -51,6 +66,9 @@ std::vector<std::int64_t> check_schedule(const BlockSchedule& s, const std::vect
   std::vector<int> seen(std::size_t(items), 0);
   std::vector<std::int64_t> load(std::size_t(s.blocks()), 0);
   const std::int64_t heavy_cost = heavy_above(costs);
+  const std::int64_t heavy_ranks = order == kWorkHeavyFirst ? heavy_first_above(costs) : 0;
+  EXPECT_EQ(s.heavy_ranks, heavy_ranks);
+  const auto rank = [&](std::int64_t item) { return rank_of(item, q_tiles, pairs, order, heavy_ranks); };
   std::int64_t most_tiles = 0;
   for (int b = 0; b < s.blocks(); ++b) {
     EXPECT_LE(s.begin[std::size_t(b)], s.begin[std::size_t(b) + 1]) << "block " << b;
@@ -60,11 +78,11 @@ std::vector<std::int64_t> check_schedule(const BlockSchedule& s, const std::vect
       EXPECT_TRUE(item >= 0 && item < items) << "block " << b << " item " << item;
       if (item < 0 || item >= items) continue;
       ++seen[std::size_t(item)];
-      const std::int32_t cost = costs[std::size_t(rank_of(item, q_tiles, pairs, order))];
+      const std::int32_t cost = costs[std::size_t(rank(item))];
       if (i > s.begin[std::size_t(b)]) {
         const std::int32_t before = s.items[std::size_t(i) - 1];
         const bool heavy = cost > heavy_cost;
-        const bool before_heavy = costs[std::size_t(rank_of(before, q_tiles, pairs, order))] > heavy_cost;
+        const bool before_heavy = costs[std::size_t(rank(before))] > heavy_cost;
         if (s.heavy_first && heavy != before_heavy) {
           EXPECT_TRUE(before_heavy) << "block " << b << ": a light item before a heavy one";
         } else {
@@ -95,6 +113,57 @@ TEST(BlockSchedule, RoundRobinIsWhatTheKernelWalkedBefore) {
                 expected)
           << "block " << b;
     }
+  }
+}
+
+// Snake: round r of G items to blocks 0..G-1 when r is even, G-1..0 when odd
+// (the short last round either way), by the kernel's own arithmetic.
+TEST(BlockSchedule, SnakeHandsEveryOtherRoundOutBackwards) {
+  // 14 items on 4 blocks: rounds {0-3}, {4-7} backwards, {8-11}, {12, 13} backwards.
+  const std::vector<std::int32_t> costs{9, 7, 7, 3, 2, 2, 1};
+  const BlockSchedule s = make_block_schedule(costs, 2, 4, kWorkHeadByHead, CudaBlockSchedule::Snake);
+  check_schedule(s, costs, 2, 4, kWorkHeadByHead);
+  EXPECT_EQ(s.begin, (std::vector<std::int32_t>{0, 3, 6, 10, 14}));
+  EXPECT_EQ(s.items, (std::vector<std::int32_t>{0, 7, 8, 1, 6, 9, 2, 5, 10, 13, 3, 4, 11, 12}));
+  for (const std::int64_t items : {1, 5, 12, 13, 131, 132, 133, 264, 265, 28356}) {
+    for (const std::int64_t blocks : {std::int64_t(1), std::int64_t(3), std::int64_t(132)}) {
+      if (blocks > items) continue;
+      std::vector<int> seen(std::size_t(items), 0);
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const BlockWalk w = block_walk(int(items), int(b), int(blocks), true);
+        for (int k = 0; k < w.count; ++k) {
+          const std::int64_t item = w.at(k), round = item / blocks, place = item % blocks;
+          ASSERT_TRUE(item >= 0 && item < items) << items << " items, block " << b << " k " << k;
+          EXPECT_EQ(round, k);
+          EXPECT_EQ(place, round % 2 == 0 ? b : blocks - 1 - b);
+          ++seen[std::size_t(item)];
+        }
+        // Round-robin is the same walk without the mirror.
+        const BlockWalk r = block_walk(int(items), int(b), int(blocks), false);
+        EXPECT_EQ(r.count, int((items - b + blocks - 1) / blocks));
+        for (int k = 0; k < r.count; ++k) EXPECT_EQ(r.at(k), b + k * blocks);
+      }
+      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }))
+          << items << " items on " << blocks << " blocks: an item missing or repeated";
+    }
+  }
+}
+
+// Heavy first takes the leading ranks above 1.5x the median across heads: on
+// the measured Wan2.1 plans, the anchor rows (frame 0: 113 query tiles at
+// 1440p, 29 at 720p, 13 at 480p) at every density up to 0.5, none when dense.
+// Snake keeps its slowest block within 0.5% of round-robin head by head's
+// (720p s = 0.1: 1.06x the mean against 1.38x; 1440p: the same to 0.01%).
+TEST(BlockSchedule, HeavyFirstSnakeOnTheMeasuredWan21Plans) {
+  for (const MeasuredPlan& plan : measured_wan21_plans()) {
+    SCOPED_TRACE(::testing::Message() << plan.shape << " s = " << plan.density);
+    const std::int64_t anchor_tiles = plan.shape == "1440p" ? 113 : plan.shape == "720p" ? 29 : 13;
+    EXPECT_EQ(heavy_first_ranks(plan.rank_costs), plan.density < 1.0 ? anchor_tiles : 0);
+    const BlockSchedule snake = make_block_schedule(plan.rank_costs, 12, 132, kWorkHeavyFirst, CudaBlockSchedule::Snake);
+    check_schedule(snake, plan.rank_costs, 12, 132, kWorkHeavyFirst);
+    const BlockSchedule round_robin =
+        make_block_schedule(plan.rank_costs, 12, 132, kWorkHeadByHead, CudaBlockSchedule::RoundRobin);
+    EXPECT_LE(double(snake.makespan), 1.005 * double(round_robin.makespan));
   }
 }
 
@@ -159,8 +228,8 @@ TEST(BlockSchedule, RandomCostsStayWithinGrahamsBound) {
     for (const WorkOrder order : kOrders) {
       SCOPED_TRACE(::testing::Message() << "seed " << seed << " trial " << trial << " order " << order << " q_tiles "
                                       << costs.size() << " pairs " << pairs << " blocks " << blocks);
-      std::vector<std::int64_t> loads[2];
-      for (int p = 0; p < 2; ++p) {
+      std::vector<std::int64_t> loads[3];
+      for (int p = 0; p < 3; ++p) {
         const BlockSchedule s = make_block_schedule(costs, pairs, blocks, order, kPolicies[p]);
         heavy_first += s.heavy_first;
         loads[p] = check_schedule(s, costs, pairs, blocks, order);

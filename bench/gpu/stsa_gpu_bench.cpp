@@ -97,19 +97,20 @@ std::vector<KernelSpec> parse_kernels(const std::string& list) {
       const std::string_view modifier = item.substr(plus + 1, next == std::string_view::npos ? next : next - plus - 1);
       bool known = false;
       for (const auto order : {stsa::CudaWorkOrder::Auto, stsa::CudaWorkOrder::AcrossHeads,
-                               stsa::CudaWorkOrder::HeadByHead})
+                               stsa::CudaWorkOrder::HeadByHead, stsa::CudaWorkOrder::HeavyFirst})
         if (modifier == stsa::to_string(order)) {
           spec.options.work_order = order;
           known = true;
         }
-      for (const auto schedule : {stsa::CudaBlockSchedule::Balanced, stsa::CudaBlockSchedule::RoundRobin})
+      for (const auto schedule :
+           {stsa::CudaBlockSchedule::Balanced, stsa::CudaBlockSchedule::RoundRobin, stsa::CudaBlockSchedule::Snake})
         if (modifier == stsa::to_string(schedule)) {
           spec.options.block_schedule = schedule;
           known = true;
         }
       STSA_CHECK(known, stsa::InvalidArgument, "unknown variant '", modifier, "' in kernel '", item,
-                 "' (expected a work order: auto, across-heads, head-by-head; or a block schedule: balanced, "
-                 "round-robin)");
+                 "' (expected a work order: auto, across-heads, head-by-head, heavy-first; or a block schedule: "
+                 "balanced, round-robin, snake)");
       plus = next;
     }
     spec.name = std::string(item);

@@ -147,8 +147,8 @@ int main(int argc, char** argv) {
   app.add_option("--samples", opt.samples, "sampled query rows per head");
   app.add_flag("--frame-window", opt.frame_window, "also try the frame-window candidate");
   app.add_option("--kernel", opt.kernel, "attention kernel: auto, sm80, sm90, sm90-overlap or sm90-pingpong");
-  app.add_option("--work-order", opt.work_order, "attention work order: auto, across-heads or head-by-head");
-  app.add_option("--block-schedule", opt.block_schedule, "persistent blocks' schedule: balanced or round-robin");
+  app.add_option("--work-order", opt.work_order, "attention work order: auto, across-heads, head-by-head or heavy-first");
+  app.add_option("--block-schedule", opt.block_schedule, "persistent blocks' schedule: balanced, round-robin or snake");
   app.add_option("--warmup", opt.warmup);
   app.add_option("--repeats", opt.repeats);
   CLI11_PARSE(app, argc, argv);

@@ -23,6 +23,7 @@
 #include <queue>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/block_schedule.hpp"
@@ -116,7 +117,7 @@ Traffic simulate(const KeyLists& lists, const BlockSchedule& schedule, int heads
   while (!ready.empty()) {
     const auto [time, b] = ready.top();
     ready.pop();
-    const WorkSlot slot = work_slot(schedule.items[item[b]], lists.q_tiles, 1, heads, order);
+    const WorkSlot slot = work_slot(schedule.items[item[b]], lists.q_tiles, 1, heads, order, schedule.heavy_ranks);
     const int q_tile = lists.q_tile_order[slot.rank];
     // After an item's last kept tile (at once for a row that keeps none), the
     // block's next item, if any, starts with its prologue.
@@ -158,20 +159,24 @@ int main(int argc, char** argv) {
                 static_cast<long long>(shape.frames), static_cast<long long>(shape.height),
                 static_cast<long long>(shape.width), heads, blocks, capacity_tiles, capacity_mb, jitter);
     std::printf("density | K/V reads | L2 hits: across-heads round-robin | head-by-head round-robin | "
-                "across-heads balanced | head-by-head balanced\n");
+                "across-heads balanced | head-by-head balanced | head-by-head snake | heavy-first snake\n");
     for (const double density : shape.densities) {
       const KeyLists lists = key_lists(shape.plan_image(density));
       std::string cells;
       std::int64_t reads = 0;
-      for (const auto policy : {stsa::CudaBlockSchedule::RoundRobin, stsa::CudaBlockSchedule::Balanced})
-        for (const WorkOrder order : {kWorkAcrossHeads, kWorkHeadByHead}) {
-          const BlockSchedule schedule = make_block_schedule(lists.rank_costs, heads, blocks, order, policy);
-          const Traffic traffic = simulate(lists, schedule, heads, order, capacity_tiles, jitter);
-          reads = traffic.reads;
-          char cell[32];
-          std::snprintf(cell, sizeof cell, " | %.3f", traffic.hit_rate());
-          cells += cell;
-        }
+      using Policy = stsa::CudaBlockSchedule;
+      const std::pair<WorkOrder, Policy> cases[] = {
+          {kWorkAcrossHeads, Policy::RoundRobin}, {kWorkHeadByHead, Policy::RoundRobin},
+          {kWorkAcrossHeads, Policy::Balanced},   {kWorkHeadByHead, Policy::Balanced},
+          {kWorkHeadByHead, Policy::Snake},       {kWorkHeavyFirst, Policy::Snake}};
+      for (const auto& [order, policy] : cases) {
+        const BlockSchedule schedule = make_block_schedule(lists.rank_costs, heads, blocks, order, policy);
+        const Traffic traffic = simulate(lists, schedule, heads, order, capacity_tiles, jitter);
+        reads = traffic.reads;
+        char cell[32];
+        std::snprintf(cell, sizeof cell, " | %.3f", traffic.hit_rate());
+        cells += cell;
+      }
       std::printf("%s | %lld%s\n", shape.label(density).c_str(), static_cast<long long>(reads), cells.c_str());
       std::fflush(stdout);
     }

@@ -16,7 +16,11 @@
 namespace {
 
 const char* order_name(stsa::cuda_detail::WorkOrder order) {
-  return order == stsa::cuda_detail::kWorkHeadByHead ? "head-by-head" : "across-heads";
+  switch (order) {
+    case stsa::cuda_detail::kWorkHeadByHead: return "head-by-head";
+    case stsa::cuda_detail::kWorkHeavyFirst: return "heavy-first";
+    default: return "across-heads";
+  }
 }
 
 }  // namespace
@@ -34,7 +38,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(opt.frames), static_cast<long long>(opt.height),
                 static_cast<long long>(opt.width), opt.heads, opt.blocks);
     std::printf("density | across-heads round-robin | head-by-head round-robin | across-heads balanced | "
-                "head-by-head balanced | Auto round-robin | Auto balanced\n");
+                "head-by-head balanced | Auto round-robin | Auto balanced | head-by-head snake | heavy-first snake\n");
     for (const double density : opt.densities) {
       const DevicePlanImage image = opt.plan_image(density);
       std::int64_t total = 0;
@@ -48,6 +52,9 @@ int main(int argc, char** argv) {
         const OrderChoice auto_choice = choose_work_order(image.rank_costs, opt.heads, opt.blocks, policy);
         std::printf(" | %s %.3f", order_name(auto_choice.order), ratio(auto_choice.schedule));
       }
+      for (const WorkOrder order : {kWorkHeadByHead, kWorkHeavyFirst})
+        std::printf(" | %.3f", ratio(make_block_schedule(image.rank_costs, opt.heads, opt.blocks, order,
+                                                          CudaBlockSchedule::Snake)));
       std::printf("\n");
     }
   } catch (const std::exception& e) {

@@ -53,6 +53,16 @@ def measured(bench, route, kernel):
     return values
 
 
+def with_vs_default(variant, default):
+    """The variant's figures plus vs_default: its kept-tile TFLOP/s over the default kernel's, case by case
+    (a ratio taken in one run, so the machine's clock and cuDNN cancel out)."""
+    for (metric, shape, case), value in list(variant.items()):
+        base = default.get(("kept_tflops", shape, case))
+        if metric == "kept_tflops" and base:
+            variant[("vs_default", shape, case)] = value / base
+    return variant
+
+
 def target_rows(values):
     """(target, shape, case, measured, needed, met) for each target with a figure; None where none."""
     rows = []
@@ -73,16 +83,31 @@ def target_rows(values):
     return rows
 
 
-def prediction_rows(values, predictions):
-    """(metric, shape, case, low, high, measured, verdict, source) per prediction."""
+def prediction_rows(values, predictions, variants=None):
+    """(metric, shape, case, low, high, measured, verdict, source) per prediction; a
+    prediction that names a "kernel" reads that variant's figures (variants: kernel -> values)."""
     rows = []
     for p in predictions:
-        value = values.get((p["metric"], p.get("shape"), p.get("case")))
+        source_values = (variants or {}).get(p["kernel"], {}) if p.get("kernel") else values
+        value = source_values.get((p["metric"], p.get("shape"), p.get("case")))
         verdict = ("no figure" if value is None else "below" if value < p["low"]
                    else "above" if value > p["high"] else "inside")
-        rows.append((p["metric"], p.get("shape"), p.get("case"), p["low"], p["high"], value, verdict,
+        metric = p["metric"] + (f" ({p['kernel']})" if p.get("kernel") else "")
+        rows.append((metric, p.get("shape"), p.get("case"), p["low"], p["high"], value, verdict,
                      p.get("source", "")))
     return rows
+
+
+def variant_lines(variants):
+    """One line per other kernel of the run: how many of the targets its rows meet, and which they miss."""
+    lines = []
+    for kernel, values in variants.items():
+        rows = [r for r in target_rows(values) if r[5] is not None and not r[0].startswith("routing")]
+        short = {"kept-tile": "kept-tile", ">=": "vs-flex", "dense": "vs-cudnn"}
+        missed = [f"{r[1]} {r[2]} {short[r[0].split(' ')[0]]}" for r in rows if not r[5]]
+        lines.append(f"{kernel}: {sum(1 for r in rows if r[5])} of {len(rows)} kernel targets met"
+                     + (f"; missed: {', '.join(missed)}" if missed else ""))
+    return lines
 
 
 def fmt(x):
@@ -91,16 +116,18 @@ def fmt(x):
     return f"{x:.3f}" if abs(x) < 10 else f"{x:.0f}"
 
 
-def report(values, predictions, kernel):
+def report(values, predictions, kernel, variants=None):
     lines = [f"targets (issue 4), stsa rows of {kernel}:", "target | shape | case | measured | needed | verdict",
              "--- | --- | --- | --- | --- | ---"]
     for target, shape, case, got, needed, met in target_rows(values):
         verdict = "no figure" if met is None else "met" if met else "MISSED"
         lines.append(f"{target} | {shape} | {case} | {fmt(got)} | {fmt(needed)} | {verdict}")
+    if variants:
+        lines += ["", "the run's other kernels (the same targets, without routing):"] + variant_lines(variants)
     if predictions:
         lines += ["", "predictions (bench/NOTES.md):", "metric | shape | case | predicted | measured | verdict | source",
                   "--- | --- | --- | --- | --- | --- | ---"]
-        for metric, shape, case, low, high, got, verdict, source in prediction_rows(values, predictions):
+        for metric, shape, case, low, high, got, verdict, source in prediction_rows(values, predictions, variants):
             lines.append(f"{metric} | {shape or '-'} | {case or '-'} | {fmt(low)}-{fmt(high)} | {fmt(got)} | "
                          f"{verdict} | {source}")
     return "\n".join(lines)
@@ -127,8 +154,11 @@ def main(argv=None):
     except (OSError, ValueError, KeyError) as e:
         print(f"targets.py: {e}", file=sys.stderr)
         return 2
-    kernel = args.kernel or (bench.get("meta", {}).get("kernels") or ["?"])[0]
-    print(report(measured(bench, route, kernel), predictions, kernel))
+    kernels = bench.get("meta", {}).get("kernels") or ["?"]
+    kernel = args.kernel or kernels[0]
+    values = measured(bench, route, kernel)
+    variants = {k: with_vs_default(measured(bench, None, k), values) for k in kernels if k != kernel}
+    print(report(values, predictions, kernel, variants))
     return 0
 
 

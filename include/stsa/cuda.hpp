@@ -158,12 +158,19 @@ CudaKernel parse_cuda_kernel(std::string_view name);  // the names above; throws
 //   HeadByHead: every tile of one head before the next, so the blocks running
 //         at one moment share that head's K and V in L2 (FlashAttention-3's
 //         order): 6-18% faster on an H200 where the blocks stay balanced.
+//   HeavyFirst: the heavy tiles (those keeping more than 1.5x the median
+//         tile's key tiles: the anchor rows) of every head first, across
+//         heads, then the rest head by head. Meant for the Snake schedule
+//         below: a model of the L2 (bench/gpu/stsa_l2_model) keeps the running
+//         blocks on one head's K and V window at every density that way, where
+//         head by head round-robin drifts apart at 1440p s >= 0.2. Not yet
+//         measured on a GPU (bench/NOTES.md, "Heavy first, snake").
 //   Auto: per launch, head by head unless a model of the persistent blocks
 //         under the block schedule below predicts it unbalanced (round-robin:
 //         plans whose few heavy rows land on few blocks, as 720p at density
 //         0.1-0.2); across heads for sm80 (src/cuda/work_order_model.hpp).
-enum class CudaWorkOrder : std::uint8_t { Auto, AcrossHeads, HeadByHead };
-// "auto", "across-heads", "head-by-head"
+enum class CudaWorkOrder : std::uint8_t { Auto, AcrossHeads, HeadByHead, HeavyFirst };
+// "auto", "across-heads", "head-by-head", "heavy-first"
 std::string_view to_string(CudaWorkOrder order);
 CudaWorkOrder parse_cuda_work_order(std::string_view name);  // the names above; throws InvalidArgument
 
@@ -179,10 +186,14 @@ CudaWorkOrder parse_cuda_work_order(std::string_view name);  // the names above;
 //         lists, which the third H200 run measured 9-12% slower at equal items.
 //   RoundRobin (the default): block b takes items b, b + G, b + 2G, ... (G
 //         blocks), walked by arithmetic in the kernel; nothing is uploaded.
+//   Snake: round-robin with every other round of G items handed out
+//         backwards (blocks G-1 .. 0), so the block that took a round's
+//         heaviest item takes the next round's lightest and the blocks do not
+//         drift apart along costs that fall over the walk; by arithmetic too.
 // The sm80 kernel is not persistent (the hardware hands out its blocks) and
 // ignores this.
-enum class CudaBlockSchedule : std::uint8_t { Balanced, RoundRobin };
-// "balanced", "round-robin"
+enum class CudaBlockSchedule : std::uint8_t { Balanced, RoundRobin, Snake };
+// "balanced", "round-robin", "snake"
 std::string_view to_string(CudaBlockSchedule schedule);
 CudaBlockSchedule parse_cuda_block_schedule(std::string_view name);  // the names above; throws InvalidArgument
 

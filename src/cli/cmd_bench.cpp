@@ -174,16 +174,18 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kernel", args->kernel, "with --backend cuda: auto | sm80 | sm90 | sm90-overlap | sm90-pingpong")
       ->capture_default_str();
-  cmd->add_option("--work-order", args->work_order, "with --backend cuda: auto | across-heads | head-by-head")
-      ->check(CLI::IsMember({"auto", "across-heads", "head-by-head"}))
+  cmd->add_option("--work-order", args->work_order,
+                  "with --backend cuda: auto | across-heads | head-by-head | heavy-first")
+      ->check(CLI::IsMember({"auto", "across-heads", "head-by-head", "heavy-first"}))
       ->capture_default_str();
   cmd->add_option("--persistent-blocks", args->persistent_blocks,
                   "with --backend cuda: blocks of the persistent Hopper kernels (0: one per SM)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--block-schedule", args->block_schedule,
-                  "with --backend cuda: balanced | round-robin (how the persistent Hopper blocks share the work)")
-      ->check(CLI::IsMember({"balanced", "round-robin"}))
+                  "with --backend cuda: balanced | round-robin | snake (how the persistent Hopper blocks share "
+                  "the work)")
+      ->check(CLI::IsMember({"balanced", "round-robin", "snake"}))
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_flag("--dist", args->dist, "run the sequence-parallel benchmark under mpirun instead");

@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) tile_sparse_attention_ker
   const int quad_lane = lane % 4;  // t: fragment column pair
 
   // One block per work item, in the launch's work order (work_items.hpp).
-  const WorkSlot slot = work_slot(int(blockIdx.x), p.q_tiles, p.batch, p.head_count, p.work_order);
+  const WorkSlot slot = work_slot(int(blockIdx.x), p.q_tiles, p.batch, p.head_count, p.work_order, p.heavy_ranks);
   const int batch = slot.batch;
   const int head = p.heads[slot.head_slot];
   const int q_tile = p.q_tile_order[slot.rank];

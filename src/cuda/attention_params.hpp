@@ -37,11 +37,13 @@ struct AttentionParams {
   const std::uint64_t* masks = nullptr;
   const std::int32_t* q_tile_order = nullptr;
   int q_tiles = 0;
-  int work_order = 0;  // WorkOrder (work_items.hpp)
+  int work_order = 0;   // WorkOrder (work_items.hpp)
+  int heavy_ranks = 0;  // the heavy-first order's heavy ranks (a prefix of the ranks)
   // The persistent sm90 kernel's block schedule (block_schedule.hpp): block b walks
   // items block_items[block_item_begin[b] .. block_item_begin[b + 1]). Unused by sm80.
   const std::int32_t* block_item_begin = nullptr;
   const std::int32_t* block_items = nullptr;
+  int snake = 0;  // without lists: the snake walk instead of round-robin (block_walk.hpp)
 };
 
 }  // namespace stsa::cuda_detail

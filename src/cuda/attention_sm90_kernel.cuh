@@ -37,6 +37,7 @@
 
 #include "cuda/attention_launch.hpp"
 #include "cuda/attention_params.hpp"
+#include "cuda/block_walk.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/ptx_sm90.cuh"
 #include "cuda/sm90_tile_layout.hpp"
@@ -118,25 +119,23 @@ __device__ __forceinline__ void wgmma_values(float (&o)[kAccumulators], const st
 }
 
 // The items this block walks, in order: a list the host computed
-// (block_schedule.hpp, the balanced schedule), or, without one, round-robin
-// by arithmetic: block b takes items b, b + G, b + 2G, ... (G blocks). The
-// arithmetic walk is the default: on an H200 the lists ran 9-12% slower even
-// where they name the same items (third run, bench/NOTES.md).
+// (block_schedule.hpp, the balanced schedule), or, without one, by arithmetic
+// (block_walk.hpp): round-robin, block b takes items b, b + G, b + 2G, ... (G
+// blocks), or snake. The arithmetic walks are the defaults: on an H200 the
+// lists ran 9-12% slower even where they name the same items (third run,
+// bench/NOTES.md).
 struct BlockItems {
-  const std::int32_t* items = nullptr;  // nullptr: round-robin
-  // Kept, not reread from blockIdx / gridDim in at(): rereading them made
-  // ptxas spill 8-44 bytes in the consumers (checked with -warn-spills).
-  int first = 0, stride = 1, count = 0;
-  __device__ __forceinline__ int at(int k) const { return items != nullptr ? items[k] : first + k * stride; }
+  const std::int32_t* items = nullptr;  // nullptr: walk
+  BlockWalk walk;
+  __device__ __forceinline__ int count() const { return walk.count; }
+  __device__ __forceinline__ int at(int k) const { return items != nullptr ? items[k] : walk.at(k); }
 };
 
 __device__ __forceinline__ BlockItems block_items(const AttentionParams& p) {
-  if (p.block_items == nullptr) {
-    const int items = p.q_tiles * p.batch * p.head_count, block = int(blockIdx.x), blocks = int(gridDim.x);
-    return {nullptr, block, blocks, block < items ? (items - block + blocks - 1) / blocks : 0};
-  }
+  if (p.block_items == nullptr)
+    return {nullptr, block_walk(p.q_tiles * p.batch * p.head_count, int(blockIdx.x), int(gridDim.x), p.snake != 0)};
   const int begin = p.block_item_begin[blockIdx.x];
-  return {p.block_items + begin, 0, 1, p.block_item_begin[blockIdx.x + 1] - begin};
+  return {p.block_items + begin, BlockWalk{0, 0, 1, p.block_item_begin[blockIdx.x + 1] - begin}};
 }
 
 // Where one work item's data lives.
@@ -145,7 +144,7 @@ struct WorkItem {
 };
 
 __device__ __forceinline__ WorkItem decode_item(const AttentionParams& p, int item) {
-  const WorkSlot slot = work_slot(item, p.q_tiles, p.batch, p.head_count, p.work_order);
+  const WorkSlot slot = work_slot(item, p.q_tiles, p.batch, p.head_count, p.work_order, p.heavy_ranks);
   WorkItem w;
   w.q_tile = p.q_tile_order[slot.rank];
   w.batch = slot.batch;
@@ -544,7 +543,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     tma_prefetch_descriptor(&params.k_map);
     tma_prefetch_descriptor(&params.v_map);
     int kv_use = 0;
-    for (int local_item = 0; local_item < mine.count; ++local_item) {
+    for (int local_item = 0; local_item < mine.count(); ++local_item) {
       const WorkItem w = decode_item(p, mine.at(local_item));
       mbarrier_wait(q_empty, (local_item & 1) ^ 1);
       mbarrier_arrive_expect_bytes(q_full, Traits::kQBytes);
@@ -598,10 +597,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   int kv_use = 0;
   // The next item's number is loaded an item ahead: between two items the
   // consumers wait only for decode_item's own loads, as before the lists.
-  int item = mine.count > 0 ? mine.at(0) : 0;
-  for (int local_item = 0; local_item < mine.count; ++local_item) {
+  int item = mine.count() > 0 ? mine.at(0) : 0;
+  for (int local_item = 0; local_item < mine.count(); ++local_item) {
     const WorkItem w = decode_item(p, item);
-    if (local_item + 1 < mine.count) item = mine.at(local_item + 1);
+    if (local_item + 1 < mine.count()) item = mine.at(local_item + 1);
     float o_acc[kD / 2];
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o_acc[i] = 0.f;

@@ -73,18 +73,27 @@ BlockSchedule make_block_schedule(std::span<const std::int32_t> rank_costs, std:
   blocks = std::min(blocks, items);
 
   // Each item's kept key tiles, its rank as the kernel decodes it (both fit int: checked above).
+  const int heavy_ranks = order == kWorkHeavyFirst ? heavy_first_ranks(rank_costs) : 0;
   std::vector<std::int64_t> item_cost(static_cast<std::size_t>(items));
   for (std::int64_t item = 0; item < items; ++item)
-    item_cost[std::size_t(item)] = rank_costs[std::size_t(work_slot(int(item), int(q_tiles), 1, int(pairs), order).rank)];
+    item_cost[std::size_t(item)] =
+        rank_costs[std::size_t(work_slot(int(item), int(q_tiles), 1, int(pairs), order, heavy_ranks).rank)];
   std::vector<std::int64_t> walk(static_cast<std::size_t>(items));
   std::iota(walk.begin(), walk.end(), std::int64_t(0));
 
-  if (policy == CudaBlockSchedule::RoundRobin) {
-    std::vector<std::int32_t> block_of(walk.size());
-    for (std::int64_t item = 0; item < items; ++item) block_of[std::size_t(item)] = std::int32_t(item % blocks);
-    return lists_of(walk, block_of, item_cost, blocks);
+  if (policy == CudaBlockSchedule::RoundRobin || policy == CudaBlockSchedule::Snake) {
+    // The kernel's own arithmetic (block_walk.hpp), so the model walks what it walks.
+    std::vector<std::int32_t> block_of(walk.size(), -1);
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const BlockWalk w = block_walk(int(items), int(b), int(blocks), policy == CudaBlockSchedule::Snake);
+      for (int k = 0; k < w.count; ++k) block_of[std::size_t(w.at(k))] = std::int32_t(b);
+    }
+    BlockSchedule s = lists_of(walk, block_of, item_cost, blocks);
+    s.heavy_ranks = heavy_ranks;
+    return s;
   }
   BlockSchedule in_walk_order = greedy(walk, item_cost, blocks);
+  in_walk_order.heavy_ranks = heavy_ranks;
   // The heavy items first, each group in walk order (stable).
   const std::int64_t heavy = heavy_item_cost(rank_costs);
   std::vector<std::int64_t> heavy_first = walk;
@@ -94,7 +103,19 @@ BlockSchedule make_block_schedule(std::span<const std::int32_t> rank_costs, std:
   BlockSchedule s = greedy(heavy_first, item_cost, blocks);
   if (s.makespan >= in_walk_order.makespan) return in_walk_order;
   s.heavy_first = true;
+  s.heavy_ranks = heavy_ranks;
   return s;
+}
+
+int heavy_first_ranks(std::span<const std::int32_t> rank_costs) {
+  std::vector<std::int32_t> sorted(rank_costs.begin(), rank_costs.end());
+  if (sorted.empty()) return 0;
+  const auto middle = sorted.begin() + std::ptrdiff_t(sorted.size() / 2);
+  std::nth_element(sorted.begin(), middle, sorted.end());
+  const std::int64_t median = *middle;
+  int ranks = 0;
+  while (ranks < int(rank_costs.size()) && 2 * std::int64_t(rank_costs[std::size_t(ranks)]) > 3 * median) ++ranks;
+  return ranks;
 }
 
 bool fits_kernel_counters(const BlockSchedule& schedule) { return schedule.most_key_tiles <= INT_MAX; }

@@ -8,6 +8,10 @@
 //     Balanced while costs fall over the whole list (across heads); head by
 //     head restarts at each head's heaviest rows, and where those land depends
 //     on q_tiles % G, so a few blocks can collect several of them.
+//   Snake: round-robin with every other round handed out backwards
+//     (block_walk.hpp): a block that took a round's heaviest item takes the
+//     next round's lightest, so along costs that fall over the walk the blocks
+//     stay side by side instead of drifting apart by the fall of each round.
 //   Balanced: each item, in hand-out order, goes to the block whose items so
 //     far cost least (ties: the lower block). That is greedy list scheduling:
 //     what a dynamic scheduler with an atomic counter does when the costs are
@@ -29,6 +33,7 @@
 #include <span>
 #include <vector>
 
+#include "cuda/block_walk.hpp"
 #include "cuda/work_items.hpp"
 #include "stsa/cuda.hpp"
 
@@ -45,6 +50,7 @@ struct BlockSchedule {
   std::int64_t makespan = 0;        // modelled cost of the slowest block (key tiles + overheads)
   std::int64_t most_key_tiles = 0;  // kept key tiles of the block that walks the most (its K/V ring counter)
   bool heavy_first = false;         // Balanced handed the heavy items out first
+  int heavy_ranks = 0;              // the heavy-first work order's (work_items.hpp); 0 for the others
 
   int blocks() const { return int(begin.size()) - 1; }
 };
@@ -59,6 +65,12 @@ BlockSchedule make_block_schedule(std::span<const std::int32_t> rank_costs, std:
 // Items whose rank costs more than this are heavy: twice the median rank's
 // cost (the upper median, element size / 2 of the sorted costs).
 std::int64_t heavy_item_cost(std::span<const std::int32_t> rank_costs);
+
+// The heavy-first work order's heavy ranks: the leading ranks (the costliest
+// query tiles) that keep more than 1.5x the upper median rank's key tiles, the
+// anchor rows of a video plan up to density ~0.6. Lower than heavy_item_cost's
+// 2x: at 1440p s = 0.5 the anchor rows keep 1.8x the median (bench/NOTES.md).
+int heavy_first_ranks(std::span<const std::int32_t> rank_costs);
 
 // Whether the sm90 kernel's 32-bit counters hold the schedule: a block's item
 // count and its running count of key tiles through the K/V ring, which sets

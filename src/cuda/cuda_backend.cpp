@@ -169,30 +169,34 @@ std::string_view to_string(CudaWorkOrder order) {
     case CudaWorkOrder::Auto: return "auto";
     case CudaWorkOrder::AcrossHeads: return "across-heads";
     case CudaWorkOrder::HeadByHead: return "head-by-head";
+    case CudaWorkOrder::HeavyFirst: return "heavy-first";
   }
   return "?";
 }
 
 CudaWorkOrder parse_cuda_work_order(std::string_view name) {
-  for (const CudaWorkOrder order : {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead})
+  for (const CudaWorkOrder order :
+       {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead, CudaWorkOrder::HeavyFirst})
     if (name == to_string(order)) return order;
-  throw InvalidArgument(
-      detail::concat("unknown cuda work order '", name, "' (expected auto, across-heads or head-by-head)"));
+  throw InvalidArgument(detail::concat("unknown cuda work order '", name,
+                                       "' (expected auto, across-heads, head-by-head or heavy-first)"));
 }
 
 std::string_view to_string(CudaBlockSchedule schedule) {
   switch (schedule) {
     case CudaBlockSchedule::Balanced: return "balanced";
     case CudaBlockSchedule::RoundRobin: return "round-robin";
+    case CudaBlockSchedule::Snake: return "snake";
   }
   return "?";
 }
 
 CudaBlockSchedule parse_cuda_block_schedule(std::string_view name) {
-  for (const CudaBlockSchedule schedule : {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin})
+  for (const CudaBlockSchedule schedule :
+       {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin, CudaBlockSchedule::Snake})
     if (name == to_string(schedule)) return schedule;
   throw InvalidArgument(
-      detail::concat("unknown cuda block schedule '", name, "' (expected balanced or round-robin)"));
+      detail::concat("unknown cuda block schedule '", name, "' (expected balanced, round-robin or snake)"));
 }
 
 struct CudaBackend::State {
@@ -223,10 +227,11 @@ CudaBackend::CudaBackend(CudaBackendOptions options) : state_(std::make_unique<S
                  options.kernel == CudaKernel::Sm90PingPong,
              InvalidArgument, "CudaBackendOptions::kernel is not a CudaKernel (", int(options.kernel), ")");
   STSA_CHECK(options.work_order == CudaWorkOrder::Auto || options.work_order == CudaWorkOrder::AcrossHeads ||
-                 options.work_order == CudaWorkOrder::HeadByHead,
+                 options.work_order == CudaWorkOrder::HeadByHead || options.work_order == CudaWorkOrder::HeavyFirst,
              InvalidArgument, "CudaBackendOptions::work_order is not a CudaWorkOrder (", int(options.work_order), ")");
   STSA_CHECK(options.block_schedule == CudaBlockSchedule::Balanced ||
-                 options.block_schedule == CudaBlockSchedule::RoundRobin,
+                 options.block_schedule == CudaBlockSchedule::RoundRobin ||
+                 options.block_schedule == CudaBlockSchedule::Snake,
              InvalidArgument, "CudaBackendOptions::block_schedule is not a CudaBlockSchedule (",
              int(options.block_schedule), ")");
   state_->options = options;
@@ -359,6 +364,8 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
     params.head_count = int(launch.count);
     std::copy_n(launch.heads->begin() + std::ptrdiff_t(launch.first), launch.count, params.heads);
     params.work_order = launch.schedule.work_order;
+    params.heavy_ranks = launch.schedule.heavy_ranks;
+    params.snake = launch.schedule.snake ? 1 : 0;
     params.block_item_begin = launch.schedule.block_item_begin;
     params.block_items = launch.schedule.block_items;
     if (is_sm90(kernel))

@@ -23,7 +23,11 @@ namespace {
 
 // A fixed work order as the kernels name it (Auto is resolved by the model).
 WorkOrder fixed_order(CudaWorkOrder order) {
-  return order == CudaWorkOrder::HeadByHead ? kWorkHeadByHead : kWorkAcrossHeads;
+  switch (order) {
+    case CudaWorkOrder::HeadByHead: return kWorkHeadByHead;
+    case CudaWorkOrder::HeavyFirst: return kWorkHeavyFirst;
+    default: return kWorkAcrossHeads;
+  }
 }
 
 OrderChoice schedule_items(const DevicePlan::Arrays& plan, const CudaBackendOptions& options, std::int64_t pairs,
@@ -69,6 +73,7 @@ LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackend
   if (!persistent) {
     LaunchSchedule launch;
     launch.work_order = fixed_order(options.work_order);
+    if (launch.work_order == kWorkHeavyFirst) launch.heavy_ranks = heavy_first_ranks(plan.rank_costs);
     return launch;
   }
   const std::lock_guard lock(plan.schedule_mutex);
@@ -76,8 +81,8 @@ LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackend
     if (cached.pairs == pairs && cached.persistent_blocks == persistent_blocks && cached.order == options.work_order &&
         cached.policy == options.block_schedule)
       return cached.launch;
-  // Round-robin is walked by arithmetic in the kernel (no list on the device):
-  // only the balanced schedule's lists are uploaded.
+  // Round-robin and snake are walked by arithmetic in the kernel (no list on
+  // the device): only the balanced schedule's lists are uploaded.
   const bool uploads = options.block_schedule == CudaBlockSchedule::Balanced;
   STSA_CHECK(may_upload || !uploads, InvalidArgument,
              capture_needs_warm_up(detail::concat("the block schedule of this launch shape (", pairs,
@@ -97,6 +102,8 @@ LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackend
   cached.order = options.work_order;
   cached.policy = options.block_schedule;
   cached.launch.work_order = choice.order;
+  cached.launch.heavy_ranks = choice.schedule.heavy_ranks;
+  cached.launch.snake = options.block_schedule == CudaBlockSchedule::Snake;
   if (uploads)
     std::tie(cached.storage, cached.bytes) = upload(choice.schedule, cached.launch);
   else

@@ -12,6 +12,8 @@ namespace stsa::cuda_detail {
 
 struct LaunchSchedule {
   int work_order = 0;                              // WorkOrder
+  int heavy_ranks = 0;                             // the heavy-first order's (work_items.hpp)
+  bool snake = false;                              // without lists: the snake walk (block_walk.hpp)
   int blocks = 0;                                  // persistent grid (sm90); 0 for sm80
   // The balanced schedule's lists on the device; null for round-robin, which
   // the kernel walks by arithmetic (block b: items b, b + blocks, ...).

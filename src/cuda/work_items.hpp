@@ -8,7 +8,9 @@
 //     fall monotonically over the whole list;
 //   head by head: (batch, head slot) slowest, every tile of one head
 //     (heaviest first) before the next, so the blocks running at one moment
-//     read one head's K and V (at 1440p one head's K and V are 3x the L2).
+//     read one head's K and V (at 1440p one head's K and V are 3x the L2);
+//   heavy first: ranks below heavy_ranks (the heavy tiles, a prefix of the
+//     ranks) across heads, then the other ranks head by head.
 // CudaWorkOrder::Auto picks one per launch (work_order_model.hpp).
 #pragma once
 
@@ -16,16 +18,24 @@
 
 namespace stsa::cuda_detail {
 
-enum WorkOrder : int { kWorkAcrossHeads = 0, kWorkHeadByHead = 1 };
+enum WorkOrder : int { kWorkAcrossHeads = 0, kWorkHeadByHead = 1, kWorkHeavyFirst = 2 };
 
 struct WorkSlot {
   int rank, batch, head_slot;
 };
 
-// Item 0 <= item < q_tiles * batch * head_count of a launch.
-STSA_HOST_DEVICE WorkSlot work_slot(int item, int q_tiles, int batch, int head_count, int order) {
+// Item 0 <= item < q_tiles * batch * head_count of a launch; heavy_ranks in
+// [0, q_tiles] is read by the heavy-first order only.
+STSA_HOST_DEVICE WorkSlot work_slot(int item, int q_tiles, int batch, int head_count, int order, int heavy_ranks) {
   const int pairs = batch * head_count;
   int rank, pair;
+  if (order == kWorkHeavyFirst && item < heavy_ranks * pairs) {
+    order = kWorkAcrossHeads;  // the heavy ranks of every pair
+  } else if (order == kWorkHeavyFirst) {
+    const int rest = item - heavy_ranks * pairs, light_ranks = q_tiles - heavy_ranks;
+    pair = rest / light_ranks;
+    return {heavy_ranks + (rest - pair * light_ranks), pair / head_count, pair % head_count};
+  }
   if (order == kWorkHeadByHead) {
     pair = item / q_tiles;
     rank = item - pair * q_tiles;

@@ -35,7 +35,9 @@ assert rc == 0, rc
 import json  # noqa: E402
 live = json.load(open(os.path.join(bench_gpu, "predictions.json")))["predictions"]
 assert live and all(p["metric"] in ("kept_tflops", "vs_cudnn", "vs_flex", "sm_ghz", "routing_ms", "routing_device_ms",
-                                    "overhead_share") and p["low"] <= p["high"] for p in live), live
+                                    "overhead_share", "vs_default") and p["low"] <= p["high"] and set(p) <= {
+                                        "metric", "shape", "case", "low", "high", "source", "kernel"}
+                    for p in live), live
 # RESULTS.md, second run, the configuration Auto then took at 1440p: 596 / 579 /
 # 542 / 535 TFLOP/s against cuDNN's 558; 1.42 / 1.39 / 1.29 / 1.32x FlexAttention;
 # dense 1.06x cuDNN; routing + permutation 3.2% of the attention time.
@@ -78,6 +80,24 @@ verdicts = [r[6] for r in targets.prediction_rows(route_values, [
     {"metric": "routing_device_ms", "low": 0.9, "high": 1.4}, {"metric": "overhead_share", "low": 0.026, "high": 0.03}])]
 assert verdicts == ["inside", "below"], verdicts
 assert ("routing_device_ms", None, None) not in targets.measured({}, {"routing_ms": 2.1}, "k")
+
+# The run's other kernels: a line each with the targets their rows meet, and a
+# prediction that names a kernel reads that kernel's figures.
+variant = {("kept_tflops", "720p", "s0.10"): 610.0, ("cudnn_tflops", "720p", "s0.10"): 600.0,
+           ("vs_flex", "720p", "s0.10"): 1.2}
+line = targets.variant_lines({"k+snake": variant})[0]
+assert line == "k+snake: 1 of 2 kernel targets met; missed: 720p s0.10 vs-flex", line
+rows = targets.prediction_rows({}, [{"metric": "kept_tflops", "shape": "720p", "case": "s0.10", "low": 600,
+                                     "high": 620, "kernel": "k+snake"},
+                                    {"metric": "kept_tflops", "shape": "720p", "case": "s0.10", "low": 600,
+                                     "high": 620, "kernel": "not-run"}], {"k+snake": variant})
+assert [(r[0], r[6]) for r in rows] == [("kept_tflops (k+snake)", "inside"), ("kept_tflops (not-run)", "no figure")], rows
+
+# vs_default: a variant's kept-tile TFLOP/s over the default kernel's, case by case.
+ratios = targets.with_vs_default({("kept_tflops", "720p", "s0.10"): 630.0, ("kept_tflops", "1440p", "s0.10"): 1.0},
+                                 {("kept_tflops", "720p", "s0.10"): 600.0})
+assert abs(ratios[("vs_default", "720p", "s0.10")] - 1.05) < 1e-12, ratios
+assert ("vs_default", "1440p", "s0.10") not in ratios, ratios  # no default figure: no ratio
 
 # A file that cannot be read: exit 2 and one line, no traceback.
 err = io.StringIO()

@@ -16,6 +16,7 @@
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/gpu_support.hpp"
@@ -538,11 +539,12 @@ TEST_P(GpuAttention, MoreThan64HeadsTakeTwoLaunches) {
 // 4 stages, D = 128: 2), the producer runs ahead into the next item in every
 // round, and ping-pong turns carry across items. (The sm80 kernel is not
 // persistent: for it this is one more ordinary case.)
-// Both block schedules: round-robin gives block b items b, b + G, ...; the
-// balanced one other lists (the same count per block here, 4 of 12 items on
-// 3 blocks, but of unequal items).
+// Every block schedule: round-robin gives block b items b, b + G, ...; snake
+// b, 2G - 1 - b, 2G + b, ...; the balanced one other lists (the same count
+// per block here, 4 of 12 items on 3 blocks, but of unequal items).
 TEST_P(GpuAttention, FewPersistentBlocksRunEveryItem) {
-  for (const CudaBlockSchedule schedule : {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin})
+  for (const CudaBlockSchedule schedule :
+       {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin, CudaBlockSchedule::Snake})
     for (const int blocks : {1, 3}) {
       SCOPED_TRACE(::testing::Message() << to_string(schedule) << ", " << blocks << " blocks");
       block_schedule_ = schedule;
@@ -559,7 +561,8 @@ TEST_P(GpuAttention, FewPersistentBlocksRunEveryItem) {
 // device plan and found again, never another shape's.
 TEST_P(GpuAttention, EachLaunchShapeGetsItsOwnBlockSchedule) {
   block_schedule_ = CudaBlockSchedule::Balanced;  // the schedule kept on the device
-  for (const CudaWorkOrder order : {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead}) {
+  for (const CudaWorkOrder order :
+       {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead, CudaWorkOrder::HeavyFirst}) {
     SCOPED_TRACE(to_string(order));
     work_order_ = order;
     persistent_blocks_ = 5;
@@ -589,11 +592,17 @@ TEST_P(GpuAttention, EachLaunchShapeGetsItsOwnBlockSchedule) {
 
 // Each fixed work order walks the same items in its own order: same answers,
 // through the persistent loop (more items than SMs, batch 2) and through calls
-// with several plans (one launch each).
+// with several plans (one launch each); heavy first (the anchor rows lead) by
+// round-robin and by snake.
 TEST_P(GpuAttention, EveryWorkOrderGivesTheSameAnswers) {
-  for (const CudaWorkOrder order : {CudaWorkOrder::HeadByHead, CudaWorkOrder::AcrossHeads}) {
-    SCOPED_TRACE(to_string(order));
+  for (const auto& [order, schedule] :
+       {std::pair{CudaWorkOrder::HeadByHead, CudaBlockSchedule::RoundRobin},
+        std::pair{CudaWorkOrder::AcrossHeads, CudaBlockSchedule::RoundRobin},
+        std::pair{CudaWorkOrder::HeavyFirst, CudaBlockSchedule::Snake},
+        std::pair{CudaWorkOrder::HeavyFirst, CudaBlockSchedule::RoundRobin}}) {
+    SCOPED_TRACE(::testing::Message() << to_string(order) << ", " << to_string(schedule));
     work_order_ = order;
+    block_schedule_ = schedule;
     const Case many{make_layout(21, 8, 12, 40, TextPlacement::After, 2, 8, 128), DType::BF16, DType::BF16,
                     MemoryLayout::BNHD, 0.2, /*sample_rows=*/96};
     PlanCache cache;
@@ -740,7 +749,8 @@ TEST(GpuAttentionInput, NegativePersistentBlocksAreInvalid) {
 }
 
 TEST(GpuAttentionInput, BlockScheduleNamesRoundTrip) {
-  for (const CudaBlockSchedule schedule : {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin})
+  for (const CudaBlockSchedule schedule :
+       {CudaBlockSchedule::Balanced, CudaBlockSchedule::RoundRobin, CudaBlockSchedule::Snake})
     EXPECT_EQ(parse_cuda_block_schedule(to_string(schedule)), schedule);
   EXPECT_THROW(parse_cuda_block_schedule("dynamic"), InvalidArgument);
   EXPECT_EQ(CudaBackend().options().block_schedule, CudaBlockSchedule::RoundRobin);
@@ -750,12 +760,13 @@ TEST(GpuAttentionInput, BlockScheduleNamesRoundTrip) {
 }
 
 TEST(GpuAttentionInput, WorkOrderNamesRoundTrip) {
-  for (const CudaWorkOrder order : {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead})
+  for (const CudaWorkOrder order :
+       {CudaWorkOrder::Auto, CudaWorkOrder::AcrossHeads, CudaWorkOrder::HeadByHead, CudaWorkOrder::HeavyFirst})
     EXPECT_EQ(parse_cuda_work_order(to_string(order)), order);
   EXPECT_THROW(parse_cuda_work_order("random"), InvalidArgument);
   EXPECT_EQ(CudaBackend().options().work_order, CudaWorkOrder::Auto);
   CudaBackendOptions nonsense;
-  nonsense.work_order = static_cast<CudaWorkOrder>(3);
+  nonsense.work_order = static_cast<CudaWorkOrder>(4);
   EXPECT_THROW(CudaBackend{nonsense}, InvalidArgument);
 }
 
