@@ -3,9 +3,10 @@
 // Work item: one 128-row query tile of one (batch, head), i.e. one row of the
 // plan. Items are walked heaviest query tile first (q_tile_order) in a work
 // order (work_items.hpp) and handed out statically: the grid has at most one
-// block per SM, and each block walks the list of items the host computed for it
-// (block_schedule.hpp: balanced by kept key tiles, or round-robin), so no
-// atomics and no hand-off of items from the producer to the consumers.
+// block per SM, and each block walks its items by arithmetic (round-robin or
+// snake, block_walk.hpp) or from a list the host computed for it
+// (block_schedule.hpp: balanced by kept key tiles), so no atomics and no
+// hand-off of items from the producer to the consumers.
 //
 // A block is three warpgroups with fixed roles (warp specialization):
 //   producer (warpgroup 0, one thread): TMA loads of Q and of every kept key
