@@ -147,7 +147,8 @@ TEST(CudaMaskPredicate, RowWindowsAgreeWithMaskAllows) {
   std::mt19937_64 rng(20261130);
   for (int i = 0; i < 24; ++i) codes.push_back(std::int32_t(rng() % std::uint64_t(kTop + 1)));
   std::vector<std::int32_t> widths = {-1, 0, 1, 2, 3, 999, 1 << 30, (1 << 30) + 1, kTop - 1, kTop, kTop + 1};
-  for (int i = 0; i < 8; ++i) widths.push_back(std::int32_t(rng() % std::uint64_t(kTop + 2)));
+  // Random widths in [-1, 2^31 - 1], the predicate's whole range.
+  for (int i = 0; i < 8; ++i) widths.push_back(std::int32_t(std::int64_t(rng() % (std::uint64_t(kTop) + 3)) - 1));
   std::int64_t checked = 0, allowed = 0;
   for (const std::int32_t width : widths) {
     cuda_detail::PredicateMask m;

@@ -297,9 +297,10 @@ __global__ void __launch_bounds__(RoutingBlock<kOutputs>::kThreads, 1) routing_p
           tile_max = fmaxf(tile_max, s[n][2 * r + e]);
         }
       m_new[r] = fmaxf(row_max[r], quad_max(tile_max));
-      // No key of the row allowed yet: every score is -inf, and -inf - 0 keeps P = 0.
+      // No key of the row allowed yet: every score is -inf, and -inf - 0 keeps P =
+      // 0; alpha stays 1 then (its state is still zero), so the rescale below can be skipped.
       m_shift[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];
-      alpha[r] = fast_exp2(row_max[r] - m_shift[r]);
+      alpha[r] = m_new[r] == -INFINITY ? 1.f : fast_exp2(row_max[r] - m_new[r]);
       row_max[r] = m_new[r];
       row_sum[r] *= alpha[r];
       row_kept[r] += __popc(allowed[r]);
