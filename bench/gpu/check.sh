@@ -19,7 +19,7 @@
 #      (NOTES' predictions) against this run's figures, met / missed / inside;
 #   6. run compute-sanitizer memcheck, racecheck and synccheck on small cases,
 #      and initcheck on the routing call (after the benchmarks, with the time
-#      they left, at least 140 s in all);
+#      they left, at least 80 s in all);
 #   7. if time is left: the CLI's `stsa bench --backend cuda` (checked against
 #      the fp64 reference), Nsight Compute (when ncu is there) on one sparse
 #      1440p call (s = STSA_CHECK_PROFILE_DENSITY, 0.1) of the first kernel (and

@@ -83,12 +83,14 @@ def target_rows(values):
     return rows
 
 
-def prediction_rows(values, predictions, variants=None):
+def prediction_rows(values, predictions, variants=None, kernel=None):
     """(metric, shape, case, low, high, measured, verdict, source) per prediction; a
-    prediction that names a "kernel" reads that variant's figures (variants: kernel -> values)."""
+    prediction that names a "kernel" other than `kernel` (whose figures are `values`)
+    reads that variant's figures (variants: kernel -> values)."""
     rows = []
     for p in predictions:
-        source_values = (variants or {}).get(p["kernel"], {}) if p.get("kernel") else values
+        named = p.get("kernel")
+        source_values = values if named in (None, kernel) else (variants or {}).get(named, {})
         value = source_values.get((p["metric"], p.get("shape"), p.get("case")))
         verdict = ("no figure" if value is None else "below" if value < p["low"]
                    else "above" if value > p["high"] else "inside")
@@ -127,7 +129,8 @@ def report(values, predictions, kernel, variants=None):
     if predictions:
         lines += ["", "predictions (bench/NOTES.md):", "metric | shape | case | predicted | measured | verdict | source",
                   "--- | --- | --- | --- | --- | --- | ---"]
-        for metric, shape, case, low, high, got, verdict, source in prediction_rows(values, predictions, variants):
+        for metric, shape, case, low, high, got, verdict, source in prediction_rows(values, predictions, variants,
+                                                                                   kernel):
             lines.append(f"{metric} | {shape or '-'} | {case or '-'} | {fmt(low)}-{fmt(high)} | {fmt(got)} | "
                          f"{verdict} | {source}")
     return "\n".join(lines)

@@ -20,7 +20,7 @@ struct BlockWalk {
 };
 
 // Block `block` of `blocks` (0 <= block < blocks, blocks <= items) over
-// `items` items; items + blocks must fit int (the host checks the launch).
+// `items` <= INT_MAX items; at(k) is exact for k < count (not past it).
 STSA_HOST_DEVICE BlockWalk block_walk(int items, int block, int blocks, bool snake) {
   const int rounds = items / blocks, last = items - rounds * blocks;  // full rounds, items of the short one
   const int mirror = snake ? blocks - 1 - block : block;

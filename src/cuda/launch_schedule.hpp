@@ -15,8 +15,8 @@ struct LaunchSchedule {
   int heavy_ranks = 0;                             // the heavy-first order's (work_items.hpp)
   bool snake = false;                              // without lists: the snake walk (block_walk.hpp)
   int blocks = 0;                                  // persistent grid (sm90); 0 for sm80
-  // The balanced schedule's lists on the device; null for round-robin, which
-  // the kernel walks by arithmetic (block b: items b, b + blocks, ...).
+  // The balanced schedule's lists on the device; null for round-robin and
+  // snake, which the kernel walks by arithmetic (block_walk.hpp).
   const std::int32_t* block_item_begin = nullptr;  // device, [blocks + 1]
   const std::int32_t* block_items = nullptr;       // device, every item once
 };

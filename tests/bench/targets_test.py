@@ -92,6 +92,10 @@ rows = targets.prediction_rows({}, [{"metric": "kept_tflops", "shape": "720p", "
                                     {"metric": "kept_tflops", "shape": "720p", "case": "s0.10", "low": 600,
                                      "high": 620, "kernel": "not-run"}], {"k+snake": variant})
 assert [(r[0], r[6]) for r in rows] == [("kept_tflops (k+snake)", "inside"), ("kept_tflops (not-run)", "no figure")], rows
+# A prediction naming the judged kernel itself reads its own figures.
+rows = targets.prediction_rows({("kept_tflops", "720p", "s0.10"): 605.0}, [
+    {"metric": "kept_tflops", "shape": "720p", "case": "s0.10", "low": 600, "high": 620, "kernel": "k"}], {}, "k")
+assert rows[0][6] == "inside", rows
 
 # vs_default: a variant's kept-tile TFLOP/s over the default kernel's, case by case.
 ratios = targets.with_vs_default({("kept_tflops", "720p", "s0.10"): 630.0, ("kept_tflops", "1440p", "s0.10"): 1.0},

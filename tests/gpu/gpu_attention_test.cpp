@@ -642,6 +642,11 @@ TEST_P(GpuSanitize, SmallMixedCalls) {
   for (const std::int64_t dim : {64, 128})
     for (const DType in : {DType::BF16, DType::F16})
       run_case({make_layout(2, 9, 9, 7, TextPlacement::After, 1, 4, dim), in, DType::BF16});
+  // The heavy-first order walked by snake over three blocks (memcheck: every item decoded in bounds).
+  work_order_ = CudaWorkOrder::HeavyFirst;
+  block_schedule_ = CudaBlockSchedule::Snake;
+  persistent_blocks_ = 3;
+  run_case({make_layout(3, 9, 9, 7, TextPlacement::After, 1, 4, 128), DType::BF16, DType::BF16});
 }
 
 // One call (two query tiles, every mask kind, a ragged tile): what the slow
