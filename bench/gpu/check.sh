@@ -22,9 +22,10 @@
 #      they left, at least 80 s in all);
 #   7. if time is left: the CLI's `stsa bench --backend cuda` (checked against
 #      the fp64 reference), Nsight Compute (when ncu is there) on one sparse
-#      1440p call (s = STSA_CHECK_PROFILE_DENSITY, 0.1) of the first kernel (and
-#      of its first variant in the table, e.g. +balanced) and on the routing
-#      kernels, and the demo (built in the background meanwhile).
+#      call (STSA_CHECK_PROFILE_SHAPE, 45x80 = 720p; STSA_CHECK_PROFILE_DENSITY,
+#      0.5) of the first kernel and of each of its variants in the table (e.g.
+#      +heavy-first+snake, +balanced) and on the routing kernels, and the demo
+#      (built in the background meanwhile).
 # $OUT (default build-gpu/out) receives check.log (everything this prints),
 # build.log (configure and compiler output), build_cli.log, gpu_route_bench.json
 # (step 4; gpu_route_bench_head_by_head.json too when asked), gpu_bench.json and
@@ -298,30 +299,33 @@ else
   tail -n 20 "$OUT/build_cli.log"
   FAILED+=("cli_build")
 fi
-# What the next optimisation should aim at: Nsight Compute on one sparse 1440p
-# call of the first kernel left (the expected fastest), and of its first variant
-# when one is in the table, then on the routing kernels; before the demo,
-# which they may leave without time. Information, not steps: missing ncu or
-# counters it may not read fail nothing.
+# What the next optimisation should aim at: Nsight Compute on one sparse call
+# of the first kernel left (the expected fastest) and of each of its variants
+# in the table, then on the routing kernels; before the demo, which they may
+# leave without time. Information, not steps: missing ncu or counters it may
+# not read fail nothing. 720p at s = 0.5 by default: the walks differ most in
+# L2 hits there (bench/NOTES.md, "Heavy first, snake": 0.62 round-robin, 0.96
+# snake, 0.98 balanced in the model), and a 25 ms launch replays in seconds
+# where 1440p s = 0.5 (0.58 s, and the host filling 1440p inputs) ran out of 60 s.
 NCU="$(find_tool ncu)"
 if [ -z "$NCU" ]; then NCU="$(ls /usr/local/cuda*/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -n 1 || true)"; fi
 # --clock-control none: the card's clocks are left as they are (and as they were seen to work here).
 NCU_SECTIONS=(--clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis
   --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy)
-PROFILE_DENSITY="${STSA_CHECK_PROFILE_DENSITY:-0.1}"  # s = 0.5 (0.58 s) did not fit 60 s of replay (third run)
+PROFILE_DENSITY="${STSA_CHECK_PROFILE_DENSITY:-0.5}"
+PROFILE_SHAPE="${STSA_CHECK_PROFILE_SHAPE:-45x80}"  # latent height x width: 720p (1440p: 90x160)
 PROFILED=("${KERNELS%%,*}")
 BENCH_LIST="${BENCH_KERNELS:-}"
 for EXTRA in ${BENCH_LIST//,/ }; do
-  if [[ "$EXTRA" == "${PROFILED[0]}+"* ]]; then PROFILED+=("$EXTRA"); break; fi
+  if [[ "$EXTRA" == "${PROFILED[0]}+"* ]]; then PROFILED+=("$EXTRA"); fi
 done
 for KERNEL in "${PROFILED[@]}"; do
   if [ -n "$NCU" ] && [ $(( HARD_S - $(elapsed) )) -ge 65 ]; then
-    # s = 0.2 took 43 s of its 45 (mostly the host filling 1440p inputs); s = 0.5 replays a 0.53 s launch.
-    step "profile: ncu on one sparse 1440p call (s = $PROFILE_DENSITY) of $KERNEL (60 s limit)"
+    step "profile: ncu on one sparse ${PROFILE_SHAPE} call (s = $PROFILE_DENSITY) of $KERNEL (60 s limit)"
     # One untimed launch (--warmup 0 --repeats 1): ncu replays it with the caches flushed.
     timeout 60 "$NCU" "${NCU_SECTIONS[@]}" --kernel-name regex:attention --launch-count 1 "$BUILD/stsa_gpu_bench" \
-      --height 90 --width 160 --densities "$PROFILE_DENSITY" --kernels "$KERNEL" --warmup 0 --repeats 1 \
-      --permutation false --json "$BUILD/profile_bench.json" 2>&1 | tail -n 150 || true
+      --height "${PROFILE_SHAPE%x*}" --width "${PROFILE_SHAPE#*x}" --densities "$PROFILE_DENSITY" --kernels "$KERNEL" \
+      --warmup 0 --repeats 1 --permutation false --json "$BUILD/profile_bench.json" 2>&1 | tail -n 150 || true
   else
     echo "profile of $KERNEL skipped: ${NCU:-no ncu}, $(elapsed) s used"
   fi
