@@ -52,15 +52,18 @@ BlockSchedule greedy(std::span<const std::int64_t> handed_out, std::span<const s
   return lists_of(handed_out, block_of, item_cost, blocks);
 }
 
-}  // namespace
-
-std::int64_t heavy_item_cost(std::span<const std::int32_t> rank_costs) {
+// The upper median of the rank costs (element size / 2 of the sorted costs); 0 for none.
+std::int64_t upper_median(std::span<const std::int32_t> rank_costs) {
   std::vector<std::int32_t> sorted(rank_costs.begin(), rank_costs.end());
   if (sorted.empty()) return 0;
   const auto middle = sorted.begin() + std::ptrdiff_t(sorted.size() / 2);
   std::nth_element(sorted.begin(), middle, sorted.end());
-  return 2 * std::int64_t(*middle);
+  return *middle;
 }
+
+}  // namespace
+
+std::int64_t heavy_item_cost(std::span<const std::int32_t> rank_costs) { return 2 * upper_median(rank_costs); }
 
 BlockSchedule make_block_schedule(std::span<const std::int32_t> rank_costs, std::int64_t pairs, std::int64_t blocks,
                                   WorkOrder order, CudaBlockSchedule policy) {
@@ -108,11 +111,7 @@ BlockSchedule make_block_schedule(std::span<const std::int32_t> rank_costs, std:
 }
 
 int heavy_first_ranks(std::span<const std::int32_t> rank_costs) {
-  std::vector<std::int32_t> sorted(rank_costs.begin(), rank_costs.end());
-  if (sorted.empty()) return 0;
-  const auto middle = sorted.begin() + std::ptrdiff_t(sorted.size() / 2);
-  std::nth_element(sorted.begin(), middle, sorted.end());
-  const std::int64_t median = *middle;
+  const std::int64_t median = upper_median(rank_costs);
   int ranks = 0;
   while (ranks < int(rank_costs.size()) && 2 * std::int64_t(rank_costs[std::size_t(ranks)]) > 3 * median) ++ranks;
   return ranks;
