@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <vector>
 
+#include "cuda/output_order.hpp"
 #include "cuda/video_order.hpp"
 #include "stsa/layout.hpp"
+#include "stsa/permute.hpp"
 
 namespace stsa {
 namespace {
@@ -60,6 +63,27 @@ TEST(CudaVideoOrder, ReorderedPositionsFollowTheGridAndTextKeepsItsPlace) {
                         std::uint32_t(g.tokens_per_frame()), to_spatial, from_spatial),
                     std::uint32_t(expected));
         }
+      }
+}
+
+// The epilogue's row map (output_order.hpp): the kernel's row at position p of
+// its tensors' order is stored where scatter_heads would move it, at the same
+// token's position in the output order (text tokens, one frame, both ways).
+TEST(CudaVideoOrder, OutputTokensGoWhereTheScatterPutsThem) {
+  const VideoGrid grids[] = {{1, 3, 5, 4, TextPlacement::After},
+                             {2, 1, 1},
+                             {7, 3, 4, 5, TextPlacement::Before},
+                             {21, 6, 9, 3, TextPlacement::After}};
+  for (const VideoGrid& g : grids)
+    for (const TokenOrder tokens : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor})
+      for (const TokenOrder out : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor}) {
+        const cuda_detail::OutputOrder order{int(g.video_begin()), int(g.frames), int(g.tokens_per_frame()),
+                                             tokens == TokenOrder::SpatialMajor, out == TokenOrder::SpatialMajor};
+        // map[p] = the position in `out` order of the token at position p in `tokens` order.
+        const std::vector<std::int64_t> map = permutation_map(g, out, tokens);
+        for (std::int64_t p = 0; p < g.tokens(); ++p)
+          ASSERT_EQ(cuda_detail::output_token(order, int(p)), map[std::size_t(p)])
+              << g.describe() << " p " << p << (tokens == out ? " (same order)" : "");
       }
 }
 

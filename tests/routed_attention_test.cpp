@@ -3,7 +3,11 @@
 // and come back in place; shapes are awkward on purpose.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <memory>
+
 #include "stsa/error.hpp"
+#include "stsa/permute.hpp"
 #include "stsa/routed.hpp"
 #include "stsa/synth.hpp"
 #include "support/routed_cases.hpp"
@@ -66,6 +70,92 @@ TEST(RoutedAttention, RoutesSyntheticHeadsAndMatchesTheReference) {
     const testing::Comparison cmp = testing::compare_with_reference(p);
     EXPECT_TRUE(cmp.ok()) << cmp.failure;
   }
+}
+
+// A host executor that offers the fused scatter (as the CUDA one does), doing
+// it as attention into its own packed output and scatter_heads, and noting
+// what run_routed() asked of it.
+class FusingHostExecutor final : public RoutedExecutor {
+ public:
+  PackedHeads allocate(const RoutedCall& call, std::int64_t count, bool with_output) override {
+    asked_for_output = with_output;
+    return host_.allocate(call, count, with_output);
+  }
+  void gather(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+              std::span<const TensorView> sources, std::span<const TensorView> packed) override {
+    host_.gather(grid, from, to, heads, sources, packed);
+  }
+  void scatter(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+               std::span<const TensorView> packed, std::span<const TensorView> dests, const LseView& packed_lse,
+               const LseView& lse) override {
+    ++scatters;
+    host_.scatter(grid, from, to, heads, packed, dests, packed_lse, lse);
+  }
+  void attend(const Backend& backend, const AttentionCall& call) override { host_.attend(backend, call); }
+  bool fuses_scatter(const Backend&) const override { return true; }
+  void attend_scattered(const Backend& backend, const AttentionCall& packed, const ScatteredOutput& out) override {
+    ++fused_calls;
+    EXPECT_EQ(packed.o.data, nullptr);  // no packed output was allocated
+    AttentionCall with_output = packed;
+    Tensor o(out.o.dtype, packed.layout.batch, packed.layout.tokens(), packed.layout.heads, packed.layout.head_dim);
+    LseBuffer lse;
+    if (out.lse.data != nullptr) lse = LseBuffer(packed.layout.batch, packed.layout.heads, packed.layout.tokens());
+    with_output.o = o.view();
+    with_output.lse = lse.view();
+    backend.run(with_output);
+    const TensorView packed_o[] = {with_output.o};
+    const TensorView full_o[] = {out.o};
+    scatter_heads(out.grid, out.from, out.to, out.heads, packed_o, full_o, with_output.lse, out.lse);
+  }
+  int mark() override { return host_.mark(); }
+  double elapsed_ms(int from, int to) override { return host_.elapsed_ms(from, to); }
+
+  bool asked_for_output = true;
+  int scatters = 0, fused_calls = 0;
+
+ private:
+  HostRoutedExecutor host_;
+};
+
+// run_routed() with an executor that fuses the scatter: no packed output, no
+// scatter pass, the gather alone counted as permutation, and the same answer
+// (to the bit) as the two steps; with fuse_scatter off, the two steps.
+TEST(RoutedAttention, AFusedScatterSkipsThePackedOutputAndTheScatterPass) {
+  const VideoLayout layout{{5, 7, 9, 13, TextPlacement::Before}, 2, 5, 64};
+  const testing::CyclingDecisions given = testing::cycling_decisions(layout);
+  const std::uint64_t seed = testing::fresh_seed();
+  const Backend& cpu = backend("cpu");
+  testing::Problem fused = testing::make_problem(layout, DType::F32, given.reference_masks, seed);
+  testing::Problem two_step = testing::make_problem(layout, DType::F32, given.reference_masks, seed);
+  PlanCache plans;
+  FusingHostExecutor fusing;
+  const RoutedResult a = run_routed(fusing, cpu, plans, routed_call(fused), given.decisions);
+  ASSERT_FALSE(a.temporal.empty());
+  EXPECT_TRUE(a.scatter_fused);
+  EXPECT_FALSE(fusing.asked_for_output);
+  EXPECT_EQ(fusing.fused_calls, 1);
+  EXPECT_EQ(fusing.scatters, 0);
+  const testing::Comparison cmp = testing::compare_with_reference(fused);
+  EXPECT_TRUE(cmp.ok()) << cmp.failure;
+
+  FusingHostExecutor declined;
+  RoutedOptions options;
+  options.fuse_scatter = false;
+  const RoutedResult b = run_routed(declined, cpu, plans, routed_call(two_step), given.decisions, options);
+  EXPECT_FALSE(b.scatter_fused);
+  EXPECT_TRUE(declined.asked_for_output);
+  EXPECT_EQ(declined.fused_calls, 0);
+  EXPECT_EQ(declined.scatters, 1);
+  // The gather moves 3 tensors, the scatter 1 and the LSE: bytes counted only for passes that ran.
+  EXPECT_GT(b.permutation_bytes, a.permutation_bytes);
+  EXPECT_EQ(std::memcmp(fused.o.view().data, two_step.o.view().data,
+                        std::size_t(fused.o.view().numel()) * element_size(fused.o.view().dtype)),
+            0);
+  const LseView la = fused.lse.view(), lb = two_step.lse.view();
+  for (std::int64_t batch = 0; batch < layout.batch; ++batch)
+    for (std::int64_t h = 0; h < layout.heads; ++h)
+      for (std::int64_t n = 0; n < layout.tokens(); ++n)
+        ASSERT_EQ(std::memcmp(&la.at(batch, h, n), &lb.at(batch, h, n), sizeof(float)), 0) << h << " " << n;
 }
 
 TEST(RoutedAttention, RejectsMismatchedDecisionsAndTensors) {

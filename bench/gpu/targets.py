@@ -47,9 +47,15 @@ def measured(bench, route, kernel):
             if flex_ms:
                 values[("vs_flex", name, label)] = flex_ms / rec["ms"]
     if route:
-        for key in ("routing_ms", "routing_device_ms", "permutation_ms", "overhead_share"):
+        for key in ("routing_ms", "routing_device_ms", "permutation_ms", "overhead_share", "two_step_permutation_ms",
+                    "two_step_overhead_share"):
             if route.get(key) is not None:
                 values[(key, None, None)] = route[key]
+        # The fused O scatter against its own pass, in one run: what the permutation saves, what attention pays.
+        if route.get("two_step_permutation_ms") is not None and route.get("permutation_ms") is not None:
+            values[("fused_scatter_saving_ms", None, None)] = route["two_step_permutation_ms"] - route["permutation_ms"]
+        if route.get("two_step_attention_ms") and route.get("attention_ms") is not None:
+            values[("fused_attention_ratio", None, None)] = route["attention_ms"] / route["two_step_attention_ms"]
     return values
 
 

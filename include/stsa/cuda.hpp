@@ -11,7 +11,8 @@
 //     16-byte aligned: data pointers and the B, N and H strides in bytes are
 //     multiples of 16;
 //   - tile plans of 128 x 128 tiles, in the tensors' token order (temporal
-//     heads are permuted first: cuda_gather_heads / cuda_scatter_heads);
+//     heads are gathered first, cuda_gather_heads, and their output scattered
+//     back by cuda_scatter_heads or by the kernel's stores, run_async_scattered);
 //   - a positive softmax scale;
 //   - a GPU of compute capability 8.0 or newer with enough shared memory per
 //     block (the sm80 kernel at D = 128: 136 KB, so A100/H100/H200 class, not
@@ -42,6 +43,7 @@
 
 #include "stsa/attention.hpp"
 #include "stsa/layout.hpp"
+#include "stsa/permute.hpp"
 #include "stsa/plan.hpp"
 #include "stsa/tensor.hpp"
 
@@ -226,6 +228,12 @@ class CudaBackend final : public Backend {
   // Validates and launches on `stream` (a cudaStream_t; nullptr: the default stream)
   // without waiting; a kernel fault then surfaces at the next synchronisation.
   void run_async(const AttentionCall& call, void* stream) const;
+  // run_async with O and LSE stored where `out` says (permute.hpp): the scatter
+  // of packed heads fused into the kernel's stores, as routed attention runs
+  // its temporal heads (no packed output, no second pass over it). call.o and
+  // call.lse must be empty (data == nullptr). Checked as run_async checks a
+  // call, out.o and out.lse in the roles of o and lse, plus the head map.
+  void run_async_scattered(const AttentionCall& call, const ScatteredOutput& out, void* stream) const;
 
   // The device copy of `plan` on the current device, uploaded on first use and
   // cached while the host plan lives: at most kMaxCachedPlans plans, the least
@@ -235,6 +243,7 @@ class CudaBackend final : public Backend {
   static constexpr std::size_t kMaxCachedPlans = 256;
 
  private:
+  void enqueue(const AttentionCall& call, const ScatteredOutput* scattered, void* stream) const;
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -38,8 +38,10 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
                          std::span<const std::int64_t> heads = {}, void* stream = nullptr);
 
 // run_routed() on the GPU: plans from `plans`, non-temporal heads in place,
-// temporal heads gathered into packed device buffers (cuda_gather_heads), run,
-// and scattered back, all enqueued on `stream`; returns when the outputs are
+// temporal heads gathered into packed device buffers (cuda_gather_heads) and
+// run with their O and LSE stored in place by the kernel (run_async_scattered;
+// with options.fuse_scatter off, into packed buffers and scattered back by
+// cuda_scatter_heads), all enqueued on `stream`; returns when the outputs are
 // written. Times come from CUDA events.
 RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
                              std::vector<HeadRoute> decisions, const RoutedOptions& options = {},

@@ -7,7 +7,8 @@
 //   3. backend call A: heads in frame-major order, temporal heads skipped;
 //   4. gather the temporal heads' Q, K, V into packed spatial-major buffers (one pass);
 //   5. backend call B on the packed heads;
-//   6. scatter their O and LSE back (one pass).
+//   6. scatter their O and LSE back (one pass), or, where the executor offers
+//      it (CUDA), step 5 stores them in place itself and there is no step 6.
 // Tensors come and go in frame-major token order.
 #pragma once
 
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "stsa/attention.hpp"
+#include "stsa/permute.hpp"
 #include "stsa/plan.hpp"
 #include "stsa/policy.hpp"
 #include "stsa/router.hpp"
@@ -49,6 +51,9 @@ struct RoutedOptions {
   TileShape tile;
   Alignment alignment = Alignment::Exact;
   int permute_threads = 0;  // 0: chosen from the copy size
+  // Where the executor offers it (CUDA): the packed call stores the temporal
+  // heads' O and LSE in place, instead of a packed output and a scatter pass.
+  bool fuse_scatter = true;
 };
 
 struct RoutedResult {
@@ -56,16 +61,18 @@ struct RoutedResult {
   std::vector<std::int64_t> temporal; // heads run in spatial-major order
   double routing_ms = 0;              // 0 when decisions were given
   double routing_flops = 0;
-  double permutation_ms = 0;          // gather + scatter
-  double permutation_bytes = 0;       // read + written
+  double permutation_ms = 0;          // gather + scatter (the gather alone when scatter_fused)
+  double permutation_bytes = 0;       // read + written by those passes
   double attention_ms = 0;            // both backend calls
+  bool scatter_fused = false;         // the packed call stored O and LSE in place
   double kept_tile_flops = 0;         // what the backend's tiles compute (all heads, all batch entries)
 
   double permutation_gbps() const { return permutation_ms > 0 ? permutation_bytes / permutation_ms / 1e6 : 0.0; }
 };
 
 // Packed buffers for the temporal heads: q, k, v, o logical [B, N, count, D] with
-// the call's dtypes, lse [B, count, N] when the call wants LSE (else data == nullptr).
+// the call's dtypes, lse [B, count, N] when the call wants LSE (else data == nullptr);
+// o and lse empty too when the scatter is fused (no packed output).
 struct PackedHeads {
   TensorView q, k, v, o;
   LseView lse;
@@ -81,7 +88,7 @@ struct PackedHeads {
 class RoutedExecutor {
  public:
   virtual ~RoutedExecutor() = default;
-  virtual PackedHeads allocate(const RoutedCall& call, std::int64_t count) = 0;
+  virtual PackedHeads allocate(const RoutedCall& call, std::int64_t count, bool with_output) = 0;
   // gather_heads / scatter_heads (permute.hpp) in this executor's memory.
   virtual void gather(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
                       std::span<const TensorView> sources, std::span<const TensorView> packed) = 0;
@@ -89,6 +96,14 @@ class RoutedExecutor {
                        std::span<const TensorView> packed, std::span<const TensorView> dests,
                        const LseView& packed_lse, const LseView& lse) = 0;
   virtual void attend(const Backend& backend, const AttentionCall& call) = 0;
+  // Whether attend_scattered() runs on `backend` (the attention storing the
+  // packed heads' O and LSE in place: steps 5 and 6 in one).
+  virtual bool fuses_scatter(const Backend& backend) const {
+    (void)backend;
+    return false;
+  }
+  // The packed call (its o and lse empty) with its output stored as `out` says.
+  virtual void attend_scattered(const Backend& backend, const AttentionCall& packed, const ScatteredOutput& out);
   virtual int mark() = 0;
   virtual double elapsed_ms(int from, int to) = 0;
 };
@@ -97,7 +112,7 @@ class RoutedExecutor {
 class HostRoutedExecutor final : public RoutedExecutor {
  public:
   explicit HostRoutedExecutor(int permute_threads = 0) : threads_(permute_threads) {}
-  PackedHeads allocate(const RoutedCall& call, std::int64_t count) override;
+  PackedHeads allocate(const RoutedCall& call, std::int64_t count, bool with_output) override;
   void gather(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
               std::span<const TensorView> sources, std::span<const TensorView> packed) override;
   void scatter(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,

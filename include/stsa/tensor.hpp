@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "stsa/dtype.hpp"
@@ -56,6 +57,12 @@ struct LseView {
   float& at(std::int64_t b, std::int64_t h, std::int64_t n) const { return data[offset(b, h, n)]; }
   std::pair<const std::byte*, const std::byte*> byte_extent() const;
 };
+
+// Whether two byte_extent() ranges share a byte (the aliasing checks of every entry point).
+inline bool extents_overlap(std::pair<const std::byte*, const std::byte*> a,
+                            std::pair<const std::byte*, const std::byte*> b) {
+  return a.first < b.second && b.first < a.second;
+}
 
 // Throws ResourceError if `bytes` exceeds this machine's physical memory (checked before allocating).
 void check_host_allocation(std::uint64_t bytes, const char* what);

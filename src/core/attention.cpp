@@ -31,10 +31,6 @@ void check_tensor(const char* name, const TensorView& t, const VideoLayout& layo
   STSA_CHECK(address % element_size(t.dtype) == 0, InvalidArgument, name, " is not aligned to its element size");
 }
 
-bool overlaps(std::pair<const std::byte*, const std::byte*> a, std::pair<const std::byte*, const std::byte*> b) {
-  return a.first < b.second && b.first < a.second;
-}
-
 }  // namespace
 
 float AttentionCall::scale() const {
@@ -54,7 +50,7 @@ void validate(const AttentionCall& call, bool require_plans) {
              call.softmax_scale);
   const auto o_extent = call.o.byte_extent();
   for (const auto* input : {&call.q, &call.k, &call.v})
-    STSA_CHECK(!overlaps(o_extent, input->byte_extent()), InvalidArgument, "o overlaps an input tensor");
+    STSA_CHECK(!extents_overlap(o_extent, input->byte_extent()), InvalidArgument, "o overlaps an input tensor");
   if (call.lse.data != nullptr) {
     const std::array<std::int64_t, 3> expected{call.layout.batch, call.layout.heads, call.layout.tokens()};
     STSA_CHECK(call.lse.shape == expected, InvalidArgument, "lse has shape [", call.lse.shape[0], ", ",
@@ -63,9 +59,9 @@ void validate(const AttentionCall& call, bool require_plans) {
     for (int i = 0; i < 3; ++i)
       STSA_CHECK(call.lse.stride[i] >= 0, InvalidArgument, "lse has negative stride in dimension ", i);
     const auto lse_extent = call.lse.byte_extent();
-    STSA_CHECK(!overlaps(lse_extent, o_extent), InvalidArgument, "lse overlaps o");
+    STSA_CHECK(!extents_overlap(lse_extent, o_extent), InvalidArgument, "lse overlaps o");
     for (const auto* input : {&call.q, &call.k, &call.v})
-      STSA_CHECK(!overlaps(lse_extent, input->byte_extent()), InvalidArgument, "lse overlaps an input tensor");
+      STSA_CHECK(!extents_overlap(lse_extent, input->byte_extent()), InvalidArgument, "lse overlaps an input tensor");
   }
   STSA_CHECK(std::int64_t(call.heads.size()) == call.layout.heads, InvalidArgument, "expected one mask per head (",
              call.layout.heads, "), got ", call.heads.size());

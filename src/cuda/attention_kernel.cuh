@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "cuda/attention_params.hpp"
+#include "cuda/output_store.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/work_items.hpp"
 
@@ -263,24 +264,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) tile_sparse_attention_ker
     if (token >= p.tokens) continue;
     const bool empty = sum == 0.f;  // NaN sums are not empty: they propagate
     const float inverse = empty ? 0.f : 1.f / sum;
-    const std::int64_t o_row = batch * p.o_stride[0] + std::int64_t(token) * p.o_stride[1] + head * p.o_stride[2];
+    const OutputRow out = output_row(p, batch, slot.head_slot, token);
 #pragma unroll
-    for (int n = 0; n < kD / 8; ++n) {
-      const int column = n * 8 + quad_lane * 2;
-      const float x = o_acc[n][2 * r] * inverse;
-      const float y = o_acc[n][2 * r + 1] * inverse;
-      if (p.out_type == kOutF32) {
-        *reinterpret_cast<float2*>(static_cast<float*>(p.o) + o_row + column) = make_float2(x, y);
-      } else if (p.out_type == kOutBF16) {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.o) + o_row + column) =
-            __floats2bfloat162_rn(x, y);
-      } else {
-        *reinterpret_cast<__half2*>(static_cast<__half*>(p.o) + o_row + column) = __floats2half2_rn(x, y);
-      }
-    }
-    if (p.lse != nullptr && quad_lane == 0)
-      p.lse[batch * p.lse_stride[0] + head * p.lse_stride[1] + std::int64_t(token) * p.lse_stride[2]] =
-          empty ? kNegInf : logf(sum) + row_max[r] * p.scale;
+    for (int n = 0; n < kD / 8; ++n)
+      store_output_pair(p, out.o + n * 8 + quad_lane * 2, o_acc[n][2 * r] * inverse, o_acc[n][2 * r + 1] * inverse);
+    if (p.lse != nullptr && quad_lane == 0) p.lse[out.lse] = empty ? kNegInf : logf(sum) + row_max[r] * p.scale;
   }
 }
 

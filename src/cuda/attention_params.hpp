@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/output_order.hpp"
+
 namespace stsa::cuda_detail {
 
 // Heads are passed by value in the parameter block; more heads take more launches.
@@ -26,6 +28,10 @@ struct AttentionParams {
   int head_dim = 0;
   int head_count = 0;  // entries used in heads[]
   int heads[kMaxHeadsPerLaunch] = {};
+  // Where the rows of heads[j] are stored: head o_heads[j] of o and lse (heads[j]
+  // itself unless the output is scattered), at output_token() of their position.
+  int o_heads[kMaxHeadsPerLaunch] = {};
+  OutputOrder o_order;
   int out_type = kOutF32;
   float scale = 0.f;       // softmax scale (natural units)
   float scale_log2 = 0.f;  // scale * log2(e): scores go through exp2

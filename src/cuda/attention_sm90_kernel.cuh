@@ -39,6 +39,7 @@
 #include "cuda/attention_launch.hpp"
 #include "cuda/attention_params.hpp"
 #include "cuda/block_walk.hpp"
+#include "cuda/output_store.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/ptx_sm90.cuh"
 #include "cuda/sm90_tile_layout.hpp"
@@ -141,7 +142,7 @@ __device__ __forceinline__ BlockItems block_items(const AttentionParams& p) {
 
 // Where one work item's data lives.
 struct WorkItem {
-  int q_tile, batch, head, entry_begin, partial_begin, tiles;
+  int q_tile, batch, head_slot, head, entry_begin, partial_begin, tiles;
 };
 
 __device__ __forceinline__ WorkItem decode_item(const AttentionParams& p, int item) {
@@ -149,6 +150,7 @@ __device__ __forceinline__ WorkItem decode_item(const AttentionParams& p, int it
   WorkItem w;
   w.q_tile = p.q_tile_order[slot.rank];
   w.batch = slot.batch;
+  w.head_slot = slot.head_slot;
   w.head = p.heads[slot.head_slot];
   w.entry_begin = p.row_begin[w.q_tile];
   w.partial_begin = p.partial_begin[w.q_tile];
@@ -469,25 +471,13 @@ __device__ __forceinline__ void store_output(const AttentionParams& p, const Con
     if (token >= p.tokens) continue;
     const bool empty = sum == 0.f;  // NaN sums are not empty: they propagate
     const float inverse = empty ? 0.f : 1.f / sum;
-    const std::int64_t o_row =
-        w.batch * p.o_stride[0] + std::int64_t(token) * p.o_stride[1] + std::int64_t(w.head) * p.o_stride[2];
+    const OutputRow out = output_row(p, w.batch, w.head_slot, token);
 #pragma unroll
-    for (int j = 0; j < Traits::kHeadDim / 8; ++j) {
-      const int column = j * 8 + c.quad_lane * 2;
-      const float x = o_acc[4 * j + 2 * r] * inverse;
-      const float y = o_acc[4 * j + 2 * r + 1] * inverse;
-      if (p.out_type == kOutF32) {
-        *reinterpret_cast<float2*>(static_cast<float*>(p.o) + o_row + column) = make_float2(x, y);
-      } else if (p.out_type == kOutBF16) {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.o) + o_row + column) =
-            __floats2bfloat162_rn(x, y);
-      } else {
-        *reinterpret_cast<__half2*>(static_cast<__half*>(p.o) + o_row + column) = __floats2half2_rn(x, y);
-      }
-    }
+    for (int j = 0; j < Traits::kHeadDim / 8; ++j)
+      store_output_pair(p, out.o + j * 8 + c.quad_lane * 2, o_acc[4 * j + 2 * r] * inverse,
+                        o_acc[4 * j + 2 * r + 1] * inverse);
     if (p.lse != nullptr && c.quad_lane == 0)
-      p.lse[w.batch * p.lse_stride[0] + std::int64_t(w.head) * p.lse_stride[1] +
-            std::int64_t(token) * p.lse_stride[2]] = empty ? -INFINITY : logf(sum) + state.row_max[r] * p.scale;
+      p.lse[out.lse] = empty ? -INFINITY : logf(sum) + state.row_max[r] * p.scale;
   }
 }
 

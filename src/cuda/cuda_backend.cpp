@@ -143,6 +143,58 @@ int out_type(DType t) {
   return cuda_detail::kOutF32;
 }
 
+// The call as run_async would check it, with the scattered output in the roles
+// of o and lse: narrowed to the call's head count (heads 0..count-1 of the full
+// tensors, never written as such), so that validate() checks dtypes, batch,
+// tokens, head dim and strides. What the narrowing cannot see (the head map,
+// the grid, the full tensors' extents) is checked here.
+AttentionCall scattered_call_for_checks(const AttentionCall& call, const ScatteredOutput& out) {
+  STSA_CHECK(call.o.data == nullptr && call.lse.data == nullptr, InvalidArgument,
+             "run_async_scattered: call.o and call.lse must be empty (the output goes to the scattered tensors)");
+  STSA_CHECK(out.o.data != nullptr, InvalidArgument, "run_async_scattered: no output tensor");
+  STSA_CHECK(out.grid == call.layout.grid, InvalidArgument, "run_async_scattered: the output grid ",
+             out.grid.describe(), " is not the call's ", call.layout.grid.describe());
+  const std::int64_t count = call.layout.heads;
+  STSA_CHECK(std::int64_t(out.heads.size()) == count, InvalidArgument, "run_async_scattered: ", out.heads.size(),
+             " output heads for ", count, " heads");
+  std::vector<bool> seen(std::size_t(std::max<std::int64_t>(out.o.heads(), 0)), false);
+  for (const std::int64_t h : out.heads) {
+    STSA_CHECK(h >= 0 && h < out.o.heads(), InvalidArgument, "run_async_scattered: output head ", h,
+               " out of range [0, ", out.o.heads(), ")");
+    STSA_CHECK(!seen[std::size_t(h)], InvalidArgument, "run_async_scattered: output head ", h, " listed twice");
+    seen[std::size_t(h)] = true;
+  }
+  if (out.lse.data != nullptr)
+    STSA_CHECK(out.lse.shape[1] == out.o.heads(), InvalidArgument, "run_async_scattered: lse has ", out.lse.shape[1],
+               " heads, o has ", out.o.heads());
+  for (const TensorView* input : {&call.q, &call.k, &call.v}) {
+    STSA_CHECK(!extents_overlap(out.o.byte_extent(), input->byte_extent()), InvalidArgument,
+               "run_async_scattered: o overlaps an input tensor");
+    if (out.lse.data != nullptr)
+      STSA_CHECK(!extents_overlap(out.lse.byte_extent(), input->byte_extent()), InvalidArgument,
+                 "run_async_scattered: lse overlaps an input tensor");
+  }
+  if (out.lse.data != nullptr)
+    STSA_CHECK(!extents_overlap(out.lse.byte_extent(), out.o.byte_extent()), InvalidArgument,
+               "run_async_scattered: lse overlaps o");
+  AttentionCall checked = call;
+  checked.o = out.o;
+  checked.o.shape[2] = count;
+  checked.lse = out.lse;
+  if (checked.lse.data != nullptr) checked.lse.shape[1] = count;
+  return checked;
+}
+
+cuda_detail::OutputOrder output_order(const VideoGrid& grid, TokenOrder tokens, TokenOrder out) {
+  cuda_detail::OutputOrder order;
+  order.video_begin = int(grid.video_begin());
+  order.frames = int(grid.frames);
+  order.per_frame = int(grid.tokens_per_frame());
+  order.tokens_spatial_major = tokens == TokenOrder::SpatialMajor;
+  order.out_spatial_major = out == TokenOrder::SpatialMajor;
+  return order;
+}
+
 }  // namespace
 
 std::string_view to_string(CudaKernel kernel) {
@@ -289,21 +341,38 @@ void CudaBackend::run(const AttentionCall& call) const {
   STSA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
-void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
-  check_on_host(call);
-  const auto [facts, kernel] = check_on_device(call, state_->options.kernel);
+void CudaBackend::run_async(const AttentionCall& call, void* stream) const { enqueue(call, nullptr, stream); }
+
+void CudaBackend::run_async_scattered(const AttentionCall& call, const ScatteredOutput& out, void* stream) const {
+  enqueue(call, &out, stream);
+}
+
+void CudaBackend::enqueue(const AttentionCall& call, const ScatteredOutput* scattered, void* stream) const {
+  // A scattered output is checked as the call's o and lse (narrowed to its heads).
+  const AttentionCall checked = scattered ? scattered_call_for_checks(call, *scattered) : call;
+  check_on_host(checked);
+  const auto [facts, kernel] = check_on_device(checked, state_->options.kernel);
+  const TensorView& o = scattered ? scattered->o : call.o;
+  const LseView& lse = scattered ? scattered->lse : call.lse;
+  if (scattered) {
+    cuda_detail::require_device_memory("", "o", o.byte_extent(), facts.device, "the cuda backend takes device pointers");
+    if (lse.data != nullptr)
+      cuda_detail::require_device_memory("", "lse", lse.byte_extent(), facts.device,
+                                         "the cuda backend takes device pointers");
+  }
 
   AttentionParams params;
   params.q = call.q.data;
   params.k = call.k.data;
   params.v = call.v.data;
-  params.o = call.o.data;
-  params.lse = call.lse.data;
+  params.o = o.data;
+  params.lse = lse.data;
   copy_strides(params.q_stride, call.q);
   copy_strides(params.k_stride, call.k);
   copy_strides(params.v_stride, call.v);
-  copy_strides(params.o_stride, call.o);
-  for (int i = 0; i < 3; ++i) params.lse_stride[i] = call.lse.stride[i];
+  copy_strides(params.o_stride, o);
+  for (int i = 0; i < 3; ++i) params.lse_stride[i] = lse.stride[i];
+  if (scattered) params.o_order = output_order(scattered->grid, scattered->from, scattered->to);
   params.tokens = int(call.layout.tokens());
   params.batch = int(call.layout.batch);
   params.total_heads = int(call.layout.heads);
@@ -363,6 +432,8 @@ void CudaBackend::run_async(const AttentionCall& call, void* stream) const {
     params.q_tiles = int(arrays.q_tiles);
     params.head_count = int(launch.count);
     std::copy_n(launch.heads->begin() + std::ptrdiff_t(launch.first), launch.count, params.heads);
+    for (std::size_t j = 0; j < launch.count; ++j)
+      params.o_heads[j] = scattered ? int(scattered->heads[std::size_t(params.heads[j])]) : params.heads[j];
     params.work_order = launch.schedule.work_order;
     params.heavy_ranks = launch.schedule.heavy_ranks;
     params.snake = launch.schedule.snake ? 1 : 0;

@@ -19,10 +19,6 @@ using cuda_detail::kMaxPermuteHeads;
 
 constexpr std::string_view kHostPermutation = "host tensors go through gather_heads / scatter_heads";
 
-bool overlaps(std::pair<const std::byte*, const std::byte*> a, std::pair<const std::byte*, const std::byte*> b) {
-  return a.first < b.second && b.first < a.second;
-}
-
 void check_heads(std::span<const std::int64_t> heads, std::int64_t total) {
   STSA_CHECK(std::int64_t(heads.size()) <= total, InvalidArgument, "permutation lists ", heads.size(),
              " heads of ", total);
@@ -50,7 +46,7 @@ void check_pair(std::size_t i, const VideoGrid& grid, const TensorView& full, co
   for (int d = 0; d < 4; ++d)
     STSA_CHECK(full.stride[d] >= 0 && packed.stride[d] >= 0, InvalidArgument, "permutation tensor ", i,
                ": negative strides are not supported");
-  STSA_CHECK(!overlaps(full.byte_extent(), packed.byte_extent()), InvalidArgument, "permutation tensor ", i,
+  STSA_CHECK(!extents_overlap(full.byte_extent(), packed.byte_extent()), InvalidArgument, "permutation tensor ", i,
              ": source and destination overlap");
   const auto element = std::uintptr_t(element_size(full.dtype));
   STSA_CHECK(reinterpret_cast<std::uintptr_t>(full.data) % element == 0 &&
@@ -147,7 +143,7 @@ void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, s
     STSA_CHECK(reinterpret_cast<std::uintptr_t>(packed_lse.data) % alignof(float) == 0 &&
                    reinterpret_cast<std::uintptr_t>(lse.data) % alignof(float) == 0,
                InvalidArgument, "permutation: LSE views must be 4-byte aligned");
-    STSA_CHECK(!overlaps(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
+    STSA_CHECK(!extents_overlap(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
                "permutation: LSE source and destination overlap");
     cuda_detail::require_device_memory("permutation: ", "packed LSE", packed_lse.byte_extent(), device,
                                        kHostPermutation);

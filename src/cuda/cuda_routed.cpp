@@ -1,7 +1,8 @@
 // cuda_run_routed / cuda_routed_attention: run_routed() (routed.hpp) over an
 // executor whose packed buffers are scratch device memory (stream_scratch.hpp),
-// whose permutation is cuda_gather_heads / cuda_scatter_heads, whose attention
-// is CudaBackend::run_async, all on one stream, timed with CUDA events.
+// whose permutation is cuda_gather_heads (and cuda_scatter_heads when the
+// scatter is not fused into CudaBackend::run_async_scattered's stores), whose
+// attention is CudaBackend::run_async, all on one stream, timed with CUDA events.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -27,16 +28,16 @@ class CudaRoutedExecutor final : public RoutedExecutor {
   CudaRoutedExecutor& operator=(const CudaRoutedExecutor&) = delete;
 
   // One scratch allocation for all packed tensors, returned on this stream once
-  // run_routed() drops it (after the scatter is enqueued).
-  PackedHeads allocate(const RoutedCall& call, std::int64_t count) override {
+  // run_routed() drops it (after the last step using it is enqueued).
+  PackedHeads allocate(const RoutedCall& call, std::int64_t count, bool with_output) override {
     const VideoLayout& l = call.layout;
     const auto elements = std::size_t(l.batch * l.tokens() * count * l.head_dim);
     cuda_detail::ScratchLayout layout;
     const std::size_t at_q = layout.add(elements * element_size(call.q.dtype));
     const std::size_t at_k = layout.add(elements * element_size(call.k.dtype));
     const std::size_t at_v = layout.add(elements * element_size(call.v.dtype));
-    const std::size_t at_o = layout.add(elements * element_size(call.o.dtype));
-    const bool with_lse = call.lse.data != nullptr;
+    const std::size_t at_o = layout.add(with_output ? elements * element_size(call.o.dtype) : 0);
+    const bool with_lse = with_output && call.lse.data != nullptr;
     const std::size_t at_lse = layout.add(with_lse ? std::size_t(l.batch * count * l.tokens()) * sizeof(float) : 0);
     auto scratch = std::make_shared<cuda_detail::StreamScratch>(layout.bytes, static_cast<cudaStream_t>(stream_));
     std::byte* base = scratch->data();
@@ -47,7 +48,7 @@ class CudaRoutedExecutor final : public RoutedExecutor {
     packed.q = packed_view(at_q, call.q.dtype);
     packed.k = packed_view(at_k, call.k.dtype);
     packed.v = packed_view(at_v, call.v.dtype);
-    packed.o = packed_view(at_o, call.o.dtype);
+    if (with_output) packed.o = packed_view(at_o, call.o.dtype);
     if (with_lse) packed.lse = LseView::contiguous(reinterpret_cast<float*>(base + at_lse), l.batch, count, l.tokens());
     packed.storage = std::move(scratch);
     return packed;
@@ -67,6 +68,13 @@ class CudaRoutedExecutor final : public RoutedExecutor {
   void attend(const Backend& backend, const AttentionCall& call) override {
     STSA_CHECK(&backend == &backend_, InvalidArgument, "cuda routed attention: the executor runs its own CudaBackend");
     backend_.run_async(call, stream_);
+  }
+
+  bool fuses_scatter(const Backend& backend) const override { return &backend == &backend_; }
+
+  void attend_scattered(const Backend& backend, const AttentionCall& packed, const ScatteredOutput& out) override {
+    STSA_CHECK(&backend == &backend_, InvalidArgument, "cuda routed attention: the executor runs its own CudaBackend");
+    backend_.run_async_scattered(packed, out, stream_);
   }
 
   int mark() override {

@@ -14,10 +14,6 @@ namespace {
 
 constexpr double kBytesPerThread = 4.0 * (1 << 20);  // below this, extra threads cost more than they save
 
-bool overlaps(std::pair<const std::byte*, const std::byte*> a, std::pair<const std::byte*, const std::byte*> b) {
-  return a.first < b.second && b.first < a.second;
-}
-
 void check_heads(std::span<const std::int64_t> heads, std::int64_t total) {
   std::vector<bool> seen(std::size_t(std::max<std::int64_t>(total, 0)), false);
   for (std::int64_t h : heads) {
@@ -45,7 +41,7 @@ void check_pair(const char* what, std::size_t i, const VideoGrid& grid, const Te
     STSA_CHECK(full.stride[d] >= 0 && packed.stride[d] >= 0, InvalidArgument, what, " tensor ", i,
                ": negative strides are not supported");
   if (packed_heads > 0)
-    STSA_CHECK(!overlaps(full.byte_extent(), packed.byte_extent()), InvalidArgument, what, " tensor ", i,
+    STSA_CHECK(!extents_overlap(full.byte_extent(), packed.byte_extent()), InvalidArgument, what, " tensor ", i,
                ": source and destination overlap");
 }
 
@@ -176,7 +172,7 @@ void scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::s
       STSA_CHECK(packed_lse.stride[d] >= 0 && lse.stride[d] >= 0, InvalidArgument,
                  "scatter: negative LSE strides are not supported");
     if (count > 0)
-      STSA_CHECK(!overlaps(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
+      STSA_CHECK(!extents_overlap(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
                  "scatter: LSE source and destination overlap");
   }
   if (count == 0 || batch == 0) return;

@@ -69,7 +69,8 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
   }
 
   // Temporal heads: packed [B, N, Ht, D] copies in spatial-major order.
-  const PackedHeads packed_heads = executor.allocate(call, count);
+  const bool fused = options.fuse_scatter && executor.fuses_scatter(backend);
+  const PackedHeads packed_heads = executor.allocate(call, count, /*with_output=*/!fused);
   const int gather_start = executor.mark();
   const TensorView sources[] = {call.q, call.k, call.v};
   const TensorView packed[] = {packed_heads.q, packed_heads.k, packed_heads.v};
@@ -89,28 +90,43 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
     gathered.heads.push_back(
         HeadMask{spec, TokenOrder::SpatialMajor, plans.get(layout.grid, spec, options.tile, options.alignment), true});
   }
-  executor.attend(backend, gathered);
-  const int attention_end = executor.mark();
-
-  const TensorView packed_out[] = {packed_heads.o};
-  const TensorView outputs[] = {call.o};
-  executor.scatter(layout.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, result.temporal, packed_out, outputs,
-                   packed_heads.lse, call.lse);
-  const int scatter_end = executor.mark();
+  int attention_end = -1, scatter_end = -1;
+  if (fused) {
+    executor.attend_scattered(backend, gathered,
+                              ScatteredOutput{layout.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor,
+                                              result.temporal, call.o, call.lse});
+    attention_end = executor.mark();
+  } else {
+    executor.attend(backend, gathered);
+    attention_end = executor.mark();
+    const TensorView packed_out[] = {packed_heads.o};
+    const TensorView outputs[] = {call.o};
+    executor.scatter(layout.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, result.temporal, packed_out,
+                     outputs, packed_heads.lse, call.lse);
+    scatter_end = executor.mark();
+  }
+  result.scatter_fused = fused;
   result.attention_ms = executor.elapsed_ms(gather_end, attention_end);
   if (direct_start >= 0) result.attention_ms += executor.elapsed_ms(direct_start, direct_end);
-  result.permutation_ms =
-      executor.elapsed_ms(gather_start, gather_end) + executor.elapsed_ms(attention_end, scatter_end);
-  result.permutation_bytes = permutation_bytes(layout, count, 3, element_size(call.q.dtype)) +
-                             permutation_bytes(layout, count, 1, element_size(call.o.dtype)) +
-                             (call.lse.data ? 2.0 * double(layout.batch * count * layout.tokens()) * 4.0 : 0.0);
+  result.permutation_ms = executor.elapsed_ms(gather_start, gather_end);
+  result.permutation_bytes = permutation_bytes(layout, count, 3, element_size(call.q.dtype));
+  if (!fused) {
+    result.permutation_ms += executor.elapsed_ms(attention_end, scatter_end);
+    result.permutation_bytes += permutation_bytes(layout, count, 1, element_size(call.o.dtype)) +
+                                (call.lse.data ? 2.0 * double(layout.batch * count * layout.tokens()) * 4.0 : 0.0);
+  }
   return result;
 }
 
-PackedHeads HostRoutedExecutor::allocate(const RoutedCall& call, std::int64_t count) {
+void RoutedExecutor::attend_scattered(const Backend& backend, const AttentionCall& packed, const ScatteredOutput& out) {
+  (void)backend, (void)packed, (void)out;
+  throw Unsupported("this routed executor does not fuse the scatter into the attention");
+}
+
+PackedHeads HostRoutedExecutor::allocate(const RoutedCall& call, std::int64_t count, bool with_output) {
   const VideoLayout& layout = call.layout;
   const std::uint64_t bytes = std::uint64_t(layout.batch * layout.tokens() * count * layout.head_dim) *
-                              (3 * element_size(call.q.dtype) + element_size(call.o.dtype));
+                              (3 * element_size(call.q.dtype) + (with_output ? element_size(call.o.dtype) : 0));
   check_host_allocation(bytes, "packed temporal heads");
   struct Storage {
     Tensor q, k, v, o;
@@ -120,10 +136,12 @@ PackedHeads HostRoutedExecutor::allocate(const RoutedCall& call, std::int64_t co
   storage->q = Tensor(call.q.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
   storage->k = Tensor(call.k.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
   storage->v = Tensor(call.v.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
-  storage->o = Tensor(call.o.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
-  if (call.lse.data != nullptr) storage->lse = LseBuffer(layout.batch, count, layout.tokens());
-  PackedHeads packed{storage->q.view(), storage->k.view(), storage->v.view(), storage->o.view(), storage->lse.view(),
-                     nullptr};
+  if (with_output) {
+    storage->o = Tensor(call.o.dtype, layout.batch, layout.tokens(), count, layout.head_dim);
+    if (call.lse.data != nullptr) storage->lse = LseBuffer(layout.batch, count, layout.tokens());
+  }
+  PackedHeads packed{storage->q.view(), storage->k.view(), storage->v.view(),
+                     with_output ? storage->o.view() : TensorView{}, storage->lse.view(), nullptr};
   packed.storage = std::move(storage);
   return packed;
 }

@@ -35,7 +35,8 @@ assert rc == 0, rc
 import json  # noqa: E402
 live = json.load(open(os.path.join(bench_gpu, "predictions.json")))["predictions"]
 assert live and all(p["metric"] in ("kept_tflops", "vs_cudnn", "vs_flex", "sm_ghz", "routing_ms", "routing_device_ms",
-                                    "overhead_share", "vs_default") and p["low"] <= p["high"] and set(p) <= {
+                                    "overhead_share", "vs_default", "permutation_ms", "fused_scatter_saving_ms",
+                                    "fused_attention_ratio") and p["low"] <= p["high"] and set(p) <= {
                                         "metric", "shape", "case", "low", "high", "source", "kernel"}
                     for p in live), live
 # RESULTS.md, second run, the configuration Auto then took at 1440p: 596 / 579 /
@@ -80,6 +81,12 @@ verdicts = [r[6] for r in targets.prediction_rows(route_values, [
     {"metric": "routing_device_ms", "low": 0.9, "high": 1.4}, {"metric": "overhead_share", "low": 0.026, "high": 0.03}])]
 assert verdicts == ["inside", "below"], verdicts
 assert ("routing_device_ms", None, None) not in targets.measured({}, {"routing_ms": 2.1}, "k")
+# The fused O scatter against its own pass (route bench runs from session 19 on).
+fused = targets.measured({}, {"permutation_ms": 0.75, "two_step_permutation_ms": 1.0, "attention_ms": 99.0,
+                              "two_step_attention_ms": 100.0}, "k")
+assert abs(fused[("fused_scatter_saving_ms", None, None)] - 0.25) < 1e-12, fused
+assert abs(fused[("fused_attention_ratio", None, None)] - 0.99) < 1e-12, fused
+assert ("fused_scatter_saving_ms", None, None) not in targets.measured({}, {"permutation_ms": 0.99}, "k")
 
 # The run's other kernels: a line each with the targets their rows meet, and a
 # prediction that names a kernel reads that kernel's figures.

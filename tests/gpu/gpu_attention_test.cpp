@@ -154,6 +154,8 @@ class GpuAttention : public ::testing::TestWithParam<CudaKernel> {
   }
   void run_case(const Case& c) const;  // mixed_heads(c.layout, c.density)
   void run_case(const Case& c, const std::vector<HeadMask>& heads) const;
+  // Packed heads stored into heads `targets` of full tensors (run_async_scattered).
+  void run_scattered_case(const Case& c, TokenOrder order, const std::vector<std::int64_t>& targets) const;
   // What backend() and run_case() use: the defaults unless a test says otherwise.
   CudaWorkOrder work_order_ = CudaWorkOrder::Auto;
   int persistent_blocks_ = 0;
@@ -539,6 +541,92 @@ TEST_P(GpuAttention, MoreThan64HeadsTakeTwoLaunches) {
 // 4 stages, D = 128: 2), the producer runs ahead into the next item in every
 // round, and ping-pong turns carry across items. (The sm80 kernel is not
 // persistent: for it this is one more ordinary case.)
+// Packed heads (the temporal heads of routed attention: q, k, v gathered into
+// spatial-major order) whose O and LSE the kernel stores straight into the full
+// tensors (run_async_scattered) against the two-step path (packed output, then
+// cuda_scatter_heads): the same bytes, and the heads not listed never written.
+// Two plans among the packed heads (two launches: each maps its own heads), text
+// tokens before the video, ragged tiles; a same-order case remaps heads only.
+void GpuAttention::run_scattered_case(const Case& c, TokenOrder order, const std::vector<std::int64_t>& targets) const {
+  const VideoLayout& full = c.layout;
+  const VideoGrid& g = full.grid;
+  const auto count = std::int64_t(targets.size());
+  const SparseKind kind = order == TokenOrder::SpatialMajor ? SparseKind::Temporal : SparseKind::Spatial;
+  PlanCache cache;
+  const MaskSpec specs[2] = {mask_for_density(g, kind, c.density), mask_for_density(g, kind, c.density, false)};
+  std::vector<HeadMask> packed_heads;
+  for (std::int64_t j = 0; j < count; ++j) {
+    const MaskSpec& spec = specs[j % 2];
+    ASSERT_EQ(spec.natural_order(), order);
+    packed_heads.push_back({spec, order, cache.get(g, spec), true});
+  }
+  const testing::Problem problem =
+      testing::make_problem(full, c.in, std::vector<HeadMask>(std::size_t(full.heads)), testing::fresh_seed(), c.memory,
+                            c.out);
+  SCOPED_TRACE(problem.label);
+  DeviceProblem two_step(problem), fused(problem);  // full tensors; O and LSE poisoned
+
+  const VideoLayout packed_layout{g, full.batch, count, full.head_dim};
+  const auto packed_buffer = [&](DType dtype) {
+    return DeviceBuffer(std::size_t(packed_layout.batch * g.tokens() * count * full.head_dim) * element_size(dtype));
+  };
+  const DeviceBuffer q(packed_buffer(c.in)), k(packed_buffer(c.in)), v(packed_buffer(c.in)), o(packed_buffer(c.out));
+  const DeviceBuffer lse(std::size_t(full.batch * count * g.tokens()) * sizeof(float));
+  const auto packed_view = [&](const DeviceBuffer& b, DType dtype) {
+    return TensorView::contiguous(b.data(), dtype, full.batch, g.tokens(), count, full.head_dim, MemoryLayout::BNHD);
+  };
+  AttentionCall packed;
+  packed.layout = packed_layout;
+  packed.q = packed_view(q, c.in);
+  packed.k = packed_view(k, c.in);
+  packed.v = packed_view(v, c.in);
+  packed.heads = packed_heads;
+  const TensorView sources[] = {two_step.call.q, two_step.call.k, two_step.call.v};
+  const TensorView gathered[] = {packed.q, packed.k, packed.v};
+  cuda_gather_heads(g, TokenOrder::FrameMajor, order, targets, sources, gathered);
+
+  const CudaBackend backend = this->backend();
+  AttentionCall with_output = packed;
+  with_output.o = packed_view(o, c.out);
+  with_output.lse = LseView::contiguous(static_cast<float*>(lse.data()), full.batch, count, g.tokens());
+  backend.run(with_output);
+  const TensorView packed_o[] = {with_output.o};
+  const TensorView full_o[] = {two_step.call.o};
+  cuda_scatter_heads(g, order, TokenOrder::FrameMajor, targets, packed_o, full_o, with_output.lse, two_step.call.lse);
+  backend.run_async_scattered(packed, ScatteredOutput{g, order, TokenOrder::FrameMajor, targets, fused.call.o,
+                                                      fused.call.lse},
+                              nullptr);
+  cuda_synchronize();
+
+  EXPECT_TRUE(fused.o.guards_intact() && fused.lse.guards_intact()) << "guard bytes around O or LSE overwritten";
+  testing::Problem a = problem, b = problem;
+  two_step.download_into(a);
+  fused.download_into(b);
+  EXPECT_EQ(std::memcmp(a.o.view().data, b.o.view().data, gpu_testing::tensor_bytes(a.o.view())), 0)
+      << "the fused scatter stored other O bytes than the two-step path";
+  std::int64_t written = 0, mismatched_lse = 0;
+  for (std::int64_t batch = 0; batch < full.batch; ++batch)
+    for (std::int64_t h = 0; h < full.heads; ++h)
+      for (std::int64_t n = 0; n < g.tokens(); ++n) {
+        const float la = a.lse.view().at(batch, h, n), lb = b.lse.view().at(batch, h, n);
+        mismatched_lse += std::memcmp(&la, &lb, sizeof(float)) != 0;
+        written += !std::isnan(lb);
+      }
+  EXPECT_EQ(mismatched_lse, 0);
+  // Exactly the listed heads' rows were stored (the others keep the NaN poison).
+  EXPECT_EQ(written, full.batch * count * g.tokens());
+}
+
+TEST_P(GpuAttention, ScatteredOutputIsTheGatheredCallScattered) {
+  run_scattered_case({make_layout(5, 7, 9, 13, TextPlacement::Before, 2, 5, 128), DType::BF16, DType::BF16},
+                     TokenOrder::SpatialMajor, {3, 0, 4});
+  run_scattered_case({make_layout(4, 5, 6, 70, TextPlacement::After, 1, 4, 64), DType::F16, DType::F32,
+                      MemoryLayout::BHND},
+                     TokenOrder::SpatialMajor, {2, 1});
+  run_scattered_case({make_layout(3, 7, 9, 0, TextPlacement::After, 1, 3, 128), DType::BF16, DType::F32},
+                     TokenOrder::FrameMajor, {2, 0});
+}
+
 // Every block schedule: round-robin gives block b items b, b + G, ...; snake
 // b, 2G - 1 - b, 2G + b, ...; the balanced one other lists (the same count
 // per block here, 4 of 12 items on 3 blocks, but of unequal items).
@@ -647,6 +735,12 @@ TEST_P(GpuSanitize, SmallMixedCalls) {
   block_schedule_ = CudaBlockSchedule::Snake;
   persistent_blocks_ = 3;
   run_case({make_layout(3, 9, 9, 7, TextPlacement::After, 1, 4, 128), DType::BF16, DType::BF16});
+  // Rows stored through the fused scatter (memcheck: every row in its tensor).
+  work_order_ = CudaWorkOrder::Auto;
+  block_schedule_ = CudaBlockSchedule::RoundRobin;
+  persistent_blocks_ = 0;
+  run_scattered_case({make_layout(3, 9, 9, 7, TextPlacement::Before, 1, 4, 64), DType::BF16, DType::BF16},
+                     TokenOrder::SpatialMajor, {3, 1});
 }
 
 // One call (two query tiles, every mask kind, a ragged tile): what the slow
@@ -746,6 +840,56 @@ TEST(GpuAttentionInput, HostMemoryOrNoGpuIsUnsupported) {
   HostCall host;
   const AttentionCall call = host.problem.call();  // valid, but host memory
   expect_unsupported(call, cuda_device_count() == 0 ? "no CUDA device" : "host memory");
+}
+
+// run_async_scattered: the head map, the grid and the full tensors are checked
+// before anything else (InvalidArgument, with or without a GPU); a valid
+// scattered call on host memory is then Unsupported like any other.
+TEST(GpuAttentionInput, ScatteredOutputsAreCheckedBeforeTheDevice) {
+  HostCall host;
+  AttentionCall packed = host.problem.call();
+  packed.o = TensorView{};
+  packed.lse = LseView{};
+  const VideoLayout& l = host.layout;
+  Tensor full_o(DType::F32, l.batch, l.tokens(), 3, l.head_dim);
+  LseBuffer full_lse(l.batch, 3, l.tokens());
+  const std::vector<std::int64_t> heads = {2, 0}, twice = {1, 1}, outside = {0, 3}, one = {0};
+  const ScatteredOutput out{l.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, full_o.view(),
+                            full_lse.view()};
+  const CudaBackend backend;
+  const auto expect_invalid = [&](const AttentionCall& call, const ScatteredOutput& o, const std::string& fragment) {
+    try {
+      backend.run_async_scattered(call, o, nullptr);
+      ADD_FAILURE() << "accepted; expected an error naming '" << fragment << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expect_invalid(host.problem.call(), out, "must be empty");  // call.o set too
+  ScatteredOutput bad = out;
+  bad.heads = twice;
+  expect_invalid(packed, bad, "listed twice");
+  bad.heads = outside;
+  expect_invalid(packed, bad, "out of range");
+  bad.heads = one;
+  expect_invalid(packed, bad, "1 output heads for 2 heads");
+  bad = out;
+  bad.grid.frames = 3;
+  expect_invalid(packed, bad, "output grid");
+  bad = out;
+  bad.o = packed.q;  // the output over an input (and of another dtype)
+  bad.o.shape[2] = 3;
+  expect_invalid(packed, bad, "overlaps an input");
+  bad = out;
+  bad.o.shape[3] = 32;  // the narrowed view is checked as call.o would be
+  expect_invalid(packed, bad, "o has shape");
+  bad = out;
+  bad.lse.shape[1] = 2;
+  expect_invalid(packed, bad, "lse has 2 heads");
+  bad = out;
+  bad.o.data = nullptr;
+  expect_invalid(packed, bad, "no output tensor");
+  EXPECT_THROW(backend.run_async_scattered(packed, out, nullptr), Unsupported);  // host memory (or no GPU)
 }
 
 TEST(GpuAttentionInput, NegativePersistentBlocksAreInvalid) {

@@ -317,7 +317,9 @@ TEST(GpuRouter, RejectsBadInputBeforeLaunching) {
 
 RoutedCall routed_call(const AttentionCall& c) { return RoutedCall{c.layout, c.q, c.k, c.v, c.o, c.lse, c.softmax_scale}; }
 
-// Given decisions cycling through every route, against the fp64 reference.
+// Given decisions cycling through every route, against the fp64 reference:
+// the temporal heads' scatter fused into the attention's stores (the default)
+// and as its own pass, on the default kernel and the portable one.
 TEST(GpuRoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
   STSA_REQUIRE_GPU();
   const std::vector<std::pair<VideoLayout, DType>> cases = {
@@ -327,24 +329,33 @@ TEST(GpuRoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
       {{{6, 11, 13, 0, TextPlacement::After}, 1, 4, 128}, DType::BF16},  // 858 tokens
   };
   const std::uint64_t seed = testing::fresh_seed();
-  const CudaBackend backend;
-  for (const auto& [layout, dtype] : cases) {
-    const testing::CyclingDecisions given = testing::cycling_decisions(layout);
-    const std::vector<HeadRoute>& decisions = given.decisions;
-    testing::Problem p = testing::make_problem(layout, dtype, given.reference_masks, seed);
-    gpu_testing::DeviceProblem d(p);
-    PlanCache plans;
-    const RoutedResult r = cuda_run_routed(backend, plans, routed_call(d.call), decisions);
-    EXPECT_TRUE(d.o.guards_intact() && d.lse.guards_intact()) << p.label;
-    d.download_into(p);
-    gpu_testing::expect_matches_reference(p);
-    std::int64_t temporal = 0;
-    for (const auto& x : decisions) temporal += x.route == Route::Temporal;
-    EXPECT_EQ(std::int64_t(r.temporal.size()), temporal) << p.label;
-    EXPECT_GT(r.attention_ms, 0.0) << p.label;
-    if (temporal > 0) {
-      EXPECT_GT(r.permutation_bytes, 0.0);
-      EXPECT_GT(r.permutation_ms, 0.0);
+  for (const CudaKernel kernel : {CudaKernel::Auto, CudaKernel::Sm80}) {
+    const CudaBackend backend(CudaBackendOptions{kernel});
+    for (const bool fuse : {true, false}) {
+      RoutedOptions options;
+      options.fuse_scatter = fuse;
+      for (const auto& [layout, dtype] : cases) {
+        const testing::CyclingDecisions given = testing::cycling_decisions(layout);
+        const std::vector<HeadRoute>& decisions = given.decisions;
+        testing::Problem p = testing::make_problem(layout, dtype, given.reference_masks, seed);
+        SCOPED_TRACE(::testing::Message() << to_string(kernel) << (fuse ? ", scatter fused, " : ", scatter pass, ")
+                                        << p.label);
+        gpu_testing::DeviceProblem d(p);
+        PlanCache plans;
+        const RoutedResult r = cuda_run_routed(backend, plans, routed_call(d.call), decisions, options);
+        EXPECT_TRUE(d.o.guards_intact() && d.lse.guards_intact());
+        d.download_into(p);
+        gpu_testing::expect_matches_reference(p);
+        std::int64_t temporal = 0;
+        for (const auto& x : decisions) temporal += x.route == Route::Temporal;
+        EXPECT_EQ(std::int64_t(r.temporal.size()), temporal);
+        EXPECT_EQ(r.scatter_fused, fuse && temporal > 0);
+        EXPECT_GT(r.attention_ms, 0.0);
+        if (temporal > 0) {
+          EXPECT_GT(r.permutation_bytes, 0.0);
+          EXPECT_GT(r.permutation_ms, 0.0);
+        }
+      }
     }
   }
 }
