@@ -12,6 +12,7 @@
 // Tensors come and go in frame-major token order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -43,6 +44,15 @@ struct RoutedCall {
     a.o = o;
     a.lse = lse;
     a.softmax_scale = softmax_scale;
+    return a;
+  }
+  // The same with every head skipped (compute = false, no plan): what validate()
+  // and Backend::supports() can check (tensors, dtypes, aliasing, memory)
+  // before the heads are routed.
+  AttentionCall unrouted_call() const {
+    AttentionCall a = attention_call();
+    a.heads.assign(std::size_t(std::max<std::int64_t>(layout.heads, 0)),
+                   HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, false});
     return a;
   }
 };

@@ -107,14 +107,7 @@ nlohmann::json run_route(const RouteArgs& args) {
   PlanCache plans;
   // Refuse what the backend cannot run before spending time on routing.
   {
-    AttentionCall probe;
-    probe.layout = layout;
-    probe.q = call.q;
-    probe.k = call.k;
-    probe.v = call.v;
-    probe.o = call.o;
-    probe.heads.assign(std::size_t(layout.heads), HeadMask{});
-    const Support s = backend.supports(probe);
+    const Support s = backend.supports(call.unrouted_call());
     STSA_CHECK(s.ok, Unsupported, "backend ", args.backend, ": ", s.why);
   }
 

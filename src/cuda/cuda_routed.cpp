@@ -101,11 +101,8 @@ class CudaRoutedExecutor final : public RoutedExecutor {
 // The whole call (shapes, dtypes, aliasing, what the backend takes), checked
 // before anything is routed or launched.
 void check_routed_call(const CudaBackend& backend, const RoutedCall& call, const char* who) {
-  AttentionCall check = call.attention_call();
-  check.heads.assign(std::size_t(std::max<std::int64_t>(call.layout.heads, 0)),
-                     HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, true});
+  const AttentionCall check = call.unrouted_call();  // no plans yet: tensors, dtypes and memory only
   validate(check, /*require_plans=*/false);
-  for (HeadMask& head : check.heads) head.compute = false;  // no plans yet: tensors, dtypes and memory only
   const Support support = backend.supports(check);
   STSA_CHECK(support.ok, Unsupported, who, ": ", support.why);
 }

@@ -16,6 +16,7 @@
 #include "cuda/device_checks.hpp"
 #include "cuda/mask_predicate_host.hpp"
 #include "cuda/routing_launch.hpp"
+#include "cuda/routing_splits.hpp"
 #include "cuda/stream_scratch.hpp"
 #include "router/route_errors.hpp"
 #include "stsa/cuda_routing.hpp"
@@ -28,8 +29,6 @@ using cuda_detail::kMaxRoutingCandidates;
 using cuda_detail::kRoutingOutputs;
 using cuda_detail::kRoutingRows;
 using cuda_detail::kRoutingStats;
-
-constexpr std::int64_t kMaxSplits = 1024;  // bounds the combine kernel's shared memory
 
 void check_shape(const char* name, const TensorView& t, const VideoLayout& layout) {
   STSA_CHECK(t.data != nullptr, InvalidArgument, "cuda router: ", name, " is null");
@@ -146,14 +145,9 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
   const auto row_blocks = std::int64_t(row_batch.size());
   const auto head_count = std::int64_t(which.size());
 
-  // Key splits: about four blocks per SM over all (head, row block) pairs (one
-  // resident per SM, four waves, so a ragged last wave costs little), each
-  // split at least four tiles long.
-  const std::int64_t tiles = (layout.tokens() + cuda_detail::kRoutingKeys - 1) / cuda_detail::kRoutingKeys;
-  const std::int64_t wanted = (4 * std::int64_t(sms) + head_count * row_blocks - 1) / (head_count * row_blocks);
-  std::int64_t splits = std::clamp<std::int64_t>(wanted, 1, std::clamp<std::int64_t>(tiles / 4, 1, kMaxSplits));
-  const std::int64_t tiles_per_split = (tiles + splits - 1) / splits;
-  splits = (tiles + tiles_per_split - 1) / tiles_per_split;  // no empty split
+  const cuda_detail::RoutingSplits key_splits =
+      cuda_detail::routing_splits(layout.tokens(), sms, head_count * row_blocks);
+  const std::int64_t splits = key_splits.splits, tiles_per_split = key_splits.tiles_per_split;
 
   const std::int64_t slots = head_count * row_blocks * splits * kRoutingOutputs;
   const std::int64_t slot_rows = slots * kRoutingRows;

@@ -7,9 +7,7 @@ RoutedResult policy_attention(const Backend& backend, PlanCache& plans, Policy& 
                               std::int64_t step, std::int64_t layer, const RoutedOptions& options) {
   const PolicyDecisions decided = policy.decide(step, layer, call.layout, [&](std::span<const std::int64_t> heads) {
     // Check the tensors against the layout before routing reads them.
-    AttentionCall check = call.attention_call();
-    check.heads.assign(std::size_t(call.layout.heads), HeadMask{});
-    validate(check, /*require_plans=*/false);
+    validate(call.unrouted_call(), /*require_plans=*/false);
     return Router(policy.options().router)
         .route(call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale, heads);
   });

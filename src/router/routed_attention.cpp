@@ -17,9 +17,7 @@ using Clock = std::chrono::steady_clock;
 RoutedResult routed_attention(const Backend& backend, PlanCache& plans, const RoutedCall& call, const Router& router,
                               const RoutedOptions& options) {
   // Check the whole call (shapes, dtypes, aliasing) before spending time on routing.
-  AttentionCall check = call.attention_call();
-  check.heads.assign(std::size_t(std::max<std::int64_t>(call.layout.heads, 0)), HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, true});
-  validate(check, /*require_plans=*/false);
+  validate(call.unrouted_call(), /*require_plans=*/false);
 
   RoutingReport report = router.route(call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale);
   RoutedResult result = run_routed(backend, plans, call, report.heads, options);

@@ -252,7 +252,9 @@ TEST(GpuRouter, CandidatesThatAllowNoKeyMatchTheCpu) {
 // One NaN in one key of a late split (head 1), and one key whose scores are all
 // -inf (head 2: q's channel 0 positive, the key's -inf): both heads are
 // non-finite and dense, as on the CPU, while head 0 routes with finite errors.
-// 1,260 keys in 20 tiles: five key splits, so the combine meets one poisoned split.
+// 1,260 keys in 20 tiles: five key splits on an H200, two or more on any GPU, the
+// poisoned key never in the first (tests/cuda_routing_splits_test.cpp), so the
+// combine meets one poisoned split among clean ones.
 TEST(GpuRouter, OneNonFiniteKeyInOneSplitKeepsTheHeadDense) {
   STSA_REQUIRE_GPU();
   const VideoLayout layout{{9, 10, 14, 0, TextPlacement::After}, 1, 3, 64};
