@@ -540,7 +540,9 @@ def per_video(name, records, cudnn, perm):
     calls = VIDEO_LAYERS * VIDEO_STEPS * VIDEO_CFG
     sparse_calls = (VIDEO_LAYERS - 1) * (VIDEO_STEPS - VIDEO_DENSE_STEPS) * VIDEO_CFG
     dense_ms = min(cudnn, best["dense"]["ms"]) if "dense" in best else cudnn
-    # Routed attention's O scatter is part of the kernel's stores (RoutedOptions::fuse_scatter): the gather is the pass.
+    # Routed attention's O scatter is part of the kernel's stores (RoutedOptions::fuse_scatter): the gather is the
+    # pass. The sparse rows are timed without the fused stores; NOTES predicts they cost nothing measurable
+    # (fused_attention_ratio 0.985-1.015, which the route bench measures).
     perm_ms = perm["gather_qkv_ms"] if perm else 0.0
     baseline_s = calls * cudnn / 1e3
     cells = []

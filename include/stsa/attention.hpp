@@ -42,6 +42,11 @@ struct AttentionCall {
 // head, and (when require_plans) that every computed head has a matching plan.
 void validate(const AttentionCall& call, bool require_plans);
 
+// The tensor part of validate(): one logical [B, N, H, D] view against a layout
+// (shape, non-negative strides under which no two elements share an address,
+// element alignment); InvalidArgument naming `name` otherwise.
+void validate_tensor(const char* name, const TensorView& t, const VideoLayout& layout);
+
 // Builds HeadMasks for all heads with the given spec and tensor order (plans from `cache`).
 std::vector<HeadMask> uniform_heads(const VideoLayout& layout, const MaskSpec& spec, PlanCache& cache,
                                     TileShape tile = {}, Alignment alignment = Alignment::Exact);

@@ -6,9 +6,8 @@
 #include "stsa/error.hpp"
 
 namespace stsa {
-namespace {
 
-void check_tensor(const char* name, const TensorView& t, const VideoLayout& layout) {
+void validate_tensor(const char* name, const TensorView& t, const VideoLayout& layout) {
   STSA_CHECK(t.data != nullptr, InvalidArgument, name, " is null");
   const std::array<std::int64_t, 4> expected{layout.batch, layout.tokens(), layout.heads, layout.head_dim};
   STSA_CHECK(t.shape == expected, InvalidArgument, name, " has shape [", t.shape[0], ", ", t.shape[1], ", ",
@@ -31,18 +30,16 @@ void check_tensor(const char* name, const TensorView& t, const VideoLayout& layo
   STSA_CHECK(address % element_size(t.dtype) == 0, InvalidArgument, name, " is not aligned to its element size");
 }
 
-}  // namespace
-
 float AttentionCall::scale() const {
   return softmax_scale != 0.f ? softmax_scale : float(1.0 / std::sqrt(double(layout.head_dim)));
 }
 
 void validate(const AttentionCall& call, bool require_plans) {
   call.layout.validate();
-  check_tensor("q", call.q, call.layout);
-  check_tensor("k", call.k, call.layout);
-  check_tensor("v", call.v, call.layout);
-  check_tensor("o", call.o, call.layout);
+  validate_tensor("q", call.q, call.layout);
+  validate_tensor("k", call.k, call.layout);
+  validate_tensor("v", call.v, call.layout);
+  validate_tensor("o", call.o, call.layout);
   STSA_CHECK(call.q.dtype == call.k.dtype && call.k.dtype == call.v.dtype, InvalidArgument,
              "q, k and v must share a dtype, got ", to_string(call.q.dtype), ", ", to_string(call.k.dtype), ", ",
              to_string(call.v.dtype));

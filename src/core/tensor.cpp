@@ -92,4 +92,22 @@ LseBuffer::LseBuffer(std::int64_t batch, std::int64_t heads, std::int64_t tokens
   view_ = LseView::contiguous(storage_.data(), batch, heads, tokens);
 }
 
+Tensor::Tensor(const Tensor& other) : storage_(other.storage_), view_(other.view_) {
+  if (!storage_.empty()) view_.data = storage_.data() + (static_cast<std::byte*>(other.view_.data) - other.storage_.data());
+}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this != &other) *this = Tensor(other);
+  return *this;
+}
+
+LseBuffer::LseBuffer(const LseBuffer& other) : storage_(other.storage_), view_(other.view_) {
+  if (!storage_.empty()) view_.data = storage_.data() + (other.view_.data - other.storage_.data());
+}
+
+LseBuffer& LseBuffer::operator=(const LseBuffer& other) {
+  if (this != &other) *this = LseBuffer(other);
+  return *this;
+}
+
 }  // namespace stsa

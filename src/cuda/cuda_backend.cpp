@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -143,30 +144,48 @@ int out_type(DType t) {
   return cuda_detail::kOutF32;
 }
 
+bool is_token_order(TokenOrder order) { return order == TokenOrder::FrameMajor || order == TokenOrder::SpatialMajor; }
+
 // The call as run_async would check it, with the scattered output in the roles
-// of o and lse: narrowed to the call's head count (heads 0..count-1 of the full
-// tensors, never written as such), so that validate() checks dtypes, batch,
-// tokens, head dim and strides. What the narrowing cannot see (the head map,
-// the grid, the full tensors' extents) is checked here.
+// of o and lse, narrowed to the call's head count (heads 0..count-1 of the full
+// tensors, never written as such): check_on_host() then checks dtypes, batch,
+// tokens, head dim and the rows' alignment as for any output. Checked here:
+// what the narrowing cannot see (the full tensors' strides and extents, the
+// head map, the grid, the orders).
 AttentionCall scattered_call_for_checks(const AttentionCall& call, const ScatteredOutput& out) {
   STSA_CHECK(call.o.data == nullptr && call.lse.data == nullptr, InvalidArgument,
              "run_async_scattered: call.o and call.lse must be empty (the output goes to the scattered tensors)");
   STSA_CHECK(out.o.data != nullptr, InvalidArgument, "run_async_scattered: no output tensor");
+  call.layout.validate();
   STSA_CHECK(out.grid == call.layout.grid, InvalidArgument, "run_async_scattered: the output grid ",
              out.grid.describe(), " is not the call's ", call.layout.grid.describe());
+  STSA_CHECK(is_token_order(out.from) && is_token_order(out.to), InvalidArgument,
+             "run_async_scattered: the token orders are not TokenOrder values");
+  for (std::size_t h = 0; h < call.heads.size(); ++h)
+    STSA_CHECK(!call.heads[h].compute || call.heads[h].order == out.from, InvalidArgument, "run_async_scattered: head ",
+               h, "'s tokens are in ", to_string(call.heads[h].order), " order, the output says ", to_string(out.from));
+  // The full output: strides under which no two elements of any head share an
+  // address, and 16-byte rows in every head (the narrowed view has one head
+  // when one head is packed, and its head stride would go unchecked).
+  VideoLayout full = call.layout;
+  full.heads = out.o.heads();
+  validate_tensor("scattered o", out.o, full);
+  cuda_detail::require_row_vectors("run_async_scattered: ", "o", out.o);
   const std::int64_t count = call.layout.heads;
   STSA_CHECK(std::int64_t(out.heads.size()) == count, InvalidArgument, "run_async_scattered: ", out.heads.size(),
              " output heads for ", count, " heads");
-  std::vector<bool> seen(std::size_t(std::max<std::int64_t>(out.o.heads(), 0)), false);
+  std::vector<bool> seen(std::size_t(out.o.heads()), false);
   for (const std::int64_t h : out.heads) {
     STSA_CHECK(h >= 0 && h < out.o.heads(), InvalidArgument, "run_async_scattered: output head ", h,
                " out of range [0, ", out.o.heads(), ")");
     STSA_CHECK(!seen[std::size_t(h)], InvalidArgument, "run_async_scattered: output head ", h, " listed twice");
     seen[std::size_t(h)] = true;
   }
-  if (out.lse.data != nullptr)
+  if (out.lse.data != nullptr) {
     STSA_CHECK(out.lse.shape[1] == out.o.heads(), InvalidArgument, "run_async_scattered: lse has ", out.lse.shape[1],
                " heads, o has ", out.o.heads());
+    STSA_CHECK(out.lse.stride[1] >= 0, InvalidArgument, "run_async_scattered: lse has a negative head stride");
+  }
   for (const TensorView* input : {&call.q, &call.k, &call.v}) {
     STSA_CHECK(!extents_overlap(out.o.byte_extent(), input->byte_extent()), InvalidArgument,
                "run_async_scattered: o overlaps an input tensor");
@@ -349,7 +368,9 @@ void CudaBackend::run_async_scattered(const AttentionCall& call, const Scattered
 
 void CudaBackend::enqueue(const AttentionCall& call, const ScatteredOutput* scattered, void* stream) const {
   // A scattered output is checked as the call's o and lse (narrowed to its heads).
-  const AttentionCall checked = scattered ? scattered_call_for_checks(call, *scattered) : call;
+  std::optional<AttentionCall> narrowed;
+  if (scattered) narrowed = scattered_call_for_checks(call, *scattered);
+  const AttentionCall& checked = narrowed ? *narrowed : call;
   check_on_host(checked);
   const auto [facts, kernel] = check_on_device(checked, state_->options.kernel);
   const TensorView& o = scattered ? scattered->o : call.o;
@@ -377,7 +398,7 @@ void CudaBackend::enqueue(const AttentionCall& call, const ScatteredOutput* scat
   params.batch = int(call.layout.batch);
   params.total_heads = int(call.layout.heads);
   params.head_dim = int(call.layout.head_dim);
-  params.out_type = out_type(call.o.dtype);
+  params.out_type = out_type(o.dtype);
   params.scale = call.scale();
   params.scale_log2 = float(double(call.scale()) * kLog2e);
 

@@ -1,8 +1,9 @@
 // cuda_run_routed / cuda_routed_attention: run_routed() (routed.hpp) over an
 // executor whose packed buffers are scratch device memory (stream_scratch.hpp),
 // whose permutation is cuda_gather_heads (and cuda_scatter_heads when the
-// scatter is not fused into CudaBackend::run_async_scattered's stores), whose
-// attention is CudaBackend::run_async, all on one stream, timed with CUDA events.
+// scatter is not fused), whose attention is CudaBackend::run_async (and
+// run_async_scattered for the packed heads when it is), all on one stream,
+// timed with CUDA events.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

@@ -536,11 +536,6 @@ TEST_P(GpuAttention, MoreThan64HeadsTakeTwoLaunches) {
            std::vector<HeadMask>(65, HeadMask{spec, spec.natural_order(), cache.get(layout.grid, spec), true}));
 }
 
-// Every item of a launch through one persistent block, then three: the Q
-// barriers flip with every item, the K/V ring wraps again and again (D = 64:
-// 4 stages, D = 128: 2), the producer runs ahead into the next item in every
-// round, and ping-pong turns carry across items. (The sm80 kernel is not
-// persistent: for it this is one more ordinary case.)
 // Packed heads (the temporal heads of routed attention: q, k, v gathered into
 // spatial-major order) whose O and LSE the kernel stores straight into the full
 // tensors (run_async_scattered) against the two-step path (packed output, then
@@ -627,6 +622,11 @@ TEST_P(GpuAttention, ScatteredOutputIsTheGatheredCallScattered) {
                      TokenOrder::FrameMajor, {2, 0});
 }
 
+// Every item of a launch through one persistent block, then three: the Q
+// barriers flip with every item, the K/V ring wraps again and again (D = 64:
+// 4 stages, D = 128: 2), the producer runs ahead into the next item in every
+// round, and ping-pong turns carry across items. (The sm80 kernel is not
+// persistent: for it this is one more ordinary case.)
 // Every block schedule: round-robin gives block b items b, b + G, ...; snake
 // b, 2G - 1 - b, 2G + b, ...; the balanced one other lists (the same count
 // per block here, 4 of 12 items on 3 blocks, but of unequal items).
@@ -853,7 +853,7 @@ TEST(GpuAttentionInput, ScatteredOutputsAreCheckedBeforeTheDevice) {
   const VideoLayout& l = host.layout;
   Tensor full_o(DType::F32, l.batch, l.tokens(), 3, l.head_dim);
   LseBuffer full_lse(l.batch, 3, l.tokens());
-  const std::vector<std::int64_t> heads = {2, 0}, twice = {1, 1}, outside = {0, 3}, one = {0};
+  const std::vector<std::int64_t> heads = {2, 0}, twice = {1, 1}, outside = {0, 3}, one = {0}, swapped = {1, 0};
   const ScatteredOutput out{l.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, full_o.view(),
                             full_lse.view()};
   const CudaBackend backend;
@@ -878,7 +878,8 @@ TEST(GpuAttentionInput, ScatteredOutputsAreCheckedBeforeTheDevice) {
   expect_invalid(packed, bad, "output grid");
   bad = out;
   bad.o = packed.q;  // the output over an input (and of another dtype)
-  bad.o.shape[2] = 3;
+  bad.heads = std::span<const std::int64_t>(swapped);
+  bad.lse = LseView{};
   expect_invalid(packed, bad, "overlaps an input");
   bad = out;
   bad.o.shape[3] = 32;  // the narrowed view is checked as call.o would be
@@ -889,6 +890,32 @@ TEST(GpuAttentionInput, ScatteredOutputsAreCheckedBeforeTheDevice) {
   bad = out;
   bad.o.data = nullptr;
   expect_invalid(packed, bad, "no output tensor");
+  bad = out;
+  bad.from = TokenOrder::SpatialMajor;  // the heads' plans are frame-major
+  expect_invalid(packed, bad, "order");
+  bad = out;
+  bad.o.stride[2] = l.head_dim / 2;  // heads of the full tensor overlapping each other
+  expect_invalid(packed, bad, "overlapping strides");
+  // One packed head: the narrowed view has one head, so the full tensor's head
+  // stride must be checked on its own (here rows that are not 16-byte aligned).
+  AttentionCall one_head = packed;
+  one_head.layout.heads = 1;
+  for (TensorView* t : {&one_head.q, &one_head.k, &one_head.v}) t->shape[2] = 1;
+  one_head.heads.resize(1);
+  // Rows of 208 floats (832 bytes, 16-byte multiples) holding 3 heads 65 floats (260 bytes) apart.
+  Tensor skewed(DType::F32, l.batch, l.tokens(), 208, 1);
+  ScatteredOutput narrow = out;
+  narrow.heads = std::span<const std::int64_t>(heads).first(1);
+  narrow.o = skewed.view();
+  narrow.o.shape = {l.batch, l.tokens(), 3, l.head_dim};
+  narrow.o.stride = {skewed.view().stride[0], skewed.view().stride[1], 65, 1};
+  narrow.lse = LseView{};
+  try {
+    backend.run_async_scattered(one_head, narrow, nullptr);
+    ADD_FAILURE() << "a head stride of 260 bytes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head stride"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(backend.run_async_scattered(packed, out, nullptr), Unsupported);  // host memory (or no GPU)
 }
 

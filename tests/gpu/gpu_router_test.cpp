@@ -321,14 +321,20 @@ RoutedCall routed_call(const AttentionCall& c) { return RoutedCall{c.layout, c.q
 
 // Given decisions cycling through every route, against the fp64 reference:
 // the temporal heads' scatter fused into the attention's stores (the default)
-// and as its own pass, on the default kernel and the portable one.
+// and as its own pass, on the default kernel and the portable one, with fp32,
+// bf16 and fp16 outputs (the fused stores take the output's type from the
+// caller's O, not from the packed call, which has none).
 TEST(GpuRoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
   STSA_REQUIRE_GPU();
-  const std::vector<std::pair<VideoLayout, DType>> cases = {
-      {{{1, 7, 9, 0, TextPlacement::After}, 1, 4, 64}, DType::BF16},     // one frame (no temporal order)
-      {{{5, 7, 9, 13, TextPlacement::Before}, 2, 5, 128}, DType::BF16},  // text before, two batch entries
-      {{{4, 5, 6, 70, TextPlacement::After}, 1, 4, 64}, DType::F16},     // text after
-      {{{6, 11, 13, 0, TextPlacement::After}, 1, 4, 128}, DType::BF16},  // 858 tokens
+  struct Case {
+    VideoLayout layout;
+    DType in, out;
+  };
+  const std::vector<Case> cases = {
+      {{{1, 7, 9, 0, TextPlacement::After}, 1, 4, 64}, DType::BF16, DType::F32},     // one frame (no temporal order)
+      {{{5, 7, 9, 13, TextPlacement::Before}, 2, 5, 128}, DType::BF16, DType::BF16},  // text before, two batch entries
+      {{{4, 5, 6, 70, TextPlacement::After}, 1, 4, 64}, DType::F16, DType::F16},     // text after
+      {{{6, 11, 13, 0, TextPlacement::After}, 1, 4, 128}, DType::BF16, DType::F32},  // 858 tokens
   };
   const std::uint64_t seed = testing::fresh_seed();
   for (const CudaKernel kernel : {CudaKernel::Auto, CudaKernel::Sm80}) {
@@ -336,10 +342,11 @@ TEST(GpuRoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
     for (const bool fuse : {true, false}) {
       RoutedOptions options;
       options.fuse_scatter = fuse;
-      for (const auto& [layout, dtype] : cases) {
+      for (const auto& [layout, in, out] : cases) {
         const testing::CyclingDecisions given = testing::cycling_decisions(layout);
         const std::vector<HeadRoute>& decisions = given.decisions;
-        testing::Problem p = testing::make_problem(layout, dtype, given.reference_masks, seed);
+        testing::Problem p =
+            testing::make_problem(layout, in, given.reference_masks, seed, MemoryLayout::BNHD, out);
         SCOPED_TRACE(::testing::Message() << to_string(kernel) << (fuse ? ", scatter fused, " : ", scatter pass, ")
                                         << p.label);
         gpu_testing::DeviceProblem d(p);

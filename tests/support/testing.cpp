@@ -94,6 +94,16 @@ GuardedTensor::GuardedTensor(DType dtype, std::int64_t batch, std::int64_t token
   poison();
 }
 
+GuardedTensor::GuardedTensor(const GuardedTensor& other)
+    : storage_(other.storage_), payload_bytes_(other.payload_bytes_), view_(other.view_) {
+  view_.data = storage_.data() + kGuardBytes;
+}
+
+GuardedTensor& GuardedTensor::operator=(const GuardedTensor& other) {
+  if (this != &other) *this = GuardedTensor(other);
+  return *this;
+}
+
 void GuardedTensor::poison() {
   std::byte* payload = storage_.data() + kGuardBytes;
   if (view_.dtype == DType::F32) {
@@ -115,6 +125,15 @@ GuardedLse::GuardedLse(std::int64_t batch, std::int64_t heads, std::int64_t toke
   storage_.assign(std::size_t(batch * heads * tokens + 2 * kLseGuard), kLseSentinel);
   view_ = LseView::contiguous(storage_.data() + kLseGuard, batch, heads, tokens);
   poison();
+}
+
+GuardedLse::GuardedLse(const GuardedLse& other) : storage_(other.storage_), view_(other.view_) {
+  view_.data = storage_.data() + kLseGuard;
+}
+
+GuardedLse& GuardedLse::operator=(const GuardedLse& other) {
+  if (this != &other) *this = GuardedLse(other);
+  return *this;
 }
 
 void GuardedLse::poison() {

@@ -26,6 +26,10 @@ class GuardedTensor {
  public:
   GuardedTensor(DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
                 MemoryLayout layout = MemoryLayout::BNHD);
+  GuardedTensor(const GuardedTensor& other);  // its own bytes, its view on them (a Problem copy is deep)
+  GuardedTensor& operator=(const GuardedTensor& other);
+  GuardedTensor(GuardedTensor&&) noexcept = default;
+  GuardedTensor& operator=(GuardedTensor&&) noexcept = default;
   TensorView view() const { return view_; }
   void poison();               // every element NaN
   bool guards_intact() const;  // sentinels untouched
@@ -39,6 +43,10 @@ class GuardedTensor {
 class GuardedLse {
  public:
   GuardedLse(std::int64_t batch, std::int64_t heads, std::int64_t tokens);
+  GuardedLse(const GuardedLse& other);
+  GuardedLse& operator=(const GuardedLse& other);
+  GuardedLse(GuardedLse&&) noexcept = default;
+  GuardedLse& operator=(GuardedLse&&) noexcept = default;
   LseView view() const { return view_; }
   void poison();
   bool guards_intact() const;

@@ -1,0 +1,52 @@
+// Owning tensors copy deep: a copy's view points at the copy's own bytes, so
+// writing one never shows in the other (the GPU tests download two runs into
+// two copies of one problem and compare them).
+#include <gtest/gtest.h>
+
+#include "stsa/tensor.hpp"
+#include "support/testing.hpp"
+
+namespace stsa {
+namespace {
+
+TEST(Tensor, CopiesOwnTheirBytesAndKeepTheirLayout) {
+  Tensor a(DType::BF16, 2, 5, 3, 8, MemoryLayout::BHND);
+  a.view().store(1, 4, 2, 7, 1.5f);
+  Tensor b = a;
+  ASSERT_NE(b.view().data, a.view().data);
+  EXPECT_EQ(b.view().stride, a.view().stride);
+  EXPECT_EQ(b.view().load(1, 4, 2, 7), 1.5f);
+  b.view().store(1, 4, 2, 7, -2.f);
+  EXPECT_EQ(a.view().load(1, 4, 2, 7), 1.5f);
+  Tensor c;
+  c = b;
+  ASSERT_NE(c.view().data, b.view().data);
+  EXPECT_EQ(c.view().load(1, 4, 2, 7), -2.f);
+  const void* before = c.view().data;
+  Tensor d = std::move(c);  // a move keeps the buffer
+  EXPECT_EQ(d.view().data, before);
+
+  LseBuffer x(1, 2, 3);
+  x.view().at(0, 1, 2) = 4.f;
+  LseBuffer y = x;
+  ASSERT_NE(y.view().data, x.view().data);
+  y.view().at(0, 1, 2) = 5.f;
+  EXPECT_EQ(x.view().at(0, 1, 2), 4.f);
+}
+
+TEST(Tensor, ACopiedProblemHasOutputsOfItsOwn) {
+  const VideoLayout layout{{2, 3, 4, 0, TextPlacement::After}, 1, 2, 16};
+  const testing::Problem p = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), 1);
+  testing::Problem a = p, b = p;
+  ASSERT_NE(a.o.view().data, b.o.view().data);
+  ASSERT_NE(a.lse.view().data, b.lse.view().data);
+  ASSERT_NE(a.q.view().data, p.q.view().data);
+  a.o.view().store(0, 1, 1, 3, 7.f);
+  a.lse.view().at(0, 1, 5) = 3.f;
+  EXPECT_NE(b.o.view().load(0, 1, 1, 3), 7.f);
+  EXPECT_NE(b.lse.view().at(0, 1, 5), 3.f);
+  EXPECT_TRUE(a.o.guards_intact() && b.o.guards_intact() && a.lse.guards_intact());
+}
+
+}  // namespace
+}  // namespace stsa
