@@ -148,5 +148,26 @@ TEST(Backends, TiledBackendsRefusePlansBuiltForAnotherLayout) {
   EXPECT_THROW(backend("cpu").run(missing.call()), InvalidArgument) << "no plan";
 }
 
+// Two LSE entries at one address (or O elements at one address) would be
+// written by two rows: every backend refuses such views before computing.
+TEST(Backends, OutputsWhoseElementsShareAnAddressAreInvalid) {
+  const VideoLayout layout{{2, 3, 4}, 1, 2, 16};
+  auto problem = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), 1);
+  AttentionCall call = problem.call();
+  call.lse.stride[1] = 0;  // both heads' LSE rows in one place
+  for (const Backend* b : backends()) EXPECT_THROW(b->run(call), InvalidArgument) << b->name();
+  call = problem.call();
+  call.o.stride[2] = 8;  // heads 16 wide, 8 apart
+  for (const Backend* b : backends()) EXPECT_THROW(b->run(call), InvalidArgument) << b->name();
+  try {
+    call = problem.call();
+    call.lse.stride[2] = 0;
+    validate(call, /*require_plans=*/false);
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("lse has overlapping strides"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace stsa

@@ -23,8 +23,11 @@ TEST(Tensor, CopiesOwnTheirBytesAndKeepTheirLayout) {
   ASSERT_NE(c.view().data, b.view().data);
   EXPECT_EQ(c.view().load(1, 4, 2, 7), -2.f);
   const void* before = c.view().data;
-  Tensor d = std::move(c);  // a move keeps the buffer
+  Tensor d = std::move(c);  // a move keeps the buffer and leaves the source empty
   EXPECT_EQ(d.view().data, before);
+  EXPECT_EQ(c.view().data, nullptr);  // NOLINT(bugprone-use-after-move): what a moved-from tensor holds
+  Tensor e = c;  // a copy of an empty tensor is empty, not an alias of d
+  EXPECT_EQ(e.view().data, nullptr);
 
   LseBuffer x(1, 2, 3);
   x.view().at(0, 1, 2) = 4.f;

@@ -42,10 +42,12 @@ struct AttentionCall {
 // head, and (when require_plans) that every computed head has a matching plan.
 void validate(const AttentionCall& call, bool require_plans);
 
-// The tensor part of validate(): one logical [B, N, H, D] view against a layout
-// (shape, non-negative strides under which no two elements share an address,
+// The tensor parts of validate(): the layout itself, then one logical
+// [B, N, H, D] view or [B, H, N] LSE view against it (shape, non-negative
+// strides under which no two elements share an address, and for tensors the
 // element alignment); InvalidArgument naming `name` otherwise.
 void validate_tensor(const char* name, const TensorView& t, const VideoLayout& layout);
+void validate_lse(const char* name, const LseView& lse, const VideoLayout& layout);
 
 // Builds HeadMasks for all heads with the given spec and tensor order (plans from `cache`).
 std::vector<HeadMask> uniform_heads(const VideoLayout& layout, const MaskSpec& spec, PlanCache& cache,

@@ -73,12 +73,12 @@ class Tensor {
   Tensor() = default;
   Tensor(DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
          MemoryLayout layout = MemoryLayout::BNHD);
-  // A copy owns its own bytes and its view points at them (a moved-from
-  // vector's buffer moves with it, so moves need nothing more).
+  // A copy owns its own bytes and its view points at them; a move takes the
+  // bytes and leaves the source empty (a null view, not one into the new owner).
   Tensor(const Tensor& other);
   Tensor& operator=(const Tensor& other);
-  Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  Tensor(Tensor&& other) noexcept;
+  Tensor& operator=(Tensor&& other) noexcept;
   TensorView view() const { return view_; }
   DType dtype() const { return view_.dtype; }
   std::size_t bytes() const { return storage_.size(); }
@@ -93,10 +93,10 @@ class LseBuffer {
  public:
   LseBuffer() = default;
   LseBuffer(std::int64_t batch, std::int64_t heads, std::int64_t tokens);
-  LseBuffer(const LseBuffer& other);  // owns its own values, as Tensor's copies do
+  LseBuffer(const LseBuffer& other);  // copies and moves as Tensor's
   LseBuffer& operator=(const LseBuffer& other);
-  LseBuffer(LseBuffer&&) noexcept = default;
-  LseBuffer& operator=(LseBuffer&&) noexcept = default;
+  LseBuffer(LseBuffer&& other) noexcept;
+  LseBuffer& operator=(LseBuffer&& other) noexcept;
   LseView view() { return view_; }
 
  private:

@@ -7,27 +7,48 @@
 
 namespace stsa {
 
+namespace {
+
+// Distinct elements must have distinct addresses: sort the dimensions by stride
+// and require each stride to step over everything the smaller ones span.
+template <std::size_t Rank>
+void check_distinct_addresses(const char* name, const std::array<std::int64_t, Rank>& shape,
+                              const std::array<std::int64_t, Rank>& stride) {
+  for (std::size_t i = 0; i < Rank; ++i)
+    STSA_CHECK(stride[i] >= 0, InvalidArgument, name, " has negative stride ", stride[i], " in dimension ", i);
+  std::array<std::size_t, Rank> order{};
+  for (std::size_t i = 0; i < Rank; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return stride[a] < stride[b]; });
+  std::int64_t span = 1;
+  for (const std::size_t i : order) {
+    if (shape[i] == 1) continue;
+    STSA_CHECK(stride[i] >= span, InvalidArgument, name, " has overlapping strides (dimension ", i, " stride ",
+               stride[i], " < ", span, ")");
+    span = stride[i] * shape[i];
+  }
+}
+
+}  // namespace
+
 void validate_tensor(const char* name, const TensorView& t, const VideoLayout& layout) {
+  layout.validate();
   STSA_CHECK(t.data != nullptr, InvalidArgument, name, " is null");
   const std::array<std::int64_t, 4> expected{layout.batch, layout.tokens(), layout.heads, layout.head_dim};
   STSA_CHECK(t.shape == expected, InvalidArgument, name, " has shape [", t.shape[0], ", ", t.shape[1], ", ",
              t.shape[2], ", ", t.shape[3], "] but the layout needs [B, N, H, D] = [", expected[0], ", ", expected[1],
              ", ", expected[2], ", ", expected[3], "]");
-  for (int i = 0; i < 4; ++i)
-    STSA_CHECK(t.stride[i] >= 0, InvalidArgument, name, " has negative stride ", t.stride[i], " in dimension ", i);
-  // Distinct elements must have distinct addresses: sort dimensions by stride and require each
-  // stride to step over everything the smaller ones span.
-  std::array<int, 4> order{0, 1, 2, 3};
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return t.stride[a] < t.stride[b]; });
-  std::int64_t span = 1;
-  for (int i : order) {
-    if (t.shape[i] == 1) continue;
-    STSA_CHECK(t.stride[i] >= span, InvalidArgument, name, " has overlapping strides (dimension ", i, " stride ",
-               t.stride[i], " < ", span, ")");
-    span = t.stride[i] * t.shape[i];
-  }
+  check_distinct_addresses(name, t.shape, t.stride);
   const auto address = reinterpret_cast<std::uintptr_t>(t.data);
   STSA_CHECK(address % element_size(t.dtype) == 0, InvalidArgument, name, " is not aligned to its element size");
+}
+
+void validate_lse(const char* name, const LseView& lse, const VideoLayout& layout) {
+  layout.validate();
+  const std::array<std::int64_t, 3> expected{layout.batch, layout.heads, layout.tokens()};
+  STSA_CHECK(lse.shape == expected, InvalidArgument, name, " has shape [", lse.shape[0], ", ", lse.shape[1], ", ",
+             lse.shape[2], "] but the layout needs [B, H, N] = [", expected[0], ", ", expected[1], ", ", expected[2],
+             "]");
+  check_distinct_addresses(name, lse.shape, lse.stride);
 }
 
 float AttentionCall::scale() const {
@@ -49,12 +70,7 @@ void validate(const AttentionCall& call, bool require_plans) {
   for (const auto* input : {&call.q, &call.k, &call.v})
     STSA_CHECK(!extents_overlap(o_extent, input->byte_extent()), InvalidArgument, "o overlaps an input tensor");
   if (call.lse.data != nullptr) {
-    const std::array<std::int64_t, 3> expected{call.layout.batch, call.layout.heads, call.layout.tokens()};
-    STSA_CHECK(call.lse.shape == expected, InvalidArgument, "lse has shape [", call.lse.shape[0], ", ",
-               call.lse.shape[1], ", ", call.lse.shape[2], "] but the layout needs [B, H, N] = [", expected[0], ", ",
-               expected[1], ", ", expected[2], "]");
-    for (int i = 0; i < 3; ++i)
-      STSA_CHECK(call.lse.stride[i] >= 0, InvalidArgument, "lse has negative stride in dimension ", i);
+    validate_lse("lse", call.lse, call.layout);
     const auto lse_extent = call.lse.byte_extent();
     STSA_CHECK(!extents_overlap(lse_extent, o_extent), InvalidArgument, "lse overlaps o");
     for (const auto* input : {&call.q, &call.k, &call.v})

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 #include <unistd.h>
 
 #include "stsa/error.hpp"
@@ -101,12 +102,40 @@ Tensor& Tensor::operator=(const Tensor& other) {
   return *this;
 }
 
+Tensor::Tensor(Tensor&& other) noexcept
+    : storage_(std::move(other.storage_)), view_(std::exchange(other.view_, TensorView{})) {
+  other.storage_.clear();
+}
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  if (this != &other) {
+    storage_ = std::move(other.storage_);
+    other.storage_.clear();
+    view_ = std::exchange(other.view_, TensorView{});
+  }
+  return *this;
+}
+
 LseBuffer::LseBuffer(const LseBuffer& other) : storage_(other.storage_), view_(other.view_) {
   if (!storage_.empty()) view_.data = storage_.data() + (other.view_.data - other.storage_.data());
 }
 
 LseBuffer& LseBuffer::operator=(const LseBuffer& other) {
   if (this != &other) *this = LseBuffer(other);
+  return *this;
+}
+
+LseBuffer::LseBuffer(LseBuffer&& other) noexcept
+    : storage_(std::move(other.storage_)), view_(std::exchange(other.view_, LseView{})) {
+  other.storage_.clear();
+}
+
+LseBuffer& LseBuffer::operator=(LseBuffer&& other) noexcept {
+  if (this != &other) {
+    storage_ = std::move(other.storage_);
+    other.storage_.clear();
+    view_ = std::exchange(other.view_, LseView{});
+  }
   return *this;
 }
 

@@ -169,23 +169,20 @@ AttentionCall scattered_call_for_checks(const AttentionCall& call, const Scatter
   // when one head is packed, and its head stride would go unchecked).
   VideoLayout full = call.layout;
   full.heads = out.o.heads();
-  validate_tensor("scattered o", out.o, full);
+  validate_tensor("scattered o", out.o, full);  // validates `full` first (a head count >= 1, sizes that fit)
   cuda_detail::require_row_vectors("run_async_scattered: ", "o", out.o);
+  if (out.lse.data != nullptr) validate_lse("scattered lse", out.lse, full);
   const std::int64_t count = call.layout.heads;
   STSA_CHECK(std::int64_t(out.heads.size()) == count, InvalidArgument, "run_async_scattered: ", out.heads.size(),
              " output heads for ", count, " heads");
-  std::vector<bool> seen(std::size_t(out.o.heads()), false);
-  for (const std::int64_t h : out.heads) {
+  for (const std::int64_t h : out.heads)
     STSA_CHECK(h >= 0 && h < out.o.heads(), InvalidArgument, "run_async_scattered: output head ", h,
                " out of range [0, ", out.o.heads(), ")");
-    STSA_CHECK(!seen[std::size_t(h)], InvalidArgument, "run_async_scattered: output head ", h, " listed twice");
-    seen[std::size_t(h)] = true;
-  }
-  if (out.lse.data != nullptr) {
-    STSA_CHECK(out.lse.shape[1] == out.o.heads(), InvalidArgument, "run_async_scattered: lse has ", out.lse.shape[1],
-               " heads, o has ", out.o.heads());
-    STSA_CHECK(out.lse.stride[1] >= 0, InvalidArgument, "run_async_scattered: lse has a negative head stride");
-  }
+  std::vector<std::int64_t> sorted(out.heads.begin(), out.heads.end());
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  STSA_CHECK(twice == sorted.end(), InvalidArgument, "run_async_scattered: output head ",
+             twice == sorted.end() ? 0 : *twice, " listed twice");
   for (const TensorView* input : {&call.q, &call.k, &call.v}) {
     STSA_CHECK(!extents_overlap(out.o.byte_extent(), input->byte_extent()), InvalidArgument,
                "run_async_scattered: o overlaps an input tensor");

@@ -71,6 +71,11 @@ class ShardTensor {
     view_.shape = {batch, 0, heads, dim};
     view_.stride = {0, heads * dim, dim, 1};
   }
+  // view_ points into tensor_: a copy would point at the original's bytes.
+  ShardTensor(const ShardTensor&) = delete;
+  ShardTensor& operator=(const ShardTensor&) = delete;
+  ShardTensor(ShardTensor&&) noexcept = default;
+  ShardTensor& operator=(ShardTensor&&) noexcept = default;
   TensorView view() const { return view_; }
 
  private:
@@ -86,6 +91,10 @@ class ShardLse {
     view_.shape = {batch, heads, count};
     view_.stride = {heads * count, count, 1};
   }
+  ShardLse(const ShardLse&) = delete;  // as ShardTensor
+  ShardLse& operator=(const ShardLse&) = delete;
+  ShardLse(ShardLse&&) noexcept = default;
+  ShardLse& operator=(ShardLse&&) noexcept = default;
   LseView view() const { return view_; }
 
  private:

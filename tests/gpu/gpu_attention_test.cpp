@@ -882,26 +882,34 @@ TEST(GpuAttentionInput, ScatteredOutputsAreCheckedBeforeTheDevice) {
   bad.lse = LseView{};
   expect_invalid(packed, bad, "overlaps an input");
   bad = out;
-  bad.o.shape[3] = 32;  // the narrowed view is checked as call.o would be
-  expect_invalid(packed, bad, "o has shape");
+  bad.o.shape[3] = 32;  // the full tensor against the call's layout with its own head count
+  expect_invalid(packed, bad, "scattered o has shape");
+  bad = out;
+  bad.o.shape[2] = -100;  // a head count no layout has (not an allocation of that size)
+  expect_invalid(packed, bad, "heads");
   bad = out;
   bad.lse.shape[1] = 2;
-  expect_invalid(packed, bad, "lse has 2 heads");
+  expect_invalid(packed, bad, "scattered lse has shape");
+  bad = out;
+  bad.lse.stride[1] = 0;  // every head's LSE row in one place
+  expect_invalid(packed, bad, "scattered lse has overlapping strides");
   bad = out;
   bad.o.data = nullptr;
   expect_invalid(packed, bad, "no output tensor");
   bad = out;
   bad.from = TokenOrder::SpatialMajor;  // the heads' plans are frame-major
   expect_invalid(packed, bad, "order");
-  bad = out;
-  bad.o.stride[2] = l.head_dim / 2;  // heads of the full tensor overlapping each other
-  expect_invalid(packed, bad, "overlapping strides");
   // One packed head: the narrowed view has one head, so the full tensor's head
-  // stride must be checked on its own (here rows that are not 16-byte aligned).
+  // stride must be checked on its own: heads overlapping each other, then rows
+  // that are not 16-byte aligned.
   AttentionCall one_head = packed;
   one_head.layout.heads = 1;
   for (TensorView* t : {&one_head.q, &one_head.k, &one_head.v}) t->shape[2] = 1;
   one_head.heads.resize(1);
+  bad = out;
+  bad.heads = std::span<const std::int64_t>(heads).first(1);
+  bad.o.stride[2] = l.head_dim / 2;
+  expect_invalid(one_head, bad, "scattered o has overlapping strides");
   // Rows of 208 floats (832 bytes, 16-byte multiples) holding 3 heads 65 floats (260 bytes) apart.
   Tensor skewed(DType::F32, l.batch, l.tokens(), 208, 1);
   ScatteredOutput narrow = out;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "stsa/error.hpp"
 
@@ -96,11 +97,28 @@ GuardedTensor::GuardedTensor(DType dtype, std::int64_t batch, std::int64_t token
 
 GuardedTensor::GuardedTensor(const GuardedTensor& other)
     : storage_(other.storage_), payload_bytes_(other.payload_bytes_), view_(other.view_) {
-  view_.data = storage_.data() + kGuardBytes;
+  view_.data = storage_.empty() ? nullptr : storage_.data() + kGuardBytes;
 }
 
 GuardedTensor& GuardedTensor::operator=(const GuardedTensor& other) {
   if (this != &other) *this = GuardedTensor(other);
+  return *this;
+}
+
+GuardedTensor::GuardedTensor(GuardedTensor&& other) noexcept
+    : storage_(std::move(other.storage_)),
+      payload_bytes_(std::exchange(other.payload_bytes_, 0)),
+      view_(std::exchange(other.view_, TensorView{})) {
+  other.storage_.clear();
+}
+
+GuardedTensor& GuardedTensor::operator=(GuardedTensor&& other) noexcept {
+  if (this != &other) {
+    storage_ = std::move(other.storage_);
+    other.storage_.clear();
+    payload_bytes_ = std::exchange(other.payload_bytes_, 0);
+    view_ = std::exchange(other.view_, TensorView{});
+  }
   return *this;
 }
 
@@ -128,11 +146,25 @@ GuardedLse::GuardedLse(std::int64_t batch, std::int64_t heads, std::int64_t toke
 }
 
 GuardedLse::GuardedLse(const GuardedLse& other) : storage_(other.storage_), view_(other.view_) {
-  view_.data = storage_.data() + kLseGuard;
+  view_.data = storage_.empty() ? nullptr : storage_.data() + kLseGuard;
 }
 
 GuardedLse& GuardedLse::operator=(const GuardedLse& other) {
   if (this != &other) *this = GuardedLse(other);
+  return *this;
+}
+
+GuardedLse::GuardedLse(GuardedLse&& other) noexcept
+    : storage_(std::move(other.storage_)), view_(std::exchange(other.view_, LseView{})) {
+  other.storage_.clear();
+}
+
+GuardedLse& GuardedLse::operator=(GuardedLse&& other) noexcept {
+  if (this != &other) {
+    storage_ = std::move(other.storage_);
+    other.storage_.clear();
+    view_ = std::exchange(other.view_, LseView{});
+  }
   return *this;
 }
 

@@ -26,10 +26,12 @@ class GuardedTensor {
  public:
   GuardedTensor(DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
                 MemoryLayout layout = MemoryLayout::BNHD);
-  GuardedTensor(const GuardedTensor& other);  // its own bytes, its view on them (a Problem copy is deep)
+  // Copies and moves as stsa::Tensor's: a copy has its own bytes (a Problem
+  // copy is deep), a moved-from one is empty.
+  GuardedTensor(const GuardedTensor& other);
   GuardedTensor& operator=(const GuardedTensor& other);
-  GuardedTensor(GuardedTensor&&) noexcept = default;
-  GuardedTensor& operator=(GuardedTensor&&) noexcept = default;
+  GuardedTensor(GuardedTensor&& other) noexcept;
+  GuardedTensor& operator=(GuardedTensor&& other) noexcept;
   TensorView view() const { return view_; }
   void poison();               // every element NaN
   bool guards_intact() const;  // sentinels untouched
@@ -45,8 +47,8 @@ class GuardedLse {
   GuardedLse(std::int64_t batch, std::int64_t heads, std::int64_t tokens);
   GuardedLse(const GuardedLse& other);
   GuardedLse& operator=(const GuardedLse& other);
-  GuardedLse(GuardedLse&&) noexcept = default;
-  GuardedLse& operator=(GuardedLse&&) noexcept = default;
+  GuardedLse(GuardedLse&& other) noexcept;
+  GuardedLse& operator=(GuardedLse&& other) noexcept;
   LseView view() const { return view_; }
   void poison();
   bool guards_intact() const;
