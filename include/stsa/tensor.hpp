@@ -73,35 +73,35 @@ class Tensor {
   Tensor() = default;
   Tensor(DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
          MemoryLayout layout = MemoryLayout::BNHD);
-  // A copy owns its own bytes and its view points at them; a move takes the
-  // bytes and leaves the source empty (a null view, not one into the new owner).
-  Tensor(const Tensor& other);
-  Tensor& operator=(const Tensor& other);
-  Tensor(Tensor&& other) noexcept;
-  Tensor& operator=(Tensor&& other) noexcept;
-  TensorView view() const { return view_; }
-  DType dtype() const { return view_.dtype; }
+  // The view is made on each call from the bytes the tensor holds now, so a
+  // copy sees its own bytes and a moved-from tensor a null view.
+  TensorView view() const {
+    TensorView v = shape_;
+    v.data = storage_.empty() ? nullptr : const_cast<std::byte*>(storage_.data());
+    return v;
+  }
+  DType dtype() const { return shape_.dtype; }
   std::size_t bytes() const { return storage_.size(); }
 
  private:
   std::vector<std::byte> storage_;
-  TensorView view_;
+  TensorView shape_;  // dtype, shape and strides; data comes from storage_
 };
 
-// Owning [B, H, N] fp32 buffer for LSE.
+// Owning [B, H, N] fp32 buffer for LSE (copies and moves as Tensor's).
 class LseBuffer {
  public:
   LseBuffer() = default;
   LseBuffer(std::int64_t batch, std::int64_t heads, std::int64_t tokens);
-  LseBuffer(const LseBuffer& other);  // copies and moves as Tensor's
-  LseBuffer& operator=(const LseBuffer& other);
-  LseBuffer(LseBuffer&& other) noexcept;
-  LseBuffer& operator=(LseBuffer&& other) noexcept;
-  LseView view() { return view_; }
+  LseView view() {
+    LseView v = shape_;
+    v.data = storage_.empty() ? nullptr : storage_.data();
+    return v;
+  }
 
  private:
   std::vector<float> storage_;
-  LseView view_;
+  LseView shape_;  // shape and strides; data comes from storage_
 };
 
 }  // namespace stsa

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <utility>
 #include <unistd.h>
 
 #include "stsa/error.hpp"
@@ -83,60 +82,14 @@ Tensor::Tensor(DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_
   check_dims(batch, tokens, heads, head_dim);
   check_host_allocation(std::uint64_t(batch * tokens * heads * head_dim) * element_size(dtype), "tensor");
   storage_.resize(std::size_t(batch * tokens * heads * head_dim) * element_size(dtype));
-  view_ = TensorView::contiguous(storage_.data(), dtype, batch, tokens, heads, head_dim, layout);
+  shape_ = TensorView::contiguous(nullptr, dtype, batch, tokens, heads, head_dim, layout);
 }
 
 LseBuffer::LseBuffer(std::int64_t batch, std::int64_t heads, std::int64_t tokens) {
   check_dims(batch, tokens, heads, 1);
   check_host_allocation(std::uint64_t(batch * heads * tokens) * sizeof(float), "LSE buffer");
   storage_.assign(std::size_t(batch * heads * tokens), 0.f);
-  view_ = LseView::contiguous(storage_.data(), batch, heads, tokens);
-}
-
-Tensor::Tensor(const Tensor& other) : storage_(other.storage_), view_(other.view_) {
-  if (!storage_.empty()) view_.data = storage_.data() + (static_cast<std::byte*>(other.view_.data) - other.storage_.data());
-}
-
-Tensor& Tensor::operator=(const Tensor& other) {
-  if (this != &other) *this = Tensor(other);
-  return *this;
-}
-
-Tensor::Tensor(Tensor&& other) noexcept
-    : storage_(std::move(other.storage_)), view_(std::exchange(other.view_, TensorView{})) {
-  other.storage_.clear();
-}
-
-Tensor& Tensor::operator=(Tensor&& other) noexcept {
-  if (this != &other) {
-    storage_ = std::move(other.storage_);
-    other.storage_.clear();
-    view_ = std::exchange(other.view_, TensorView{});
-  }
-  return *this;
-}
-
-LseBuffer::LseBuffer(const LseBuffer& other) : storage_(other.storage_), view_(other.view_) {
-  if (!storage_.empty()) view_.data = storage_.data() + (other.view_.data - other.storage_.data());
-}
-
-LseBuffer& LseBuffer::operator=(const LseBuffer& other) {
-  if (this != &other) *this = LseBuffer(other);
-  return *this;
-}
-
-LseBuffer::LseBuffer(LseBuffer&& other) noexcept
-    : storage_(std::move(other.storage_)), view_(std::exchange(other.view_, LseView{})) {
-  other.storage_.clear();
-}
-
-LseBuffer& LseBuffer::operator=(LseBuffer&& other) noexcept {
-  if (this != &other) {
-    storage_ = std::move(other.storage_);
-    other.storage_.clear();
-    view_ = std::exchange(other.view_, LseView{});
-  }
-  return *this;
+  shape_ = LseView::contiguous(nullptr, batch, heads, tokens);
 }
 
 }  // namespace stsa

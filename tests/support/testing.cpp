@@ -6,17 +6,14 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
-#include <utility>
 
 #include "stsa/error.hpp"
 
 namespace stsa::testing {
 namespace {
 
-constexpr std::size_t kGuardBytes = 256;
 constexpr std::byte kSentinel{0xA5};
 constexpr float kLseSentinel = -12345.678f;
-constexpr std::int64_t kLseGuard = 64;
 
 std::uint16_t nan_bits(DType t) { return t == DType::BF16 ? 0x7fc0 : 0x7e00; }
 
@@ -91,44 +88,17 @@ GuardedTensor::GuardedTensor(DType dtype, std::int64_t batch, std::int64_t token
                              std::int64_t head_dim, MemoryLayout layout) {
   payload_bytes_ = std::size_t(batch * tokens * heads * head_dim) * element_size(dtype);
   storage_.assign(payload_bytes_ + 2 * kGuardBytes, kSentinel);
-  view_ = TensorView::contiguous(storage_.data() + kGuardBytes, dtype, batch, tokens, heads, head_dim, layout);
+  shape_ = TensorView::contiguous(nullptr, dtype, batch, tokens, heads, head_dim, layout);
   poison();
-}
-
-GuardedTensor::GuardedTensor(const GuardedTensor& other)
-    : storage_(other.storage_), payload_bytes_(other.payload_bytes_), view_(other.view_) {
-  view_.data = storage_.empty() ? nullptr : storage_.data() + kGuardBytes;
-}
-
-GuardedTensor& GuardedTensor::operator=(const GuardedTensor& other) {
-  if (this != &other) *this = GuardedTensor(other);
-  return *this;
-}
-
-GuardedTensor::GuardedTensor(GuardedTensor&& other) noexcept
-    : storage_(std::move(other.storage_)),
-      payload_bytes_(std::exchange(other.payload_bytes_, 0)),
-      view_(std::exchange(other.view_, TensorView{})) {
-  other.storage_.clear();
-}
-
-GuardedTensor& GuardedTensor::operator=(GuardedTensor&& other) noexcept {
-  if (this != &other) {
-    storage_ = std::move(other.storage_);
-    other.storage_.clear();
-    payload_bytes_ = std::exchange(other.payload_bytes_, 0);
-    view_ = std::exchange(other.view_, TensorView{});
-  }
-  return *this;
 }
 
 void GuardedTensor::poison() {
   std::byte* payload = storage_.data() + kGuardBytes;
-  if (view_.dtype == DType::F32) {
+  if (shape_.dtype == DType::F32) {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (std::size_t i = 0; i < payload_bytes_; i += 4) std::memcpy(payload + i, &nan, 4);
   } else {
-    const std::uint16_t nan = nan_bits(view_.dtype);
+    const std::uint16_t nan = nan_bits(shape_.dtype);
     for (std::size_t i = 0; i < payload_bytes_; i += 2) std::memcpy(payload + i, &nan, 2);
   }
 }
@@ -140,40 +110,17 @@ bool GuardedTensor::guards_intact() const {
 }
 
 GuardedLse::GuardedLse(std::int64_t batch, std::int64_t heads, std::int64_t tokens) {
-  storage_.assign(std::size_t(batch * heads * tokens + 2 * kLseGuard), kLseSentinel);
-  view_ = LseView::contiguous(storage_.data() + kLseGuard, batch, heads, tokens);
+  storage_.assign(std::size_t(batch * heads * tokens + 2 * kGuardFloats), kLseSentinel);
+  shape_ = LseView::contiguous(nullptr, batch, heads, tokens);
   poison();
 }
 
-GuardedLse::GuardedLse(const GuardedLse& other) : storage_(other.storage_), view_(other.view_) {
-  view_.data = storage_.empty() ? nullptr : storage_.data() + kLseGuard;
-}
-
-GuardedLse& GuardedLse::operator=(const GuardedLse& other) {
-  if (this != &other) *this = GuardedLse(other);
-  return *this;
-}
-
-GuardedLse::GuardedLse(GuardedLse&& other) noexcept
-    : storage_(std::move(other.storage_)), view_(std::exchange(other.view_, LseView{})) {
-  other.storage_.clear();
-}
-
-GuardedLse& GuardedLse::operator=(GuardedLse&& other) noexcept {
-  if (this != &other) {
-    storage_ = std::move(other.storage_);
-    other.storage_.clear();
-    view_ = std::exchange(other.view_, LseView{});
-  }
-  return *this;
-}
-
 void GuardedLse::poison() {
-  std::fill(storage_.begin() + kLseGuard, storage_.end() - kLseGuard, std::numeric_limits<float>::quiet_NaN());
+  std::fill(storage_.begin() + kGuardFloats, storage_.end() - kGuardFloats, std::numeric_limits<float>::quiet_NaN());
 }
 
 bool GuardedLse::guards_intact() const {
-  for (std::int64_t i = 0; i < kLseGuard; ++i)
+  for (std::int64_t i = 0; i < kGuardFloats; ++i)
     if (storage_[std::size_t(i)] != kLseSentinel || storage_[storage_.size() - 1 - std::size_t(i)] != kLseSentinel)
       return false;
   return true;

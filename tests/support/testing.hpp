@@ -26,36 +26,38 @@ class GuardedTensor {
  public:
   GuardedTensor(DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
                 MemoryLayout layout = MemoryLayout::BNHD);
-  // Copies and moves as stsa::Tensor's: a copy has its own bytes (a Problem
-  // copy is deep), a moved-from one is empty.
-  GuardedTensor(const GuardedTensor& other);
-  GuardedTensor& operator=(const GuardedTensor& other);
-  GuardedTensor(GuardedTensor&& other) noexcept;
-  GuardedTensor& operator=(GuardedTensor&& other) noexcept;
-  TensorView view() const { return view_; }
+  // Made from the bytes held now, as stsa::Tensor's: a copy (a Problem copy)
+  // sees its own bytes, a moved-from one a null view.
+  TensorView view() const {
+    TensorView v = shape_;
+    v.data = storage_.empty() ? nullptr : const_cast<std::byte*>(storage_.data()) + kGuardBytes;
+    return v;
+  }
   void poison();               // every element NaN
   bool guards_intact() const;  // sentinels untouched
 
  private:
+  static constexpr std::size_t kGuardBytes = 256;
   std::vector<std::byte> storage_;
   std::size_t payload_bytes_ = 0;
-  TensorView view_;
+  TensorView shape_;  // dtype, shape and strides; data comes from storage_
 };
 
 class GuardedLse {
  public:
   GuardedLse(std::int64_t batch, std::int64_t heads, std::int64_t tokens);
-  GuardedLse(const GuardedLse& other);
-  GuardedLse& operator=(const GuardedLse& other);
-  GuardedLse(GuardedLse&& other) noexcept;
-  GuardedLse& operator=(GuardedLse&& other) noexcept;
-  LseView view() const { return view_; }
+  LseView view() const {
+    LseView v = shape_;
+    v.data = storage_.empty() ? nullptr : const_cast<float*>(storage_.data()) + kGuardFloats;
+    return v;
+  }
   void poison();
   bool guards_intact() const;
 
  private:
+  static constexpr std::int64_t kGuardFloats = 64;
   std::vector<float> storage_;
-  LseView view_;
+  LseView shape_;  // shape and strides; data comes from storage_
 };
 
 // Inputs, outputs and masks of one random attention problem.
