@@ -3,6 +3,11 @@
 // two copies of one problem and compare them).
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <string>
+
+#include "stsa/attention.hpp"
+#include "stsa/error.hpp"
 #include "stsa/tensor.hpp"
 #include "support/testing.hpp"
 
@@ -49,6 +54,42 @@ TEST(Tensor, ACopiedProblemHasOutputsOfItsOwn) {
   EXPECT_NE(b.o.view().load(0, 1, 1, 3), 7.f);
   EXPECT_NE(b.lse.view().at(0, 1, 5), 3.f);
   EXPECT_TRUE(a.o.guards_intact() && b.o.guards_intact() && a.lse.guards_intact());
+}
+
+// Strides are the caller's: one that reaches past the address space must be a
+// clear error from validation, not a signed overflow that wraps into a small,
+// plausible byte range (which the aliasing checks would then trust).
+TEST(Tensor, StridesReachingPastTheAddressSpaceAreRefused) {
+  const VideoLayout layout{{2, 3, 4, 0, TextPlacement::After}, 2, 1, 16};
+  Tensor owner(DType::BF16, 2, layout.tokens(), 1, 16);
+  TensorView t = owner.view();
+  ASSERT_NO_THROW(validate_tensor("q", t, layout));
+  for (const std::int64_t stride : {std::int64_t(1) << 62, std::int64_t(3) << 61, std::numeric_limits<std::int64_t>::max()}) {
+    t.stride[0] = stride;
+    EXPECT_THROW(
+        {
+          try {
+            validate_tensor("q", t, layout);
+          } catch (const InvalidArgument& e) {
+            EXPECT_NE(std::string(e.what()).find("address space"), std::string::npos) << e.what();
+            throw;
+          }
+        },
+        InvalidArgument)
+        << stride;
+    EXPECT_THROW(t.byte_extent(), InvalidArgument) << stride;
+  }
+
+  LseBuffer lse_owner(2, 1, layout.tokens());
+  LseView lse = lse_owner.view();
+  ASSERT_NO_THROW(validate_lse("lse", lse, layout));
+  lse.stride[2] = std::int64_t(1) << 61;  // x 4 bytes x (N - 1) rows overflows
+  EXPECT_THROW(validate_lse("lse", lse, layout), InvalidArgument);
+  lse = lse_owner.view();
+  lse.data = reinterpret_cast<float*>(reinterpret_cast<std::byte*>(lse.data) + 2);
+  EXPECT_THROW(validate_lse("lse", lse, layout), InvalidArgument);
+  lse.data = nullptr;
+  EXPECT_THROW(validate_lse("lse", lse, layout), InvalidArgument);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "stsa/error.hpp"
 
@@ -24,7 +25,8 @@ void check_distinct_addresses(const char* name, const std::array<std::int64_t, R
     if (shape[i] == 1) continue;
     STSA_CHECK(stride[i] >= span, InvalidArgument, name, " has overlapping strides (dimension ", i, " stride ",
                stride[i], " < ", span, ")");
-    span = stride[i] * shape[i];
+    // Saturates: a dimension past a span this wide has already failed byte_extent().
+    if (__builtin_mul_overflow(stride[i], shape[i], &span)) span = std::numeric_limits<std::int64_t>::max();
   }
 }
 
@@ -37,6 +39,7 @@ void validate_tensor(const char* name, const TensorView& t, const VideoLayout& l
   STSA_CHECK(t.shape == expected, InvalidArgument, name, " has shape [", t.shape[0], ", ", t.shape[1], ", ",
              t.shape[2], ", ", t.shape[3], "] but the layout needs [B, N, H, D] = [", expected[0], ", ", expected[1],
              ", ", expected[2], ", ", expected[3], "]");
+  t.byte_extent();  // throws when the strides reach past the address space
   check_distinct_addresses(name, t.shape, t.stride);
   const auto address = reinterpret_cast<std::uintptr_t>(t.data);
   STSA_CHECK(address % element_size(t.dtype) == 0, InvalidArgument, name, " is not aligned to its element size");
@@ -48,7 +51,11 @@ void validate_lse(const char* name, const LseView& lse, const VideoLayout& layou
   STSA_CHECK(lse.shape == expected, InvalidArgument, name, " has shape [", lse.shape[0], ", ", lse.shape[1], ", ",
              lse.shape[2], "] but the layout needs [B, H, N] = [", expected[0], ", ", expected[1], ", ", expected[2],
              "]");
+  STSA_CHECK(lse.data != nullptr, InvalidArgument, name, " is null");
+  lse.byte_extent();  // throws when the strides reach past the address space
   check_distinct_addresses(name, lse.shape, lse.stride);
+  STSA_CHECK(reinterpret_cast<std::uintptr_t>(lse.data) % alignof(float) == 0, InvalidArgument, name,
+             " is not aligned to 4 bytes");
 }
 
 float AttentionCall::scale() const {

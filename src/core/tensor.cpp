@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 #include <unistd.h>
 
 #include "stsa/error.hpp"
@@ -21,18 +22,37 @@ void check_dims(std::int64_t batch, std::int64_t tokens, std::int64_t heads, std
 }
 
 // Byte range touched by elements at offsets sum(i_k * stride_k), 0 <= i_k < shape_k.
+// Strides come from the caller, so every product and sum is overflow-checked and
+// the range must not wrap the address space: an absurd stride is an error, not UB.
 template <std::size_t R>
 std::pair<const std::byte*, const std::byte*> extent(const void* data, std::size_t elem,
                                                      const std::array<std::int64_t, R>& shape,
                                                      const std::array<std::int64_t, R>& stride) {
+  if (data == nullptr) return {nullptr, nullptr};
   std::int64_t lo = 0, hi = 0;
+  bool overflow = false;
   for (std::size_t i = 0; i < R; ++i) {
     if (shape[i] <= 0) return {nullptr, nullptr};
-    const std::int64_t reach = (shape[i] - 1) * stride[i];
-    (reach < 0 ? lo : hi) += reach;
+    std::int64_t reach = 0;
+    overflow |= __builtin_mul_overflow(shape[i] - 1, stride[i], &reach);
+    overflow |= __builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi);
   }
-  const auto* base = static_cast<const std::byte*>(data);
-  return {base + lo * std::int64_t(elem), base + (hi + 1) * std::int64_t(elem)};
+  const auto element = std::int64_t(elem);
+  std::int64_t lo_bytes = 0, hi_bytes = 0;
+  overflow |= __builtin_add_overflow(hi, std::int64_t(1), &hi_bytes);
+  overflow |= __builtin_mul_overflow(hi_bytes, element, &hi_bytes);
+  overflow |= __builtin_mul_overflow(lo, element, &lo_bytes);
+  const auto base = reinterpret_cast<std::uintptr_t>(data);
+  std::uintptr_t first = 0, last = 0;
+  overflow |= __builtin_add_overflow(base, lo_bytes, &first);
+  overflow |= __builtin_add_overflow(base, hi_bytes, &last);
+  if (overflow) {
+    std::string dims;
+    for (std::size_t i = 0; i < R; ++i) dims += detail::concat(i ? ", " : "", shape[i], " (stride ", stride[i], ")");
+    throw InvalidArgument(detail::concat("a tensor of shape [", dims, "] spans more bytes than the address space holds"));
+  }
+  const auto* byte = static_cast<const std::byte*>(data);
+  return {byte + lo_bytes, byte + hi_bytes};
 }
 
 }  // namespace
