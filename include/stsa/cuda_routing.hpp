@@ -9,6 +9,8 @@
 // of 16 up to 128; head dim contiguous; data pointers and the B, N, H strides
 // 16-byte aligned; device pointers; compute capability 8.0 or newer. Routed
 // attention adds the CudaBackend's own requirements (cuda.hpp).
+// None of these can be captured into a CUDA graph (docs/cuda.md): on a
+// capturing stream they throw Unsupported before enqueuing anything.
 #pragma once
 
 #include <cstdint>

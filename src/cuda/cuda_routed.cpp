@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "cuda/capture.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/stream_scratch.hpp"
 #include "stsa/cuda_routing.hpp"
@@ -108,10 +109,21 @@ void check_routed_call(const CudaBackend& backend, const RoutedCall& call, const
   STSA_CHECK(support.ok, Unsupported, who, ": ", support.why);
 }
 
+// A routed call allocates its packed heads per call and reads its steps' times
+// back on the host: neither fits in a CUDA graph (the wait would invalidate the
+// capture after part of the call was enqueued). Refused before anything is.
+void refuse_capture(const char* who, void* stream) {
+  STSA_CHECK(!cuda_detail::stream_is_capturing(stream), Unsupported, who,
+             ": the stream is being captured into a CUDA graph, and a routed call allocates its packed heads and "
+             "waits for its timing events, which a graph cannot hold; run it outside the capture, or capture "
+             "cuda_gather_heads and CudaBackend::run_async / run_async_scattered on buffers allocated before it");
+}
+
 }  // namespace
 
 RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
                              std::vector<HeadRoute> decisions, const RoutedOptions& options, void* stream) {
+  refuse_capture("cuda routed attention", stream);
   CudaRoutedExecutor executor(backend, stream);
   return run_routed(executor, backend, plans, call, std::move(decisions), options);
 }
@@ -119,6 +131,7 @@ RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const
 RoutedResult cuda_routed_attention(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
                                    const Router& router, const RoutedOptions& options, void* stream) {
   check_routed_call(backend, call, "cuda routed attention");
+  refuse_capture("cuda routed attention", stream);
   const RoutingReport report = cuda_route(router, call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor,
                                           call.softmax_scale, {}, stream);
   RoutedResult result = cuda_run_routed(backend, plans, call, report.heads, options, stream);
@@ -130,6 +143,7 @@ RoutedResult cuda_routed_attention(const CudaBackend& backend, PlanCache& plans,
 RoutedResult cuda_policy_attention(const CudaBackend& backend, PlanCache& plans, Policy& policy, const RoutedCall& call,
                                    std::int64_t step, std::int64_t layer, const RoutedOptions& options, void* stream) {
   check_routed_call(backend, call, "cuda policy attention");
+  refuse_capture("cuda policy attention", stream);
   const PolicyDecisions decided = policy.decide(step, layer, call.layout, [&](std::span<const std::int64_t> heads) {
     return cuda_route(Router(policy.options().router), call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor,
                       call.softmax_scale, heads, stream);

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "cuda/capture.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_checks.hpp"
 #include "cuda/mask_predicate_host.hpp"
@@ -161,6 +162,11 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
       ws.add(std::size_t(head_count * row_blocks * kRoutingRows * kRoutingStats) * sizeof(double));
   const std::size_t at_head_stats = ws.add(std::size_t(head_count * kRoutingStats) * sizeof(double));
 
+  // The errors come back to the host (a copy and a wait), which a CUDA graph cannot hold.
+  STSA_CHECK(!cuda_detail::stream_is_capturing(stream), Unsupported,
+             "cuda router: the stream is being captured into a CUDA graph, and routing reads its errors back to "
+             "the host and waits for them, which a graph cannot hold; route before the capture (a Policy keeps "
+             "the decisions for the steps that reuse them)");
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const cuda_detail::StreamScratch workspace(ws.bytes, cuda_stream);
   std::byte* base = workspace.data();

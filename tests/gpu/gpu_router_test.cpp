@@ -10,6 +10,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gpu/gpu_support.hpp"
@@ -436,6 +437,56 @@ TEST(GpuRoutedAttention, RunsOnANonBlockingStream) {
     p.heads[h] = HeadMask{routes.heads[h].spec, TokenOrder::FrameMajor, nullptr, true};
   d.download_into(p);
   gpu_testing::expect_matches_reference(p);
+}
+
+// A CUDA graph holds neither routing (its errors come back to the host) nor a
+// routed call (packed heads allocated per call, timing events read back on the
+// host): on a capturing stream each is refused before anything is enqueued,
+// and the caller's capture stays intact (global mode, PyTorch's default). A
+// warm-up first, so that no refusal can come from a plan not yet uploaded.
+TEST(GpuRoutedAttention, RefusedDuringGraphCaptureWithTheCaptureIntact) {
+  STSA_REQUIRE_GPU();
+  const testing::SyntheticRoutedCase c = testing::synthetic_routed_case(DType::BF16, testing::fresh_seed());
+  testing::Problem p = c.problem();
+  gpu_testing::DeviceProblem d(p);
+  const NonBlockingStream stream;
+  const auto capturing = static_cast<cudaStream_t>(stream.get());
+  const CudaBackend backend;
+  PlanCache plans;
+  const RoutingReport routes =
+      cuda_route(c.router, p.layout, d.call.q, d.call.k, d.call.v, TokenOrder::FrameMajor, 0.f, {}, stream.get());
+  cuda_run_routed(backend, plans, routed_call(d.call), routes.heads, {}, stream.get());
+  ASSERT_EQ(cudaStreamSynchronize(capturing), cudaSuccess);
+  PolicyOptions po;
+  po.router = c.router.options();
+  Policy policy(po);
+
+  ASSERT_EQ(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const auto expect_refused = [](const char* what, const auto& call) {
+    try {
+      call();
+      ADD_FAILURE() << what << " was not refused during a capture";
+    } catch (const Unsupported& e) {
+      EXPECT_NE(std::string(e.what()).find("captured into a CUDA graph"), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  expect_refused("cuda_route", [&] {
+    cuda_route(c.router, p.layout, d.call.q, d.call.k, d.call.v, TokenOrder::FrameMajor, 0.f, {}, stream.get());
+  });
+  expect_refused("cuda_run_routed",
+                 [&] { cuda_run_routed(backend, plans, routed_call(d.call), routes.heads, {}, stream.get()); });
+  expect_refused("cuda_routed_attention",
+                 [&] { cuda_routed_attention(backend, plans, routed_call(d.call), c.router, {}, stream.get()); });
+  expect_refused("cuda_policy_attention", [&] {
+    cuda_policy_attention(backend, plans, policy, routed_call(d.call), /*step=*/0, /*layer=*/0, {}, stream.get());
+  });
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(capturing, &graph), cudaSuccess) << "a refusal broke the capture";
+  std::size_t nodes = 1;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  EXPECT_EQ(nodes, 0u) << "something was enqueued before a refusal";
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(policy.cached_count(), 0u) << "a refused call left decisions behind";
 }
 
 // Routed calls take their packed buffers from the library's scratch pool: calls
