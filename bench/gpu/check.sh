@@ -21,7 +21,8 @@
 #      and initcheck on the routing call (after the benchmarks, with the time
 #      they left, at least 80 s in all);
 #   7. if time is left: the CLI's `stsa bench --backend cuda` (checked against
-#      the fp64 reference), Nsight Compute (when ncu is there) on one sparse
+#      the fp64 reference) and `stsa route --backend cuda` (against the CPU
+#      backend on the same heads; its figures go to check.log), Nsight Compute (when ncu is there) on one sparse
 #      call (STSA_CHECK_PROFILE_SHAPE, 45x80 = 720p; STSA_CHECK_PROFILE_DENSITY,
 #      0.5) of the first kernel and of each of its variants in the table (e.g.
 #      +heavy-first+snake, +balanced) and on the routing kernels, and the demo
@@ -276,7 +277,7 @@ else
   FAILED+=("sanitizer-missing")
 fi
 
-step "CLI on the GPU: stsa bench --backend cuda, a profile, then the demo (with the time left)"
+step "CLI on the GPU: stsa bench and stsa route --backend cuda, a profile, then the demo (with the time left)"
 echo "failed so far: ${FAILED[*]:-none}"
 # The CLI's default kernel is sm90-overlap on an H200: if it failed its smoke
 # test, the bench runs the first kernel left and the demo (which takes the
@@ -294,6 +295,18 @@ if wait "$CLI_BUILD_PID"; then
       '$OUT/cli_bench.json'"
   else
     echo "cli_bench skipped: $(elapsed) s used"
+  fi
+  # The whole routed call from the CLI (GPU routing, gather, the default kernel
+  # with the scatter fused), against the CPU backend on the same synthetic heads.
+  ROUTE_ARGS="route --synthetic --dtype bf16 --frames 13 --height 12 --width 16 --heads 8 --head-dim 64 --json"
+  if [ "$CLI_KERNEL" != auto ]; then
+    echo "cli_route skipped: sm90-overlap (the default kernel) failed its smoke test"
+  elif [ $(( HARD_S - $(elapsed) )) -ge 20 ]; then
+    run_step cli_route timeout $(( HARD_S - $(elapsed) )) sh -c "'$BUILD/stsa' $ROUTE_ARGS --backend cuda \
+      > '$BUILD/cli_route.json' && '$BUILD/stsa' $ROUTE_ARGS --backend cpu > '$BUILD/cli_route_cpu.json' && \
+      python3 '$ROOT/bench/gpu/check_cli_route.py' '$BUILD/cli_route.json' '$BUILD/cli_route_cpu.json'"
+  else
+    echo "cli_route skipped: $(elapsed) s used"
   fi
 else
   tail -n 20 "$OUT/build_cli.log"

@@ -261,4 +261,11 @@ void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, s
                         std::span<const TensorView> packed, std::span<const TensorView> dests,
                         const LseView& packed_lse = {}, const LseView& lse = {}, void* stream = nullptr);
 
+// The yardstick of the permutation's bandwidth (the GPU twin of
+// measure_copy_gbps, permute.hpp): bytes read plus written per second by a
+// device-to-device copy of `bytes`, in GB/s, the median of five copies timed
+// with CUDA events after a warm-up. Allocates two buffers of `bytes` and waits
+// for the device. Throws Unsupported without a GPU.
+double cuda_measure_copy_gbps(std::size_t bytes = std::size_t(256) << 20);
+
 }  // namespace stsa

@@ -20,6 +20,7 @@
 #include "stsa/plan.hpp"
 #if defined(STSA_HAS_CUDA)
 #include "bench/cuda/event_stopwatch.hpp"
+#include "cli/device_tensor.hpp"
 #include "stsa/cuda.hpp"
 #endif
 
@@ -27,28 +28,6 @@ namespace stsa::cli {
 
 #if defined(STSA_HAS_CUDA)
 namespace {
-
-// A device copy of a host tensor: same shape and strides, device pointer.
-struct DeviceTensor {
-  DeviceBuffer buffer;
-  TensorView view;
-};
-
-std::size_t host_bytes(const TensorView& t) { return std::size_t(t.numel()) * element_size(t.dtype); }
-
-DeviceTensor upload(const TensorView& host) {
-  DeviceTensor d{DeviceBuffer(host_bytes(host)), host};
-  d.buffer.copy_from_host(host.data, host_bytes(host));
-  d.view.data = d.buffer.data();
-  return d;
-}
-
-DeviceTensor empty_like(const TensorView& host) {
-  DeviceTensor d{DeviceBuffer(host_bytes(host)), host};
-  d.buffer.fill_bytes(0xFF);  // NaN: rows the kernel never writes show up in the check
-  d.view.data = d.buffer.data();
-  return d;
-}
 
 bench::TimedRuns time_calls(const CudaBackend& backend, const AttentionCall& call, int repeats, Progress& progress) {
   bench::CudaEventStopwatch events;  // the default stream, where run_async(call, nullptr) enqueues

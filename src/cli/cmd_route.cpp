@@ -93,9 +93,13 @@ nlohmann::json run_route(const RouteArgs& args) {
   ro.seed = std::uint64_t(args.seed);
   ro.validate();
   STSA_CHECK(args.eval_rows >= 0, InvalidArgument, "--eval-rows must be >= 0 (0: all rows), got ", args.eval_rows);
-  const Backend& backend = stsa::backend(args.backend);
+  const bool on_gpu = args.backend == "cuda";
+  const Backend* host_backend = on_gpu ? nullptr : &stsa::backend(args.backend);
   const Router router(ro);
 
+  STSA_CHECK(!on_gpu || !args.synthetic || parse_dtype(args.dtype) != DType::F32, Unsupported,
+             "--backend cuda: the GPU router takes bf16 or fp16 inputs; add --dtype bf16");
+  if (on_gpu) require_cuda_device();
   Inputs in = make_inputs(args, grid);
   const VideoLayout& layout = in.layout;
   std::vector<std::int64_t> rows, batch;
@@ -104,18 +108,23 @@ nlohmann::json run_route(const RouteArgs& args) {
   Tensor o(DType::F32, layout.batch, layout.tokens(), layout.heads, layout.head_dim);
   LseBuffer lse(layout.batch, layout.heads, layout.tokens());
   RoutedCall call{layout, in.q.view(), in.k.view(), in.v.view(), o.view(), lse.view()};
-  PlanCache plans;
-  // Refuse what the backend cannot run before spending time on routing.
-  {
-    const Support s = backend.supports(call.unrouted_call());
+  RoutedRun routed;
+  if (on_gpu) {
+    routed = route_on_cuda(router, call);
+  } else {
+    // Refuse what the backend cannot run before spending time on routing.
+    const Support s = host_backend->supports(call.unrouted_call());
     STSA_CHECK(s.ok, Unsupported, "backend ", args.backend, ": ", s.why);
+    PlanCache plans;
+    routed.report = router.route(layout, call.q, call.k, call.v);
+    routed.result = run_routed(*host_backend, plans, call, routed.report.heads);
+    routed.copy_gbps = measure_copy_gbps();
   }
-
-  const RoutingReport report = router.route(layout, call.q, call.k, call.v);
-  const RoutedResult run = run_routed(backend, plans, call, report.heads);
+  const RoutingReport& report = routed.report;
+  const RoutedResult& run = routed.result;
+  const double copy_gbps = routed.copy_gbps;
   const RouteEvaluation eval = evaluate_routes(layout, call.q, call.k, call.v, call.o, report.heads, args.eval_rows,
                                                std::uint64_t(args.seed));
-  const double copy_gbps = measure_copy_gbps();
 
   nlohmann::json per_head = nlohmann::json::array(), decisions = nlohmann::json::array();
   std::int64_t correct = 0;
@@ -151,7 +160,8 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"source", args.synthetic ? "synthetic" : "files"},
       {"density", args.density},
       {"samples", args.samples},
-      {"backend", std::string(backend.name())},
+      {"backend", on_gpu ? std::string("cuda") : std::string(host_backend->name())},
+      {"device", routed.device.empty() ? nlohmann::json(nullptr) : nlohmann::json(routed.device)},
       {"accuracy", in.truth.empty() ? nlohmann::json(nullptr)
                                     : nlohmann::json(double(correct) / double(layout.heads))},
       {"decisions", decisions},
@@ -164,11 +174,13 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"rel_l2_err_spatial", eval.rel_l2(eval.routed_squared_error, report.heads, spatial)},
       {"rel_l2_err_first_block_anchor_spatial", eval.rel_l2(eval.first_block_squared_error, report.heads, spatial)},
       {"routing_ms", report.routing_ms},
+      {"routing_device_ms", on_gpu ? nlohmann::json(report.routing_device_ms) : nlohmann::json(nullptr)},
       {"routing_gflop", report.flops / 1e9},
       {"attention_ms", run.attention_ms},
       {"attention_gflop", run.kept_tile_flops / 1e9},
       {"permutation_ms", run.permutation_ms},
       {"permutation_gbps", run.permutation_gbps()},
+      {"scatter_fused", run.scatter_fused},
       {"copy_gbps", copy_gbps},
       {"permutation_fraction_of_copy", copy_gbps > 0 ? run.permutation_gbps() / copy_gbps : 0.0},
       {"routing_share", run.attention_ms > 0 ? overhead_ms / run.attention_ms : 0.0},
@@ -182,6 +194,7 @@ void print_text(const nlohmann::json& r) {
               r["grid"].get<std::string>().c_str(), (long long)r["heads"].get<std::int64_t>(),
               (long long)r["head_dim"].get<std::int64_t>(), r["source"].get<std::string>().c_str(),
               r["dtype"].get<std::string>().c_str(), r["density"].get<double>(), r["backend"].get<std::string>().c_str());
+  if (!r["device"].is_null()) std::printf("device %s\n", r["device"].get<std::string>().c_str());
   for (const auto& h : r["per_head"]) {
     std::printf("head %3lld: %-8s", (long long)h["head"].get<std::int64_t>(), h["decision"].get<std::string>().c_str());
     for (const auto& c : h["candidates"])
@@ -197,12 +210,14 @@ void print_text(const nlohmann::json& r) {
               r["rel_l2_err_first_block_anchor"].get<double>(), r["rel_l2_err_temporal"].get<double>(),
               r["rel_l2_err_first_block_anchor_temporal"].get<double>(), r["rel_l2_err_spatial"].get<double>(),
               r["rel_l2_err_first_block_anchor_spatial"].get<double>());
-  std::printf("routing %.2f ms (%.3f GFLOP), permutation %.2f ms (%.2f GB/s = %.2f of the %.2f GB/s copy), "
+  std::printf("routing %.2f ms (%.3f GFLOP", r["routing_ms"].get<double>(), r["routing_gflop"].get<double>());
+  if (!r["routing_device_ms"].is_null()) std::printf("; its kernels %.2f ms", r["routing_device_ms"].get<double>());
+  std::printf("), permutation %.2f ms (%.2f GB/s = %.2f of the %.2f GB/s copy%s), "
               "attention %.2f ms; routing + permutation = %.2f%% of attention\n",
-              r["routing_ms"].get<double>(), r["routing_gflop"].get<double>(), r["permutation_ms"].get<double>(),
-              r["permutation_gbps"].get<double>(), r["permutation_fraction_of_copy"].get<double>(),
-              r["copy_gbps"].get<double>(), r["attention_ms"].get<double>(),
-              100.0 * r["routing_share"].get<double>());
+              r["permutation_ms"].get<double>(), r["permutation_gbps"].get<double>(),
+              r["permutation_fraction_of_copy"].get<double>(), r["copy_gbps"].get<double>(),
+              r["scatter_fused"].get<bool>() ? "; the gather alone: O and LSE stored in place by the kernel" : "",
+              r["attention_ms"].get<double>(), 100.0 * r["routing_share"].get<double>());
 }
 
 }  // namespace
@@ -232,7 +247,7 @@ void add_route_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--frame-window", args->frame_window, "also try the frame-window mask");
   cmd->add_option("--seed", args->seed, "seed of the samples and the synthetic data")->capture_default_str();
-  cmd->add_option("--backend", args->backend, "attention backend: cpu | reference")->capture_default_str();
+  cmd->add_option("--backend", args->backend, "attention backend: cpu | reference | cuda (routing and the routed call on the GPU; bf16 or fp16 inputs)")->capture_default_str();
   cmd->add_option("--eval-rows", args->eval_rows, "rows checked against fp64 dense attention (0: all)")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");

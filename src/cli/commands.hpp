@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/options.hpp"
+#include "stsa/routed.hpp"
+#include "stsa/router.hpp"
 
 namespace stsa::cli {
 
@@ -62,6 +64,23 @@ struct RouteArgs {
 
 // Routes every head and runs the routed attention; returns the JSON record (also used by the demo).
 nlohmann::json run_route(const RouteArgs& args);
+
+// One routed call and what it cost.
+struct RoutedRun {
+  RoutingReport report;  // the decisions, every candidate's error, the routing times
+  RoutedResult result;   // what ran: temporal heads, permutation and attention times
+  double copy_gbps = 0;  // copy bandwidth of the memory the permutation ran in
+  std::string device;    // the GPU's name; empty on the host
+};
+// The routed call on the GPU (cmd_route_cuda.cpp: cuda_route, then
+// cuda_run_routed) on device copies of `host`'s tensors; host.o and host.lse
+// receive the output. Of two calls the second is reported (the first creates
+// the scratch pool and uploads the plans). Unsupported without a GPU or in a
+// build without CUDA.
+RoutedRun route_on_cuda(const Router& router, const RoutedCall& host);
+// Throws Unsupported unless this build has the CUDA backend and a GPU is present:
+// checked before the inputs are read or drawn.
+void require_cuda_device();
 
 // Runs the single-process CPU benchmark and returns its JSON record (also used by the demo).
 nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress);

@@ -1,5 +1,6 @@
 // cuda_gather_heads / cuda_scatter_heads: the checks of permute.hpp, then one
-// row-copy launch per tensor (and one for LSE).
+// row-copy launch per tensor (and one for LSE); and the device copy bandwidth
+// they are measured against.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -170,6 +171,32 @@ void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, s
     }
     cuda_detail::launch_permute_lse(p, stream);
   }
+}
+
+double cuda_measure_copy_gbps(std::size_t bytes) {
+  STSA_CHECK(bytes > 0, InvalidArgument, "cuda_measure_copy_gbps: no bytes to copy");
+  const DeviceBuffer from(bytes), to(bytes);  // Unsupported without a GPU
+  struct Events {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Events() {  // errors ignored, and cleared: they must not fail a later launch check
+      if (start) cudaEventDestroy(start);
+      if (stop) cudaEventDestroy(stop);
+      cudaGetLastError();
+    }
+  } events;
+  STSA_CUDA_CHECK(cudaEventCreate(&events.start));
+  STSA_CUDA_CHECK(cudaEventCreate(&events.stop));
+  STSA_CUDA_CHECK(cudaMemcpy(to.data(), from.data(), bytes, cudaMemcpyDeviceToDevice));  // warm-up
+  std::vector<float> ms(5);
+  for (float& m : ms) {
+    STSA_CUDA_CHECK(cudaEventRecord(events.start, nullptr));
+    STSA_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), bytes, cudaMemcpyDeviceToDevice, nullptr));
+    STSA_CUDA_CHECK(cudaEventRecord(events.stop, nullptr));
+    STSA_CUDA_CHECK(cudaEventSynchronize(events.stop));
+    STSA_CUDA_CHECK(cudaEventElapsedTime(&m, events.start, events.stop));
+  }
+  std::nth_element(ms.begin(), ms.begin() + 2, ms.end());
+  return ms[2] > 0 ? 2.0 * double(bytes) / (double(ms[2]) * 1e6) : 0.0;
 }
 
 }  // namespace stsa

@@ -34,7 +34,7 @@ def main():
         (["route", "--synthetic", "--frames", "5", "--height", "6", "--width", "8", "--heads", "4", "--head-dim", "64",
           "--density", "0.25", "--seed", "1", "--json"],
          ["heads", "accuracy", "decisions", "rel_l2_err", "rel_l2_err_first_block_anchor", "routing_ms",
-          "attention_ms"]),
+          "attention_ms", "device", "routing_device_ms", "scatter_fused"]),
     ]
     for args, keys in checks:
         record = json.loads(run(binary, args))
@@ -50,6 +50,12 @@ def main():
     if not bench["rel_l2_err"] <= 1e-5:
         print(f"FAIL bench rel_l2_err {bench['rel_l2_err']} > 1e-5 in fp32")
         failures += 1
+    route = json.loads(run(binary, checks[3][0]))
+    # The host backends: no device, no GPU routing kernels, the scatter as its own pass.
+    if route["device"] is not None or route["routing_device_ms"] is not None or route["scatter_fused"] is not False:
+        print("FAIL route on the CPU reports GPU fields: "
+              f"{route['device']}, {route['routing_device_ms']}, {route['scatter_fused']}")
+        failures += 1
     png = os.path.join(tempfile.mkdtemp(), "tiles.png")
     run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", png])
     with open(png, "rb") as f:
@@ -60,7 +66,7 @@ def main():
     if "CPU kernel" not in demo or "Tile plans" not in demo:
         print("FAIL the demo did not print its two parts")
         failures += 1
-    total = len(checks) + 4
+    total = len(checks) + 5
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 
