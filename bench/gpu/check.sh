@@ -298,7 +298,7 @@ if wait "$CLI_BUILD_PID"; then
   fi
   # The whole routed call from the CLI (GPU routing, gather, the default kernel
   # with the scatter fused), against the CPU backend on the same synthetic heads.
-  ROUTE_ARGS="route --synthetic --dtype bf16 --frames 13 --height 12 --width 16 --heads 8 --head-dim 64 --json"
+  ROUTE_ARGS="route --synthetic --dtype bf16 --frames 13 --height 12 --width 16 --heads 8 --head-dim 64 --eval-rows 0 --json"
   if [ "$CLI_KERNEL" != auto ]; then
     echo "cli_route skipped: sm90-overlap (the default kernel) failed its smoke test"
   elif [ $(( HARD_S - $(elapsed) )) -ge 20 ]; then

@@ -23,17 +23,23 @@ def number(record, key):
     return value if isinstance(value, (int, float)) and value == value else None
 
 
-gpu_err, cpu_err = number(gpu, "rel_l2_err"), number(cpu, "rel_l2_err")
-# bf16 P in the tensor-core P.V adds about 1.5e-3 relative (check_cli_bench.py's
-# model of these kernels); 1e-2 over the CPU's error leaves room without hiding a wrong tile.
+def close_to_cpu(key):
+    # Every row evaluated (--eval-rows 0). bf16 P in the tensor-core P.V adds
+    # about 1.5e-3 relative (check_cli_bench.py's model of these kernels; the
+    # output is fp32 here), in quadrature with the sparsity's own error: 3e-3
+    # over the CPU backend's leaves twice that, and a wrong tile errs far more.
+    g, c = number(gpu, key), number(cpu, key)
+    return g is not None and c is not None and g <= c + 3e-3
+
+
 checks = {
     "ran on a GPU": gpu.get("backend") == "cuda" and bool(gpu.get("device")),
     "same inputs": all(gpu.get(k) == cpu.get(k) for k in ("grid", "heads", "head_dim", "dtype", "eval_rows")),
     "scatter fused": gpu.get("scatter_fused") is True and "temporal" in (gpu.get("decisions") or []),
     "decisions as the CPU router's": gpu.get("decisions") == cpu.get("decisions"),
     "decisions as built": gpu.get("accuracy") == 1.0,
-    "error vs dense within the CPU's + 1e-2": gpu_err is not None and cpu_err is not None and
-                                              gpu_err <= cpu_err + 1e-2,
+    "error vs dense within the CPU's + 3e-3": close_to_cpu("rel_l2_err"),
+    "temporal heads' error within the CPU's + 3e-3": close_to_cpu("rel_l2_err_temporal"),
     "times measured": all((number(gpu, k) or 0) > 0 for k in ("routing_ms", "routing_device_ms", "attention_ms")),
 }
 failed = [name for name, ok in checks.items() if not ok]

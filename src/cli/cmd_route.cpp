@@ -97,9 +97,9 @@ nlohmann::json run_route(const RouteArgs& args) {
   const Backend* host_backend = on_gpu ? nullptr : &stsa::backend(args.backend);
   const Router router(ro);
 
+  if (on_gpu) require_cuda_device();
   STSA_CHECK(!on_gpu || !args.synthetic || parse_dtype(args.dtype) != DType::F32, Unsupported,
              "--backend cuda: the GPU router takes bf16 or fp16 inputs; add --dtype bf16");
-  if (on_gpu) require_cuda_device();
   Inputs in = make_inputs(args, grid);
   const VideoLayout& layout = in.layout;
   std::vector<std::int64_t> rows, batch;

@@ -24,12 +24,21 @@ void require_cuda_device() {
 RoutedRun route_on_cuda(const Router& router, const RoutedCall& host) {
   const VideoLayout& layout = host.layout;
   require_cuda_device();
+  const LseView host_lse =
+      LseView::contiguous(host.lse.data, layout.batch, layout.heads, layout.tokens());  // the device LSE's layout
+  STSA_CHECK(host.lse.data == nullptr || host.lse.stride == host_lse.stride, InvalidArgument,
+             "--backend cuda: the host LSE is not contiguous");
   const CudaDeviceInfo device = cuda_device_info();
-  // q, k, v, o and the routed call's packed copies of q, k, v (every head temporal at most).
-  const double bytes = 6.0 * double(host_bytes(host.q)) + double(host_bytes(host.o));
+  // q, k, v, o, LSE and the routed call's packed copies of q, k, v (every head
+  // temporal at most); the routing workspace is small beside them.
+  const double lse_bytes = double(layout.batch * layout.heads * layout.tokens()) * sizeof(float);
+  const double bytes = 6.0 * double(host_bytes(host.q)) + double(host_bytes(host.o)) + lse_bytes;
   STSA_CHECK(bytes < 0.8 * double(device.global_memory_bytes), ResourceError, "--backend cuda: the tensors need ",
              bytes / 1e9, " GB on the GPU, more than 80% of the ", double(device.global_memory_bytes) / 1e9,
              " GB of ", device.name);
+  RoutedRun run;
+  run.device = device.name;
+  run.copy_gbps = cuda_measure_copy_gbps();  // before the tensors: its two buffers are freed again
   const DeviceTensor q = upload(host.q), k = upload(host.k), v = upload(host.v), o = empty_like(host.o);
   DeviceBuffer lse(std::size_t(layout.batch * layout.heads * layout.tokens()) * sizeof(float));
   lse.fill_bytes(0xFF);  // NaN, as the output
@@ -45,7 +54,6 @@ RoutedRun route_on_cuda(const Router& router, const RoutedCall& host) {
   const Support support = backend.supports(call.unrouted_call());
   STSA_CHECK(support.ok, Unsupported, "--backend cuda: ", support.why);
   PlanCache plans;
-  RoutedRun run;
   // Twice: the first call creates the scratch pool and uploads the plans (synchronous
   // copies inside its timed span); the second is what a serving loop's calls cost.
   for (int pass = 0; pass < 2; ++pass) {
@@ -55,12 +63,7 @@ RoutedRun route_on_cuda(const Router& router, const RoutedCall& host) {
   run.result.routing_ms = run.report.routing_ms;
   run.result.routing_flops = run.report.flops;
   o.buffer.copy_to_host(host.o.data, host_bytes(host.o));
-  if (host.lse.data != nullptr) {
-    STSA_CHECK(host.lse.stride == call.lse.stride, InvalidArgument, "--backend cuda: the host LSE is not contiguous");
-    lse.copy_to_host(host.lse.data, lse.bytes());
-  }
-  run.copy_gbps = cuda_measure_copy_gbps();
-  run.device = device.name;
+  if (host.lse.data != nullptr) lse.copy_to_host(host.lse.data, lse.bytes());
   return run;
 }
 

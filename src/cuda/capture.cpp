@@ -9,7 +9,12 @@ namespace stsa::cuda_detail {
 
 bool stream_is_capturing(void* stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  STSA_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
+  const cudaError_t asked = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
+  if (asked == cudaErrorStreamCaptureImplicit) {  // the legacy stream, while a blocking stream is captured
+    cudaGetLastError();                           // cleared: it must not fail a later launch check
+    return true;
+  }
+  STSA_CUDA_CHECK(asked);
   return status != cudaStreamCaptureStatusNone;
 }
 

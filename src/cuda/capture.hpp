@@ -9,9 +9,10 @@
 namespace stsa::cuda_detail {
 
 // Whether `stream` (a cudaStream_t; nullptr: the default stream) is being
-// captured into a CUDA graph. Throws stsa::Error with CUDA's message when
-// CUDA cannot say (the legacy stream while a blocking stream is being
-// captured: no work may go there either).
+// captured into a CUDA graph, or is the legacy stream while a blocking stream
+// is being captured (work there would invalidate that capture: it counts as
+// captured, so the caller refuses instead). Throws stsa::Error with CUDA's
+// message when CUDA cannot say for another reason.
 bool stream_is_capturing(void* stream);
 
 // The message of a refusal: what `what` needed, and the warm-up that avoids it.

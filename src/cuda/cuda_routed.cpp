@@ -123,6 +123,7 @@ void refuse_capture(const char* who, void* stream) {
 
 RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
                              std::vector<HeadRoute> decisions, const RoutedOptions& options, void* stream) {
+  cuda_detail::current_device();  // Unsupported without a GPU, before asking about captures
   refuse_capture("cuda routed attention", stream);
   CudaRoutedExecutor executor(backend, stream);
   return run_routed(executor, backend, plans, call, std::move(decisions), options);

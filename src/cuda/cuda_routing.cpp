@@ -39,6 +39,7 @@ void check_shape(const char* name, const TensorView& t, const VideoLayout& layou
              expected[0], ", ", expected[1], ", ", expected[2], ", ", expected[3], "]");
   for (int i = 0; i < 4; ++i)
     STSA_CHECK(t.stride[i] >= 0, InvalidArgument, "cuda router: ", name, " has a negative stride");
+  t.byte_extent();  // InvalidArgument when the strides reach past the address space
 }
 
 // Two events around work on a stream: elapsed_ms() once the stream has passed

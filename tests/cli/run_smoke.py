@@ -31,8 +31,9 @@ def main():
           "--kernel", "auto", "--work-order", "auto", "--persistent-blocks", "0", "--block-schedule", "round-robin"],
          ["dense_ms", "sparse_ms", "speedup", "tile_density", "dense_gflops", "sparse_gflops_on_kept_tiles",
           "peak_gflops", "peak_fraction", "rel_l2_err", "max_abs_err"]),
-        (["route", "--synthetic", "--frames", "5", "--height", "6", "--width", "8", "--heads", "4", "--head-dim", "64",
-          "--density", "0.25", "--seed", "1", "--json"],
+        # bf16 heads that route to both sparse kinds (check.sh runs the same on the GPU).
+        (["route", "--synthetic", "--dtype", "bf16", "--frames", "13", "--height", "12", "--width", "16", "--heads", "8",
+          "--head-dim", "64", "--density", "0.25", "--seed", "1", "--json"],
          ["heads", "accuracy", "decisions", "rel_l2_err", "rel_l2_err_first_block_anchor", "routing_ms",
           "attention_ms", "device", "routing_device_ms", "scatter_fused"]),
     ]
@@ -51,7 +52,10 @@ def main():
         print(f"FAIL bench rel_l2_err {bench['rel_l2_err']} > 1e-5 in fp32")
         failures += 1
     route = json.loads(run(binary, checks[3][0]))
-    # The host backends: no device, no GPU routing kernels, the scatter as its own pass.
+    # The host backends: no device, no GPU routing kernels, the temporal heads' scatter as its own pass.
+    if "temporal" not in route["decisions"]:
+        print(f"FAIL route: no temporal head to permute ({route['decisions']})")
+        failures += 1
     if route["device"] is not None or route["routing_device_ms"] is not None or route["scatter_fused"] is not False:
         print("FAIL route on the CPU reports GPU fields: "
               f"{route['device']}, {route['routing_device_ms']}, {route['scatter_fused']}")
