@@ -5,6 +5,8 @@
 
 #include <cstring>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "stsa/error.hpp"
 #include "stsa/permute.hpp"
@@ -156,6 +158,74 @@ TEST(RoutedAttention, AFusedScatterSkipsThePackedOutputAndTheScatterPass) {
     for (std::int64_t h = 0; h < layout.heads; ++h)
       for (std::int64_t n = 0; n < layout.tokens(); ++n)
         ASSERT_EQ(std::memcmp(&la.at(batch, h, n), &lb.at(batch, h, n), sizeof(float)), 0) << h << " " << n;
+}
+
+// An executor that records rather than runs (as the CUDA one does during a
+// graph capture) is asked for its buffers and to prepare both backend calls
+// before any step is enqueued, is never asked to time, and the result says the
+// call was not timed; the steps themselves run here, so the output is checked.
+class RecordingHostExecutor final : public RoutedExecutor {
+ public:
+  PackedHeads allocate(const RoutedCall& call, std::int64_t count, bool with_output) override {
+    log.push_back("allocate");
+    return host_.allocate(call, count, with_output);
+  }
+  void prepare(const Backend&, const AttentionCall& call, const ScatteredOutput* out) override {
+    log.push_back(out ? "prepare scattered" : "prepare");
+    prepared_heads.push_back(call.layout.heads);
+  }
+  void gather(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+              std::span<const TensorView> sources, std::span<const TensorView> packed) override {
+    log.push_back("gather");
+    host_.gather(grid, from, to, heads, sources, packed);
+  }
+  void scatter(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+               std::span<const TensorView> packed, std::span<const TensorView> dests, const LseView& packed_lse,
+               const LseView& lse) override {
+    log.push_back("scatter");
+    host_.scatter(grid, from, to, heads, packed, dests, packed_lse, lse);
+  }
+  void attend(const Backend& backend, const AttentionCall& call) override {
+    log.push_back("attend");
+    host_.attend(backend, call);
+  }
+  bool timed() const override { return false; }
+  int mark() override {
+    log.push_back("mark");
+    return 0;
+  }
+  double elapsed_ms(int, int) override {
+    log.push_back("elapsed");
+    return 1.0;
+  }
+
+  std::vector<std::string> log;
+  std::vector<std::int64_t> prepared_heads;
+
+ private:
+  HostRoutedExecutor host_;
+};
+
+TEST(RoutedAttention, AnUntimedExecutorPreparesBothCallsBeforeAnyStep) {
+  const VideoLayout layout{{5, 7, 9, 13, TextPlacement::Before}, 1, 5, 64};
+  const testing::CyclingDecisions given = testing::cycling_decisions(layout);  // 2 of 5 heads temporal
+  testing::Problem p = testing::make_problem(layout, DType::F32, given.reference_masks, testing::fresh_seed());
+  PlanCache plans;
+  RecordingHostExecutor recording;
+  const RoutedResult r = run_routed(recording, backend("cpu"), plans, routed_call(p), given.decisions);
+  const std::vector<std::string> expected{"allocate", "prepare", "prepare", "attend", "gather", "attend", "scatter"};
+  EXPECT_EQ(recording.log, expected);
+  EXPECT_EQ(recording.prepared_heads, (std::vector<std::int64_t>{5, 2}));  // the direct call, then the packed one
+  EXPECT_FALSE(r.timed);
+  EXPECT_EQ(r.attention_ms, 0.0);
+  EXPECT_EQ(r.permutation_ms, 0.0);
+  EXPECT_GT(r.permutation_bytes, 0.0);  // what the passes move, known without timing them
+  const testing::Comparison cmp = testing::compare_with_reference(p);
+  EXPECT_TRUE(cmp.ok()) << cmp.failure;
+
+  HostRoutedExecutor host;  // timed, for contrast
+  testing::Problem q = testing::make_problem(layout, DType::F32, given.reference_masks, 1);
+  EXPECT_TRUE(run_routed(host, backend("cpu"), plans, routed_call(q), given.decisions).timed);
 }
 
 TEST(RoutedAttention, RejectsMismatchedDecisionsAndTensors) {

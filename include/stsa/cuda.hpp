@@ -234,6 +234,12 @@ class CudaBackend final : public Backend {
   // call.lse must be empty (data == nullptr). Checked as run_async checks a
   // call, out.o and out.lse in the roles of o and lse, plus the head map.
   void run_async_scattered(const AttentionCall& call, const ScatteredOutput& out, void* stream) const;
+  // Everything run_async (with `out`: run_async_scattered) would check and
+  // upload for `call` on `stream`, without launching: on a stream being
+  // captured into a CUDA graph it refuses what run_async would refuse. A
+  // caller that captures several calls prepares them all first, so that a
+  // refusal comes before any of them is recorded.
+  void prepare(const AttentionCall& call, void* stream, const ScatteredOutput* out = nullptr) const;
 
   // The device copy of `plan` on the current device, uploaded on first use and
   // cached while the host plan lives: at most kMaxCachedPlans plans, the least
@@ -243,7 +249,8 @@ class CudaBackend final : public Backend {
   static constexpr std::size_t kMaxCachedPlans = 256;
 
  private:
-  void enqueue(const AttentionCall& call, const ScatteredOutput* scattered, void* stream) const;
+  // The checks, uploads and block schedules of a call, then its launches unless !launch.
+  void enqueue(const AttentionCall& call, const ScatteredOutput* scattered, void* stream, bool launch) const;
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -9,8 +9,10 @@
 // of 16 up to 128; head dim contiguous; data pointers and the B, N, H strides
 // 16-byte aligned; device pointers; compute capability 8.0 or newer. Routed
 // attention adds the CudaBackend's own requirements (cuda.hpp).
-// None of these can be captured into a CUDA graph (docs/cuda.md): on a
-// capturing stream they throw Unsupported before enqueuing anything.
+// CUDA graphs (docs/cuda.md): routing cannot be captured (its errors come
+// back to the host): on a capturing stream cuda_route throws Unsupported before
+// enqueuing anything. A routed call with given (or reused) decisions can be,
+// with its packed heads in a CudaRoutedWorkspace made before the capture.
 #pragma once
 
 #include <cstdint>
@@ -39,15 +41,41 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
                          const TensorView& v, TokenOrder order = TokenOrder::FrameMajor, float softmax_scale = 0.f,
                          std::span<const std::int64_t> heads = {}, void* stream = nullptr);
 
+// Device memory for the packed temporal heads of routed calls, for calls
+// captured into a CUDA graph (whose memory must outlive the capture: hold the
+// workspace as long as the graph may replay). Sized for `call`'s shape with up
+// to `temporal_heads` temporal heads (-1: every head), and for packed outputs
+// too when the scatter will not be fused. Allocated on the current device;
+// Unsupported without a GPU, ResourceError when the device is out of memory.
+// One call at a time: calls sharing a workspace must be ordered (one stream).
+class CudaRoutedWorkspace {
+ public:
+  explicit CudaRoutedWorkspace(const RoutedCall& call, std::int64_t temporal_heads = -1, bool fuse_scatter = true);
+  std::size_t bytes() const { return buffer_.bytes(); }
+  void* data() const { return buffer_.data(); }
+  // The bytes the packed heads of `call` take: `count` temporal heads, with
+  // packed O (and LSE when the call has one) when `with_output`.
+  static std::size_t bytes_needed(const RoutedCall& call, std::int64_t count, bool with_output);
+
+ private:
+  DeviceBuffer buffer_;
+};
+
 // run_routed() on the GPU: plans from `plans`, non-temporal heads in place,
 // temporal heads gathered into packed device buffers (cuda_gather_heads) and
 // run with their O and LSE stored in place by the kernel (run_async_scattered;
 // with options.fuse_scatter off, into packed buffers and scattered back by
 // cuda_scatter_heads), all enqueued on `stream`; returns when the outputs are
-// written. Times come from CUDA events.
+// written. Times come from CUDA events. The packed buffers come from the
+// library's scratch pool, or from `workspace` when one is given.
+// On a stream being captured into a CUDA graph the call is recorded, not run:
+// nothing is timed (RoutedResult::timed false), the temporal heads need a
+// workspace, and every plan and block schedule must be on the device already
+// (the same call once before the capture); what is missing is refused
+// (Unsupported, InvalidArgument) before any step is recorded.
 RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
                              std::vector<HeadRoute> decisions, const RoutedOptions& options = {},
-                             void* stream = nullptr);
+                             void* stream = nullptr, CudaRoutedWorkspace* workspace = nullptr);
 
 // routed_attention() on the GPU: cuda_route() over all heads, then cuda_run_routed().
 RoutedResult cuda_routed_attention(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
@@ -55,9 +83,11 @@ RoutedResult cuda_routed_attention(const CudaBackend& backend, PlanCache& plans,
 
 // policy_attention() on the GPU, the call a serving loop makes per layer and
 // step: dense in the policy's warm-up; elsewhere reused decisions, cuda_route()
-// for the other heads (remembered), then cuda_run_routed().
+// for the other heads (remembered), then cuda_run_routed() (with `workspace`).
+// A step that routes cannot be captured into a CUDA graph; a dense or reusing
+// step can, as cuda_run_routed() says.
 RoutedResult cuda_policy_attention(const CudaBackend& backend, PlanCache& plans, Policy& policy, const RoutedCall& call,
                                    std::int64_t step, std::int64_t layer, const RoutedOptions& options = {},
-                                   void* stream = nullptr);
+                                   void* stream = nullptr, CudaRoutedWorkspace* workspace = nullptr);
 
 }  // namespace stsa

@@ -75,6 +75,7 @@ struct RoutedResult {
   double permutation_bytes = 0;       // read + written by those passes
   double attention_ms = 0;            // both backend calls
   bool scatter_fused = false;         // the packed call stored O and LSE in place
+  bool timed = true;                  // false when the call was recorded (a CUDA graph capture), not run: no times
   double kept_tile_flops = 0;         // what the backend's tiles compute (all heads, all batch entries)
 
   double permutation_gbps() const { return permutation_ms > 0 ? permutation_bytes / permutation_ms / 1e6 : 0.0; }
@@ -94,7 +95,8 @@ struct PackedHeads {
 // (cuda_routing.hpp). Steps may be enqueued asynchronously; mark() records a
 // point on the executor's timeline and elapsed_ms() waits until both points
 // were reached. run_routed() reads its times last, so it returns with every
-// step complete.
+// step complete. It allocates and prepares everything before it enqueues the
+// first step, so that a refusal leaves nothing half done (or half recorded).
 class RoutedExecutor {
  public:
   virtual ~RoutedExecutor() = default;
@@ -114,6 +116,16 @@ class RoutedExecutor {
   }
   // The packed call (its o and lse empty) with its output stored as `out` says.
   virtual void attend_scattered(const Backend& backend, const AttentionCall& packed, const ScatteredOutput& out);
+  // Each backend call (with `out` for the packed call when the scatter is
+  // fused), before any step is enqueued: where the executor records rather than
+  // runs (a CUDA graph capture), what a step would refuse is refused here.
+  virtual void prepare(const Backend& backend, const AttentionCall& call, const ScatteredOutput* out) {
+    (void)backend, (void)call, (void)out;
+  }
+  // Whether the steps run and can be timed; false while they are being
+  // recorded (a CUDA graph capture): then run_routed() marks nothing and its
+  // result has no times (RoutedResult::timed false).
+  virtual bool timed() const { return true; }
   virtual int mark() = 0;
   virtual double elapsed_ms(int from, int to) = 0;
 };

@@ -357,13 +357,18 @@ void CudaBackend::run(const AttentionCall& call) const {
   STSA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
-void CudaBackend::run_async(const AttentionCall& call, void* stream) const { enqueue(call, nullptr, stream); }
+void CudaBackend::run_async(const AttentionCall& call, void* stream) const { enqueue(call, nullptr, stream, true); }
 
 void CudaBackend::run_async_scattered(const AttentionCall& call, const ScatteredOutput& out, void* stream) const {
-  enqueue(call, &out, stream);
+  enqueue(call, &out, stream, true);
 }
 
-void CudaBackend::enqueue(const AttentionCall& call, const ScatteredOutput* scattered, void* stream) const {
+void CudaBackend::prepare(const AttentionCall& call, void* stream, const ScatteredOutput* out) const {
+  enqueue(call, out, stream, false);
+}
+
+void CudaBackend::enqueue(const AttentionCall& call, const ScatteredOutput* scattered, void* stream,
+                          bool launch) const {
   // A scattered output is checked as the call's o and lse (narrowed to its heads).
   std::optional<AttentionCall> narrowed;
   if (scattered) narrowed = scattered_call_for_checks(call, *scattered);
@@ -437,6 +442,7 @@ void CudaBackend::enqueue(const AttentionCall& call, const ScatteredOutput* scat
                                                        call.layout.batch * std::int64_t(count), persistent_blocks,
                                                        may_upload)});
     }
+  if (!launch) return;
 
   const bool bf16 = call.q.dtype == DType::BF16;
   for (const Launch& launch : launches) {

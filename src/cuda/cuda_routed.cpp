@@ -19,9 +19,32 @@
 namespace stsa {
 namespace {
 
+// Where the packed heads of `count` temporal heads sit in one allocation.
+struct PackedLayout {
+  cuda_detail::ScratchLayout scratch;
+  std::size_t q = 0, k = 0, v = 0, o = 0, lse = 0;
+  bool with_output = false, with_lse = false;
+};
+
+PackedLayout packed_layout(const RoutedCall& call, std::int64_t count, bool with_output) {
+  const VideoLayout& l = call.layout;
+  const auto elements = std::size_t(l.batch * l.tokens() * count * l.head_dim);
+  PackedLayout p;
+  p.q = p.scratch.add(elements * element_size(call.q.dtype));
+  p.k = p.scratch.add(elements * element_size(call.k.dtype));
+  p.v = p.scratch.add(elements * element_size(call.v.dtype));
+  p.with_output = with_output;
+  p.o = p.scratch.add(with_output ? elements * element_size(call.o.dtype) : 0);
+  p.with_lse = with_output && call.lse.data != nullptr;
+  p.lse = p.scratch.add(p.with_lse ? std::size_t(l.batch * count * l.tokens()) * sizeof(float) : 0);
+  return p;
+}
+
 class CudaRoutedExecutor final : public RoutedExecutor {
  public:
-  CudaRoutedExecutor(const CudaBackend& backend, void* stream) : backend_(backend), stream_(stream) {}
+  CudaRoutedExecutor(const CudaBackend& backend, void* stream, CudaRoutedWorkspace* workspace)
+      : backend_(backend), stream_(stream), workspace_(workspace),
+        capturing_(cuda_detail::stream_is_capturing(stream)) {}
   ~CudaRoutedExecutor() override {
     for (cudaEvent_t e : events_) cudaEventDestroy(e);  // errors ignored in a destructor,
     cudaGetLastError();                                  // and cleared: they must not fail a later launch check
@@ -29,30 +52,38 @@ class CudaRoutedExecutor final : public RoutedExecutor {
   CudaRoutedExecutor(const CudaRoutedExecutor&) = delete;
   CudaRoutedExecutor& operator=(const CudaRoutedExecutor&) = delete;
 
-  // One scratch allocation for all packed tensors, returned on this stream once
-  // run_routed() drops it (after the last step using it is enqueued).
+  // One allocation for all packed tensors: the caller's workspace, or scratch
+  // returned on this stream once run_routed() drops it (after the last step
+  // using it is enqueued). A capture needs the workspace: scratch allocated
+  // while capturing would be memory the graph owns, unchecked here.
   PackedHeads allocate(const RoutedCall& call, std::int64_t count, bool with_output) override {
+    const PackedLayout at = packed_layout(call, count, with_output);
+    std::byte* base = nullptr;
+    std::shared_ptr<void> storage;
+    if (workspace_ != nullptr) {
+      STSA_CHECK(workspace_->bytes() >= at.scratch.bytes, InvalidArgument, "cuda routed attention: the workspace holds ",
+                 workspace_->bytes(), " bytes; ", count, " temporal heads", with_output ? " with packed outputs" : "",
+                 " need ", at.scratch.bytes);
+      base = static_cast<std::byte*>(workspace_->data());
+    } else {
+      STSA_CHECK(!capturing_, Unsupported,
+                 "cuda routed attention: the stream is being captured into a CUDA graph, and the temporal heads' "
+                 "packed copies need memory that outlives the capture: pass a CudaRoutedWorkspace made before it");
+      auto scratch = std::make_shared<cuda_detail::StreamScratch>(at.scratch.bytes, static_cast<cudaStream_t>(stream_));
+      base = scratch->data();
+      storage = std::move(scratch);
+    }
     const VideoLayout& l = call.layout;
-    const auto elements = std::size_t(l.batch * l.tokens() * count * l.head_dim);
-    cuda_detail::ScratchLayout layout;
-    const std::size_t at_q = layout.add(elements * element_size(call.q.dtype));
-    const std::size_t at_k = layout.add(elements * element_size(call.k.dtype));
-    const std::size_t at_v = layout.add(elements * element_size(call.v.dtype));
-    const std::size_t at_o = layout.add(with_output ? elements * element_size(call.o.dtype) : 0);
-    const bool with_lse = with_output && call.lse.data != nullptr;
-    const std::size_t at_lse = layout.add(with_lse ? std::size_t(l.batch * count * l.tokens()) * sizeof(float) : 0);
-    auto scratch = std::make_shared<cuda_detail::StreamScratch>(layout.bytes, static_cast<cudaStream_t>(stream_));
-    std::byte* base = scratch->data();
-    const auto packed_view = [&](std::size_t at, DType dtype) {
-      return TensorView::contiguous(base + at, dtype, l.batch, l.tokens(), count, l.head_dim, MemoryLayout::BNHD);
+    const auto packed_view = [&](std::size_t offset, DType dtype) {
+      return TensorView::contiguous(base + offset, dtype, l.batch, l.tokens(), count, l.head_dim, MemoryLayout::BNHD);
     };
     PackedHeads packed;
-    packed.q = packed_view(at_q, call.q.dtype);
-    packed.k = packed_view(at_k, call.k.dtype);
-    packed.v = packed_view(at_v, call.v.dtype);
-    if (with_output) packed.o = packed_view(at_o, call.o.dtype);
-    if (with_lse) packed.lse = LseView::contiguous(reinterpret_cast<float*>(base + at_lse), l.batch, count, l.tokens());
-    packed.storage = std::move(scratch);
+    packed.q = packed_view(at.q, call.q.dtype);
+    packed.k = packed_view(at.k, call.k.dtype);
+    packed.v = packed_view(at.v, call.v.dtype);
+    if (at.with_output) packed.o = packed_view(at.o, call.o.dtype);
+    if (at.with_lse) packed.lse = LseView::contiguous(reinterpret_cast<float*>(base + at.lse), l.batch, count, l.tokens());
+    packed.storage = std::move(storage);
     return packed;
   }
 
@@ -79,6 +110,14 @@ class CudaRoutedExecutor final : public RoutedExecutor {
     backend_.run_async_scattered(packed, out, stream_);
   }
 
+  // While capturing, what the launches would upload is refused before any step is recorded.
+  void prepare(const Backend& backend, const AttentionCall& call, const ScatteredOutput* out) override {
+    STSA_CHECK(&backend == &backend_, InvalidArgument, "cuda routed attention: the executor runs its own CudaBackend");
+    if (capturing_) backend_.prepare(call, stream_, out);
+  }
+
+  bool timed() const override { return !capturing_; }
+
   int mark() override {
     cudaEvent_t e = nullptr;
     STSA_CUDA_CHECK(cudaEventCreate(&e));
@@ -97,6 +136,8 @@ class CudaRoutedExecutor final : public RoutedExecutor {
  private:
   const CudaBackend& backend_;
   void* stream_;
+  CudaRoutedWorkspace* workspace_;
+  bool capturing_;
   std::vector<cudaEvent_t> events_;
 };
 
@@ -109,30 +150,29 @@ void check_routed_call(const CudaBackend& backend, const RoutedCall& call, const
   STSA_CHECK(support.ok, Unsupported, who, ": ", support.why);
 }
 
-// A routed call allocates its packed heads per call and reads its steps' times
-// back on the host: neither fits in a CUDA graph (the wait would invalidate the
-// capture after part of the call was enqueued). Refused before anything is.
-void refuse_capture(const char* who, void* stream) {
-  STSA_CHECK(!cuda_detail::stream_is_capturing(stream), Unsupported, who,
-             ": the stream is being captured into a CUDA graph, and a routed call allocates its packed heads and "
-             "waits for its timing events, which a graph cannot hold; run it outside the capture, or capture "
-             "cuda_gather_heads and CudaBackend::run_async / run_async_scattered on buffers allocated before it");
-}
-
 }  // namespace
 
+std::size_t CudaRoutedWorkspace::bytes_needed(const RoutedCall& call, std::int64_t count, bool with_output) {
+  call.layout.validate();
+  STSA_CHECK(count >= 1 && count <= call.layout.heads, InvalidArgument, "cuda routed workspace: ", count,
+             " temporal heads of ", call.layout.heads);
+  return packed_layout(call, count, with_output).scratch.bytes;
+}
+
+CudaRoutedWorkspace::CudaRoutedWorkspace(const RoutedCall& call, std::int64_t temporal_heads, bool fuse_scatter)
+    : buffer_(bytes_needed(call, temporal_heads < 0 ? call.layout.heads : temporal_heads, !fuse_scatter)) {}
+
 RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
-                             std::vector<HeadRoute> decisions, const RoutedOptions& options, void* stream) {
+                             std::vector<HeadRoute> decisions, const RoutedOptions& options, void* stream,
+                             CudaRoutedWorkspace* workspace) {
   cuda_detail::current_device();  // Unsupported without a GPU, before asking about captures
-  refuse_capture("cuda routed attention", stream);
-  CudaRoutedExecutor executor(backend, stream);
+  CudaRoutedExecutor executor(backend, stream, workspace);
   return run_routed(executor, backend, plans, call, std::move(decisions), options);
 }
 
 RoutedResult cuda_routed_attention(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
                                    const Router& router, const RoutedOptions& options, void* stream) {
   check_routed_call(backend, call, "cuda routed attention");
-  refuse_capture("cuda routed attention", stream);
   const RoutingReport report = cuda_route(router, call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor,
                                           call.softmax_scale, {}, stream);
   RoutedResult result = cuda_run_routed(backend, plans, call, report.heads, options, stream);
@@ -142,14 +182,14 @@ RoutedResult cuda_routed_attention(const CudaBackend& backend, PlanCache& plans,
 }
 
 RoutedResult cuda_policy_attention(const CudaBackend& backend, PlanCache& plans, Policy& policy, const RoutedCall& call,
-                                   std::int64_t step, std::int64_t layer, const RoutedOptions& options, void* stream) {
+                                   std::int64_t step, std::int64_t layer, const RoutedOptions& options, void* stream,
+                                   CudaRoutedWorkspace* workspace) {
   check_routed_call(backend, call, "cuda policy attention");
-  refuse_capture("cuda policy attention", stream);
   const PolicyDecisions decided = policy.decide(step, layer, call.layout, [&](std::span<const std::int64_t> heads) {
     return cuda_route(Router(policy.options().router), call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor,
                       call.softmax_scale, heads, stream);
   });
-  RoutedResult result = cuda_run_routed(backend, plans, call, decided.heads, options, stream);
+  RoutedResult result = cuda_run_routed(backend, plans, call, decided.heads, options, stream, workspace);
   result.routing_ms = decided.routing.routing_ms;
   result.routing_flops = decided.routing.flops;
   return result;

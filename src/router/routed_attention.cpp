@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 
 #include "stsa/error.hpp"
 #include "stsa/flops.hpp"
@@ -54,62 +55,77 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
   validate(direct, /*require_plans=*/false);
 
   const auto count = std::int64_t(result.temporal.size());
+  const bool timed = executor.timed();
+  result.timed = timed;
+  const auto mark = [&] { return timed ? executor.mark() : -1; };
+  const auto elapsed_ms = [&](int from, int to) { return timed ? executor.elapsed_ms(from, to) : 0.0; };
+
+  // Temporal heads: packed [B, N, Ht, D] copies in spatial-major order. Their
+  // buffers and both backend calls are set up (and prepared) before any step
+  // is enqueued.
+  const bool fused = count > 0 && options.fuse_scatter && executor.fuses_scatter(backend);
+  PackedHeads packed_heads;
+  AttentionCall gathered;
+  std::optional<ScatteredOutput> scattered;
+  if (count > 0) {
+    packed_heads = executor.allocate(call, count, /*with_output=*/!fused);
+    gathered.layout = VideoLayout{layout.grid, layout.batch, count, layout.head_dim};
+    gathered.q = packed_heads.q;
+    gathered.k = packed_heads.k;
+    gathered.v = packed_heads.v;
+    gathered.o = packed_heads.o;
+    gathered.lse = packed_heads.lse;
+    gathered.softmax_scale = call.softmax_scale;
+    for (std::int64_t h : result.temporal) {
+      const MaskSpec& spec = result.heads[std::size_t(h)].spec;
+      gathered.heads.push_back(
+          HeadMask{spec, TokenOrder::SpatialMajor, plans.get(layout.grid, spec, options.tile, options.alignment), true});
+    }
+    if (fused)
+      scattered = ScatteredOutput{layout.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, result.temporal,
+                                  call.o, call.lse};
+  }
+  if (count < layout.heads) executor.prepare(backend, direct, nullptr);
+  if (count > 0) executor.prepare(backend, gathered, scattered ? &*scattered : nullptr);
+
   // Times are read after everything was enqueued, so an asynchronous executor never waits in between.
   int direct_start = -1, direct_end = -1;
   if (count < layout.heads) {
-    direct_start = executor.mark();
+    direct_start = mark();
     executor.attend(backend, direct);
-    direct_end = executor.mark();
+    direct_end = mark();
   }
   if (count == 0) {
-    result.attention_ms = executor.elapsed_ms(direct_start, direct_end);
+    result.attention_ms = elapsed_ms(direct_start, direct_end);
     return result;
   }
 
-  // Temporal heads: packed [B, N, Ht, D] copies in spatial-major order.
-  const bool fused = options.fuse_scatter && executor.fuses_scatter(backend);
-  const PackedHeads packed_heads = executor.allocate(call, count, /*with_output=*/!fused);
-  const int gather_start = executor.mark();
+  const int gather_start = mark();
   const TensorView sources[] = {call.q, call.k, call.v};
   const TensorView packed[] = {packed_heads.q, packed_heads.k, packed_heads.v};
   executor.gather(layout.grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, result.temporal, sources, packed);
-  const int gather_end = executor.mark();
+  const int gather_end = mark();
 
-  AttentionCall gathered;
-  gathered.layout = VideoLayout{layout.grid, layout.batch, count, layout.head_dim};
-  gathered.q = packed_heads.q;
-  gathered.k = packed_heads.k;
-  gathered.v = packed_heads.v;
-  gathered.o = packed_heads.o;
-  gathered.lse = packed_heads.lse;
-  gathered.softmax_scale = call.softmax_scale;
-  for (std::int64_t h : result.temporal) {
-    const MaskSpec& spec = result.heads[std::size_t(h)].spec;
-    gathered.heads.push_back(
-        HeadMask{spec, TokenOrder::SpatialMajor, plans.get(layout.grid, spec, options.tile, options.alignment), true});
-  }
   int attention_end = -1, scatter_end = -1;
   if (fused) {
-    executor.attend_scattered(backend, gathered,
-                              ScatteredOutput{layout.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor,
-                                              result.temporal, call.o, call.lse});
-    attention_end = executor.mark();
+    executor.attend_scattered(backend, gathered, *scattered);
+    attention_end = mark();
   } else {
     executor.attend(backend, gathered);
-    attention_end = executor.mark();
+    attention_end = mark();
     const TensorView packed_out[] = {packed_heads.o};
     const TensorView outputs[] = {call.o};
     executor.scatter(layout.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, result.temporal, packed_out,
                      outputs, packed_heads.lse, call.lse);
-    scatter_end = executor.mark();
+    scatter_end = mark();
   }
   result.scatter_fused = fused;
-  result.attention_ms = executor.elapsed_ms(gather_end, attention_end);
-  if (direct_start >= 0) result.attention_ms += executor.elapsed_ms(direct_start, direct_end);
-  result.permutation_ms = executor.elapsed_ms(gather_start, gather_end);
+  result.attention_ms = elapsed_ms(gather_end, attention_end);
+  if (count < layout.heads) result.attention_ms += elapsed_ms(direct_start, direct_end);
+  result.permutation_ms = elapsed_ms(gather_start, gather_end);
   result.permutation_bytes = permutation_bytes(layout, count, 3, element_size(call.q.dtype));
   if (!fused) {
-    result.permutation_ms += executor.elapsed_ms(attention_end, scatter_end);
+    result.permutation_ms += elapsed_ms(attention_end, scatter_end);
     result.permutation_bytes += permutation_bytes(layout, count, 1, element_size(call.o.dtype)) +
                                 (call.lse.data ? 2.0 * double(layout.batch * count * layout.tokens()) * 4.0 : 0.0);
   }

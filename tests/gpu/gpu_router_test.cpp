@@ -439,11 +439,12 @@ TEST(GpuRoutedAttention, RunsOnANonBlockingStream) {
   gpu_testing::expect_matches_reference(p);
 }
 
-// A CUDA graph holds neither routing (its errors come back to the host) nor a
-// routed call (packed heads allocated per call, timing events read back on the
-// host): on a capturing stream each is refused before anything is enqueued,
-// and the caller's capture stays intact (global mode, PyTorch's default). A
-// warm-up first, so that no refusal can come from a plan not yet uploaded.
+// A CUDA graph cannot hold routing (its errors come back to the host), nor a
+// routed call's temporal heads without a workspace (scratch allocated during
+// the capture would belong to the graph): on a capturing stream each is refused
+// before anything is enqueued, and the caller's capture stays intact (global
+// mode, PyTorch's default). A warm-up first, so that no refusal can come from a
+// plan not yet uploaded.
 TEST(GpuRoutedAttention, RefusedDuringGraphCaptureWithTheCaptureIntact) {
   STSA_REQUIRE_GPU();
   const testing::SyntheticRoutedCase c = testing::synthetic_routed_case(DType::BF16, testing::fresh_seed());
@@ -487,6 +488,100 @@ TEST(GpuRoutedAttention, RefusedDuringGraphCaptureWithTheCaptureIntact) {
   EXPECT_EQ(nodes, 0u) << "something was enqueued before a refusal";
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
   EXPECT_EQ(policy.cached_count(), 0u) << "a refused call left decisions behind";
+}
+
+// Begins a capture on `stream` (global mode), runs `call`, which must throw
+// `Expected`, ends the capture and expects an empty graph: refused before
+// anything was recorded, the capture intact.
+template <class Expected, class Call>
+void expect_refused_before_recording(cudaStream_t stream, const char* what, const Call& call) {
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  try {
+    call();
+    ADD_FAILURE() << what << " was not refused during a capture";
+  } catch (const Expected& e) {
+    SUCCEED() << what << ": " << e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << what << ": the refusal broke the capture";
+  std::size_t nodes = 1;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  EXPECT_EQ(nodes, 0u) << what << ": recorded before the refusal";
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
+// A routed call with given decisions captured into a CUDA graph (global mode),
+// the scatter fused and as its own pass: after a warm-up outside the capture
+// (plans and block schedules on the device), the captured call is recorded
+// untimed into the caller's workspace, and the graph's replay on poisoned
+// outputs matches the fp64 reference. Refused before anything is recorded:
+// no workspace, a workspace too small, a decision whose plan was never uploaded.
+TEST(GpuRoutedAttention, CapturesIntoACudaGraphWithAWorkspace) {
+  STSA_REQUIRE_GPU();
+  const VideoLayout layout{{5, 7, 9, 13, TextPlacement::Before}, 2, 5, 128};
+  const testing::CyclingDecisions given = testing::cycling_decisions(layout);  // heads 0 and 4 temporal
+  const testing::Problem p = testing::make_problem(layout, DType::BF16, given.reference_masks, testing::fresh_seed(),
+                                                   MemoryLayout::BNHD, DType::BF16);
+  const NonBlockingStream stream;
+  const auto capturing = static_cast<cudaStream_t>(stream.get());
+  const CudaBackend backend;
+  PlanCache plans;
+  for (const bool fuse : {true, false}) {
+    SCOPED_TRACE(fuse ? "scatter fused" : "scatter pass");
+    RoutedOptions options;
+    options.fuse_scatter = fuse;
+    gpu_testing::DeviceProblem d(p);
+    const RoutedCall call = routed_call(d.call);
+    CudaRoutedWorkspace workspace(call, /*temporal_heads=*/-1, fuse);
+    const RoutedResult warm = cuda_run_routed(backend, plans, call, given.decisions, options, stream.get(), &workspace);
+    ASSERT_EQ(warm.temporal.size(), 2u);
+    EXPECT_TRUE(warm.timed);
+    EXPECT_GT(warm.attention_ms, 0.0);
+    ASSERT_EQ(cudaStreamSynchronize(capturing), cudaSuccess);
+    d.o.poison();
+    d.lse.poison();
+
+    ASSERT_EQ(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal), cudaSuccess);
+    RoutedResult captured;
+    try {
+      captured = cuda_run_routed(backend, plans, call, given.decisions, options, stream.get(), &workspace);
+    } catch (const Error& e) {
+      ADD_FAILURE() << "the warmed-up call was refused during the capture: " << e.what();
+    }
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamEndCapture(capturing, &graph), cudaSuccess);
+    EXPECT_FALSE(captured.timed);
+    EXPECT_EQ(captured.attention_ms, 0.0);
+    EXPECT_EQ(captured.scatter_fused, fuse);
+    cudaGraphExec_t replay = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&replay, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(replay, capturing), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(capturing), cudaSuccess);
+    EXPECT_EQ(cudaGraphExecDestroy(replay), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+    EXPECT_TRUE(d.o.guards_intact() && d.lse.guards_intact());
+    testing::Problem replayed = p;
+    d.download_into(replayed);
+    gpu_testing::expect_matches_reference(replayed);
+  }
+
+  gpu_testing::DeviceProblem d(p);
+  const RoutedCall call = routed_call(d.call);
+  expect_refused_before_recording<Unsupported>(capturing, "no workspace", [&] {
+    cuda_run_routed(backend, plans, call, given.decisions, {}, stream.get());
+  });
+  CudaRoutedWorkspace one_head(call, /*temporal_heads=*/1);
+  expect_refused_before_recording<InvalidArgument>(capturing, "a workspace for one of two temporal heads", [&] {
+    cuda_run_routed(backend, plans, call, given.decisions, {}, stream.get(), &one_head);
+  });
+  CudaRoutedWorkspace workspace(call);
+  std::vector<HeadRoute> unseen = given.decisions;
+  RouterOptions denser = given.options;
+  denser.temporal_density = 0.35;
+  unseen[4].spec = route_spec(layout.grid, Route::Temporal, denser);  // a plan never uploaded
+  expect_refused_before_recording<InvalidArgument>(capturing, "a plan not on the device", [&] {
+    cuda_run_routed(backend, plans, call, unseen, {}, stream.get(), &workspace);
+  });
 }
 
 // Routed calls take their packed buffers from the library's scratch pool: calls
