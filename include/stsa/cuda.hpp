@@ -40,6 +40,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "stsa/attention.hpp"
 #include "stsa/layout.hpp"
@@ -238,8 +239,11 @@ class CudaBackend final : public Backend {
   // upload for `call` on `stream`, without launching: on a stream being
   // captured into a CUDA graph it refuses what run_async would refuse. A
   // caller that captures several calls prepares them all first, so that a
-  // refusal comes before any of them is recorded.
-  void prepare(const AttentionCall& call, void* stream, const ScatteredOutput* out = nullptr) const;
+  // refusal comes before any of them is recorded. Returns the device plans
+  // (with their block schedules) the call's launches read: a graph that
+  // recorded the call replays correctly while they are held.
+  std::vector<std::shared_ptr<const DevicePlan>> prepare(const AttentionCall& call, void* stream,
+                                                         const ScatteredOutput* out = nullptr) const;
 
   // The device copy of `plan` on the current device, uploaded on first use and
   // cached while the host plan lives: at most kMaxCachedPlans plans, the least
@@ -249,8 +253,10 @@ class CudaBackend final : public Backend {
   static constexpr std::size_t kMaxCachedPlans = 256;
 
  private:
-  // The checks, uploads and block schedules of a call, then its launches unless !launch.
-  void enqueue(const AttentionCall& call, const ScatteredOutput* scattered, void* stream, bool launch) const;
+  // The checks, uploads and block schedules of a call, then its launches unless
+  // !launch; returns the device plans the launches read.
+  std::vector<std::shared_ptr<const DevicePlan>> enqueue(const AttentionCall& call, const ScatteredOutput* scattered,
+                                                         void* stream, bool launch) const;
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -15,7 +15,9 @@
 // with its packed heads in a CudaRoutedWorkspace made before the capture.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -41,13 +43,15 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
                          const TensorView& v, TokenOrder order = TokenOrder::FrameMajor, float softmax_scale = 0.f,
                          std::span<const std::int64_t> heads = {}, void* stream = nullptr);
 
-// Device memory for the packed temporal heads of routed calls, for calls
-// captured into a CUDA graph (whose memory must outlive the capture: hold the
-// workspace as long as the graph may replay). Sized for `call`'s shape with up
-// to `temporal_heads` temporal heads (-1: every head), and for packed outputs
-// too when the scatter will not be fused. Allocated on the current device;
-// Unsupported without a GPU, ResourceError when the device is out of memory.
-// One call at a time: calls sharing a workspace must be ordered (one stream).
+// What routed calls captured into a CUDA graph keep on the device for as long
+// as the graph may replay (hold the workspace that long): the temporal heads'
+// packed copies (memory made before the capture) and the device plans and
+// block schedules the recorded launches read. Sized for `call`'s shape with up
+// to `temporal_heads` temporal heads (-1: every head; 0: plans only), and for
+// packed outputs too when the scatter will not be fused. Allocated on the
+// current device; Unsupported without a GPU, ResourceError when the device is
+// out of memory. One call at a time: calls sharing a workspace must be
+// ordered (one stream).
 class CudaRoutedWorkspace {
  public:
   explicit CudaRoutedWorkspace(const RoutedCall& call, std::int64_t temporal_heads = -1, bool fuse_scatter = true);
@@ -56,9 +60,13 @@ class CudaRoutedWorkspace {
   // The bytes the packed heads of `call` take: `count` temporal heads, with
   // packed O (and LSE when the call has one) when `with_output`.
   static std::size_t bytes_needed(const RoutedCall& call, std::int64_t count, bool with_output);
+  // Keeps `plans` alive with the workspace (a captured call adds the plans it recorded).
+  void keep(const std::vector<std::shared_ptr<const DevicePlan>>& plans);
+  std::size_t kept_plans() const { return kept_.size(); }
 
  private:
   DeviceBuffer buffer_;
+  std::vector<std::shared_ptr<const DevicePlan>> kept_;
 };
 
 // run_routed() on the GPU: plans from `plans`, non-temporal heads in place,
@@ -69,10 +77,10 @@ class CudaRoutedWorkspace {
 // written. Times come from CUDA events. The packed buffers come from the
 // library's scratch pool, or from `workspace` when one is given.
 // On a stream being captured into a CUDA graph the call is recorded, not run:
-// nothing is timed (RoutedResult::timed false), the temporal heads need a
-// workspace, and every plan and block schedule must be on the device already
-// (the same call once before the capture); what is missing is refused
-// (Unsupported, InvalidArgument) before any step is recorded.
+// it needs a workspace (which then keeps the recorded plans), nothing is timed
+// (RoutedResult::timed false), and every plan and block schedule must be on the
+// device already (the same call once before the capture); what is missing is
+// refused (Unsupported, InvalidArgument) before any step is recorded.
 RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
                              std::vector<HeadRoute> decisions, const RoutedOptions& options = {},
                              void* stream = nullptr, CudaRoutedWorkspace* workspace = nullptr);

@@ -95,8 +95,9 @@ struct PackedHeads {
 // (cuda_routing.hpp). Steps may be enqueued asynchronously; mark() records a
 // point on the executor's timeline and elapsed_ms() waits until both points
 // were reached. run_routed() reads its times last, so it returns with every
-// step complete. It allocates and prepares everything before it enqueues the
-// first step, so that a refusal leaves nothing half done (or half recorded).
+// step complete. It allocates and prepares both backend calls before it
+// enqueues the first step, so that an executor that records (a CUDA graph
+// capture) refuses before anything is recorded.
 class RoutedExecutor {
  public:
   virtual ~RoutedExecutor() = default;
@@ -116,9 +117,10 @@ class RoutedExecutor {
   }
   // The packed call (its o and lse empty) with its output stored as `out` says.
   virtual void attend_scattered(const Backend& backend, const AttentionCall& packed, const ScatteredOutput& out);
-  // Each backend call (with `out` for the packed call when the scatter is
-  // fused), before any step is enqueued: where the executor records rather than
-  // runs (a CUDA graph capture), what a step would refuse is refused here.
+  // Each backend call (the direct one, even with no head to compute; then the
+  // packed one, with `out` when the scatter is fused), before any step is
+  // enqueued: where the executor records rather than runs (a CUDA graph
+  // capture), what a step would refuse is refused here.
   virtual void prepare(const Backend& backend, const AttentionCall& call, const ScatteredOutput* out) {
     (void)backend, (void)call, (void)out;
   }

@@ -324,7 +324,11 @@ std::shared_ptr<const DevicePlan> CudaBackend::State::device_plan(const std::sha
   if (may_upload) std::erase_if(entries, [](const State::Entry& e) { return e.host.expired(); });
   // Least recently used first: a hit moves to the back, a full cache drops the front.
   const auto hit = std::find_if(entries.begin(), entries.end(),
-                                [&](const State::Entry& e) { return e.key == plan.get() && e.device == device; });
+                                [&](const State::Entry& e) {
+                                  // A live host plan: during a capture expired entries stay, and a new
+                                  // plan may have been allocated at a dead one's address.
+                                  return e.key == plan.get() && e.device == device && !e.host.expired();
+                                });
   if (hit != entries.end()) {
     std::rotate(hit, hit + 1, entries.end());
     return entries.back().uploaded;
@@ -363,12 +367,14 @@ void CudaBackend::run_async_scattered(const AttentionCall& call, const Scattered
   enqueue(call, &out, stream, true);
 }
 
-void CudaBackend::prepare(const AttentionCall& call, void* stream, const ScatteredOutput* out) const {
-  enqueue(call, out, stream, false);
+std::vector<std::shared_ptr<const DevicePlan>> CudaBackend::prepare(const AttentionCall& call, void* stream,
+                                                                    const ScatteredOutput* out) const {
+  return enqueue(call, out, stream, false);
 }
 
-void CudaBackend::enqueue(const AttentionCall& call, const ScatteredOutput* scattered, void* stream,
-                          bool launch) const {
+std::vector<std::shared_ptr<const DevicePlan>> CudaBackend::enqueue(const AttentionCall& call,
+                                                                    const ScatteredOutput* scattered, void* stream,
+                                                                    bool launch) const {
   // A scattered output is checked as the call's o and lse (narrowed to its heads).
   std::optional<AttentionCall> narrowed;
   if (scattered) narrowed = scattered_call_for_checks(call, *scattered);
@@ -407,7 +413,10 @@ void CudaBackend::enqueue(const AttentionCall& call, const ScatteredOutput* scat
   // Heads that share a plan share a launch (and the device copy of the plan).
   // During graph capture nothing may be uploaded (or freed): a plan or a launch
   // shape not seen before is refused before anything is enqueued.
-  const bool may_upload = !cuda_detail::stream_is_capturing(stream);
+  const cuda_detail::CaptureState capture = cuda_detail::capture_state(stream);
+  STSA_CHECK(capture != cuda_detail::CaptureState::LegacyBlocked, Unsupported,
+             cuda_detail::legacy_stream_blocked(""));
+  const bool may_upload = capture == cuda_detail::CaptureState::None;
   std::vector<const TilePlan*> group_keys;
   std::vector<std::pair<std::shared_ptr<const DevicePlan>, std::vector<int>>> groups;
   for (std::size_t h = 0; h < call.heads.size(); ++h) {
@@ -442,7 +451,9 @@ void CudaBackend::enqueue(const AttentionCall& call, const ScatteredOutput* scat
                                                        call.layout.batch * std::int64_t(count), persistent_blocks,
                                                        may_upload)});
     }
-  if (!launch) return;
+  std::vector<std::shared_ptr<const DevicePlan>> used;
+  for (const auto& group : groups) used.push_back(group.first);
+  if (!launch) return used;
 
   const bool bf16 = call.q.dtype == DType::BF16;
   for (const Launch& launch : launches) {
@@ -468,6 +479,7 @@ void CudaBackend::enqueue(const AttentionCall& call, const ScatteredOutput* scat
     else
       cuda_detail::launch_attention(params, bf16, int(call.layout.head_dim), stream);
   }
+  return used;
 }
 
 std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/capture.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_checks.hpp"
 #include "cuda/permute_launch.hpp"
@@ -70,6 +71,11 @@ void copy_strides(std::int64_t (&out)[4], const TensorView& t) {
   for (int i = 0; i < 4; ++i) out[i] = t.stride[i];
 }
 
+void refuse_blocked_legacy_stream(void* stream) {
+  STSA_CHECK(cuda_detail::capture_state(stream) != cuda_detail::CaptureState::LegacyBlocked, Unsupported,
+             cuda_detail::legacy_stream_blocked("permutation: "));
+}
+
 // Moves rows of `heads` between full and packed tensors in chunks of at most kMaxPermuteHeads.
 void permute(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
              std::span<const TensorView> sources, std::span<const TensorView> dests, bool gather, void* stream) {
@@ -120,6 +126,7 @@ void cuda_gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, st
                        std::span<const TensorView> sources, std::span<const TensorView> packed, void* stream) {
   const int device = cuda_detail::current_device();
   check_common(grid, heads, sources, packed, device);
+  refuse_blocked_legacy_stream(stream);
   permute(grid, from, to, heads, sources, packed, /*gather=*/true, stream);
 }
 
@@ -128,6 +135,7 @@ void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, s
                         const LseView& packed_lse, const LseView& lse, void* stream) {
   const int device = cuda_detail::current_device();
   check_common(grid, heads, dests, packed, device);
+  refuse_blocked_legacy_stream(stream);
   STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument,
              "permutation: give both LSE views or neither");
   const bool with_lse = packed_lse.data != nullptr;

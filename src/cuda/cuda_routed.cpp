@@ -3,7 +3,8 @@
 // whose permutation is cuda_gather_heads (and cuda_scatter_heads when the
 // scatter is not fused), whose attention is CudaBackend::run_async (and
 // run_async_scattered for the packed heads when it is), all on one stream,
-// timed with CUDA events.
+// timed with CUDA events; or, during a CUDA graph capture, recorded untimed
+// with the packed heads in the caller's CudaRoutedWorkspace.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -44,7 +45,13 @@ class CudaRoutedExecutor final : public RoutedExecutor {
  public:
   CudaRoutedExecutor(const CudaBackend& backend, void* stream, CudaRoutedWorkspace* workspace)
       : backend_(backend), stream_(stream), workspace_(workspace),
-        capturing_(cuda_detail::stream_is_capturing(stream)) {}
+        capturing_(cuda_detail::stream_is_capturing(stream)) {
+    // Scratch allocated while capturing would be memory the graph owns, and the
+    // recorded plans must outlive the capture: both go in the caller's workspace.
+    STSA_CHECK(!capturing_ || workspace_ != nullptr, Unsupported,
+               "cuda routed attention: the stream is being captured into a CUDA graph, and a recorded call needs "
+               "memory and plans that outlive the capture: pass a CudaRoutedWorkspace made before it");
+  }
   ~CudaRoutedExecutor() override {
     for (cudaEvent_t e : events_) cudaEventDestroy(e);  // errors ignored in a destructor,
     cudaGetLastError();                                  // and cleared: they must not fail a later launch check
@@ -54,8 +61,7 @@ class CudaRoutedExecutor final : public RoutedExecutor {
 
   // One allocation for all packed tensors: the caller's workspace, or scratch
   // returned on this stream once run_routed() drops it (after the last step
-  // using it is enqueued). A capture needs the workspace: scratch allocated
-  // while capturing would be memory the graph owns, unchecked here.
+  // using it is enqueued).
   PackedHeads allocate(const RoutedCall& call, std::int64_t count, bool with_output) override {
     const PackedLayout at = packed_layout(call, count, with_output);
     std::byte* base = nullptr;
@@ -66,9 +72,6 @@ class CudaRoutedExecutor final : public RoutedExecutor {
                  " need ", at.scratch.bytes);
       base = static_cast<std::byte*>(workspace_->data());
     } else {
-      STSA_CHECK(!capturing_, Unsupported,
-                 "cuda routed attention: the stream is being captured into a CUDA graph, and the temporal heads' "
-                 "packed copies need memory that outlives the capture: pass a CudaRoutedWorkspace made before it");
       auto scratch = std::make_shared<cuda_detail::StreamScratch>(at.scratch.bytes, static_cast<cudaStream_t>(stream_));
       base = scratch->data();
       storage = std::move(scratch);
@@ -113,7 +116,7 @@ class CudaRoutedExecutor final : public RoutedExecutor {
   // While capturing, what the launches would upload is refused before any step is recorded.
   void prepare(const Backend& backend, const AttentionCall& call, const ScatteredOutput* out) override {
     STSA_CHECK(&backend == &backend_, InvalidArgument, "cuda routed attention: the executor runs its own CudaBackend");
-    if (capturing_) backend_.prepare(call, stream_, out);
+    if (capturing_) workspace_->keep(backend_.prepare(call, stream_, out));
   }
 
   bool timed() const override { return !capturing_; }
@@ -154,9 +157,14 @@ void check_routed_call(const CudaBackend& backend, const RoutedCall& call, const
 
 std::size_t CudaRoutedWorkspace::bytes_needed(const RoutedCall& call, std::int64_t count, bool with_output) {
   call.layout.validate();
-  STSA_CHECK(count >= 1 && count <= call.layout.heads, InvalidArgument, "cuda routed workspace: ", count,
+  STSA_CHECK(count >= 0 && count <= call.layout.heads, InvalidArgument, "cuda routed workspace: ", count,
              " temporal heads of ", call.layout.heads);
-  return packed_layout(call, count, with_output).scratch.bytes;
+  return count == 0 ? 0 : packed_layout(call, count, with_output).scratch.bytes;
+}
+
+void CudaRoutedWorkspace::keep(const std::vector<std::shared_ptr<const DevicePlan>>& plans) {
+  for (const auto& plan : plans)
+    if (std::find(kept_.begin(), kept_.end(), plan) == kept_.end()) kept_.push_back(plan);
 }
 
 CudaRoutedWorkspace::CudaRoutedWorkspace(const RoutedCall& call, std::int64_t temporal_heads, bool fuse_scatter)

@@ -85,7 +85,9 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
       scattered = ScatteredOutput{layout.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, result.temporal,
                                   call.o, call.lse};
   }
-  if (count < layout.heads) executor.prepare(backend, direct, nullptr);
+  // The direct call even with every head temporal (nothing to compute): its
+  // checks of o and lse then come before the gather, not at the scatter.
+  executor.prepare(backend, direct, nullptr);
   if (count > 0) executor.prepare(backend, gathered, scattered ? &*scattered : nullptr);
 
   // Times are read after everything was enqueued, so an asynchronous executor never waits in between.

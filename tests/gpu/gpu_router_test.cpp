@@ -10,6 +10,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -440,11 +441,11 @@ TEST(GpuRoutedAttention, RunsOnANonBlockingStream) {
 }
 
 // A CUDA graph cannot hold routing (its errors come back to the host), nor a
-// routed call's temporal heads without a workspace (scratch allocated during
-// the capture would belong to the graph): on a capturing stream each is refused
-// before anything is enqueued, and the caller's capture stays intact (global
-// mode, PyTorch's default). A warm-up first, so that no refusal can come from a
-// plan not yet uploaded.
+// routed call without a workspace (scratch allocated during the capture would
+// belong to the graph, and the recorded plans must outlive it): on a capturing
+// stream each is refused before anything is enqueued, and the caller's capture
+// stays intact (global mode, PyTorch's default). A warm-up first, so that no
+// refusal can come from a plan not yet uploaded.
 TEST(GpuRoutedAttention, RefusedDuringGraphCaptureWithTheCaptureIntact) {
   STSA_REQUIRE_GPU();
   const testing::SyntheticRoutedCase c = testing::synthetic_routed_case(DType::BF16, testing::fresh_seed());
@@ -458,6 +459,7 @@ TEST(GpuRoutedAttention, RefusedDuringGraphCaptureWithTheCaptureIntact) {
       cuda_route(c.router, p.layout, d.call.q, d.call.k, d.call.v, TokenOrder::FrameMajor, 0.f, {}, stream.get());
   cuda_run_routed(backend, plans, routed_call(d.call), routes.heads, {}, stream.get());
   ASSERT_EQ(cudaStreamSynchronize(capturing), cudaSuccess);
+  ASSERT_GT(testing::count_routes(routes.heads, Route::Temporal), 0);
   PolicyOptions po;
   po.router = c.router.options();
   Policy policy(po);
@@ -501,6 +503,8 @@ void expect_refused_before_recording(cudaStream_t stream, const char* what, cons
     ADD_FAILURE() << what << " was not refused during a capture";
   } catch (const Expected& e) {
     SUCCEED() << what << ": " << e.what();
+  } catch (const std::exception& e) {  // the capture must still be ended, or it breaks the tests after this one
+    ADD_FAILURE() << what << ": refused with the wrong exception: " << e.what();
   }
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << what << ": the refusal broke the capture";
@@ -514,8 +518,10 @@ void expect_refused_before_recording(cudaStream_t stream, const char* what, cons
 // the scatter fused and as its own pass: after a warm-up outside the capture
 // (plans and block schedules on the device), the captured call is recorded
 // untimed into the caller's workspace, and the graph's replay on poisoned
-// outputs matches the fp64 reference. Refused before anything is recorded:
-// no workspace, a workspace too small, a decision whose plan was never uploaded.
+// outputs matches the fp64 reference, the workspace holding the plans the graph
+// reads. Refused before anything is recorded: no workspace, a workspace too
+// small, a decision whose plan was never uploaded, and any call on the legacy
+// stream while another stream is captured.
 TEST(GpuRoutedAttention, CapturesIntoACudaGraphWithAWorkspace) {
   STSA_REQUIRE_GPU();
   const VideoLayout layout{{5, 7, 9, 13, TextPlacement::Before}, 2, 5, 128};
@@ -553,6 +559,7 @@ TEST(GpuRoutedAttention, CapturesIntoACudaGraphWithAWorkspace) {
     EXPECT_FALSE(captured.timed);
     EXPECT_EQ(captured.attention_ms, 0.0);
     EXPECT_EQ(captured.scatter_fused, fuse);
+    EXPECT_EQ(workspace.kept_plans(), 4u);  // temporal, spatial, dense, frame window: what the graph reads
     cudaGraphExec_t replay = nullptr;
     ASSERT_EQ(cudaGraphInstantiate(&replay, graph, 0), cudaSuccess);
     ASSERT_EQ(cudaGraphLaunch(replay, capturing), cudaSuccess);
@@ -577,11 +584,18 @@ TEST(GpuRoutedAttention, CapturesIntoACudaGraphWithAWorkspace) {
   CudaRoutedWorkspace workspace(call);
   std::vector<HeadRoute> unseen = given.decisions;
   RouterOptions denser = given.options;
-  denser.temporal_density = 0.35;
+  denser.temporal_density = 0.5;  // below ~0.41 the anchor alone keeps the density: the same band
   unseen[4].spec = route_spec(layout.grid, Route::Temporal, denser);  // a plan never uploaded
+  ASSERT_NE(unseen[4].spec, given.decisions[4].spec);
   expect_refused_before_recording<InvalidArgument>(capturing, "a plan not on the device", [&] {
     cuda_run_routed(backend, plans, call, unseen, {}, stream.get(), &workspace);
   });
+  cudaStream_t blocking = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
+  expect_refused_before_recording<Unsupported>(blocking, "the legacy stream during another stream's capture", [&] {
+    cuda_run_routed(backend, plans, call, given.decisions, {}, nullptr, &workspace);
+  });
+  EXPECT_EQ(cudaStreamDestroy(blocking), cudaSuccess);
 }
 
 // Routed calls take their packed buffers from the library's scratch pool: calls
