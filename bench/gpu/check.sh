@@ -10,7 +10,8 @@
 #      the simplest that fails (sm90 first) also runs once under memcheck, for the log;
 #   3. run the GPU tests (ctest -L gpu: every kernel, the probe, routing, permutation);
 #   4. time routing + permutation against routed attention at 1440p
-#      (stsa_gpu_route_bench; the issue's < 3% target), also in head-by-head
+#      (stsa_gpu_route_bench; the issue's < 3% target; then, at 720p, the
+#      routed call eager against its CUDA graph replay), also in head-by-head
 #      order when STSA_CHECK_EXTRA_KERNELS asks for the first kernel in that order;
 #   5. benchmark at Wan2.1 shapes against cuDNN, FlashAttention-2 and
 #      FlexAttention on the identical tile plan (bench/gpu/compare.py, after
@@ -207,6 +208,13 @@ if [ -z "${STSA_CHECK_SKIP_BENCH:-}" ]; then
       --work-order head-by-head --repeats 3 > '$OUT/gpu_route_bench_head_by_head.json' && \
       cat '$OUT/gpu_route_bench_head_by_head.json'"
   fi
+
+  # What a CUDA graph saves a routed call on the host, where the attention is
+  # short enough for it to show (720p, s = 0.1); the replay must write the eager
+  # call's output to the bit (exit 1 otherwise). Figures go to check.log only.
+  step "routed call eager vs CUDA graph replay, 720p, s = 0.1 (45 s limit)"
+  run_step route_graph timeout 45 "$BUILD/stsa_gpu_route_bench" --kernel "$ROUTE_KERNEL" --height 45 --width 80 \
+    --graph --repeats 10
 
   step "compare.py self-check: plan -> FlexAttention BlockMask, on the CPU (60 s limit)"
   run_step compare_selfcheck timeout 60 python3 "$ROOT/bench/gpu/compare_selfcheck.py"

@@ -9,10 +9,18 @@
 // scatter fused into the kernel's stores (the default) and, interleaved, as its
 // own pass (the two_step_ figures). Random inputs: the values
 // do not change the amount of work, only the decisions, which are given here.
+// With --graph, instead: the routed call (given decisions) eager against the
+// same call captured into a CUDA graph and replayed, wall clock to completion
+// each, and whether the replay writes the eager call's output to the bit.
 #include <CLI/CLI.hpp>
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <string>
@@ -41,7 +49,82 @@ struct Options {
   std::string kernel = "auto";  // attention kernel: auto, sm80, sm90, sm90-overlap or sm90-pingpong
   std::string work_order = "auto";
   std::string block_schedule = "round-robin";
+  bool graph = false;
 };
+
+// A CUDA runtime call that must succeed (the benchmark's own calls; the library checks its own).
+void cuda_ok(cudaError_t status, const char* what) {
+  STSA_CHECK(status == cudaSuccess, stsa::Error, what, ": ", cudaGetErrorString(status));
+}
+
+double wall_ms(const std::function<void()>& work) {
+  const auto start = std::chrono::steady_clock::now();
+  work();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The routed call eager (timed with events, so it waits for itself) and as a
+// CUDA graph replay (launch, then wait), interleaved, wall clock each; the
+// difference is what the host adds to an eager call that the device does not hide.
+nlohmann::json graph_record(const stsa::CudaBackend& backend, stsa::PlanCache& plans, const stsa::RoutedCall& call,
+                            const std::vector<stsa::HeadRoute>& decisions, std::int64_t temporal_heads,
+                            const stsa::DeviceBuffer& o, const Options& opt) {
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  struct Cleanup {
+    cudaStream_t stream;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ~Cleanup() {
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
+    }
+  } held{stream};
+  stsa::CudaRoutedWorkspace workspace(call, temporal_heads);
+  stsa::RoutedResult eager;
+  for (int i = 0; i <= opt.warmup; ++i)  // at least once: the plans and schedules on the device
+    eager = stsa::cuda_run_routed(backend, plans, call, decisions, {}, stream, &workspace);
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  const stsa::RoutedResult recorded = stsa::cuda_run_routed(backend, plans, call, decisions, {}, stream, &workspace);
+  cuda_ok(cudaStreamEndCapture(stream, &held.graph), "cudaStreamEndCapture");
+  std::size_t nodes = 0;
+  cuda_ok(cudaGraphGetNodes(held.graph, nullptr, &nodes), "cudaGraphGetNodes");
+  cuda_ok(cudaGraphInstantiate(&held.exec, held.graph, 0), "cudaGraphInstantiate");
+  const auto replay = [&] {
+    cuda_ok(cudaGraphLaunch(held.exec, stream), "cudaGraphLaunch");
+    cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  };
+  replay();  // the first launch uploads the graph
+
+  // The replay writes what the eager call writes, to the bit (the kernels are deterministic).
+  std::vector<unsigned char> eager_o(o.bytes()), replayed_o(o.bytes());
+  stsa::cuda_run_routed(backend, plans, call, decisions, {}, stream, &workspace);
+  o.copy_to_host(eager_o.data(), o.bytes());
+  cuda_ok(cudaMemsetAsync(o.data(), 0xFF, o.bytes(), stream), "cudaMemsetAsync");  // NaN
+  replay();
+  o.copy_to_host(replayed_o.data(), o.bytes());
+  const bool same = std::memcmp(eager_o.data(), replayed_o.data(), o.bytes()) == 0;
+
+  stsa::bench::Samples eager_wall, graph_wall, eager_device;
+  for (int i = 0; i < opt.repeats; ++i) {
+    eager_wall.ms.push_back(wall_ms([&] {
+      eager = stsa::cuda_run_routed(backend, plans, call, decisions, {}, stream, &workspace);
+    }));
+    eager_device.ms.push_back(eager.attention_ms + eager.permutation_ms);
+    graph_wall.ms.push_back(wall_ms(replay));
+  }
+  return {{"mode", "graph"},
+          {"recorded_timed", recorded.timed},
+          {"graph_nodes", nodes},
+          {"kept_plans", workspace.kept_plans()},
+          {"graph_matches_eager", same},
+          {"eager_wall_ms", eager_wall.median_ms()},
+          {"eager_device_ms", eager_device.median_ms()},  // the events around its steps
+          {"graph_wall_ms", graph_wall.median_ms()},
+          {"graph_over_eager", graph_wall.median_ms() / eager_wall.median_ms()},
+          {"host_ms_saved", eager_wall.median_ms() - graph_wall.median_ms()}};
+}
 
 void fill_random(stsa::DeviceBuffer& buffer, std::uint64_t seed) {
   const std::size_t block = std::min<std::size_t>(buffer.bytes() / 2, std::size_t(1) << 24);
@@ -89,6 +172,16 @@ nlohmann::json run(const Options& opt) {
       stsa::CudaBackendOptions{stsa::parse_cuda_kernel(opt.kernel), stsa::parse_cuda_work_order(opt.work_order), 0,
                                stsa::parse_cuda_block_schedule(opt.block_schedule)});
   stsa::PlanCache plans;
+  if (opt.graph) {
+    nlohmann::json record = graph_record(backend, plans, call, decisions, opt.temporal_heads, o, opt);
+    record["device"] = stsa::cuda_device_info().name;
+    record["shape"] = layout.grid.describe();
+    record["heads"] = layout.heads;
+    record["temporal_heads"] = opt.temporal_heads;
+    record["density"] = opt.density;
+    record["kernel"] = std::string(stsa::to_string(backend.resolved_kernel()));
+    return record;
+  }
   stsa::bench::Samples routing, routing_device, permutation, attention, two_step_permutation, two_step_attention;
   double routing_flops = 0;
   bool scatter_fused = false;
@@ -167,13 +260,17 @@ int main(int argc, char** argv) {
   app.add_option("--block-schedule", opt.block_schedule, "persistent blocks' schedule: balanced, round-robin or snake");
   app.add_option("--warmup", opt.warmup);
   app.add_option("--repeats", opt.repeats);
+  app.add_flag("--graph", opt.graph, "the routed call eager against its CUDA graph replay (no routing)");
   CLI11_PARSE(app, argc, argv);
   try {
     stsa::parse_cuda_kernel(opt.kernel);  // bad options fail before the GPU is looked for
     stsa::parse_cuda_work_order(opt.work_order);
     stsa::parse_cuda_block_schedule(opt.block_schedule);
     STSA_CHECK(opt.warmup >= 0 && opt.repeats >= 1, stsa::InvalidArgument, "--warmup must be >= 0 and --repeats >= 1");
-    std::cout << run(opt).dump(2) << "\n";
+    const nlohmann::json record = run(opt);
+    std::cout << record.dump(2) << "\n";
+    // A replay that does not write what the eager call writes is a failure, not a figure.
+    if (record.contains("graph_matches_eager") && !record["graph_matches_eager"].get<bool>()) return 1;
   } catch (const std::exception& e) {  // stsa::Error, and bad_alloc or a JSON error too
     std::cerr << "stsa_gpu_route_bench: " << e.what() << "\n";
     return 2;
