@@ -214,7 +214,7 @@ if [ -z "${STSA_CHECK_SKIP_BENCH:-}" ]; then
   # call's output to the bit (exit 1 otherwise). Figures go to check.log only.
   step "routed call eager vs CUDA graph replay, 720p, s = 0.1 (45 s limit)"
   run_step route_graph timeout 45 "$BUILD/stsa_gpu_route_bench" --kernel "$ROUTE_KERNEL" --height 45 --width 80 \
-    --graph --repeats 10
+    --graph --repeats 50
 
   step "compare.py self-check: plan -> FlexAttention BlockMask, on the CPU (60 s limit)"
   run_step compare_selfcheck timeout 60 python3 "$ROOT/bench/gpu/compare_selfcheck.py"

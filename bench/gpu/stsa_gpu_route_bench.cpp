@@ -69,24 +69,32 @@ double wall_ms(const std::function<void()>& work) {
 nlohmann::json graph_record(const stsa::CudaBackend& backend, stsa::PlanCache& plans, const stsa::RoutedCall& call,
                             const std::vector<stsa::HeadRoute>& decisions, std::int64_t temporal_heads,
                             const stsa::DeviceBuffer& o, const Options& opt) {
-  cudaStream_t stream = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  // First, so that it outlives the graph (it holds the packed heads and the plans the graph reads).
+  stsa::CudaRoutedWorkspace workspace(call, temporal_heads);
   struct Cleanup {
-    cudaStream_t stream;
+    cudaStream_t stream = nullptr;
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     ~Cleanup() {
       if (exec) cudaGraphExecDestroy(exec);
       if (graph) cudaGraphDestroy(graph);
-      cudaStreamDestroy(stream);
+      if (stream) cudaStreamDestroy(stream);
     }
-  } held{stream};
-  stsa::CudaRoutedWorkspace workspace(call, temporal_heads);
+  } held;
+  cuda_ok(cudaStreamCreateWithFlags(&held.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  cudaStream_t stream = held.stream;
   stsa::RoutedResult eager;
   for (int i = 0; i <= opt.warmup; ++i)  // at least once: the plans and schedules on the device
     eager = stsa::cuda_run_routed(backend, plans, call, decisions, {}, stream, &workspace);
   cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
-  const stsa::RoutedResult recorded = stsa::cuda_run_routed(backend, plans, call, decisions, {}, stream, &workspace);
+  stsa::RoutedResult recorded;
+  try {
+    recorded = stsa::cuda_run_routed(backend, plans, call, decisions, {}, stream, &workspace);
+  } catch (...) {  // end the capture, or every CUDA call after this one fails in global mode
+    cudaGraph_t partial = nullptr;
+    if (cudaStreamEndCapture(stream, &partial) == cudaSuccess && partial) cudaGraphDestroy(partial);
+    throw;
+  }
   cuda_ok(cudaStreamEndCapture(stream, &held.graph), "cudaStreamEndCapture");
   std::size_t nodes = 0;
   cuda_ok(cudaGraphGetNodes(held.graph, nullptr, &nodes), "cudaGraphGetNodes");
@@ -100,6 +108,7 @@ nlohmann::json graph_record(const stsa::CudaBackend& backend, stsa::PlanCache& p
   // The replay writes what the eager call writes, to the bit (the kernels are deterministic).
   std::vector<unsigned char> eager_o(o.bytes()), replayed_o(o.bytes());
   stsa::cuda_run_routed(backend, plans, call, decisions, {}, stream, &workspace);
+  cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // o is read through the legacy stream
   o.copy_to_host(eager_o.data(), o.bytes());
   cuda_ok(cudaMemsetAsync(o.data(), 0xFF, o.bytes(), stream), "cudaMemsetAsync");  // NaN
   replay();
