@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
-common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTSA_CUDA=OFF)
+# -g1: line tables are all a sanitizer's stack trace reads, at a fifth less compile time than -g.
+common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DSTSA_CUDA=OFF)
 
 export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
@@ -18,7 +19,7 @@ ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE "dist|cli"
 
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 cmake -S . -B build-tsan "${common[@]}" -DSTSA_SANITIZE=thread -DSTSA_MPI=OFF >/dev/null
-cmake --build build-tsan -j "$jobs"
+cmake --build build-tsan -j "$jobs" --target stsa_threaded_tests  # the CLI and single-threaded tests add nothing here
 # The long correctness matrices add no thread interleavings the others lack and
 # take minutes under TSan's instrumentation; every other threaded test runs.
 ctest --test-dir build-tsan --output-on-failure -j "$jobs" -L threads \

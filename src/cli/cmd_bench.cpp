@@ -2,6 +2,7 @@
 // timed in one run (by the harness in src/bench) against this machine's
 // measured FMA peak and checked against the fp64 reference. (--dist hands over
 // to cmd_bench_dist.cpp.)
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>

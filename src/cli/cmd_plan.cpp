@@ -1,4 +1,5 @@
 // `stsa plan`: build one head's tile plan and report its statistics.
+#include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "bench/record.hpp"

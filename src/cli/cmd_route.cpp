@@ -1,6 +1,7 @@
 // `stsa route`: route every head of one attention call (synthetic heads with a
 // known kind, or Q/K/V dumped from a model), run the routed sparse attention on
 // a backend and report decisions, errors and costs.
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstring>

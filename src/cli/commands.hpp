@@ -3,7 +3,6 @@
 // CLI::Error) on bad input, which main turns into one line on stderr and exit 2.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -13,6 +12,13 @@
 #include "cli/options.hpp"
 #include "stsa/routed.hpp"
 #include "stsa/router.hpp"
+
+// CLI11 2.1 defines its validators (ExistingFile, NonNegativeNumber...) in every
+// file that includes it, which costs about 30 s per file under ASan: only the
+// files that register options include <CLI/CLI.hpp>.
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace stsa::cli {
 

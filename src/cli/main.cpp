@@ -1,5 +1,6 @@
 // `stsa`: plan, benchmark and route spatio-temporal sparse attention.
 // Every error ends as one line on stderr and exit code 2.
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 #include <string>

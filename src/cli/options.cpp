@@ -1,5 +1,7 @@
 #include "cli/options.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include "stsa/error.hpp"
 
 namespace stsa::cli {

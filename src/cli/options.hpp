@@ -1,11 +1,15 @@
 // Options shared by several commands: the token grid and the mask by name.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "stsa/layout.hpp"
 #include "stsa/mask.hpp"
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp> only where options are registered (commands.hpp says why)
+}  // namespace CLI
 
 namespace stsa::cli {
 
