@@ -6,10 +6,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/output_order.hpp"
+#include "cuda/scattered_output_order.hpp"
 #include "cuda/video_order.hpp"
 #include "stsa/layout.hpp"
 #include "stsa/permute.hpp"
+#include "stsa/tensor.hpp"
 
 namespace stsa {
 namespace {
@@ -66,24 +67,34 @@ TEST(CudaVideoOrder, ReorderedPositionsFollowTheGridAndTextKeepsItsPlace) {
       }
 }
 
-// The epilogue's row map (output_order.hpp): the kernel's row at position p of
-// its tensors' order is stored where scatter_heads would move it, at the same
-// token's position in the output order (text tokens, one frame, both ways).
-TEST(CudaVideoOrder, OutputTokensGoWhereTheScatterPutsThem) {
+// The epilogue's stores (output_order.hpp, and the head map CudaBackend sets
+// beside it) against the CPU scatter they replace: every packed row is stored
+// where scatter_heads moves it, for ScatteredOutput's `from` / `to` both ways
+// (text tokens, one frame), into a subset of the heads in scrambled order.
+TEST(CudaVideoOrder, OutputRowsGoWhereScatterHeadsPutsThem) {
   const VideoGrid grids[] = {{1, 3, 5, 4, TextPlacement::After},
                              {2, 1, 1},
                              {7, 3, 4, 5, TextPlacement::Before},
                              {21, 6, 9, 3, TextPlacement::After}};
+  const std::vector<std::int64_t> heads = {2, 0};  // packed head j -> head heads[j] of 3
   for (const VideoGrid& g : grids)
-    for (const TokenOrder tokens : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor})
-      for (const TokenOrder out : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor}) {
-        const cuda_detail::OutputOrder order{int(g.video_begin()), int(g.frames), int(g.tokens_per_frame()),
-                                             tokens == TokenOrder::SpatialMajor, out == TokenOrder::SpatialMajor};
-        // map[p] = the position in `out` order of the token at position p in `tokens` order.
-        const std::vector<std::int64_t> map = permutation_map(g, out, tokens);
-        for (std::int64_t p = 0; p < g.tokens(); ++p)
-          ASSERT_EQ(cuda_detail::output_token(order, int(p)), map[std::size_t(p)])
-              << g.describe() << " p " << p << (tokens == out ? " (same order)" : "");
+    for (const TokenOrder from : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor})
+      for (const TokenOrder to : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor}) {
+        const std::int64_t n = g.tokens();
+        // Each packed row's LSE names it; O rides along (scatter_heads moves both).
+        LseBuffer packed_lse(1, 2, n), lse(1, 3, n);
+        for (std::int64_t j = 0; j < 2; ++j)
+          for (std::int64_t p = 0; p < n; ++p) packed_lse.view().at(0, j, p) = float(j * 100000 + p);
+        Tensor packed_o(DType::F32, 1, n, 2, 1), o(DType::F32, 1, n, 3, 1);
+        const TensorView packed[] = {packed_o.view()}, dests[] = {o.view()};
+        scatter_heads(g, from, to, heads, packed, dests, packed_lse.view(), lse.view(), 1);
+
+        const cuda_detail::OutputOrder order = cuda_detail::output_order(g, from, to);
+        for (std::int64_t j = 0; j < 2; ++j)
+          for (std::int64_t p = 0; p < n; ++p)
+            ASSERT_EQ(lse.view().at(0, heads[std::size_t(j)], cuda_detail::output_token(order, int(p))),
+                      float(j * 100000 + p))
+                << g.describe() << " packed head " << j << " row " << p << (from == to ? " (same order)" : "");
       }
 }
 

@@ -18,6 +18,7 @@
 #include "cuda/device_checks.hpp"
 #include "cuda/device_plan_arrays.hpp"
 #include "cuda/launch_schedule.hpp"
+#include "cuda/scattered_output_order.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/error.hpp"
 
@@ -199,16 +200,6 @@ AttentionCall scattered_call_for_checks(const AttentionCall& call, const Scatter
   checked.lse = out.lse;
   if (checked.lse.data != nullptr) checked.lse.shape[1] = count;
   return checked;
-}
-
-cuda_detail::OutputOrder output_order(const VideoGrid& grid, TokenOrder tokens, TokenOrder out) {
-  cuda_detail::OutputOrder order;
-  order.video_begin = int(grid.video_begin());
-  order.frames = int(grid.frames);
-  order.per_frame = int(grid.tokens_per_frame());
-  order.tokens_spatial_major = tokens == TokenOrder::SpatialMajor;
-  order.out_spatial_major = out == TokenOrder::SpatialMajor;
-  return order;
 }
 
 }  // namespace
@@ -401,7 +392,7 @@ std::vector<std::shared_ptr<const DevicePlan>> CudaBackend::enqueue(const Attent
   copy_strides(params.v_stride, call.v);
   copy_strides(params.o_stride, o);
   for (int i = 0; i < 3; ++i) params.lse_stride[i] = lse.stride[i];
-  if (scattered) params.o_order = output_order(scattered->grid, scattered->from, scattered->to);
+  if (scattered) params.o_order = cuda_detail::output_order(scattered->grid, scattered->from, scattered->to);
   params.tokens = int(call.layout.tokens());
   params.batch = int(call.layout.batch);
   params.total_heads = int(call.layout.heads);

@@ -48,11 +48,13 @@ class DeviceInterval {
  public:
   explicit DeviceInterval(cudaStream_t stream) : stream_(stream) {
     STSA_CUDA_CHECK(cudaEventCreate(&start_));
-    if (const cudaError_t e = cudaEventCreate(&stop_); e != cudaSuccess) {
+    cudaError_t e = cudaEventCreate(&stop_);
+    if (e == cudaSuccess) e = cudaEventRecord(start_, stream_);
+    if (e != cudaSuccess) {  // no destructor runs for a constructor that throws
       cudaEventDestroy(start_);
+      if (stop_ != nullptr) cudaEventDestroy(stop_);
       STSA_CUDA_CHECK(e);
     }
-    STSA_CUDA_CHECK(cudaEventRecord(start_, stream_));
   }
   ~DeviceInterval() {
     cudaEventDestroy(start_);
@@ -164,7 +166,10 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
   const std::size_t at_head_stats = ws.add(std::size_t(head_count * kRoutingStats) * sizeof(double));
 
   // The errors come back to the host (a copy and a wait), which a CUDA graph cannot hold.
-  STSA_CHECK(!cuda_detail::stream_is_capturing(stream), Unsupported,
+  const cuda_detail::CaptureState capture = cuda_detail::capture_state(stream);
+  STSA_CHECK(capture != cuda_detail::CaptureState::LegacyBlocked, Unsupported,
+             cuda_detail::legacy_stream_blocked("cuda router: "));
+  STSA_CHECK(capture == cuda_detail::CaptureState::None, Unsupported,
              "cuda router: the stream is being captured into a CUDA graph, and routing reads its errors back to "
              "the host and waits for them, which a graph cannot hold; route before the capture (a Policy keeps "
              "the decisions for the steps that reuse them)");

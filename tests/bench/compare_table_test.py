@@ -61,6 +61,19 @@ wrong = {"shape": "480p", "stsa": {"sm90": {}}, "errors": ["sm90 s0.10: max |dif
 assert not compare.results_ok([clean, wrong])
 assert not compare.results_ok([dict(clean, errors=["fa2 dense skipped: out of time"])])  # required: no excuse
 assert not compare.results_ok([dict(clean, stsa={})])
+# An extra kernel never started for time is no error, in a required shape too,
+# and its rows say so; a kernel that ran and failed still is.
+extra_skipped = dict(clean, kernels_skipped=["sm80"])
+assert compare.results_ok([extra_skipped])
+assert not compare.results_ok([dict(extra_skipped, errors=["stsa_gpu_bench --kernels sm90: exit status 1"])])
+rows = compare.table([dict(compare.dry_results(args)[0], kernels_skipped=["sm80"])], kernels + ["sm80-extra"])
+assert "720p | s0.20 | stsa-sm80 |" in rows  # the dry run has its rows: they are shown
+assert "720p | s0.20 | stsa-sm80-extra | 0.270 | (failed or not run: see errors)" in rows, rows
+only_default = compare.dry_results(args)[0]
+only_default["stsa"] = {k: v for k, v in only_default["stsa"].items() if k == kernels[0]}
+only_default["kernels_skipped"] = kernels[1:]
+rows = compare.table([only_default], kernels)
+assert f"720p | s0.10 | stsa-{kernels[1]} | 0.150 | (skipped: out of time)" in rows, rows
 print("compare.py results_ok: ok")
 
 

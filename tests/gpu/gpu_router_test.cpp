@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpu/gpu_support.hpp"
@@ -494,15 +495,16 @@ TEST(GpuRoutedAttention, RefusedDuringGraphCaptureWithTheCaptureIntact) {
 
 // Begins a capture on `stream` (global mode), runs `call`, which must throw
 // `Expected`, ends the capture and expects an empty graph: refused before
-// anything was recorded, the capture intact.
+// anything was recorded, the capture intact; the message must hold `says`.
 template <class Expected, class Call>
-void expect_refused_before_recording(cudaStream_t stream, const char* what, const Call& call) {
+void expect_refused_before_recording(cudaStream_t stream, const char* what, const Call& call, const char* says = "") {
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
   try {
     call();
     ADD_FAILURE() << what << " was not refused during a capture";
   } catch (const Expected& e) {
-    SUCCEED() << what << ": " << e.what();
+    EXPECT_NE(std::string_view(e.what()).find(says), std::string_view::npos)
+        << what << ": the refusal does not say \"" << says << "\": " << e.what();
   } catch (const std::exception& e) {  // the capture must still be ended, or it breaks the tests after this one
     ADD_FAILURE() << what << ": refused with the wrong exception: " << e.what();
   }
@@ -574,9 +576,9 @@ TEST(GpuRoutedAttention, CapturesIntoACudaGraphWithAWorkspace) {
 
   gpu_testing::DeviceProblem d(p);
   const RoutedCall call = routed_call(d.call);
-  expect_refused_before_recording<Unsupported>(capturing, "no workspace", [&] {
-    cuda_run_routed(backend, plans, call, given.decisions, {}, stream.get());
-  });
+  expect_refused_before_recording<Unsupported>(
+      capturing, "no workspace", [&] { cuda_run_routed(backend, plans, call, given.decisions, {}, stream.get()); },
+      "pass a CudaRoutedWorkspace made before it");
   CudaRoutedWorkspace one_head(call, /*temporal_heads=*/1);
   expect_refused_before_recording<InvalidArgument>(capturing, "a workspace for one of two temporal heads", [&] {
     cuda_run_routed(backend, plans, call, given.decisions, {}, stream.get(), &one_head);
@@ -592,9 +594,10 @@ TEST(GpuRoutedAttention, CapturesIntoACudaGraphWithAWorkspace) {
   });
   cudaStream_t blocking = nullptr;
   ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
-  expect_refused_before_recording<Unsupported>(blocking, "the legacy stream during another stream's capture", [&] {
-    cuda_run_routed(backend, plans, call, given.decisions, {}, nullptr, &workspace);
-  });
+  expect_refused_before_recording<Unsupported>(
+      blocking, "the legacy stream during another stream's capture",
+      [&] { cuda_run_routed(backend, plans, call, given.decisions, {}, nullptr, &workspace); },
+      "on the legacy default stream while another stream is being captured");
   EXPECT_EQ(cudaStreamDestroy(blocking), cudaSuccess);
 }
 
