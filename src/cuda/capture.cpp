@@ -7,23 +7,17 @@
 
 namespace stsa::cuda_detail {
 
-CaptureState capture_state(void* stream) {
+bool stream_is_capturing(void* stream, std::string_view who) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t asked = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
   if (asked == cudaErrorStreamCaptureImplicit) {  // the legacy stream, while a blocking stream is captured
     cudaGetLastError();                           // cleared: it must not fail a later launch check
-    return CaptureState::LegacyBlocked;
+    throw Unsupported(detail::concat(
+        who, "the call is on the legacy default stream while another stream is being captured into a CUDA graph, "
+             "and work there would invalidate that capture; use the capturing stream or a non-blocking one"));
   }
   STSA_CUDA_CHECK(asked);
-  return status == cudaStreamCaptureStatusNone ? CaptureState::None : CaptureState::Capturing;
-}
-
-bool stream_is_capturing(void* stream) { return capture_state(stream) != CaptureState::None; }
-
-std::string legacy_stream_blocked(std::string_view who) {
-  return detail::concat(who, "the call is on the legacy default stream while another stream is being captured into a "
-                        "CUDA graph, and work there would invalidate that capture; use the capturing stream or a "
-                        "non-blocking one");
+  return status != cudaStreamCaptureStatusNone;
 }
 
 std::string capture_needs_warm_up(std::string_view what) {

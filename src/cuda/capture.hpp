@@ -8,19 +8,13 @@
 
 namespace stsa::cuda_detail {
 
-enum class CaptureState {
-  None,           // work on the stream runs
-  Capturing,      // the stream is being captured into a CUDA graph: work is recorded
-  LegacyBlocked,  // the legacy stream while a blocking stream is captured: work there would invalidate that capture
-};
-
-// What a call enqueued on `stream` (a cudaStream_t; nullptr: the default
-// stream) would meet. Throws stsa::Error with CUDA's message when CUDA cannot say.
-CaptureState capture_state(void* stream);
-// capture_state(stream) != None: nothing may be allocated, copied or waited for.
-bool stream_is_capturing(void* stream);
-// The refusal of any work on the legacy stream while another stream is captured.
-std::string legacy_stream_blocked(std::string_view who);
+// Whether work enqueued on `stream` (a cudaStream_t; nullptr: the default
+// stream) is being recorded into a CUDA graph: then nothing may be allocated,
+// copied synchronously or waited for. The legacy stream while a blocking
+// stream is captured is refused (Unsupported, the message led by `who`): any
+// work there would invalidate that capture. Throws stsa::Error with CUDA's
+// message when CUDA cannot say.
+bool stream_is_capturing(void* stream, std::string_view who);
 
 // The message of a refusal: what `what` needed, and the warm-up that avoids it.
 std::string capture_needs_warm_up(std::string_view what);

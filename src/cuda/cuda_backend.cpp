@@ -404,10 +404,7 @@ std::vector<std::shared_ptr<const DevicePlan>> CudaBackend::enqueue(const Attent
   // Heads that share a plan share a launch (and the device copy of the plan).
   // During graph capture nothing may be uploaded (or freed): a plan or a launch
   // shape not seen before is refused before anything is enqueued.
-  const cuda_detail::CaptureState capture = cuda_detail::capture_state(stream);
-  STSA_CHECK(capture != cuda_detail::CaptureState::LegacyBlocked, Unsupported,
-             cuda_detail::legacy_stream_blocked(""));
-  const bool may_upload = capture == cuda_detail::CaptureState::None;
+  const bool may_upload = !cuda_detail::stream_is_capturing(stream, "");
   std::vector<const TilePlan*> group_keys;
   std::vector<std::pair<std::shared_ptr<const DevicePlan>, std::vector<int>>> groups;
   for (std::size_t h = 0; h < call.heads.size(); ++h) {

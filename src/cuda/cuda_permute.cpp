@@ -71,10 +71,8 @@ void copy_strides(std::int64_t (&out)[4], const TensorView& t) {
   for (int i = 0; i < 4; ++i) out[i] = t.stride[i];
 }
 
-void refuse_blocked_legacy_stream(void* stream) {
-  STSA_CHECK(cuda_detail::capture_state(stream) != cuda_detail::CaptureState::LegacyBlocked, Unsupported,
-             cuda_detail::legacy_stream_blocked("permutation: "));
-}
+// A capture may record the copies; the legacy stream during another stream's capture may not.
+void refuse_blocked_legacy_stream(void* stream) { cuda_detail::stream_is_capturing(stream, "permutation: "); }
 
 // Moves rows of `heads` between full and packed tensors in chunks of at most kMaxPermuteHeads.
 void permute(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,

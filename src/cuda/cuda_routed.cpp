@@ -44,11 +44,8 @@ PackedLayout packed_layout(const RoutedCall& call, std::int64_t count, bool with
 class CudaRoutedExecutor final : public RoutedExecutor {
  public:
   CudaRoutedExecutor(const CudaBackend& backend, void* stream, CudaRoutedWorkspace* workspace)
-      : backend_(backend), stream_(stream), workspace_(workspace) {
-    const cuda_detail::CaptureState capture = cuda_detail::capture_state(stream);
-    STSA_CHECK(capture != cuda_detail::CaptureState::LegacyBlocked, Unsupported,
-               cuda_detail::legacy_stream_blocked("cuda routed attention: "));
-    capturing_ = capture == cuda_detail::CaptureState::Capturing;
+      : backend_(backend), stream_(stream), workspace_(workspace),
+        capturing_(cuda_detail::stream_is_capturing(stream, "cuda routed attention: ")) {
     // Scratch allocated while capturing would be memory the graph owns, and the
     // recorded plans must outlive the capture: both go in the caller's workspace.
     STSA_CHECK(!capturing_ || workspace_ != nullptr, Unsupported,
@@ -143,7 +140,7 @@ class CudaRoutedExecutor final : public RoutedExecutor {
   const CudaBackend& backend_;
   void* stream_;
   CudaRoutedWorkspace* workspace_;
-  bool capturing_ = false;
+  bool capturing_;
   std::vector<cudaEvent_t> events_;
 };
 

@@ -166,10 +166,7 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
   const std::size_t at_head_stats = ws.add(std::size_t(head_count * kRoutingStats) * sizeof(double));
 
   // The errors come back to the host (a copy and a wait), which a CUDA graph cannot hold.
-  const cuda_detail::CaptureState capture = cuda_detail::capture_state(stream);
-  STSA_CHECK(capture != cuda_detail::CaptureState::LegacyBlocked, Unsupported,
-             cuda_detail::legacy_stream_blocked("cuda router: "));
-  STSA_CHECK(capture == cuda_detail::CaptureState::None, Unsupported,
+  STSA_CHECK(!cuda_detail::stream_is_capturing(stream, "cuda router: "), Unsupported,
              "cuda router: the stream is being captured into a CUDA graph, and routing reads its errors back to "
              "the host and waits for them, which a graph cannot hold; route before the capture (a Policy keeps "
              "the decisions for the steps that reuse them)");
