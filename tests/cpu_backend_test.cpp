@@ -1,8 +1,7 @@
 // The CPU backend against the fp64 reference, on every instruction set this
-// machine has, over awkward shapes: ragged tiles, one frame, 1x1 frames, text
-// before and after, head dims 64/80/96/128, fp32/bf16/f16 in and out, both memory
-// layouts, every mask kind at densities 0, 0.02, 0.25 and 1, anchor on and off,
-// three tile shapes and rounded plans.
+// machine has (AMX tile products for bf16 inputs included), over awkward shapes: ragged tiles, one frame, 1x1 frames,
+// text before and after, head dims 64/80/96/128, fp32/bf16/f16 in and out, both memory layouts, every mask kind at
+// densities 0, 0.02, 0.25 and 1, anchor on and off, three tile shapes and rounded plans.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,7 +26,7 @@ namespace {
 
 std::vector<Isa> isas_of_this_machine() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx})
     if (cpu::machine_supports(isa)) out.push_back(isa);
   return out;
 }
@@ -139,27 +138,28 @@ TEST(CpuBackend, RoundedPlansComputeWhatTheyClaim) {
 TEST(CpuBackend, DensityOneEqualsDenseBitForBit) {
   const VideoGrid grid{3, 5, 7, 4, TextPlacement::After};
   const VideoLayout layout{grid, 1, 2, 128};
-  for (Isa isa : isas_of_this_machine()) {
-    SCOPED_TRACE(to_string(isa));
-    const TileShape tile{64, 64};
-    const MaskSpec full = mask_for_density(grid, SparseKind::Spatial, 1.0);
-    auto problem = testing::make_problem(
-        layout, DType::F32,
-        {head_for(grid, full, tile, Alignment::Exact), head_for(grid, MaskSpec::dense(), tile, Alignment::Exact)},
-        testing::fresh_seed());
-    // Same inputs for both heads.
-    for (std::int64_t n = 0; n < layout.tokens(); ++n)
-      for (std::int64_t d = 0; d < 128; ++d)
-        for (const TensorView& t : {problem.q.view(), problem.k.view(), problem.v.view()})
-          t.store(0, n, 1, d, t.load(0, n, 0, d));
-    make_cpu_backend({isa, 2})->run(problem.call());
-    const AttentionCall call = problem.call();
-    for (std::int64_t n = 0; n < layout.tokens(); ++n) {
-      for (std::int64_t d = 0; d < 128; ++d) ASSERT_EQ(call.o.load(0, n, 0, d), call.o.load(0, n, 1, d));
-      ASSERT_EQ(call.lse.at(0, 0, n), call.lse.at(0, 1, n));
+  for (Isa isa : isas_of_this_machine())
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)));
+      const TileShape tile{64, 64};
+      const MaskSpec full = mask_for_density(grid, SparseKind::Spatial, 1.0);
+      auto problem = testing::make_problem(
+          layout, dtype,
+          {head_for(grid, full, tile, Alignment::Exact), head_for(grid, MaskSpec::dense(), tile, Alignment::Exact)},
+          testing::fresh_seed());
+      // Same inputs for both heads.
+      for (std::int64_t n = 0; n < layout.tokens(); ++n)
+        for (std::int64_t d = 0; d < 128; ++d)
+          for (const TensorView& t : {problem.q.view(), problem.k.view(), problem.v.view()})
+            t.store(0, n, 1, d, t.load(0, n, 0, d));
+      make_cpu_backend({isa, 2})->run(problem.call());
+      const AttentionCall call = problem.call();
+      for (std::int64_t n = 0; n < layout.tokens(); ++n) {
+        for (std::int64_t d = 0; d < 128; ++d) ASSERT_EQ(call.o.load(0, n, 0, d), call.o.load(0, n, 1, d));
+        ASSERT_EQ(call.lse.at(0, 0, n), call.lse.at(0, 1, n));
+      }
+      EXPECT_TRUE(testing::compare_with_reference(problem).ok());
     }
-    EXPECT_TRUE(testing::compare_with_reference(problem).ok());
-  }
 }
 
 TEST(CpuBackend, RowsWithNothingAllowedGiveZeroAndMinusInfinity) {
@@ -203,23 +203,24 @@ TEST(CpuBackend, NonFiniteInputsReachOnlyRowsThatSeeThem) {
   // A band of 1: key 40 is allowed for rows 39..41 only, and sits inside a partial tile for others.
   const VideoGrid grid{4, 4, 5, 0, TextPlacement::After};  // 80 tokens
   const VideoLayout layout{grid, 1, 1, 64};
-  for (Isa isa : isas_of_this_machine()) {
-    for (int which : {1, 2}) {  // NaN in K, then Inf in V
-      SCOPED_TRACE(std::string(to_string(isa)) + (which == 1 ? " NaN in K" : " Inf in V"));
-      const MaskSpec spec = MaskSpec::spatial(1, /*anchor=*/false);
-      auto problem = testing::make_problem(layout, DType::F32, {head_for(grid, spec, {64, 64}, Alignment::Exact)},
-                                           testing::fresh_seed());
-      (which == 1 ? problem.k : problem.v).view().store(0, 40, 0, 3, which == 1 ? NAN : INFINITY);
-      make_cpu_backend({isa, 2})->run(problem.call());
-      const AttentionCall call = problem.call();
-      for (std::int64_t n = 0; n < layout.tokens(); ++n) {
-        const bool touches = n >= 39 && n <= 41;
-        EXPECT_EQ(std::isfinite(call.o.load(0, n, 0, 3)), !touches) << "row " << n;
+  for (Isa isa : isas_of_this_machine())
+    for (DType dtype : {DType::F32, DType::BF16})
+      for (int which : {1, 2}) {  // NaN in K, then Inf in V
+        SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) +
+                     (which == 1 ? " NaN in K" : " Inf in V"));
+        const MaskSpec spec = MaskSpec::spatial(1, /*anchor=*/false);
+        auto problem = testing::make_problem(layout, dtype, {head_for(grid, spec, {64, 64}, Alignment::Exact)},
+                                             testing::fresh_seed());
+        (which == 1 ? problem.k : problem.v).view().store(0, 40, 0, 3, which == 1 ? NAN : INFINITY);
+        make_cpu_backend({isa, 2})->run(problem.call());
+        const AttentionCall call = problem.call();
+        for (std::int64_t n = 0; n < layout.tokens(); ++n) {
+          const bool touches = n >= 39 && n <= 41;
+          EXPECT_EQ(std::isfinite(call.o.load(0, n, 0, 3)), !touches) << "row " << n;
+        }
+        const auto cmp = testing::compare_with_reference(problem);
+        EXPECT_TRUE(cmp.ok()) << cmp.failure;
       }
-      const auto cmp = testing::compare_with_reference(problem);
-      EXPECT_TRUE(cmp.ok()) << cmp.failure;
-    }
-  }
 }
 
 TEST(CpuBackend, SkippedHeadsAreLeftUntouched) {
@@ -347,12 +348,16 @@ TEST(CpuBackend, InstructionSetChoice) {
   EXPECT_EQ(parse_isa("auto"), Isa::Auto);
   EXPECT_THROW(parse_isa("sse"), InvalidArgument);
   EXPECT_EQ(to_string(Isa::Avx512), "avx512");
+  EXPECT_EQ(parse_isa("amx"), Isa::Amx);
+  EXPECT_EQ(to_string(Isa::Amx), "amx");
   const char* saved = std::getenv("STSA_ISA");
   const std::string saved_value = saved ? saved : "";
   ::setenv("STSA_ISA", "scalar", 1);
   EXPECT_EQ(best_isa(), Isa::Scalar);
   ::setenv("STSA_ISA", "avx512", 1);
-  EXPECT_EQ(best_isa(), cpu::machine_best_isa());  // a cap, never above the machine
+  EXPECT_EQ(best_isa(), std::min(Isa::Avx512, cpu::machine_best_isa()));  // a cap, never above the machine
+  ::setenv("STSA_ISA", "amx", 1);
+  EXPECT_EQ(best_isa(), cpu::machine_best_isa());
   if (!cpu::machine_supports(Isa::Avx512)) {
     const VideoGrid grid{1, 2, 2, 0, TextPlacement::After};
     auto problem = testing::make_problem({grid, 1, 1, 64}, DType::F32,
@@ -373,6 +378,73 @@ TEST(CpuBackend, FmaPeakIsPositive) {
   EXPECT_GT(one, 0.1);
   EXPECT_THROW(measure_fma_peak_gflops(-1, 0.1), InvalidArgument);
   EXPECT_THROW(measure_fma_peak_gflops(1, 0.0), InvalidArgument);
+}
+
+TEST(CpuBackend, AmxPeakIsPositiveWhereThereIsAmx) {
+  if (!cpu::machine_supports(Isa::Amx)) {
+    EXPECT_THROW(measure_amx_peak_gflops(1, 0.02), Unsupported);
+    GTEST_SKIP() << "no AMX here";
+  }
+  EXPECT_GT(measure_amx_peak_gflops(1, 0.02), 0.1);
+  EXPECT_THROW(measure_amx_peak_gflops(-1, 0.1), InvalidArgument);
+  EXPECT_THROW(measure_amx_peak_gflops(1, 0.0), InvalidArgument);
+}
+
+// Which calls the tile products take: bf16 Q, K and V, head dims 64, 96, 128, and only under Amx.
+TEST(CpuBackend, AmxRunsBf16CallsWithHeadDimsOf32Multiples) {
+  const VideoGrid grid{1, 2, 2, 0, TextPlacement::After};
+  auto call_of = [&](std::int64_t head_dim, DType q, DType k, DType v) {
+    AttentionCall call;
+    call.layout = {grid, 1, 1, head_dim};
+    call.q.dtype = q;
+    call.k.dtype = k;
+    call.v.dtype = v;
+    return call;
+  };
+  const DType bf16 = DType::BF16;
+  for (std::int64_t d : {64, 96, 128}) EXPECT_TRUE(runs_on_amx(Isa::Amx, call_of(d, bf16, bf16, bf16))) << d;
+  EXPECT_FALSE(runs_on_amx(Isa::Amx, call_of(80, bf16, bf16, bf16)));
+  EXPECT_FALSE(runs_on_amx(Isa::Amx, call_of(32, bf16, bf16, bf16)));
+  EXPECT_FALSE(runs_on_amx(Isa::Amx, call_of(128, DType::F16, DType::F16, DType::F16)));
+  EXPECT_FALSE(runs_on_amx(Isa::Amx, call_of(128, bf16, bf16, DType::F32)));  // V must be exact in bf16
+  EXPECT_FALSE(runs_on_amx(Isa::Amx, call_of(128, DType::F32, bf16, bf16)));
+  EXPECT_FALSE(runs_on_amx(Isa::Avx512, call_of(128, bf16, bf16, bf16)));
+}
+
+// The tile kernel on its own: bf16 in, every head dim it takes, row counts that
+// are not multiples of its 16-row tiles or 32-row blocks (tiles of 48 rows, ragged
+// last tiles), fp32 out so the bound is the fp32 kernel's, and bf16 out.
+TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16Inputs) {
+  if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
+  const TileShape tiles[] = {{64, 64}, {128, 128}, {48, 64}, {128, 64}};
+  int index = 0;
+  for (const VideoGrid& grid : awkward_grids())
+    for (std::int64_t head_dim : {64, 96, 128})
+      for (double density : {0.02, 0.25, 1.0}) {
+        Case c;
+        c.grid = grid;
+        c.head_dim = head_dim;
+        c.density = density;
+        c.in = DType::BF16;
+        c.out = index % 3 == 2 ? DType::BF16 : DType::F32;
+        c.tile = tiles[index % 4];
+        c.anchor = index % 2 == 0;
+        c.align = index % 5 == 3 ? Alignment::Round : Alignment::Exact;
+        c.memory = index % 2 ? MemoryLayout::BHND : MemoryLayout::BNHD;
+        ++index;
+        const VideoLayout layout{c.grid, c.batch, 4, c.head_dim};
+        SCOPED_TRACE(describe(c, Isa::Amx));
+        auto problem = testing::make_problem(layout, c.in, four_heads(c.grid, c.density, c.anchor, c.tile, c.align),
+                                             testing::fresh_seed(), c.memory, c.out);
+        ASSERT_TRUE(runs_on_amx(Isa::Amx, problem.call()));
+        make_cpu_backend({Isa::Amx, 2})->run(problem.call());
+        const PairPredicate computes = c.align == Alignment::Round ? plan_predicate(problem.heads) : PairPredicate{};
+        const auto cmp = testing::compare_with_reference(problem, 0, 1, computes);
+        EXPECT_TRUE(cmp.ok()) << cmp.failure;
+        if (c.out == DType::F32) {
+          EXPECT_LT(cmp.rel_l2_err, 1e-5) << problem.label;
+        }
+      }
 }
 
 }  // namespace

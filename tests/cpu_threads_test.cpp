@@ -61,36 +61,37 @@ TEST(CpuThreads, OutputIsBitIdenticalForAnyThreadCount) {
   auto head = [&](const MaskSpec& spec) {
     return HeadMask{spec, spec.natural_order(), TilePlan::build(grid, spec, tile), true};
   };
-  const std::vector<HeadMask> heads{head(mask_for_density(grid, SparseKind::Spatial, 0.3)),
-                                    head(mask_for_density(grid, SparseKind::Temporal, 0.1)),
-                                    head(mask_for_density(grid, SparseKind::FrameWindow, 0.5)),
-                                    head(MaskSpec::dense())};
+  const std::vector<HeadMask> heads{
+      head(mask_for_density(grid, SparseKind::Spatial, 0.3)), head(mask_for_density(grid, SparseKind::Temporal, 0.1)),
+      head(mask_for_density(grid, SparseKind::FrameWindow, 0.5)), head(MaskSpec::dense())};
   const std::uint64_t seed = testing::fresh_seed();
-  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
-    if (!cpu::machine_supports(isa)) continue;
-    SCOPED_TRACE(std::string(to_string(isa)) + " seed " + std::to_string(seed));
-    std::vector<std::byte> first_o;
-    std::vector<float> first_lse;
-    for (int threads : {1, 2, 3, 8}) {
-      auto problem = testing::make_problem(layout, DType::F32, heads, seed);
-      make_cpu_backend({isa, threads})->run(problem.call());
-      const AttentionCall call = problem.call();
-      std::vector<float> lse;
-      for (std::int64_t b = 0; b < layout.batch; ++b)
-        for (std::int64_t h = 0; h < layout.heads; ++h)
-          for (std::int64_t n = 0; n < layout.tokens(); ++n) lse.push_back(call.lse.at(b, h, n));
-      if (threads == 1) {
-        first_o = bytes_of(call.o);
-        first_lse = lse;
-        const auto cmp = testing::compare_with_reference(problem, 64, seed);
-        EXPECT_TRUE(cmp.ok()) << cmp.failure;
-        continue;
+  // bf16 inputs take the bf16 dot product on AVX-512 and the tile products on AMX.
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx})
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      if (!cpu::machine_supports(isa)) continue;
+      SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) + " seed " + std::to_string(seed));
+      std::vector<std::byte> first_o;
+      std::vector<float> first_lse;
+      for (int threads : {1, 2, 3, 8}) {
+        auto problem = testing::make_problem(layout, dtype, heads, seed);
+        make_cpu_backend({isa, threads})->run(problem.call());
+        const AttentionCall call = problem.call();
+        std::vector<float> lse;
+        for (std::int64_t b = 0; b < layout.batch; ++b)
+          for (std::int64_t h = 0; h < layout.heads; ++h)
+            for (std::int64_t n = 0; n < layout.tokens(); ++n) lse.push_back(call.lse.at(b, h, n));
+        if (threads == 1) {
+          first_o = bytes_of(call.o);
+          first_lse = lse;
+          const auto cmp = testing::compare_with_reference(problem, 64, seed);
+          EXPECT_TRUE(cmp.ok()) << cmp.failure;
+          continue;
+        }
+        EXPECT_TRUE(bytes_of(call.o) == first_o) << threads << " threads changed O";
+        EXPECT_EQ(std::memcmp(lse.data(), first_lse.data(), lse.size() * sizeof(float)), 0)
+            << threads << " threads changed LSE";
       }
-      EXPECT_TRUE(bytes_of(call.o) == first_o) << threads << " threads changed O";
-      EXPECT_EQ(std::memcmp(lse.data(), first_lse.data(), lse.size() * sizeof(float)), 0)
-          << threads << " threads changed LSE";
     }
-  }
 }
 
 TEST(CpuThreads, OneBackendServesConcurrentCallers) {
@@ -98,8 +99,8 @@ TEST(CpuThreads, OneBackendServesConcurrentCallers) {
   const VideoGrid grid{2, 6, 6, 0, TextPlacement::After};
   const VideoLayout layout{grid, 1, 2, 64};
   const MaskSpec spec = mask_for_density(grid, SparseKind::Spatial, 0.4);
-  const std::vector<HeadMask> heads(2, HeadMask{spec, spec.natural_order(), TilePlan::build(grid, spec, {64, 64}),
-                                                true});
+  const std::vector<HeadMask> heads(2,
+                                    HeadMask{spec, spec.natural_order(), TilePlan::build(grid, spec, {64, 64}), true});
   const auto backend = make_cpu_backend({Isa::Auto, 2});
   std::vector<testing::Problem> problems;
   for (int i = 0; i < 3; ++i) problems.push_back(testing::make_problem(layout, DType::F32, heads, 100 + i));

@@ -1,5 +1,5 @@
 // The CPU backend: flash-style online softmax over a tile plan, SIMD kernels
-// chosen at run time (AVX-512, AVX2+FMA, scalar), all cores.
+// chosen at run time (AMX tiles for bf16, AVX-512, AVX2+FMA, scalar), all cores.
 #pragma once
 
 #include <memory>
@@ -9,9 +9,12 @@
 
 namespace stsa {
 
-enum class Isa : std::uint8_t { Auto, Scalar, Avx2, Avx512 };
+// Amx: AVX-512 plus AMX tile products for calls with bf16 Q, K and V and a head
+// dim that is a multiple of 32 (their error bound is the AVX-512 kernel's);
+// every other call runs the AVX-512 kernel.
+enum class Isa : std::uint8_t { Auto, Scalar, Avx2, Avx512, Amx };
 std::string_view to_string(Isa isa);
-Isa parse_isa(std::string_view name);  // "auto" | "scalar" | "avx2" | "avx512"
+Isa parse_isa(std::string_view name);  // "auto" | "scalar" | "avx2" | "avx512" | "amx"
 Isa best_isa();                        // what this machine supports (STSA_ISA in the environment caps it)
 
 struct CpuOptions {
@@ -27,7 +30,12 @@ std::unique_ptr<Backend> make_cpu_backend(CpuOptions options = {});
 Isa resolve_isa(Isa requested);
 int resolve_threads(int requested);
 
+// Whether the CPU backend running `isa` (resolved, not Auto) computes `call` with AMX tile products.
+bool runs_on_amx(Isa isa, const AttentionCall& call);
+
 // Measured fused-multiply-add peak of this machine with `threads` threads (0: all), GFLOP/s.
 double measure_fma_peak_gflops(int threads = 0, double seconds = 0.2);
+// Measured peak of AMX bf16 tile products (TDPBF16PS), GFLOP/s; Unsupported without AMX.
+double measure_amx_peak_gflops(int threads = 0, double seconds = 0.2);
 
 }  // namespace stsa

@@ -1,6 +1,7 @@
 // `stsa bench`: the CPU backend, dense and sparse on the same random inputs,
 // timed in one run (by the harness in src/bench) against this machine's
-// measured FMA peak and checked against the fp64 reference. (--dist hands over
+// measured peak of the units the kernel runs on (FMA, or AMX tiles for bf16)
+// and checked against the fp64 reference. (--dist hands over
 // to cmd_bench_dist.cpp.)
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -41,8 +42,9 @@ void print_text(const nlohmann::json& r) {
   std::printf("mask %s: kept fraction %.4f, tile density %.4f (%lld full, %lld partial tiles)\n",
               r["mask"].get<std::string>().c_str(), f("kept_fraction"), f("tile_density"),
               (long long)r["tiles_full"].get<std::int64_t>(), (long long)r["tiles_partial"].get<std::int64_t>());
-  std::printf("cpu backend: %s, %lld threads; FMA peak measured %.1f GFLOP/s\n", r["isa"].get<std::string>().c_str(),
-              (long long)r["threads"].get<std::int64_t>(), f("peak_gflops"));
+  std::printf("cpu backend: %s, %lld threads; %s peak measured %.1f GFLOP/s\n", r["isa"].get<std::string>().c_str(),
+              (long long)r["threads"].get<std::int64_t>(), r["peak_of"] == "amx" ? "AMX bf16 tile" : "FMA",
+              f("peak_gflops"));
   std::printf("dense : %9.2f ms  %7.1f GFLOP/s  (%.2f of peak)\n", f("dense_ms"), f("dense_gflops"),
               f("peak_fraction"));
   std::printf("sparse: %9.2f ms  %7.1f GFLOP/s on kept tiles (%.2f of peak), %.1f dense-equivalent\n", f("sparse_ms"),
@@ -88,10 +90,12 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   }
   const BenchErrors errors =
       check_dense_and_sparse(dense, sparse, c.plan, args.check_rows, args.seed, progress);
+  // The ceiling of the units the kernel runs on: AMX tile products take bf16 calls where there is AMX.
+  const bool amx = runs_on_amx(isa, dense);
   double peak = 0;
   {
-    Progress p("measuring the FMA peak", progress);
-    peak = measure_fma_peak_gflops(threads, 0.3);
+    Progress p(amx ? "measuring the AMX peak" : "measuring the FMA peak", progress);
+    peak = amx ? measure_amx_peak_gflops(threads, 0.3) : measure_fma_peak_gflops(threads, 0.3);
   }
 
   const bench::AttentionWork work = bench::attention_work(options.layout, *c.plan);
@@ -115,6 +119,7 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
       {"sparse_gflops_on_kept_tiles", kept_gflops},
       {"sparse_gflops_dense_equivalent", bench::gflops(work.dense_flops, sparse_ms)},
       {"peak_gflops", peak},
+      {"peak_of", amx ? "amx" : "fma"},
       {"peak_fraction", bench::fraction_of_peak(dense_gflops, peak)},
       {"sparse_peak_fraction", bench::fraction_of_peak(kept_gflops, peak)},
       {"speedup_cpu_time", bench::speedup(dense_cpu_ms, sparse_cpu_ms)},
@@ -157,8 +162,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "threads (0: STSA_THREADS or all)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
-  cmd->add_option("--isa", args->isa, "auto | scalar | avx2 | avx512")
-      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}))
+  cmd->add_option("--isa", args->isa, "auto | scalar | avx2 | avx512 | amx (AVX-512 with AMX tiles for bf16)")
+      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "amx"}))
       ->capture_default_str();
   cmd->add_option("--repeats", args->repeats, "timed runs (median; after one warm-up)")
       ->check(CLI::Range(1, 1000))

@@ -46,8 +46,9 @@ void run_demo() {
   std::printf("   dense %.2f ms, sparse %.2f ms: %.2fx faster (ideal %.2fx from tile density %.3f)\n",
               json_double(r["dense_ms"]), json_double(r["sparse_ms"]), json_double(r["speedup"]),
               1.0 / json_double(r["tile_density"]), json_double(r["tile_density"]));
-  std::printf("   dense kernel %.1f GFLOP/s = %.2f of this machine's measured FMA peak (%.1f GFLOP/s)\n",
-              json_double(r["dense_gflops"]), json_double(r["peak_fraction"]), json_double(r["peak_gflops"]));
+  std::printf("   dense kernel %.1f GFLOP/s = %.2f of this machine's measured %s peak (%.1f GFLOP/s)\n",
+              json_double(r["dense_gflops"]), json_double(r["peak_fraction"]),
+              r["peak_of"] == "amx" ? "AMX bf16 tile" : "FMA", json_double(r["peak_gflops"]));
   std::printf("   error vs the fp64 reference on sampled rows: rel L2 %.2e, max abs %.2e\n",
               json_double(r["rel_l2_err"]), json_double(r["max_abs_err"]));
 
@@ -64,7 +65,10 @@ void run_demo() {
               (long long)route.grid.width);
   const nlohmann::json routed = run_route(route);
   std::string decisions;
-  for (const auto& d : routed["decisions"]) decisions += (decisions.empty() ? "" : " ") + d.get<std::string>();
+  for (const auto& d : routed["decisions"]) {
+    if (!decisions.empty()) decisions += ' ';
+    decisions += d.get<std::string>();
+  }
   std::printf("   decisions: %s\n   accuracy against the known kinds: %.2f\n", decisions.c_str(),
               routed["accuracy"].is_null() ? 0.0 : routed["accuracy"].get<double>());
   std::printf("   error of the routed sparse output vs dense attention: rel L2 %.4f (temporal heads %.4f;\n"

@@ -1,6 +1,6 @@
 // The CPU backend: checks the call, packs K/V of each (batch, head) once, and
 // spreads (batch, head, query tile) work items over a thread pool; the math is
-// in kernel_impl.hpp, compiled per instruction set.
+// in kernel_impl.hpp, compiled per instruction set, and in kernel_amx.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -48,10 +48,15 @@ class AlignedBuffer {
 };
 using FloatBuffer = AlignedBuffer<float>;
 using PairBuffer = AlignedBuffer<std::uint32_t>;  // bf16 pairs (pack.hpp: bf16_pair)
+using Bf16Buffer = AlignedBuffer<std::uint16_t>;
 
+std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
+
+// The SIMD kernel of `isa`; with Amx, the AVX-512 one (what calls the tile kernel does not take run).
 AttendFn kernel_for(Isa isa, std::int64_t head_dim) {
   if (head_dim <= 0 || head_dim > 1024) return nullptr;
   switch (isa) {
+    case Isa::Amx:
     case Isa::Avx512: return attend_avx512(int(head_dim));
     case Isa::Avx2: return attend_avx2(int(head_dim));
     default: return attend_scalar(int(head_dim));
@@ -77,8 +82,9 @@ struct PairWork {
   std::int64_t batch = 0, head = 0;
   const TilePlan* plan = nullptr;
   // Offsets into the chunk's buffers: the fp32 Kt panel (absent when K is packed
-  // as bf16 pairs) and the V panel in floats, the bf16-pair K panel in words.
-  std::int64_t kt_offset = 0, v_offset = 0, pair_offset = 0;
+  // as bf16 pairs) and the V panel in floats; the bf16-pair K and V panels in
+  // words (V pairs only for the AMX kernel).
+  std::int64_t kt_offset = 0, v_offset = 0, pair_offset = 0, v_pair_offset = 0;
   bool v_nonfinite = false;
 };
 
@@ -91,6 +97,7 @@ struct TileItem {
 struct WorkerScratch {
   FloatBuffer q, o, m, l, s;
   PairBuffer q_pairs;
+  Bf16Buffer p_parts;  // the AMX kernel's split P
   std::vector<const std::uint64_t*> masks;
 };
 
@@ -127,14 +134,15 @@ class CpuBackend final : public Backend {
   void compute(const AttentionCall& call) const {
     const VideoLayout& layout = call.layout;
     const std::int64_t d = layout.head_dim;
-    const AttendFn attend = kernel_for(isa_.isa, d);
+    const bool amx = runs_on_amx(isa_.isa, call);
+    const AttendFn attend = amx ? attend_amx(int(d)) : kernel_for(isa_.isa, d);
     // Q only takes the scale's sign (exact); its magnitude goes into the kernel's exp2.
     const float q_scale = call.scale() < 0 ? -1.0f : 1.0f;
     const double score_scale = std::abs(double(call.scale()));
     const float exp_scale = float(score_scale * 1.44269504088896340736);
     // bf16 inputs on AVX-512 (which here includes BF16) compute S = Q K^T from bf16
-    // pairs with VDPBF16PS: the values are exact either way, the products too.
-    const bool bf16_pairs = isa_.isa == Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16;
+    // pairs with VDPBF16PS or tile products: the values are exact either way, the products too.
+    const bool bf16_pairs = isa_.isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16;
 
     std::vector<PairWork> pairs;
     for (std::int64_t b = 0; b < layout.batch; ++b)
@@ -151,13 +159,16 @@ class CpuBackend final : public Backend {
     }
     std::vector<WorkerScratch>& scratch = scratch_;
     scratch.resize(std::size_t(pool_->size()));
+    // The AMX kernel reads and writes whole tiles of rows.
+    const std::int64_t max_rows = amx ? round_up(max_q, kAmxRowPad) : max_q;
     for (auto& w : scratch) {
       w.q.resize(max_q * d);
-      w.o.resize(max_q * d);
+      w.o.resize(max_rows * d);
       w.m.resize(max_q);
       w.l.resize(max_q);
       w.s.resize(std::int64_t(kScratchRows) * max_k);
-      if (bf16_pairs) w.q_pairs.resize(max_q * d / 2);
+      if (bf16_pairs) w.q_pairs.resize(max_rows * d / 2);
+      if (amx) w.p_parts.resize(std::int64_t(kAmxPartRows) * max_k);
       if (w.masks.size() < std::size_t(max_partial)) w.masks.resize(std::size_t(max_partial));
     }
 
@@ -170,27 +181,31 @@ class CpuBackend final : public Backend {
       while (last < pairs.size()) {
         const TilePlan& plan = *pairs[last].plan;
         const std::int64_t panel = plan.k_tiles() * plan.tile().k * d;  // elements of K (or V) for all key tiles
-        const std::int64_t kt_floats = bf16_pairs ? 0 : panel, words = bf16_pairs ? panel / 2 : 0;
-        const std::int64_t bytes = (floats + kt_floats + panel + pair_words + words) * std::int64_t(sizeof(float));
+        const std::int64_t kt_floats = bf16_pairs ? 0 : panel;
+        const std::int64_t k_words = bf16_pairs ? panel / 2 : 0, v_words = amx ? panel / 2 : 0;
+        const std::int64_t bytes =
+            (floats + kt_floats + panel + pair_words + k_words + v_words) * std::int64_t(sizeof(float));
         if (last > first && bytes > kPanelBudgetBytes) break;
         pairs[last].kt_offset = floats;
         pairs[last].v_offset = floats + kt_floats;
         pairs[last].pair_offset = pair_words;
+        pairs[last].v_pair_offset = pair_words + k_words;
         floats += kt_floats + panel;
-        pair_words += words;
+        pair_words += k_words + v_words;
         ++last;
       }
       panels.resize(floats);
       if (bf16_pairs) pair_panels_.resize(pair_words);
-      run_chunk(call, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, attend, q_scale,
-                exp_scale, score_scale, scratch);
+      run_chunk(call, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, amx, attend,
+                q_scale, exp_scale, score_scale, scratch);
       first = last;
     }
   }
 
-  // pair_panels: bf16-pair K panels (S = Q K^T from bf16 pairs), nullptr for the fp32 path.
+  // pair_panels: bf16-pair K panels (S = Q K^T from bf16 pairs), and with `amx`
+  // the V ones too; nullptr for the fp32 path.
   void run_chunk(const AttentionCall& call, std::vector<PairWork>& pairs, std::size_t first, std::size_t last,
-                 float* panels, std::uint32_t* pair_panels, AttendFn attend, float q_scale, float exp_scale,
+                 float* panels, std::uint32_t* pair_panels, bool amx, AttendFn attend, float q_scale, float exp_scale,
                  double score_scale, std::vector<WorkerScratch>& scratch) const {
     const std::int64_t d = call.layout.head_dim;
     const std::int64_t n = call.layout.tokens();
@@ -219,7 +234,9 @@ class CpuBackend final : public Backend {
       float* kt = pair_panels ? nullptr : panels + pw.kt_offset + tile * d * tile_k;
       float* v = panels + pw.v_offset + tile * tile_k * d;
       std::uint32_t* kt_pairs = pair_panels ? pair_panels + pw.pair_offset + tile * d / 2 * tile_k : nullptr;
-      nonfinite[std::size_t(i)] = pack_kv_tile(call.k, call.v, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs);
+      std::uint32_t* v_pairs = amx ? pair_panels + pw.v_pair_offset + tile * tile_k / 2 * d : nullptr;
+      nonfinite[std::size_t(i)] =
+          pack_kv_tile(call.k, call.v, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs, v_pairs);
     });
     for (std::size_t i = 0; i < packs.size(); ++i)
       if (nonfinite[i]) pairs[packs[i].pair].v_nonfinite = true;
@@ -245,9 +262,13 @@ class CpuBackend final : public Backend {
       const std::int64_t q0 = std::int64_t(item.q_tile) * tile_q;
       const int rows = int(std::min<std::int64_t>(tile_q, n - q0));
       for (int r = 0; r < rows; ++r) load_row(call.q, pw.batch, q0 + r, pw.head, q_scale, w.q.data() + r * d);
-      if (pair_panels != nullptr)
+      if (pair_panels != nullptr) {
         for (std::int64_t e = 0; e < std::int64_t(rows) * d / 2; ++e)
           w.q_pairs.data()[e] = bf16_pair(w.q.data()[2 * e], w.q.data()[2 * e + 1]);
+        if (amx)
+          std::fill(w.q_pairs.data() + std::int64_t(rows) * d / 2,
+                    w.q_pairs.data() + round_up(rows, kAmxRowPad) * d / 2, 0u);
+      }
 
       const auto full = plan.full_tiles(item.q_tile);
       const auto partial = plan.partial_tiles(item.q_tile);
@@ -266,6 +287,10 @@ class CpuBackend final : public Backend {
       if (pair_panels != nullptr) {
         job.q_pairs = w.q_pairs.data();
         job.kv.kt_pairs = pair_panels + pw.pair_offset;
+      }
+      if (amx) {
+        job.kv.v_pairs = pair_panels + pw.v_pair_offset;
+        job.p_parts = w.p_parts.data();
       }
       job.full = full.data();
       job.n_full = int(full.size());
@@ -309,6 +334,13 @@ int resolve_threads(int requested) {
   const int threads = cpu::threads_from(requested, why);
   if (!why.empty()) throw InvalidArgument(why);
   return threads;
+}
+
+bool runs_on_amx(Isa isa, const AttentionCall& call) {
+  // The tile products read V as bf16 pairs too, so all three must be bf16 (exact).
+  return isa == Isa::Amx && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16 &&
+         call.v.dtype == DType::BF16 && call.layout.head_dim > 0 && call.layout.head_dim <= 1024 &&
+         cpu::attend_amx(int(call.layout.head_dim)) != nullptr;
 }
 
 std::unique_ptr<Backend> make_cpu_backend(CpuOptions options) {

@@ -1,5 +1,6 @@
 // measure_fma_peak_gflops: how many fp32 FLOP/s this machine's FMA units give
-// with the best instruction set, the ceiling benchmarks report a fraction of.
+// with the best instruction set; measure_amx_peak_gflops: the same for AMX bf16
+// tile products. They are the ceilings benchmarks report a fraction of.
 // Each thread times its loop in its own CPU time, so other jobs on a shared
 // machine slow the measurement down but do not lower the figure.
 #include <algorithm>
@@ -28,6 +29,10 @@ float fma_chains_portable(std::int64_t iterations) {
   return sum;
 }
 
+using Chains = float (*)(std::int64_t iterations);
+
+double measure_peak(Chains chains, int flops_per_iteration, int threads, double seconds);
+
 }  // namespace
 
 float fma_chains_scalar(std::int64_t iterations) { return fma_chains_portable(iterations); }
@@ -36,19 +41,28 @@ int fma_chain_flops_per_iteration_scalar() { return 12 * 2; }
 }  // namespace cpu
 
 double measure_fma_peak_gflops(int threads, double seconds) {
+  const Isa isa = cpu::machine_best_isa();
+  if (isa >= Isa::Avx512)
+    return cpu::measure_peak(cpu::fma_chains_avx512, cpu::fma_chain_flops_per_iteration_avx512(), threads, seconds);
+  if (isa == Isa::Avx2)
+    return cpu::measure_peak(cpu::fma_chains_avx2, cpu::fma_chain_flops_per_iteration_avx2(), threads, seconds);
+  return cpu::measure_peak(cpu::fma_chains_scalar, cpu::fma_chain_flops_per_iteration_scalar(), threads, seconds);
+}
+
+double measure_amx_peak_gflops(int threads, double seconds) {
+  if (!cpu::machine_supports(Isa::Amx))
+    throw Unsupported("measure_amx_peak_gflops: this CPU (or its operating system) gives no AMX tiles");
+  return cpu::measure_peak(cpu::tile_product_chains_amx, cpu::tile_product_flops_per_iteration_amx(), threads,
+                           seconds);
+}
+
+namespace cpu {
+namespace {
+
+double measure_peak(Chains chains, int flops_per_iteration, int threads, double seconds) {
   STSA_CHECK(threads >= 0, InvalidArgument, "threads must be >= 0 (0: all), got ", threads);
   STSA_CHECK(seconds > 0 && seconds <= 60, InvalidArgument, "seconds must be in (0, 60], got ", seconds);
   if (threads == 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  const Isa isa = cpu::machine_best_isa();
-  float (*chains)(std::int64_t) = cpu::fma_chains_scalar;
-  int flops_per_iteration = cpu::fma_chain_flops_per_iteration_scalar();
-  if (isa == Isa::Avx512) {
-    chains = cpu::fma_chains_avx512;
-    flops_per_iteration = cpu::fma_chain_flops_per_iteration_avx512();
-  } else if (isa == Isa::Avx2) {
-    chains = cpu::fma_chains_avx2;
-    flops_per_iteration = cpu::fma_chain_flops_per_iteration_avx2();
-  }
 
   using Clock = std::chrono::steady_clock;
   constexpr std::int64_t kBatch = 1 << 16;  // iterations between clock reads
@@ -99,4 +113,6 @@ double measure_fma_peak_gflops(int threads, double seconds) {
   return gflops;
 }
 
+}  // namespace
+}  // namespace cpu
 }  // namespace stsa

@@ -1,5 +1,8 @@
 #include "cpu/isa.hpp"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string_view>
 
@@ -17,6 +20,8 @@ std::string_view to_string(Isa isa) {
       return "avx2";
     case Isa::Avx512:
       return "avx512";
+    case Isa::Amx:
+      return "amx";
   }
   return "?";
 }
@@ -26,7 +31,9 @@ Isa parse_isa(std::string_view name) {
   if (name == "scalar") return Isa::Scalar;
   if (name == "avx2") return Isa::Avx2;
   if (name == "avx512") return Isa::Avx512;
-  throw InvalidArgument(detail::concat("unknown instruction set '", name, "' (expected auto, scalar, avx2 or avx512)"));
+  if (name == "amx") return Isa::Amx;
+  throw InvalidArgument(
+      detail::concat("unknown instruction set '", name, "' (expected auto, scalar, avx2, avx512 or amx)"));
 }
 
 Isa best_isa() {
@@ -35,11 +42,26 @@ Isa best_isa() {
   if (env == nullptr || *env == '\0') return machine;
   const Isa cap = parse_isa(env);
   if (cap == Isa::Auto) return machine;
-  // Isa values are ordered Scalar < Avx2 < Avx512, so the cap is a minimum.
+  // Isa values are ordered Scalar < Avx2 < Avx512 < Amx, so the cap is a minimum.
   return cap < machine ? cap : machine;
 }
 
 namespace cpu {
+namespace {
+
+// Linux hands out the AMX register state only to processes that ask for it
+// (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, once, for all threads); a kernel
+// without AMX support, or a sigaltstack too small for the state, refuses.
+bool amx_permitted() {
+  static const bool permitted = [] {
+    constexpr int kArchReqXcompPerm = 0x1023;
+    constexpr int kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return permitted;
+}
+
+}  // namespace
 
 bool machine_supports(Isa isa) {
   __builtin_cpu_init();
@@ -54,11 +76,15 @@ bool machine_supports(Isa isa) {
       return machine_supports(Isa::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512bf16");
+    case Isa::Amx:
+      return machine_supports(Isa::Avx512) && __builtin_cpu_supports("amx-tile") &&
+             __builtin_cpu_supports("amx-bf16") && amx_permitted();
   }
   return false;
 }
 
 Isa machine_best_isa() {
+  if (machine_supports(Isa::Amx)) return Isa::Amx;
   if (machine_supports(Isa::Avx512)) return Isa::Avx512;
   if (machine_supports(Isa::Avx2)) return Isa::Avx2;
   return Isa::Scalar;

@@ -17,6 +17,9 @@ struct KvPanels {
   // [head_dim / 2][tile_k] at kt_pairs + t * head_dim / 2 * tile_k (kt unused).
   const std::uint32_t* kt_pairs = nullptr;
   const float* v = nullptr;    // [k_tiles * tile_k][head_dim]; rows past the sequence are zero
+  // For attend_amx: V as bf16 pairs of consecutive keys (the tile product's right
+  // operand), per key tile t [tile_k / 2][head_dim] at v_pairs + t * tile_k / 2 * head_dim.
+  const std::uint32_t* v_pairs = nullptr;
   bool v_nonfinite = false;    // some V value is Inf/NaN: masked columns must then be skipped, not multiplied by 0
 };
 
@@ -42,10 +45,19 @@ struct QueryTileJob {
   float* m = nullptr;        // [rows]
   float* l = nullptr;        // [rows]
   float* scratch = nullptr;  // at least kScratchRows * tile_k floats
+  // attend_amx only: P split into bf16 parts, kAmxPartRows * tile_k values.
+  // It also reads q_pairs and writes o for the rows up to the next multiple of
+  // kAmxRowPad; the q_pairs rows past `rows` must be zero.
+  std::uint16_t* p_parts = nullptr;
 };
 
 // Rows of scores the kernels keep at once; scratch must hold this many rows of tile_k.
 inline constexpr int kScratchRows = 48;
+
+// attend_amx: query rows are padded to a multiple of this (one tile's rows);
+// its P parts (three per row of a 32-row block) take this many rows of tile_k bf16.
+inline constexpr int kAmxRowPad = 16;
+inline constexpr int kAmxPartRows = 3 * 32;
 
 using AttendFn = void (*)(const QueryTileJob& job);
 
@@ -53,6 +65,9 @@ using AttendFn = void (*)(const QueryTileJob& job);
 AttendFn attend_scalar(int head_dim);
 AttendFn attend_avx2(int head_dim);
 AttendFn attend_avx512(int head_dim);
+// S = Q K^T and O += P V as AMX tile products from q_pairs, kv.kt_pairs and
+// kv.v_pairs (bf16 Q, K, V); head dims that are a multiple of 32.
+AttendFn attend_amx(int head_dim);
 
 // 12 independent FMA chains for `iterations` rounds; returns a value that depends on all of them.
 float fma_chains_scalar(std::int64_t iterations);
@@ -62,5 +77,8 @@ float fma_chains_avx512(std::int64_t iterations);
 int fma_chain_flops_per_iteration_scalar();
 int fma_chain_flops_per_iteration_avx2();
 int fma_chain_flops_per_iteration_avx512();
+// The same for AMX bf16 tile products (TDPBF16PS); the caller has AMX permission.
+float tile_product_chains_amx(std::int64_t iterations);
+int tile_product_flops_per_iteration_amx();
 
 }  // namespace stsa::cpu

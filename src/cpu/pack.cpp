@@ -39,7 +39,7 @@ void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t 
 }
 
 bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t tile,
-                  int tile_k, float* kt, float* v_rows, std::uint32_t* kt_pairs) {
+                  int tile_k, float* kt, float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs) {
   const std::int64_t d_count = k.head_dim();
   const std::int64_t n0 = tile * tile_k;
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
@@ -64,6 +64,10 @@ bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std:
       for (std::int64_t c = valid; c < tile_k; ++c) kt[d * tile_k + c] = 0.0f;
   }
   if (valid < tile_k) std::memset(v_rows + valid * d_count, 0, std::size_t((tile_k - valid) * d_count) * sizeof(float));
+  if (v_pairs != nullptr)
+    for (std::int64_t c2 = 0; c2 < tile_k / 2; ++c2)
+      for (std::int64_t d = 0; d < d_count; ++d)
+        v_pairs[c2 * d_count + d] = bf16_pair(v_rows[2 * c2 * d_count + d], v_rows[(2 * c2 + 1) * d_count + d]);
   return nonfinite;
 }
 

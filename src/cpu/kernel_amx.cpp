@@ -1,0 +1,198 @@
+// The attention kernel for bf16 Q, K, V on CPUs with AMX (built with the flags
+// src/cpu/CMakeLists.txt gives *_amx.cpp): S = Q K^T and O += P V are tile
+// products (TDPBF16PS: bf16 pairs, products exact, sums in fp32); masking and
+// the online softmax are kernel_impl.hpp's AVX-512 code.
+//
+// P is fp32 after the softmax. Rounding it to bf16 for the tile product would
+// add up to 2^-9 of each term, far above the fp32 kernel's error; instead it is
+// split into three bf16 parts, hi + mid + lo = P exactly (8 + 8 + 8 significand
+// bits), each multiplied with V. Every product stays exact and every sum fp32,
+// so this kernel has the fp32-P kernel's error bound at three times the P V
+// tile work, which is still small next to the softmax.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "cpu/kernel.hpp"
+
+namespace stsa::cpu {
+namespace {
+
+#include "cpu/amx_tiles.hpp"
+#include "cpu/vec_avx512.hpp"
+// After Vec and the register budget, which it is written against:
+#include "cpu/kernel_impl.hpp"
+
+constexpr int kBlockRows = 32;  // query rows per block: two tiles
+static_assert(kAmxPartRows == 3 * kBlockRows && kBlockRows <= kScratchRows && kAmxRowPad == 16);
+
+// S[16 * kRowTiles][cols] = Q K^T for one block; q: bf16 pairs, kD / 2 per row;
+// kt: the key tile's pairs [kD / 2][tile_k]; s: row stride tile_k.
+template <int kD, int kRowTiles>
+void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int cols, float* s) {
+  constexpr long kQBytes = kD / 2 * 4;
+  const long kt_bytes = long(tile_k) * 4, s_bytes = long(tile_k) * 4;
+  for (int n0 = 0; n0 < cols; n0 += 32) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (kRowTiles == 2) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int p0 = 0; p0 < kD / 2; p0 += 16) {  // 16 pairs: 32 channels per product
+      _tile_loadd(4, q + p0, kQBytes);
+      _tile_loadd(6, kt + std::int64_t(p0) * tile_k + n0, kt_bytes);
+      _tile_loadd(7, kt + std::int64_t(p0) * tile_k + n0 + 16, kt_bytes);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if constexpr (kRowTiles == 2) {
+        _tile_loadd(5, q + 16 * (kD / 2) + p0, kQBytes);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, s + n0, s_bytes);
+    _tile_stored(1, s + n0 + 16, s_bytes);
+    if constexpr (kRowTiles == 2) {
+      _tile_stored(2, s + 16 * tile_k + n0, s_bytes);
+      _tile_stored(3, s + 16 * tile_k + n0 + 16, s_bytes);
+    }
+  }
+}
+
+// P[rows][cols] (row stride tile_k) as three bf16 parts whose sum is P: part j of
+// row i at parts + (j * kBlockRows + i) * tile_k. Each remainder is exact in fp32,
+// and 24 significand bits fit in three parts of 8 (only values below ~2^-110,
+// nothing next to a row's largest P = 1, lose their last part to bf16's range).
+void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* parts) {
+  const std::int64_t part = std::int64_t(kBlockRows) * tile_k;
+  for (int i = 0; i < rows; ++i)
+    for (int c = 0; c < cols; c += 16) {
+      const __m512 x = _mm512_loadu_ps(p + std::int64_t(i) * tile_k + c);
+      const __m256bh hi = _mm512_cvtneps_pbh(x);
+      const __m512 r1 = _mm512_sub_ps(x, _mm512_cvtpbh_ps(hi));
+      const __m256bh mid = _mm512_cvtneps_pbh(r1);
+      const __m256bh lo = _mm512_cvtneps_pbh(_mm512_sub_ps(r1, _mm512_cvtpbh_ps(mid)));
+      std::uint16_t* at = parts + std::int64_t(i) * tile_k + c;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), __m256i(hi));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + part), __m256i(mid));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + 2 * part), __m256i(lo));
+    }
+}
+
+// O[16 * kRowTiles][kD] += (hi + mid + lo) V over the first `cols` keys; v: the
+// key tile's pairs [tile_k / 2][kD]; o: row stride kD.
+template <int kD, int kRowTiles>
+void pv_tiles(const std::uint16_t* parts, int tile_k, const std::uint32_t* v, int cols, float* o) {
+  constexpr long kRowBytes = kD * 4;  // of O and of the V pairs
+  const long p_bytes = long(tile_k) * 2;
+  const std::int64_t part = std::int64_t(kBlockRows) * tile_k;
+  for (int d0 = 0; d0 < kD; d0 += 32) {
+    _tile_loadd(0, o + d0, kRowBytes);
+    _tile_loadd(1, o + d0 + 16, kRowBytes);
+    if constexpr (kRowTiles == 2) {
+      _tile_loadd(2, o + 16 * kD + d0, kRowBytes);
+      _tile_loadd(3, o + 16 * kD + d0 + 16, kRowBytes);
+    }
+    for (int c = 0; c < cols; c += 32) {
+      _tile_loadd(6, v + std::int64_t(c / 2) * kD + d0, kRowBytes);
+      _tile_loadd(7, v + std::int64_t(c / 2) * kD + d0 + 16, kRowBytes);
+      for (int j = 2; j >= 0; --j) {  // smallest part first
+        const std::uint16_t* a = parts + j * part + c;
+        _tile_loadd(4, a, p_bytes);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if constexpr (kRowTiles == 2) {
+          _tile_loadd(5, a + 16 * tile_k, p_bytes);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+    }
+    _tile_stored(0, o + d0, kRowBytes);
+    _tile_stored(1, o + d0 + 16, kRowBytes);
+    if constexpr (kRowTiles == 2) {
+      _tile_stored(2, o + 16 * kD + d0, kRowBytes);
+      _tile_stored(3, o + 16 * kD + d0 + 16, kRowBytes);
+    }
+  }
+}
+
+// One key tile for one block of rows: kRowTiles * 16 rows from row r0, `rows` of them real.
+template <int kD, int kRowTiles>
+void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, const std::uint64_t* mask,
+                 int valid_cols, bool partial) {
+  const int tile_k = job.tile_k;
+  const int cols = (valid_cols + 31) / 32 * 32;  // keys computed (K and V are zero past the sequence)
+  const bool masked = partial || valid_cols < tile_k;
+  const std::uint64_t* block_mask = mask ? mask + std::int64_t(r0) * job.mask_words : nullptr;
+  float* o = job.o + std::int64_t(r0) * kD;
+  float* s = job.scratch;
+  qk_tiles<kD, kRowTiles>(job.q_pairs + std::int64_t(r0) * (kD / 2),
+                          job.kv.kt_pairs + std::int64_t(tile) * (kD / 2) * tile_k, tile_k, cols, s);
+  if (masked)
+    softmax_rows<kD, true>(s, tile_k, rows, cols, valid_cols, block_mask, job.mask_words, job.exp_scale, job.m + r0,
+                           job.l + r0, o);
+  else
+    softmax_rows<kD, false>(s, tile_k, rows, cols, valid_cols, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0, o);
+  if (job.kv.v_nonfinite) {
+    // 0 x Inf would be NaN in a tile product (and a zero part of P meets every
+    // V), so the fp32 P V runs, skipping masked columns in partial tiles.
+    const float* v = job.kv.v + std::int64_t(tile) * tile_k * kD;
+    if (partial)
+      pv_rows_skipping_masked<kD>(s, tile_k, rows, v, valid_cols, o, block_mask, job.mask_words);
+    else
+      pv_rows<kD, PvShape<kD>::kRows>(s, tile_k, rows, v, valid_cols, o);
+    return;
+  }
+  // Padding rows hold S = 0 (zero Q rows), so their parts are zero and finite.
+  split_p(s, kRowTiles * 16, cols, tile_k, job.p_parts);
+  pv_tiles<kD, kRowTiles>(job.p_parts, tile_k, job.kv.v_pairs + std::int64_t(tile) * (tile_k / 2) * kD, cols, o);
+}
+
+template <int kD>
+void attend_tiles(const QueryTileJob& job) {
+  static_assert(kD % 32 == 0, "tile products take 32 channels at a time");
+  const TileConfig config = square_tiles();
+  _tile_loadconfig(&config);
+  const int padded = (job.rows + kAmxRowPad - 1) / kAmxRowPad * kAmxRowPad;
+  for (int i = 0; i < job.rows; ++i) {
+    job.m[i] = kNegInf;
+    job.l[i] = 0.0f;
+  }
+  for (std::int64_t i = 0; i < std::int64_t(padded) * kD; ++i) job.o[i] = 0.0f;
+
+  const int n_tiles = job.n_full + job.n_partial;
+  for (int n = 0; n < n_tiles; ++n) {
+    const bool partial = n >= job.n_full;
+    const std::int32_t tile = partial ? job.partial[n - job.n_full] : job.full[n];
+    const std::uint64_t* mask = partial ? job.partial_masks[n - job.n_full] : nullptr;
+    const std::int64_t c0 = std::int64_t(tile) * job.tile_k;
+    const int valid_cols = int(job.tokens - c0 < job.tile_k ? job.tokens - c0 : job.tile_k);
+    for (int r0 = 0; r0 < padded; r0 += kBlockRows) {
+      const int rows = job.rows - r0 < kBlockRows ? job.rows - r0 : kBlockRows;
+      if (padded - r0 >= kBlockRows)
+        block_tiles<kD, 2>(job, r0, rows, tile, mask, valid_cols, partial);
+      else
+        block_tiles<kD, 1>(job, r0, rows, tile, mask, valid_cols, partial);
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace
+
+AttendFn attend_amx(int head_dim) {
+  switch (head_dim) {
+    case 64:
+      return &attend_tiles<64>;
+    case 96:
+      return &attend_tiles<96>;
+    case 128:
+      return &attend_tiles<128>;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace stsa::cpu

@@ -1,0 +1,52 @@
+// The AVX-512 vector interface of kernel_impl.hpp and its register budget,
+// shared by kernel_avx512.cpp and kernel_amx.cpp. Included inside an anonymous
+// namespace, after <immintrin.h>, by files built with the AVX-512 flags.
+
+struct Vec {
+  static constexpr int W = 16;
+  using reg = __m512;
+  static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, reg x) { _mm512_storeu_ps(p, x); }
+  static reg zero() { return _mm512_setzero_ps(); }
+  static reg set1(float x) { return _mm512_set1_ps(x); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
+  static float reduce_max(reg x) { return _mm512_reduce_max_ps(x); }
+  static float reduce_add(reg x) { return _mm512_reduce_add_ps(x); }
+  static reg select(unsigned bits, reg x, reg fill) { return _mm512_mask_blend_ps(__mmask16(bits), fill, x); }
+  static bool any_nan(reg x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
+  // VDPBF16PS: per lane acc + a.hi * b.hi + a.lo * b.lo, the products exact in fp32
+  // and each sum rounded (two FMAs); bf16 subnormal inputs count as zero.
+  static constexpr bool kHasBf16Dot = true;
+  using pairs = __m512i;  // 16 lanes of two bf16
+  static pairs load_pairs(const std::uint32_t* p) { return _mm512_loadu_si512(p); }
+  static reg dot_pairs(reg acc, std::uint32_t a, pairs b) {
+    return _mm512_dpbf16_ps(acc, __m512bh(_mm512_set1_epi32(int(a))), __m512bh(b));
+  }
+  // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by its degree-7 Taylor series
+  // (truncation < 6e-9 relative). Clamping at -150 makes -inf give exactly 0; the
+  // clamp keeps x when x is NaN (MAXPS returns its second operand then).
+  static reg exp2(reg x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
+    const reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const reg f = _mm512_sub_ps(x, n);
+    reg p = _mm512_set1_ps(1.525273380405984e-05f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381608e-04f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-03f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-02f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+  }
+};
+
+// 32 registers: 6 rows x 4 vectors (64 columns) of accumulators, 4 K loads, 1 broadcast.
+constexpr int kQkRows = 6;
+constexpr int kQkVecs = 4;
+constexpr int kPvAccumulators = 24;
+constexpr int kPvMaxVecs = 6;
