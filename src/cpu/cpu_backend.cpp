@@ -162,7 +162,7 @@ class CpuBackend final : public Backend {
     // The AMX kernel reads and writes whole tiles of rows.
     const std::int64_t max_rows = amx ? round_up(max_q, kAmxRowPad) : max_q;
     for (auto& w : scratch) {
-      w.q.resize(max_q * d);
+      if (!bf16_pairs) w.q.resize(max_q * d);
       w.o.resize(max_rows * d);
       w.m.resize(max_q);
       w.l.resize(max_q);
@@ -261,14 +261,18 @@ class CpuBackend final : public Backend {
       const std::int64_t tile_q = plan.tile().q, tile_k = plan.tile().k;
       const std::int64_t q0 = std::int64_t(item.q_tile) * tile_q;
       const int rows = int(std::min<std::int64_t>(tile_q, n - q0));
-      for (int r = 0; r < rows; ++r) load_row(call.q, pw.batch, q0 + r, pw.head, q_scale, w.q.data() + r * d);
-      if (pair_panels != nullptr) {
-        for (std::int64_t e = 0; e < std::int64_t(rows) * d / 2; ++e)
-          w.q_pairs.data()[e] = bf16_pair(w.q.data()[2 * e], w.q.data()[2 * e + 1]);
-        if (amx)
-          std::fill(w.q_pairs.data() + std::int64_t(rows) * d / 2,
-                    w.q_pairs.data() + round_up(rows, kAmxRowPad) * d / 2, 0u);
+      // Q as fp32 rows, or for the bf16 dot products as its own bf16 pairs.
+      for (int r = 0; r < kPrefetchRowsAhead && r < rows; ++r) prefetch_row(call.q, pw.batch, q0 + r, pw.head);
+      for (int r = 0; r < rows; ++r) {
+        if (r + kPrefetchRowsAhead < rows) prefetch_row(call.q, pw.batch, q0 + r + kPrefetchRowsAhead, pw.head);
+        if (pair_panels != nullptr)
+          load_row_pairs(call.q, pw.batch, q0 + r, pw.head, q_scale < 0, w.q_pairs.data() + r * d / 2);
+        else
+          load_row(call.q, pw.batch, q0 + r, pw.head, q_scale, w.q.data() + r * d);
       }
+      if (amx)
+        std::fill(w.q_pairs.data() + std::int64_t(rows) * d / 2, w.q_pairs.data() + round_up(rows, kAmxRowPad) * d / 2,
+                  0u);
 
       const auto full = plan.full_tiles(item.q_tile);
       const auto partial = plan.partial_tiles(item.q_tile);
@@ -276,7 +280,7 @@ class CpuBackend final : public Backend {
       for (std::size_t j = 0; j < partial.size(); ++j) w.masks[j] = plan.mask(ids[j]);
 
       QueryTileJob job;
-      job.q = w.q.data();
+      job.q = pair_panels ? nullptr : w.q.data();
       job.exp_scale = exp_scale;
       job.rows = rows;
       job.tile_k = int(tile_k);

@@ -24,7 +24,7 @@ struct KvPanels {
 };
 
 struct QueryTileJob {
-  const float* q = nullptr;  // [rows][head_dim], negated when the softmax scale is negative
+  const float* q = nullptr;  // [rows][head_dim], negated when the softmax scale is negative; null with q_pairs
   // bf16 inputs on kernels with a bf16 dot product (attend_avx512): Q as bf16
   // pairs [rows][head_dim / 2] (bf16_pair, pack.hpp), used instead of q for S = Q K^T
   // together with kv.kt_pairs. nullptr: the fp32 path.

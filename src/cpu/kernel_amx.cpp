@@ -61,22 +61,27 @@ void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int c
 }
 
 // P[rows][cols] (row stride tile_k) as three bf16 parts whose sum is P: part j of
-// row i at parts + (j * kBlockRows + i) * tile_k. Each remainder is exact in fp32,
-// and 24 significand bits fit in three parts of 8 (only values below ~2^-110,
-// nothing next to a row's largest P = 1, lose their last part to bf16's range).
+// row i at parts + (j * kBlockRows + i) * tile_k. Each part is the remainder's
+// upper 16 bits (truncation, so the remainders are exact in fp32 and the parts
+// exact in bf16); 24 significand bits fit in three parts of 8. Only values below
+// ~2^-110, nothing next to a row's largest P = 1, lose their last part to bf16's range.
 void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* parts) {
   const std::int64_t part = std::int64_t(kBlockRows) * tile_k;
+  const __m512i upper = _mm512_set1_epi32(int(0xffff0000u));
+  auto upper_half = [&](__m512 x) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), upper)); };
   for (int i = 0; i < rows; ++i)
-    for (int c = 0; c < cols; c += 16) {
-      const __m512 x = _mm512_loadu_ps(p + std::int64_t(i) * tile_k + c);
-      const __m256bh hi = _mm512_cvtneps_pbh(x);
-      const __m512 r1 = _mm512_sub_ps(x, _mm512_cvtpbh_ps(hi));
-      const __m256bh mid = _mm512_cvtneps_pbh(r1);
-      const __m256bh lo = _mm512_cvtneps_pbh(_mm512_sub_ps(r1, _mm512_cvtpbh_ps(mid)));
+    for (int c = 0; c < cols; c += 32) {
+      const __m512 x0 = _mm512_loadu_ps(p + std::int64_t(i) * tile_k + c);
+      const __m512 x1 = _mm512_loadu_ps(p + std::int64_t(i) * tile_k + c + 16);
+      const __m512 hi0 = upper_half(x0), hi1 = upper_half(x1);
+      const __m512 r0 = _mm512_sub_ps(x0, hi0), r1 = _mm512_sub_ps(x1, hi1);
+      const __m512 mid0 = upper_half(r0), mid1 = upper_half(r1);
+      const __m512 lo0 = _mm512_sub_ps(r0, mid0), lo1 = _mm512_sub_ps(r1, mid1);
       std::uint16_t* at = parts + std::int64_t(i) * tile_k + c;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), __m256i(hi));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + part), __m256i(mid));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + 2 * part), __m256i(lo));
+      // The values are bf16 already, so the conversion only packs them (lanes 0-15 from its second operand).
+      _mm512_storeu_si512(at, __m512i(_mm512_cvtne2ps_pbh(hi1, hi0)));
+      _mm512_storeu_si512(at + part, __m512i(_mm512_cvtne2ps_pbh(mid1, mid0)));
+      _mm512_storeu_si512(at + 2 * part, __m512i(_mm512_cvtne2ps_pbh(lo1, lo0)));
     }
 }
 
@@ -145,7 +150,8 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, c
       pv_rows<kD, PvShape<kD>::kRows>(s, tile_k, rows, v, valid_cols, o);
     return;
   }
-  // Padding rows hold S = 0 (zero Q rows), so their parts are zero and finite.
+  // Padding rows (zero Q) are split and multiplied too: a tile product keeps rows
+  // apart, and their O rows are never stored.
   split_p(s, kRowTiles * 16, cols, tile_k, job.p_parts);
   pv_tiles<kD, kRowTiles>(job.p_parts, tile_k, job.kv.v_pairs + std::int64_t(tile) * (tile_k / 2) * kD, cols, o);
 }

@@ -38,6 +38,27 @@ void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t 
   }
 }
 
+void load_row_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool negate,
+                    std::uint32_t* out) {
+  const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0);
+  const std::int64_t step = t.stride[3];
+  const std::uint32_t sign = negate ? 0x80008000u : 0u;  // flips both halves' sign bits: exact, NaN stays NaN
+  for (std::int64_t i = 0; i < t.head_dim() / 2; ++i)
+    out[i] = (std::uint32_t(src[2 * i * step]) | (std::uint32_t(src[(2 * i + 1) * step]) << 16)) ^ sign;
+}
+
+void prefetch_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool for_write) {
+  if (n >= t.tokens() || t.stride[3] != 1) return;
+  const std::int64_t bytes = t.head_dim() * std::int64_t(element_size(t.dtype));
+  const char* row = static_cast<const char*>(t.data) + t.offset(b, n, h, 0) * std::int64_t(element_size(t.dtype));
+  for (std::int64_t at = 0; at < bytes; at += 64) {
+    if (for_write)
+      __builtin_prefetch(row + at, 1);
+    else
+      __builtin_prefetch(row + at, 0);
+  }
+}
+
 bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t tile,
                   int tile_k, float* kt, float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs) {
   const std::int64_t d_count = k.head_dim();
@@ -45,7 +66,15 @@ bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std:
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
   float row[1024];  // head dims the kernels support are far below this
   bool nonfinite = false;
+  for (int c = 0; c < kPrefetchRowsAhead; ++c) {
+    prefetch_row(k, b, n0 + c, h);
+    prefetch_row(v, b, n0 + c, h);
+  }
   for (std::int64_t c = 0; c < valid; ++c) {
+    if (c + kPrefetchRowsAhead < valid) {
+      prefetch_row(k, b, n0 + c + kPrefetchRowsAhead, h);
+      prefetch_row(v, b, n0 + c + kPrefetchRowsAhead, h);
+    }
     load_row(k, b, n0 + c, h, 1.0f, row);
     if (kt_pairs != nullptr) {
       for (std::int64_t i = 0; i < d_count / 2; ++i) kt_pairs[i * tile_k + c] = bf16_pair(row[2 * i], row[2 * i + 1]);
@@ -74,7 +103,9 @@ bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std:
 void store_rows(const TensorView& o, const LseView& lse, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
                 const float* acc, const float* m, const float* l, double score_scale) {
   const std::int64_t d_count = o.head_dim();
+  for (int i = 0; i < kPrefetchRowsAhead && i < rows; ++i) prefetch_row(o, b, n0 + i, h, /*for_write=*/true);
   for (int i = 0; i < rows; ++i) {
+    if (i + kPrefetchRowsAhead < rows) prefetch_row(o, b, n0 + i + kPrefetchRowsAhead, h, /*for_write=*/true);
     const float* a = acc + i * d_count;
     const bool empty = l[i] == 0.0f;
     const std::int64_t base = o.offset(b, n0 + i, h, 0);

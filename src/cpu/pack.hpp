@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "stsa/tensor.hpp"
 
@@ -11,10 +12,27 @@ namespace stsa::cpu {
 // Reads row (b, n, h, :) of t as head_dim floats, each multiplied by `scale`.
 void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out);
 
-// Two values as one uint32 of bf16 bits: `low` in bits 0-15, `high` in 16-31
-// (the operand order of VDPBF16PS). Exact for values that are bf16 already.
+// Reads row (b, n, h, :) of a bf16 tensor as head_dim / 2 bf16 pairs (bf16_pair),
+// negated when `negate`: its own bits, with no rounding.
+void load_row_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool negate,
+                    std::uint32_t* out);
+
+// Starts loading row (b, n, h, :) of t into the cache (for writing: `for_write`);
+// nothing past the last token, nor for rows whose channels are not contiguous.
+// The rows of one head are a whole [H, D] row apart in the usual [B, N, H, D]
+// layout, too far apart for the hardware prefetchers, so a row read without this
+// waits for memory; callers ask a few rows ahead.
+void prefetch_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool for_write = false);
+inline constexpr int kPrefetchRowsAhead = 4;
+
+// Two values read from a bf16 tensor as one uint32 of their bf16 bits: `low` in
+// bits 0-15, `high` in 16-31 (the operand order of VDPBF16PS and TDPBF16PS). Their
+// upper halves, since the rest is zero: no rounding, and a loop of these vectorises.
 inline std::uint32_t bf16_pair(float low, float high) {
-  return std::uint32_t(float_to_bf16(low)) | (std::uint32_t(float_to_bf16(high)) << 16);
+  std::uint32_t l, h;
+  std::memcpy(&l, &low, 4);
+  std::memcpy(&h, &high, 4);
+  return (l >> 16) | (h & 0xffff0000u);
 }
 
 // Packs key tile `tile` of (b, h): K transposed into kt [head_dim][tile_k] (or,
