@@ -52,7 +52,7 @@ using Bf16Buffer = AlignedBuffer<std::uint16_t>;
 
 std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
 
-// The SIMD kernel of `isa`; with Amx, the AVX-512 one (what calls the tile kernel does not take run).
+// The SIMD kernel of `isa`; with Amx, the AVX-512 one, which runs every call the tile kernel does not take.
 AttendFn kernel_for(Isa isa, std::int64_t head_dim) {
   if (head_dim <= 0 || head_dim > 1024) return nullptr;
   switch (isa) {
@@ -262,7 +262,6 @@ class CpuBackend final : public Backend {
       const std::int64_t q0 = std::int64_t(item.q_tile) * tile_q;
       const int rows = int(std::min<std::int64_t>(tile_q, n - q0));
       // Q as fp32 rows, or for the bf16 dot products as its own bf16 pairs.
-      for (int r = 0; r < kPrefetchRowsAhead && r < rows; ++r) prefetch_row(call.q, pw.batch, q0 + r, pw.head);
       for (int r = 0; r < rows; ++r) {
         if (r + kPrefetchRowsAhead < rows) prefetch_row(call.q, pw.batch, q0 + r + kPrefetchRowsAhead, pw.head);
         if (pair_panels != nullptr)

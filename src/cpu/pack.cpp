@@ -66,10 +66,6 @@ bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std:
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
   float row[1024];  // head dims the kernels support are far below this
   bool nonfinite = false;
-  for (int c = 0; c < kPrefetchRowsAhead; ++c) {
-    prefetch_row(k, b, n0 + c, h);
-    prefetch_row(v, b, n0 + c, h);
-  }
   for (std::int64_t c = 0; c < valid; ++c) {
     if (c + kPrefetchRowsAhead < valid) {
       prefetch_row(k, b, n0 + c + kPrefetchRowsAhead, h);
@@ -103,7 +99,6 @@ bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std:
 void store_rows(const TensorView& o, const LseView& lse, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
                 const float* acc, const float* m, const float* l, double score_scale) {
   const std::int64_t d_count = o.head_dim();
-  for (int i = 0; i < kPrefetchRowsAhead && i < rows; ++i) prefetch_row(o, b, n0 + i, h, /*for_write=*/true);
   for (int i = 0; i < rows; ++i) {
     if (i + kPrefetchRowsAhead < rows) prefetch_row(o, b, n0 + i + kPrefetchRowsAhead, h, /*for_write=*/true);
     const float* a = acc + i * d_count;
