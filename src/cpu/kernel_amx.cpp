@@ -26,12 +26,36 @@ namespace {
 constexpr int kBlockRows = 32;  // query rows per block: two tiles
 static_assert(kAmxPartRows == 3 * kBlockRows && kBlockRows <= kScratchRows && kAmxRowPad == 16);
 
+// The accumulator tiles of a block, 0 and 1 side by side (16 rows x 32 columns),
+// 2 and 3 below them, to or from fp32 rows at `at`, `row_floats` apart.
+template <int kRowTiles>
+void store_accumulators(float* at, long row_floats) {
+  const long bytes = row_floats * 4;
+  _tile_stored(0, at, bytes);
+  _tile_stored(1, at + 16, bytes);
+  if constexpr (kRowTiles == 2) {
+    _tile_stored(2, at + 16 * row_floats, bytes);
+    _tile_stored(3, at + 16 * row_floats + 16, bytes);
+  }
+}
+
+template <int kRowTiles>
+void load_accumulators(const float* at, long row_floats) {
+  const long bytes = row_floats * 4;
+  _tile_loadd(0, at, bytes);
+  _tile_loadd(1, at + 16, bytes);
+  if constexpr (kRowTiles == 2) {
+    _tile_loadd(2, at + 16 * row_floats, bytes);
+    _tile_loadd(3, at + 16 * row_floats + 16, bytes);
+  }
+}
+
 // S[16 * kRowTiles][cols] = Q K^T for one block; q: bf16 pairs, kD / 2 per row;
 // kt: the key tile's pairs [kD / 2][tile_k]; s: row stride tile_k.
 template <int kD, int kRowTiles>
 void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int cols, float* s) {
   constexpr long kQBytes = kD / 2 * 4;
-  const long kt_bytes = long(tile_k) * 4, s_bytes = long(tile_k) * 4;
+  const long kt_bytes = long(tile_k) * 4;
   for (int n0 = 0; n0 < cols; n0 += 32) {
     _tile_zero(0);
     _tile_zero(1);
@@ -51,12 +75,7 @@ void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int c
         _tile_dpbf16ps(3, 5, 7);
       }
     }
-    _tile_stored(0, s + n0, s_bytes);
-    _tile_stored(1, s + n0 + 16, s_bytes);
-    if constexpr (kRowTiles == 2) {
-      _tile_stored(2, s + 16 * tile_k + n0, s_bytes);
-      _tile_stored(3, s + 16 * tile_k + n0 + 16, s_bytes);
-    }
+    store_accumulators<kRowTiles>(s + n0, tile_k);
   }
 }
 
@@ -89,19 +108,14 @@ void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* part
 // key tile's pairs [tile_k / 2][kD]; o: row stride kD.
 template <int kD, int kRowTiles>
 void pv_tiles(const std::uint16_t* parts, int tile_k, const std::uint32_t* v, int cols, float* o) {
-  constexpr long kRowBytes = kD * 4;  // of O and of the V pairs
+  constexpr long kVBytes = kD * 4;
   const long p_bytes = long(tile_k) * 2;
   const std::int64_t part = std::int64_t(kBlockRows) * tile_k;
   for (int d0 = 0; d0 < kD; d0 += 32) {
-    _tile_loadd(0, o + d0, kRowBytes);
-    _tile_loadd(1, o + d0 + 16, kRowBytes);
-    if constexpr (kRowTiles == 2) {
-      _tile_loadd(2, o + 16 * kD + d0, kRowBytes);
-      _tile_loadd(3, o + 16 * kD + d0 + 16, kRowBytes);
-    }
+    load_accumulators<kRowTiles>(o + d0, kD);
     for (int c = 0; c < cols; c += 32) {
-      _tile_loadd(6, v + std::int64_t(c / 2) * kD + d0, kRowBytes);
-      _tile_loadd(7, v + std::int64_t(c / 2) * kD + d0 + 16, kRowBytes);
+      _tile_loadd(6, v + std::int64_t(c / 2) * kD + d0, kVBytes);
+      _tile_loadd(7, v + std::int64_t(c / 2) * kD + d0 + 16, kVBytes);
       for (int j = 2; j >= 0; --j) {  // smallest part first
         const std::uint16_t* a = parts + j * part + c;
         _tile_loadd(4, a, p_bytes);
@@ -114,12 +128,7 @@ void pv_tiles(const std::uint16_t* parts, int tile_k, const std::uint32_t* v, in
         }
       }
     }
-    _tile_stored(0, o + d0, kRowBytes);
-    _tile_stored(1, o + d0 + 16, kRowBytes);
-    if constexpr (kRowTiles == 2) {
-      _tile_stored(2, o + 16 * kD + d0, kRowBytes);
-      _tile_stored(3, o + 16 * kD + d0 + 16, kRowBytes);
-    }
+    store_accumulators<kRowTiles>(o + d0, kD);
   }
 }
 
