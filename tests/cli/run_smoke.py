@@ -36,6 +36,10 @@ def main():
           "--head-dim", "64", "--density", "0.25", "--seed", "1", "--json"],
          ["heads", "accuracy", "decisions", "rel_l2_err", "rel_l2_err_first_block_anchor", "routing_ms",
           "attention_ms", "device", "routing_device_ms", "scatter_fused"]),
+        # bf16: where the CPU has AMX the tile kernel runs, and the rates are fractions of its peak.
+        (["bench", "--frames", "3", "--height", "8", "--width", "8", "--heads", "2", "--head-dim", "64",
+          "--mask", "spatial", "--density", "0.25", "--dtype", "bf16", "--repeats", "1", "--json"],
+         ["isa", "peak_of", "peak_gflops", "peak_fraction", "rel_l2_err"]),
     ]
     for args, keys in checks:
         record = json.loads(run(binary, args))
@@ -60,6 +64,10 @@ def main():
         print("FAIL route on the CPU reports GPU fields: "
               f"{route['device']}, {route['routing_device_ms']}, {route['scatter_fused']}")
         failures += 1
+    bf16 = json.loads(run(binary, checks[4][0]))
+    if (bf16["isa"] == "amx") != (bf16["peak_of"] == "amx") or bf16["peak_of"] not in ("amx", "fma"):
+        print(f"FAIL bf16 bench on {bf16['isa']} reports the {bf16['peak_of']} peak")
+        failures += 1
     png = os.path.join(tempfile.mkdtemp(), "tiles.png")
     run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", png])
     with open(png, "rb") as f:
@@ -70,7 +78,7 @@ def main():
     if "CPU kernel" not in demo or "Tile plans" not in demo:
         print("FAIL the demo did not print its two parts")
         failures += 1
-    total = len(checks) + 5
+    total = len(checks) + 6
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 
