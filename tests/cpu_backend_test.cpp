@@ -413,7 +413,8 @@ TEST(CpuBackend, AmxRunsBf16CallsWithHeadDimsOf32Multiples) {
 
 // The tile kernel on its own: bf16 in, every head dim it takes, row counts that
 // are not multiples of its 16-row tiles or 32-row blocks (tiles of 48 rows, ragged
-// last tiles), fp32 out so the bound is the fp32 kernel's, and bf16 out.
+// last tiles), one and two batch entries, fp32 out so the bound is the fp32
+// kernel's, and bf16 out.
 TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16Inputs) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
   const TileShape tiles[] = {{64, 64}, {128, 128}, {48, 64}, {128, 64}};
@@ -431,6 +432,7 @@ TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16Inputs) {
         c.anchor = index % 2 == 0;
         c.align = index % 5 == 3 ? Alignment::Round : Alignment::Exact;
         c.memory = index % 2 ? MemoryLayout::BHND : MemoryLayout::BNHD;
+        c.batch = index % 4 == 1 ? 2 : 1;
         ++index;
         const VideoLayout layout{c.grid, c.batch, 4, c.head_dim};
         SCOPED_TRACE(describe(c, Isa::Amx));
