@@ -42,7 +42,8 @@ void print_text(const nlohmann::json& r) {
   std::printf("mask %s: kept fraction %.4f, tile density %.4f (%lld full, %lld partial tiles)\n",
               r["mask"].get<std::string>().c_str(), f("kept_fraction"), f("tile_density"),
               (long long)r["tiles_full"].get<std::int64_t>(), (long long)r["tiles_partial"].get<std::int64_t>());
-  std::printf("cpu backend: %s, %lld threads; %s peak measured %.1f GFLOP/s\n", r["isa"].get<std::string>().c_str(),
+  std::printf("cpu backend: %s (the %s kernel ran), %lld threads; %s peak measured %.1f GFLOP/s\n",
+              r["isa"].get<std::string>().c_str(), r["kernel"].get<std::string>().c_str(),
               (long long)r["threads"].get<std::int64_t>(), r["peak_of"] == "amx" ? "AMX bf16 tile" : "FMA",
               f("peak_gflops"));
   std::printf("dense : %9.2f ms  %7.1f GFLOP/s  (%.2f of peak)\n", f("dense_ms"), f("dense_gflops"),
@@ -120,6 +121,8 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
       {"sparse_gflops_dense_equivalent", bench::gflops(work.dense_flops, sparse_ms)},
       {"peak_gflops", peak},
       {"peak_of", amx ? "amx" : "fma"},
+      // Amx runs the AVX-512 kernel for the calls the tile kernel does not take.
+      {"kernel", amx ? "amx" : isa == Isa::Amx ? "avx512" : std::string(to_string(isa))},
       {"peak_fraction", bench::fraction_of_peak(dense_gflops, peak)},
       {"sparse_peak_fraction", bench::fraction_of_peak(kept_gflops, peak)},
       {"speedup_cpu_time", bench::speedup(dense_cpu_ms, sparse_cpu_ms)},
