@@ -162,6 +162,62 @@ TEST(CpuBackend, DensityOneEqualsDenseBitForBit) {
     }
 }
 
+// Tiny values keep their relative error on every kernel: V near and below bf16's
+// smallest normal (the tile products flush results under 2^-126, so the AMX kernel
+// must take its fp32 P V there), and probabilities far below a row's largest whose
+// V is huge (exp2 must still give them; the AMX split keeps all but 2^-7 of a P
+// under 2^-103, its documented limit).
+TEST(CpuBackend, TinyValuesKeepTheirRelativeError) {
+  const VideoGrid grid{2, 4, 8, 0, TextPlacement::After};  // 64 tokens
+  const VideoLayout layout{grid, 1, 1, 64};
+  const MaskSpec dense = MaskSpec::dense();
+  for (Isa isa : isas_of_this_machine())
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      for (int exponent : {-118, -126, -130}) {
+        SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) + " V * 2^" +
+                     std::to_string(exponent));
+        auto problem = testing::make_problem(layout, dtype, {head_for(grid, dense, {64, 64}, Alignment::Exact)},
+                                             testing::fresh_seed());
+        const TensorView v = problem.v.view();
+        for (std::int64_t n = 0; n < layout.tokens(); ++n)
+          for (std::int64_t d = 0; d < 64; ++d) v.store(0, n, 0, d, std::ldexp(v.load(0, n, 0, d), exponent));
+        make_cpu_backend({isa, 2})->run(problem.call());
+        const auto cmp = testing::compare_with_reference(problem);
+        EXPECT_LT(cmp.rel_l2_err, 1e-5);
+      }
+      // Every row: key 0 scores 0 with V = 0; the others score 87 lower (2^-125.5
+      // as probabilities) with V = 1e37, so O = 63 * 2^-125.5 * 1e37 ~ 10.4. Then
+      // once more with V = +Inf in channel 1 of one key: O[., 1] = +Inf exactly
+      // (and the AMX kernel takes its fp32 P V).
+      for (bool with_inf : {false, true}) {
+        SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) +
+                     " probabilities of 2^-125.5" + (with_inf ? ", an Inf in V" : ""));
+        auto problem = testing::make_problem(layout, dtype, {head_for(grid, dense, {64, 64}, Alignment::Exact)}, 1);
+        problem.softmax_scale = 1.0f;
+        AttentionCall call = problem.call();
+        for (std::int64_t n = 0; n < layout.tokens(); ++n)
+          for (std::int64_t d = 0; d < 64; ++d) {
+            call.q.store(0, n, 0, d, d == 0 ? 1.0f : 0.0f);
+            call.k.store(0, n, 0, d, d == 0 && n > 0 ? -87.0f : 0.0f);
+            call.v.store(0, n, 0, d, n == 0 ? 0.0f : with_inf && n == 5 && d == 1 ? INFINITY : 1e37f);
+          }
+        make_cpu_backend({isa, 2})->run(call);
+        std::vector<std::int64_t> rows{0, 33};
+        std::vector<double> ref_o, ref_lse;
+        reference_rows(call, rows, ref_o, ref_lse);
+        const bool tile_split = runs_on_amx(isa, call) && !with_inf;
+        for (std::size_t r = 0; r < rows.size(); ++r) {
+          if (with_inf) {
+            EXPECT_EQ(call.o.load(0, rows[r], 0, 1), INFINITY) << "row " << rows[r];
+          }
+          const double want = ref_o[r * 64], got = call.o.load(0, rows[r], 0, 0);
+          EXPECT_GT(want, 10.0);
+          EXPECT_NEAR(got, want, want * (tile_split ? 0x1p-7 : 1e-5)) << "row " << rows[r];
+        }
+      }
+    }
+}
+
 TEST(CpuBackend, RowsWithNothingAllowedGiveZeroAndMinusInfinity) {
   const VideoGrid grid{3, 5, 7, 0, TextPlacement::After};
   const VideoLayout layout{grid, 1, 1, 64};
@@ -412,12 +468,13 @@ TEST(CpuBackend, AmxRunsBf16CallsWithHeadDimsOf32Multiples) {
 }
 
 // The tile kernel on its own: bf16 in, every head dim it takes, row counts that
-// are not multiples of its 16-row tiles or 32-row blocks (tiles of 48 rows, ragged
-// last tiles), one and two batch entries, fp32 out so the bound is the fp32
+// are not multiples of its 16-row tiles or 32-row blocks (query tiles of 1, 17, 40,
+// 48 and 100 rows, ragged last tiles: the padded rows must fit the buffers), one
+// and two batch entries, negative scales, fp32 out so the bound is the fp32
 // kernel's, and bf16 out.
 TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16Inputs) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
-  const TileShape tiles[] = {{64, 64}, {128, 128}, {48, 64}, {128, 64}};
+  const TileShape tiles[] = {{64, 64}, {128, 128}, {48, 64}, {128, 64}, {17, 64}, {40, 128}, {100, 64}, {1, 64}};
   int index = 0;
   for (const VideoGrid& grid : awkward_grids())
     for (std::int64_t head_dim : {64, 96, 128})
@@ -428,16 +485,18 @@ TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16Inputs) {
         c.density = density;
         c.in = DType::BF16;
         c.out = index % 3 == 2 ? DType::BF16 : DType::F32;
-        c.tile = tiles[index % 4];
+        c.tile = tiles[index % 8];
         c.anchor = index % 2 == 0;
         c.align = index % 5 == 3 ? Alignment::Round : Alignment::Exact;
         c.memory = index % 2 ? MemoryLayout::BHND : MemoryLayout::BNHD;
-        c.batch = index % 4 == 1 ? 2 : 1;
+        c.batch = index % 5 == 1 ? 2 : 1;
+        const float scale = index % 7 == 3 ? -0.07f : 0.f;
         ++index;
         const VideoLayout layout{c.grid, c.batch, 4, c.head_dim};
         SCOPED_TRACE(describe(c, Isa::Amx));
         auto problem = testing::make_problem(layout, c.in, four_heads(c.grid, c.density, c.anchor, c.tile, c.align),
                                              testing::fresh_seed(), c.memory, c.out);
+        problem.softmax_scale = scale;
         ASSERT_TRUE(runs_on_amx(Isa::Amx, problem.call()));
         make_cpu_backend({Isa::Amx, 2})->run(problem.call());
         const PairPredicate computes = c.align == Alignment::Round ? plan_predicate(problem.heads) : PairPredicate{};

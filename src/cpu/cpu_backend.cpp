@@ -85,7 +85,7 @@ struct PairWork {
   // as bf16 pairs) and the V panel in floats; the bf16-pair K and V panels in
   // words (V pairs only for the AMX kernel).
   std::int64_t kt_offset = 0, v_offset = 0, pair_offset = 0, v_pair_offset = 0;
-  bool v_nonfinite = false;
+  bool v_nonfinite = false, v_tiny = false;
 };
 
 struct TileItem {
@@ -226,7 +226,7 @@ class CpuBackend final : public Backend {
       for (std::int64_t k = 0; k < plan.k_tiles(); ++k)
         if (used[std::size_t(k)]) packs.push_back({p, std::int32_t(k)});
     }
-    std::vector<char> nonfinite(packs.size(), 0);
+    std::vector<PackedV> packed(packs.size());
     pool_->parallel_for(std::int64_t(packs.size()), [&](std::int64_t i, int) {
       const PairWork& pw = pairs[packs[std::size_t(i)].pair];
       const std::int64_t tile_k = pw.plan->tile().k;
@@ -235,11 +235,13 @@ class CpuBackend final : public Backend {
       float* v = panels + pw.v_offset + tile * tile_k * d;
       std::uint32_t* kt_pairs = pair_panels ? pair_panels + pw.pair_offset + tile * d / 2 * tile_k : nullptr;
       std::uint32_t* v_pairs = amx ? pair_panels + pw.v_pair_offset + tile * tile_k / 2 * d : nullptr;
-      nonfinite[std::size_t(i)] =
+      packed[std::size_t(i)] =
           pack_kv_tile(call.k, call.v, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs, v_pairs);
     });
-    for (std::size_t i = 0; i < packs.size(); ++i)
-      if (nonfinite[i]) pairs[packs[i].pair].v_nonfinite = true;
+    for (std::size_t i = 0; i < packs.size(); ++i) {
+      pairs[packs[i].pair].v_nonfinite |= packed[i].nonfinite;
+      pairs[packs[i].pair].v_tiny |= packed[i].tiny;
+    }
 
     // Phase 2: every query tile of the chunk, most kept tiles first so the tail of the loop is short.
     std::vector<TileItem> items;
@@ -287,6 +289,7 @@ class CpuBackend final : public Backend {
       job.kv.kt = pair_panels ? nullptr : panels + pw.kt_offset;
       job.kv.v = panels + pw.v_offset;
       job.kv.v_nonfinite = pw.v_nonfinite;
+      job.kv.v_tiny = pw.v_tiny;
       if (pair_panels != nullptr) {
         job.q_pairs = w.q_pairs.data();
         job.kv.kt_pairs = pair_panels + pw.pair_offset;

@@ -21,6 +21,9 @@ struct KvPanels {
   // operand), per key tile t [tile_k / 2][head_dim] at v_pairs + t * tile_k / 2 * head_dim.
   const std::uint32_t* v_pairs = nullptr;
   bool v_nonfinite = false;    // some V value is Inf/NaN: masked columns must then be skipped, not multiplied by 0
+  // Some nonzero |V| is below kTinyV: bf16 tile products, which flush results
+  // below 2^-126, would lose its share, so attend_amx takes the fp32 P V.
+  bool v_tiny = false;
 };
 
 struct QueryTileJob {

@@ -82,8 +82,10 @@ void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int c
 // P[rows][cols] (row stride tile_k) as three bf16 parts whose sum is P: part j of
 // row i at parts + (j * kBlockRows + i) * tile_k. Each part is the remainder's
 // upper 16 bits (truncation, so the remainders are exact in fp32 and the parts
-// exact in bf16); 24 significand bits fit in three parts of 8. Only values below
-// ~2^-110, nothing next to a row's largest P = 1, lose their last part to bf16's range.
+// exact in bf16); 24 significand bits fit in three parts of 8. Values below 2^-103
+// lose their last part (a part under 2^-126 converts to 0), and below 2^-118 the
+// middle one too: at most 2^-7 of themselves, nothing next to a row's largest
+// P = 1 unless their V is 2^95 times larger than its.
 void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* parts) {
   const std::int64_t part = std::int64_t(kBlockRows) * tile_k;
   const __m512i upper = _mm512_set1_epi32(int(0xffff0000u));
@@ -149,9 +151,10 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, c
                            job.l + r0, o);
   else
     softmax_rows<kD, false>(s, tile_k, rows, cols, valid_cols, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0, o);
-  if (job.kv.v_nonfinite) {
+  if (job.kv.v_nonfinite || job.kv.v_tiny) {
     // 0 x Inf would be NaN in a tile product (and a zero part of P meets every
-    // V), so the fp32 P V runs, skipping masked columns in partial tiles.
+    // V), and tiny V would be flushed (KvPanels::v_tiny), so the fp32 P V runs,
+    // skipping masked columns in partial tiles.
     const float* v = job.kv.v + std::int64_t(tile) * tile_k * kD;
     if (partial)
       pv_rows_skipping_masked<kD>(s, tile_k, rows, v, valid_cols, o, block_mask, job.mask_words);

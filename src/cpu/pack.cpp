@@ -59,13 +59,13 @@ void prefetch_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int6
   }
 }
 
-bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t tile,
-                  int tile_k, float* kt, float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs) {
+PackedV pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t tile,
+                     int tile_k, float* kt, float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs) {
   const std::int64_t d_count = k.head_dim();
   const std::int64_t n0 = tile * tile_k;
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
   float row[1024];  // head dims the kernels support are far below this
-  bool nonfinite = false;
+  PackedV flags;
   for (std::int64_t c = 0; c < valid; ++c) {
     if (c + kPrefetchRowsAhead < valid) {
       prefetch_row(k, b, n0 + c + kPrefetchRowsAhead, h);
@@ -79,7 +79,11 @@ bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std:
     }
     float* vr = v_rows + c * d_count;
     load_row(v, b, n0 + c, h, 1.0f, vr);
-    for (std::int64_t d = 0; d < d_count; ++d) nonfinite |= !std::isfinite(vr[d]);
+    for (std::int64_t d = 0; d < d_count; ++d) {
+      const float a = std::fabs(vr[d]);
+      flags.nonfinite |= !(a <= std::numeric_limits<float>::max());
+      flags.tiny |= a != 0.0f && a < kTinyV;
+    }
   }
   if (kt_pairs != nullptr) {
     for (std::int64_t i = 0; i < d_count / 2; ++i)
@@ -93,7 +97,7 @@ bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std:
     for (std::int64_t c2 = 0; c2 < tile_k / 2; ++c2)
       for (std::int64_t d = 0; d < d_count; ++d)
         v_pairs[c2 * d_count + d] = bf16_pair(v_rows[2 * c2 * d_count + d], v_rows[(2 * c2 + 1) * d_count + d]);
-  return nonfinite;
+  return flags;
 }
 
 void store_rows(const TensorView& o, const LseView& lse, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,

@@ -40,10 +40,17 @@ inline std::uint32_t bf16_pair(float low, float high) {
 // [head_dim / 2][tile_k]; kt is then unused and may be null) and V into v
 // [tile_k][head_dim], and when v_pairs is given also as bf16 pairs of consecutive
 // keys into v_pairs [tile_k / 2][head_dim]; all zero past the sequence end.
-// Returns whether the packed V holds a non-finite value.
-bool pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t tile,
-                  int tile_k, float* kt, float* v_rows, std::uint32_t* kt_pairs = nullptr,
-                  std::uint32_t* v_pairs = nullptr);
+// Returns what the kernels must know about the packed V (KvPanels).
+struct PackedV {
+  bool nonfinite = false;  // some value is Inf or NaN
+  bool tiny = false;       // some nonzero |value| is below kTinyV
+};
+// Far below any V a model makes, and far above where a product with a part of a P
+// that matters (>= 2^-60) would fall under the 2^-126 that bf16 tile products flush.
+inline constexpr float kTinyV = 0x1p-64f;
+PackedV pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t tile,
+                     int tile_k, float* kt, float* v_rows, std::uint32_t* kt_pairs = nullptr,
+                     std::uint32_t* v_pairs = nullptr);
 
 // Writes finished rows: o[b, n0 + i, h, :] = acc[i] / l[i] and
 // lse[b, h, n0 + i] = m[i] * score_scale + ln l[i], from the kernel's running max

@@ -27,15 +27,15 @@ struct Vec {
     return _mm512_dpbf16_ps(acc, __m512bh(_mm512_set1_epi32(int(a))), __m512bh(b));
   }
   // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by its degree-7 Taylor series
-  // (truncation < 6e-9 relative). Below x = -125 the result is 0 (so -inf, a masked
-  // score, gives exactly 0): a subnormal or underflowing SCALEF result takes a
-  // microcode assist per vector on Intel cores, which made partial tiles, whose
-  // masked lanes all underflowed, cost 3x a full one on the AMX path, and a P under
-  // 2^-125 is nothing next to a row's largest, 1. The clamp keeps x when x is NaN
-  // (MAXPS returns its second operand then), and NaN is not below -125.
+  // (truncation < 6e-9 relative). Below x = -150 the result rounds to 0 anyway; those
+  // lanes (-inf: every masked score) are zeroed through SCALEF's zero-mask and
+  // computed from x = 0, because an underflowing SCALEF takes a microcode assist per
+  // vector on Intel cores, which made a partial tile cost 2.8x a full one on the AMX
+  // path. Everything from -150 up is computed as before, subnormal results included.
+  // NaN is kept (the comparison is unordered-true for it).
   static reg exp2(reg x) {
-    const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
-    x = _mm512_max_ps(_mm512_set1_ps(-125.0f), x);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-150.0f), _CMP_NLT_UQ);
+    x = _mm512_maskz_mov_ps(keep, x);
     const reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const reg f = _mm512_sub_ps(x, n);
     reg p = _mm512_set1_ps(1.525273380405984e-05f);
@@ -46,7 +46,7 @@ struct Vec {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-01f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(normal, p, n);  // p * 2^n >= 2^-125.5: normal
+    return _mm512_maskz_scalef_ps(keep, p, n);
   }
 };
 
