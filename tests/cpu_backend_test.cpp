@@ -205,7 +205,7 @@ TEST(CpuBackend, TinyValuesKeepTheirRelativeError) {
         std::vector<std::int64_t> rows{0, 33};
         std::vector<double> ref_o, ref_lse;
         reference_rows(call, rows, ref_o, ref_lse);
-        const bool tile_split = runs_on_amx(isa, call) && !with_inf;
+        const bool tile_split = kernel_isa(isa, call) == Isa::Amx && !with_inf;
         for (std::size_t r = 0; r < rows.size(); ++r) {
           if (with_inf) {
             EXPECT_EQ(call.o.load(0, rows[r], 0, 1), INFINITY) << "row " << rows[r];
@@ -446,7 +446,8 @@ TEST(CpuBackend, AmxPeakIsPositiveWhereThereIsAmx) {
   EXPECT_THROW(measure_amx_peak_gflops(1, 0.0), InvalidArgument);
 }
 
-// Which calls the tile products take: bf16 Q, K and V, head dims 64, 96, 128, and only under Amx.
+// Which calls the tile products take: bf16 Q, K and V, head dims 64, 96, 128, and only under Amx;
+// the others run the AVX-512 kernel.
 TEST(CpuBackend, AmxRunsBf16CallsWithHeadDimsOf32Multiples) {
   const VideoGrid grid{1, 2, 2, 0, TextPlacement::After};
   auto call_of = [&](std::int64_t head_dim, DType q, DType k, DType v) {
@@ -458,13 +459,13 @@ TEST(CpuBackend, AmxRunsBf16CallsWithHeadDimsOf32Multiples) {
     return call;
   };
   const DType bf16 = DType::BF16;
-  for (std::int64_t d : {64, 96, 128}) EXPECT_TRUE(runs_on_amx(Isa::Amx, call_of(d, bf16, bf16, bf16))) << d;
-  EXPECT_FALSE(runs_on_amx(Isa::Amx, call_of(80, bf16, bf16, bf16)));
-  EXPECT_FALSE(runs_on_amx(Isa::Amx, call_of(32, bf16, bf16, bf16)));
-  EXPECT_FALSE(runs_on_amx(Isa::Amx, call_of(128, DType::F16, DType::F16, DType::F16)));
-  EXPECT_FALSE(runs_on_amx(Isa::Amx, call_of(128, bf16, bf16, DType::F32)));  // V must be exact in bf16
-  EXPECT_FALSE(runs_on_amx(Isa::Amx, call_of(128, DType::F32, bf16, bf16)));
-  EXPECT_FALSE(runs_on_amx(Isa::Avx512, call_of(128, bf16, bf16, bf16)));
+  for (std::int64_t d : {64, 96, 128}) EXPECT_EQ(kernel_isa(Isa::Amx, call_of(d, bf16, bf16, bf16)), Isa::Amx) << d;
+  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(80, bf16, bf16, bf16)), Isa::Avx512);
+  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(32, bf16, bf16, bf16)), Isa::Avx512);
+  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, DType::F16, DType::F16, DType::F16)), Isa::Avx512);
+  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, bf16, bf16, DType::F32)), Isa::Avx512);  // V must be exact in bf16
+  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, DType::F32, bf16, bf16)), Isa::Avx512);
+  EXPECT_EQ(kernel_isa(Isa::Avx512, call_of(128, bf16, bf16, bf16)), Isa::Avx512);
 }
 
 // The tile kernel on its own: bf16 in, every head dim it takes, row counts that
@@ -497,7 +498,7 @@ TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16Inputs) {
         auto problem = testing::make_problem(layout, c.in, four_heads(c.grid, c.density, c.anchor, c.tile, c.align),
                                              testing::fresh_seed(), c.memory, c.out);
         problem.softmax_scale = scale;
-        ASSERT_TRUE(runs_on_amx(Isa::Amx, problem.call()));
+        ASSERT_EQ(kernel_isa(Isa::Amx, problem.call()), Isa::Amx);
         make_cpu_backend({Isa::Amx, 2})->run(problem.call());
         const PairPredicate computes = c.align == Alignment::Round ? plan_predicate(problem.heads) : PairPredicate{};
         const auto cmp = testing::compare_with_reference(problem, 0, 1, computes);

@@ -30,8 +30,9 @@ std::unique_ptr<Backend> make_cpu_backend(CpuOptions options = {});
 Isa resolve_isa(Isa requested);
 int resolve_threads(int requested);
 
-// Whether the CPU backend running `isa` (resolved, not Auto) computes `call` with AMX tile products.
-bool runs_on_amx(Isa isa, const AttentionCall& call);
+// The kernel the CPU backend running `isa` (resolved, not Auto) computes `call` with:
+// Amx for the calls the tile kernel takes, Avx512 for the others under Amx, else `isa`.
+Isa kernel_isa(Isa isa, const AttentionCall& call);
 
 // Measured fused-multiply-add peak of this machine with `threads` threads (0: all), GFLOP/s.
 double measure_fma_peak_gflops(int threads = 0, double seconds = 0.2);

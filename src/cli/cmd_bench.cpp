@@ -92,7 +92,8 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   const BenchErrors errors =
       check_dense_and_sparse(dense, sparse, c.plan, args.check_rows, args.seed, progress);
   // The ceiling of the units the kernel runs on: AMX tile products take bf16 calls where there is AMX.
-  const bool amx = runs_on_amx(isa, dense);
+  const Isa kernel = kernel_isa(isa, dense);
+  const bool amx = kernel == Isa::Amx;
   double peak = 0;
   {
     Progress p(amx ? "measuring the AMX peak" : "measuring the FMA peak", progress);
@@ -121,8 +122,7 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
       {"sparse_gflops_dense_equivalent", bench::gflops(work.dense_flops, sparse_ms)},
       {"peak_gflops", peak},
       {"peak_of", amx ? "amx" : "fma"},
-      // Amx runs the AVX-512 kernel for the calls the tile kernel does not take.
-      {"kernel", amx ? "amx" : isa == Isa::Amx ? "avx512" : std::string(to_string(isa))},
+      {"kernel", std::string(to_string(kernel))},
       {"peak_fraction", bench::fraction_of_peak(dense_gflops, peak)},
       {"sparse_peak_fraction", bench::fraction_of_peak(kept_gflops, peak)},
       {"speedup_cpu_time", bench::speedup(dense_cpu_ms, sparse_cpu_ms)},

@@ -134,7 +134,7 @@ class CpuBackend final : public Backend {
   void compute(const AttentionCall& call) const {
     const VideoLayout& layout = call.layout;
     const std::int64_t d = layout.head_dim;
-    const bool amx = runs_on_amx(isa_.isa, call);
+    const bool amx = kernel_isa(isa_.isa, call) == Isa::Amx;
     const AttendFn attend = amx ? attend_amx(int(d)) : kernel_for(isa_.isa, d);
     // Q only takes the scale's sign (exact); its magnitude goes into the kernel's exp2.
     const float q_scale = call.scale() < 0 ? -1.0f : 1.0f;
@@ -342,11 +342,13 @@ int resolve_threads(int requested) {
   return threads;
 }
 
-bool runs_on_amx(Isa isa, const AttentionCall& call) {
+Isa kernel_isa(Isa isa, const AttentionCall& call) {
+  if (isa != Isa::Amx) return isa;
   // The tile products read V as bf16 pairs too, so all three must be bf16 (exact).
-  return isa == Isa::Amx && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16 &&
-         call.v.dtype == DType::BF16 && call.layout.head_dim > 0 && call.layout.head_dim <= 1024 &&
-         cpu::attend_amx(int(call.layout.head_dim)) != nullptr;
+  const bool tiles = call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16 && call.v.dtype == DType::BF16 &&
+                     call.layout.head_dim > 0 && call.layout.head_dim <= 1024 &&
+                     cpu::attend_amx(int(call.layout.head_dim)) != nullptr;
+  return tiles ? Isa::Amx : Isa::Avx512;
 }
 
 std::unique_ptr<Backend> make_cpu_backend(CpuOptions options) {
