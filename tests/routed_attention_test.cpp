@@ -160,6 +160,40 @@ TEST(RoutedAttention, AFusedScatterSkipsThePackedOutputAndTheScatterPass) {
         ASSERT_EQ(std::memcmp(&la.at(batch, h, n), &lb.at(batch, h, n), sizeof(float)), 0) << h << " " << n;
 }
 
+// The host executor on the CPU backend stores the temporal heads' O and LSE
+// in place (Backend::run_scattered); on the reference backend, which does not,
+// it scatters them in a pass of its own. Either way the answer is the
+// reference's, and on the CPU the fused and two-step outputs agree bit for bit.
+TEST(RoutedAttention, TheCpuBackendStoresTheTemporalHeadsInPlace) {
+  const VideoLayout layout{{4, 6, 7, 9, TextPlacement::After}, 1, 4, 80};
+  const testing::CyclingDecisions given = testing::cycling_decisions(layout);
+  const std::uint64_t seed = testing::fresh_seed();
+  PlanCache plans;
+  testing::Problem fused = testing::make_problem(layout, DType::BF16, given.reference_masks, seed);
+  testing::Problem two_step = testing::make_problem(layout, DType::BF16, given.reference_masks, seed);
+  testing::Problem on_reference = testing::make_problem(layout, DType::BF16, given.reference_masks, seed);
+  const RoutedResult a = run_routed(backend("cpu"), plans, routed_call(fused), given.decisions);
+  ASSERT_FALSE(a.temporal.empty());
+  EXPECT_TRUE(a.scatter_fused);
+  RoutedOptions options;
+  options.fuse_scatter = false;
+  const RoutedResult b = run_routed(backend("cpu"), plans, routed_call(two_step), given.decisions, options);
+  EXPECT_FALSE(b.scatter_fused);
+  const RoutedResult c = run_routed(backend("reference"), plans, routed_call(on_reference), given.decisions);
+  EXPECT_FALSE(c.scatter_fused);
+  for (const testing::Problem* p : {&fused, &on_reference}) {
+    const testing::Comparison cmp = testing::compare_with_reference(*p);
+    EXPECT_TRUE(cmp.ok()) << cmp.failure;
+  }
+  EXPECT_EQ(std::memcmp(fused.o.view().data, two_step.o.view().data,
+                        std::size_t(fused.o.view().numel()) * element_size(fused.o.view().dtype)),
+            0);
+  for (std::int64_t h = 0; h < layout.heads; ++h)
+    for (std::int64_t n = 0; n < layout.tokens(); ++n)
+      ASSERT_EQ(std::memcmp(&fused.lse.view().at(0, h, n), &two_step.lse.view().at(0, h, n), sizeof(float)), 0)
+          << h << " " << n;
+}
+
 // An executor that records rather than runs (as the CUDA one does during a
 // graph capture) is asked for its buffers and to prepare both backend calls
 // before any step is enqueued, is never asked to time, and the result says the

@@ -7,7 +7,9 @@
 // key's k or v, makes that row NaN (or Inf); rows that never touch it are exact.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +55,28 @@ void validate_lse(const char* name, const LseView& lse, const VideoLayout& layou
 std::vector<HeadMask> uniform_heads(const VideoLayout& layout, const MaskSpec& spec, PlanCache& cache,
                                     TileShape tile = {}, Alignment alignment = Alignment::Exact);
 
+// Where a call's O and LSE go when the scatter of routed attention's temporal
+// heads is part of the attention's stores (Backend::run_scattered): the call's
+// head j (tokens in `from` order) goes to head heads[j] of `o` and `lse` (the
+// full [B, N, H, D] and [B, H, N] tensors, tokens in `to` order), as
+// scatter_heads (permute.hpp) would move it. No packed output, no second pass.
+struct ScatteredOutput {
+  VideoGrid grid;
+  TokenOrder from = TokenOrder::SpatialMajor;
+  TokenOrder to = TokenOrder::FrameMajor;
+  std::span<const std::int64_t> heads;  // one per head of the call: distinct, in [0, o.heads())
+  TensorView o;
+  LseView lse;  // data == nullptr: no LSE
+};
+
+// The checks of a scattered call that no backend can leave out: call.o and
+// call.lse empty, the grid and the orders, the head map, the full tensors
+// (shapes, strides under which no two elements of any head share an address),
+// no overlap with the inputs or each other. Returns the call with out.o and
+// out.lse narrowed to its head count in the roles of o and lse, for validate()
+// and supports() (what the narrowing hides is what is checked here).
+AttentionCall scattered_call_for_checks(const AttentionCall& call, const ScatteredOutput& out);
+
 struct Support {
   bool ok = true;
   std::string why;  // set when !ok
@@ -65,6 +89,11 @@ class Backend {
   virtual Support supports(const AttentionCall& call) const = 0;
   // Validates, then computes. Throws Unsupported when supports() says no.
   virtual void run(const AttentionCall& call) const = 0;
+  // Whether run_scattered() computes here (else it throws Unsupported).
+  virtual bool runs_scattered() const { return false; }
+  // run() with O and LSE stored where `out` says; call.o and call.lse must be
+  // empty. Checked as run() checks a call, plus scattered_call_for_checks().
+  virtual void run_scattered(const AttentionCall& call, const ScatteredOutput& out) const;
 };
 
 // Registered backends: "reference", "cpu", and "cuda" when built with it.

@@ -226,6 +226,9 @@ class CudaBackend final : public Backend {
   Support supports(const AttentionCall& call) const override;
   // Validates (see the top of this file), launches and waits for the result.
   void run(const AttentionCall& call) const override;
+  bool runs_scattered() const override { return true; }
+  // run_async_scattered on the default stream, waiting for the result.
+  void run_scattered(const AttentionCall& call, const ScatteredOutput& out) const override;
   // Validates and launches on `stream` (a cudaStream_t; nullptr: the default stream)
   // without waiting; a kernel fault then surfaces at the next synchronisation.
   void run_async(const AttentionCall& call, void* stream) const;

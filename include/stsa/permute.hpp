@@ -36,19 +36,6 @@ void scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::s
                    std::span<const TensorView> packed, std::span<const TensorView> dests, const LseView& packed_lse = {},
                    const LseView& lse = {}, int threads = 0);
 
-// Where packed heads' outputs go when the scatter is part of the attention's
-// stores (CudaBackend::run_async_scattered): packed head j (tokens in `from`
-// order) to head heads[j] of `o` and `lse` (the full [B, N, H, D] and
-// [B, H, N] tensors, tokens in `to` order), as scatter_heads would move them.
-struct ScatteredOutput {
-  VideoGrid grid;
-  TokenOrder from = TokenOrder::SpatialMajor;
-  TokenOrder to = TokenOrder::FrameMajor;
-  std::span<const std::int64_t> heads;  // one per packed head: distinct, in [0, o.heads())
-  TensorView o;
-  LseView lse;  // data == nullptr: no LSE
-};
-
 // Copy bandwidth of this machine: memcpy of a `bytes` buffer with `threads`
 // threads (0: all), best of a few runs, counting bytes read + bytes written
 // (the same accounting as permutation_bytes() in flops.hpp), in GB/s.

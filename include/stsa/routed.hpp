@@ -8,7 +8,8 @@
 //   4. gather the temporal heads' Q, K, V into packed spatial-major buffers (one pass);
 //   5. backend call B on the packed heads;
 //   6. scatter their O and LSE back (one pass), or, where the executor offers
-//      it (CUDA), step 5 stores them in place itself and there is no step 6.
+//      it (where the backend runs_scattered: CPU, CUDA), step 5 stores them in
+//      place itself and there is no step 6.
 // Tensors come and go in frame-major token order.
 #pragma once
 
@@ -61,7 +62,7 @@ struct RoutedOptions {
   TileShape tile;
   Alignment alignment = Alignment::Exact;
   int permute_threads = 0;  // 0: chosen from the copy size
-  // Where the executor offers it (CUDA): the packed call stores the temporal
+  // Where the executor offers it (the CPU and CUDA backends do): the packed call stores the temporal
   // heads' O and LSE in place, instead of a packed output and a scatter pass.
   bool fuse_scatter = true;
 };
@@ -143,6 +144,9 @@ class HostRoutedExecutor final : public RoutedExecutor {
                std::span<const TensorView> packed, std::span<const TensorView> dests, const LseView& packed_lse,
                const LseView& lse) override;
   void attend(const Backend& backend, const AttentionCall& call) override;
+  // Where the backend stores a scattered output (Backend::runs_scattered).
+  bool fuses_scatter(const Backend& backend) const override;
+  void attend_scattered(const Backend& backend, const AttentionCall& packed, const ScatteredOutput& out) override;
   int mark() override;
   double elapsed_ms(int from, int to) override;
 

@@ -109,16 +109,18 @@ nlohmann::json run_route(const RouteArgs& args) {
   Tensor o(DType::F32, layout.batch, layout.tokens(), layout.heads, layout.head_dim);
   LseBuffer lse(layout.batch, layout.heads, layout.tokens());
   RoutedCall call{layout, in.q.view(), in.k.view(), in.v.view(), o.view(), lse.view()};
+  RoutedOptions options;
+  options.fuse_scatter = args.scatter == "fused";
   RoutedRun routed;
   if (on_gpu) {
-    routed = route_on_cuda(router, call);
+    routed = route_on_cuda(router, call, options);
   } else {
     // Refuse what the backend cannot run before spending time on routing.
     const Support s = host_backend->supports(call.unrouted_call());
     STSA_CHECK(s.ok, Unsupported, "backend ", args.backend, ": ", s.why);
     PlanCache plans;
     routed.report = router.route(layout, call.q, call.k, call.v);
-    routed.result = run_routed(*host_backend, plans, call, routed.report.heads);
+    routed.result = run_routed(*host_backend, plans, call, routed.report.heads, options);
     routed.copy_gbps = measure_copy_gbps();
   }
   const RoutingReport& report = routed.report;
@@ -249,6 +251,11 @@ void add_route_command(CLI::App& app) {
   cmd->add_flag("--frame-window", args->frame_window, "also try the frame-window mask");
   cmd->add_option("--seed", args->seed, "seed of the samples and the synthetic data")->capture_default_str();
   cmd->add_option("--backend", args->backend, "attention backend: cpu | reference | cuda (routing and the routed call on the GPU; bf16 or fp16 inputs)")->capture_default_str();
+  cmd->add_option("--scatter", args->scatter,
+                  "temporal heads' O and LSE back to frame-major order: fused (stored in place by the attention, "
+                  "where the backend can) | pass (a pass of its own)")
+      ->check(CLI::IsMember({"fused", "pass"}))
+      ->capture_default_str();
   cmd->add_option("--eval-rows", args->eval_rows, "rows checked against fp64 dense attention (0: all)")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");

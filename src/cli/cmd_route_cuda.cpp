@@ -21,7 +21,7 @@ void require_cuda_device() {
   STSA_CHECK(cuda_device_count() > 0, Unsupported, "--backend cuda: no CUDA device (", cuda_unavailable_reason(), ")");
 }
 
-RoutedRun route_on_cuda(const Router& router, const RoutedCall& host) {
+RoutedRun route_on_cuda(const Router& router, const RoutedCall& host, const RoutedOptions& options) {
   const VideoLayout& layout = host.layout;
   require_cuda_device();
   const LseView host_lse =
@@ -58,7 +58,7 @@ RoutedRun route_on_cuda(const Router& router, const RoutedCall& host) {
   // copies inside its timed span); the second is what a serving loop's calls cost.
   for (int pass = 0; pass < 2; ++pass) {
     run.report = cuda_route(router, layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale);
-    run.result = cuda_run_routed(backend, plans, call, run.report.heads);
+    run.result = cuda_run_routed(backend, plans, call, run.report.heads, options);
   }
   run.result.routing_ms = run.report.routing_ms;
   run.result.routing_flops = run.report.flops;
@@ -74,7 +74,7 @@ constexpr const char* kNoCudaBuild =
 
 void require_cuda_device() { throw Unsupported(kNoCudaBuild); }
 
-RoutedRun route_on_cuda(const Router&, const RoutedCall&) { throw Unsupported(kNoCudaBuild); }
+RoutedRun route_on_cuda(const Router&, const RoutedCall&, const RoutedOptions&) { throw Unsupported(kNoCudaBuild); }
 
 #endif
 

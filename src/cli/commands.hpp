@@ -64,6 +64,7 @@ struct RouteArgs {
   bool frame_window = false;
   std::int64_t seed = 1;
   std::string backend = "cpu";
+  std::string scatter = "fused";  // the temporal heads' O and LSE: "fused" into the attention's stores, or a "pass"
   std::int64_t eval_rows = 128;
   bool json = false;
 };
@@ -83,7 +84,7 @@ struct RoutedRun {
 // receive the output. Of two calls the second is reported (the first creates
 // the scratch pool and uploads the plans). Unsupported without a GPU or in a
 // build without CUDA.
-RoutedRun route_on_cuda(const Router& router, const RoutedCall& host);
+RoutedRun route_on_cuda(const Router& router, const RoutedCall& host, const RoutedOptions& options);
 // Throws Unsupported unless this build has the CUDA backend and a GPU is present:
 // checked before the inputs are read or drawn.
 void require_cuda_device();

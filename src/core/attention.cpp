@@ -30,7 +30,62 @@ void check_distinct_addresses(const char* name, const std::array<std::int64_t, R
   }
 }
 
+bool is_token_order(TokenOrder order) { return order == TokenOrder::FrameMajor || order == TokenOrder::SpatialMajor; }
+
 }  // namespace
+
+AttentionCall scattered_call_for_checks(const AttentionCall& call, const ScatteredOutput& out) {
+  STSA_CHECK(call.o.data == nullptr && call.lse.data == nullptr, InvalidArgument,
+             "scattered output: call.o and call.lse must be empty (the output goes to the scattered tensors)");
+  STSA_CHECK(out.o.data != nullptr, InvalidArgument, "scattered output: no output tensor");
+  call.layout.validate();
+  STSA_CHECK(out.grid == call.layout.grid, InvalidArgument, "scattered output: the output grid ", out.grid.describe(),
+             " is not the call's ", call.layout.grid.describe());
+  STSA_CHECK(is_token_order(out.from) && is_token_order(out.to), InvalidArgument,
+             "scattered output: the token orders are not TokenOrder values");
+  for (std::size_t h = 0; h < call.heads.size(); ++h)
+    STSA_CHECK(!call.heads[h].compute || call.heads[h].order == out.from, InvalidArgument, "scattered output: head ",
+               h, "'s tokens are in ", to_string(call.heads[h].order), " order, the output says ",
+               to_string(out.from));
+  // The full output on its own: with one head in the call, the narrowed view
+  // below has one head and its head stride would go unchecked.
+  VideoLayout full = call.layout;
+  full.heads = out.o.heads();
+  validate_tensor("scattered o", out.o, full);  // validates `full` first (a head count >= 1, sizes that fit)
+  if (out.lse.data != nullptr) validate_lse("scattered lse", out.lse, full);
+  const std::int64_t count = call.layout.heads;
+  STSA_CHECK(std::int64_t(out.heads.size()) == count, InvalidArgument, "scattered output: ", out.heads.size(),
+             " output heads for ", count, " heads");
+  for (const std::int64_t h : out.heads)
+    STSA_CHECK(h >= 0 && h < out.o.heads(), InvalidArgument, "scattered output: output head ", h,
+               " out of range [0, ", out.o.heads(), ")");
+  std::vector<std::int64_t> sorted(out.heads.begin(), out.heads.end());
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  STSA_CHECK(twice == sorted.end(), InvalidArgument, "scattered output: output head ",
+             twice == sorted.end() ? 0 : *twice, " listed twice");
+  for (const TensorView* input : {&call.q, &call.k, &call.v}) {
+    STSA_CHECK(!extents_overlap(out.o.byte_extent(), input->byte_extent()), InvalidArgument,
+               "scattered output: o overlaps an input tensor");
+    if (out.lse.data != nullptr)
+      STSA_CHECK(!extents_overlap(out.lse.byte_extent(), input->byte_extent()), InvalidArgument,
+                 "scattered output: lse overlaps an input tensor");
+  }
+  if (out.lse.data != nullptr)
+    STSA_CHECK(!extents_overlap(out.lse.byte_extent(), out.o.byte_extent()), InvalidArgument,
+               "scattered output: lse overlaps o");
+  AttentionCall checked = call;
+  checked.o = out.o;
+  checked.o.shape[2] = count;
+  checked.lse = out.lse;
+  if (checked.lse.data != nullptr) checked.lse.shape[1] = count;
+  return checked;
+}
+
+void Backend::run_scattered(const AttentionCall& call, const ScatteredOutput& out) const {
+  (void)call, (void)out;
+  throw Unsupported(detail::concat("the ", name(), " backend does not store a scattered output"));
+}
 
 void validate_tensor(const char* name, const TensorView& t, const VideoLayout& layout) {
   layout.validate();

@@ -119,19 +119,37 @@ class CpuBackend final : public Backend {
 
   void run(const AttentionCall& call) const override {
     validate(call, /*require_plans=*/true);
+    run_checked(call, RowDestination{call.o, call.lse});
+  }
+
+  bool runs_scattered() const override { return true; }
+
+  void run_scattered(const AttentionCall& call, const ScatteredOutput& out) const override {
+    validate(scattered_call_for_checks(call, out), /*require_plans=*/true);
+    // Where each of the call's token positions lands in the output's order.
+    std::vector<std::int64_t> tokens;
+    if (out.from != out.to) {
+      tokens.resize(std::size_t(out.grid.tokens()));
+      for (std::int64_t n = 0; n < out.grid.tokens(); ++n)
+        tokens[std::size_t(n)] = out.grid.position(out.grid.coord(n, out.from), out.to);
+    }
+    run_checked(call, RowDestination{out.o, out.lse, out.heads.data(), tokens.empty() ? nullptr : tokens.data()});
+  }
+
+ private:
+  void run_checked(const AttentionCall& call, const RowDestination& out) const {
     const Support support = supports(call);
     if (!support.ok) throw Unsupported(support.why);
     std::lock_guard<std::mutex> lock(mutex_);
     if (!pool_) pool_ = std::make_unique<ThreadPool>(threads_);
     try {
-      compute(call);
+      compute(call, out);
     } catch (const std::bad_alloc&) {
       throw ResourceError("cpu backend: out of memory for the packed K/V panels or scratch buffers");
     }
   }
 
- private:
-  void compute(const AttentionCall& call) const {
+  void compute(const AttentionCall& call, const RowDestination& out) const {
     const VideoLayout& layout = call.layout;
     const std::int64_t d = layout.head_dim;
     const bool amx = kernel_isa(isa_.isa, call) == Isa::Amx;
@@ -196,17 +214,18 @@ class CpuBackend final : public Backend {
       }
       panels.resize(floats);
       if (bf16_pairs) pair_panels_.resize(pair_words);
-      run_chunk(call, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, amx, attend,
-                q_scale, exp_scale, score_scale, scratch);
+      run_chunk(call, out, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, amx,
+                attend, q_scale, exp_scale, score_scale, scratch);
       first = last;
     }
   }
 
   // pair_panels: bf16-pair K panels (S = Q K^T from bf16 pairs), and with `amx`
   // the V ones too; nullptr for the fp32 path.
-  void run_chunk(const AttentionCall& call, std::vector<PairWork>& pairs, std::size_t first, std::size_t last,
-                 float* panels, std::uint32_t* pair_panels, bool amx, AttendFn attend, float q_scale, float exp_scale,
-                 double score_scale, std::vector<WorkerScratch>& scratch) const {
+  void run_chunk(const AttentionCall& call, const RowDestination& out, std::vector<PairWork>& pairs,
+                 std::size_t first, std::size_t last, float* panels, std::uint32_t* pair_panels, bool amx,
+                 AttendFn attend, float q_scale, float exp_scale, double score_scale,
+                 std::vector<WorkerScratch>& scratch) const {
     const std::int64_t d = call.layout.head_dim;
     const std::int64_t n = call.layout.tokens();
 
@@ -309,7 +328,7 @@ class CpuBackend final : public Backend {
       job.l = w.l.data();
       job.scratch = w.s.data();
       attend(job);
-      store_rows(call.o, call.lse, pw.batch, pw.head, q0, rows, job.o, job.m, job.l, score_scale);
+      store_rows(out, pw.batch, pw.head, q0, rows, job.o, job.m, job.l, score_scale);
     });
   }
 

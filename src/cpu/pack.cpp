@@ -100,14 +100,18 @@ PackedV pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, s
   return flags;
 }
 
-void store_rows(const TensorView& o, const LseView& lse, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
+void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
                 const float* acc, const float* m, const float* l, double score_scale) {
+  const TensorView& o = out.o;
+  const std::int64_t head = out.heads ? out.heads[h] : h;
+  const auto token = [&](int i) { return out.tokens ? out.tokens[n0 + i] : n0 + i; };
   const std::int64_t d_count = o.head_dim();
   for (int i = 0; i < rows; ++i) {
-    if (i + kPrefetchRowsAhead < rows) prefetch_row(o, b, n0 + i + kPrefetchRowsAhead, h, /*for_write=*/true);
+    if (i + kPrefetchRowsAhead < rows) prefetch_row(o, b, token(i + kPrefetchRowsAhead), head, /*for_write=*/true);
     const float* a = acc + i * d_count;
     const bool empty = l[i] == 0.0f;
-    const std::int64_t base = o.offset(b, n0 + i, h, 0);
+    const std::int64_t n = token(i);
+    const std::int64_t base = o.offset(b, n, head, 0);
     const std::int64_t step = o.stride[3];
     if (o.dtype == DType::F32) {
       float* dst = static_cast<float*>(o.data) + base;
@@ -116,8 +120,8 @@ void store_rows(const TensorView& o, const LseView& lse, std::int64_t b, std::in
       for (std::int64_t d = 0; d < d_count; ++d)
         store_from_float(o.data, o.dtype, base + d * step, empty ? 0.0f : a[d] / l[i]);
     }
-    if (lse.data != nullptr)
-      lse.at(b, h, n0 + i) =
+    if (out.lse.data != nullptr)
+      out.lse.at(b, head, n) =
           empty ? -std::numeric_limits<float>::infinity() : float(double(m[i]) * score_scale + std::log(double(l[i])));
   }
 }

@@ -52,11 +52,21 @@ PackedV pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, s
                      int tile_k, float* kt, float* v_rows, std::uint32_t* kt_pairs = nullptr,
                      std::uint32_t* v_pairs = nullptr);
 
-// Writes finished rows: o[b, n0 + i, h, :] = acc[i] / l[i] and
-// lse[b, h, n0 + i] = m[i] * score_scale + ln l[i], from the kernel's running max
-// m of the unscaled scores and sum l. A row with l == 0 (nothing allowed) gets
-// O = 0 and LSE = -inf.
-void store_rows(const TensorView& o, const LseView& lse, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
+// Where finished rows go: row n of the call's head h lands at token tokens[n]
+// (n when null) of head heads[h] (h when null) of o and lse: a scattered
+// output (ScatteredOutput) stores routed attention's temporal heads in place.
+struct RowDestination {
+  TensorView o;
+  LseView lse;  // data == nullptr: no LSE
+  const std::int64_t* heads = nullptr;
+  const std::int64_t* tokens = nullptr;
+};
+
+// Writes finished rows n0 .. n0 + rows - 1 of (b, h) where `out` says:
+// O = acc[i] / l[i] and LSE = m[i] * score_scale + ln l[i], from the kernel's
+// running max m of the unscaled scores and sum l. A row with l == 0 (nothing
+// allowed) gets O = 0 and LSE = -inf.
+void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
                 const float* acc, const float* m, const float* l, double score_scale);
 
 }  // namespace stsa::cpu

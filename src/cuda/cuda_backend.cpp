@@ -145,63 +145,6 @@ int out_type(DType t) {
   return cuda_detail::kOutF32;
 }
 
-bool is_token_order(TokenOrder order) { return order == TokenOrder::FrameMajor || order == TokenOrder::SpatialMajor; }
-
-// The call as run_async would check it, with the scattered output in the roles
-// of o and lse, narrowed to the call's head count (heads 0..count-1 of the full
-// tensors, never written as such): check_on_host() then checks dtypes, batch,
-// tokens, head dim and the rows' alignment as for any output. Checked here:
-// what the narrowing cannot see (the full tensors' strides and extents, the
-// head map, the grid, the orders).
-AttentionCall scattered_call_for_checks(const AttentionCall& call, const ScatteredOutput& out) {
-  STSA_CHECK(call.o.data == nullptr && call.lse.data == nullptr, InvalidArgument,
-             "run_async_scattered: call.o and call.lse must be empty (the output goes to the scattered tensors)");
-  STSA_CHECK(out.o.data != nullptr, InvalidArgument, "run_async_scattered: no output tensor");
-  call.layout.validate();
-  STSA_CHECK(out.grid == call.layout.grid, InvalidArgument, "run_async_scattered: the output grid ",
-             out.grid.describe(), " is not the call's ", call.layout.grid.describe());
-  STSA_CHECK(is_token_order(out.from) && is_token_order(out.to), InvalidArgument,
-             "run_async_scattered: the token orders are not TokenOrder values");
-  for (std::size_t h = 0; h < call.heads.size(); ++h)
-    STSA_CHECK(!call.heads[h].compute || call.heads[h].order == out.from, InvalidArgument, "run_async_scattered: head ",
-               h, "'s tokens are in ", to_string(call.heads[h].order), " order, the output says ", to_string(out.from));
-  // The full output: strides under which no two elements of any head share an
-  // address, and 16-byte rows in every head (the narrowed view has one head
-  // when one head is packed, and its head stride would go unchecked).
-  VideoLayout full = call.layout;
-  full.heads = out.o.heads();
-  validate_tensor("scattered o", out.o, full);  // validates `full` first (a head count >= 1, sizes that fit)
-  cuda_detail::require_row_vectors("run_async_scattered: ", "o", out.o);
-  if (out.lse.data != nullptr) validate_lse("scattered lse", out.lse, full);
-  const std::int64_t count = call.layout.heads;
-  STSA_CHECK(std::int64_t(out.heads.size()) == count, InvalidArgument, "run_async_scattered: ", out.heads.size(),
-             " output heads for ", count, " heads");
-  for (const std::int64_t h : out.heads)
-    STSA_CHECK(h >= 0 && h < out.o.heads(), InvalidArgument, "run_async_scattered: output head ", h,
-               " out of range [0, ", out.o.heads(), ")");
-  std::vector<std::int64_t> sorted(out.heads.begin(), out.heads.end());
-  std::sort(sorted.begin(), sorted.end());
-  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
-  STSA_CHECK(twice == sorted.end(), InvalidArgument, "run_async_scattered: output head ",
-             twice == sorted.end() ? 0 : *twice, " listed twice");
-  for (const TensorView* input : {&call.q, &call.k, &call.v}) {
-    STSA_CHECK(!extents_overlap(out.o.byte_extent(), input->byte_extent()), InvalidArgument,
-               "run_async_scattered: o overlaps an input tensor");
-    if (out.lse.data != nullptr)
-      STSA_CHECK(!extents_overlap(out.lse.byte_extent(), input->byte_extent()), InvalidArgument,
-                 "run_async_scattered: lse overlaps an input tensor");
-  }
-  if (out.lse.data != nullptr)
-    STSA_CHECK(!extents_overlap(out.lse.byte_extent(), out.o.byte_extent()), InvalidArgument,
-               "run_async_scattered: lse overlaps o");
-  AttentionCall checked = call;
-  checked.o = out.o;
-  checked.o.shape[2] = count;
-  checked.lse = out.lse;
-  if (checked.lse.data != nullptr) checked.lse.shape[1] = count;
-  return checked;
-}
-
 }  // namespace
 
 std::string_view to_string(CudaKernel kernel) {
@@ -352,6 +295,11 @@ void CudaBackend::run(const AttentionCall& call) const {
   STSA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
+void CudaBackend::run_scattered(const AttentionCall& call, const ScatteredOutput& out) const {
+  run_async_scattered(call, out, nullptr);
+  STSA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
 void CudaBackend::run_async(const AttentionCall& call, void* stream) const { enqueue(call, nullptr, stream, true); }
 
 void CudaBackend::run_async_scattered(const AttentionCall& call, const ScatteredOutput& out, void* stream) const {
@@ -368,7 +316,11 @@ std::vector<std::shared_ptr<const DevicePlan>> CudaBackend::enqueue(const Attent
                                                                     bool launch) const {
   // A scattered output is checked as the call's o and lse (narrowed to its heads).
   std::optional<AttentionCall> narrowed;
-  if (scattered) narrowed = scattered_call_for_checks(call, *scattered);
+  if (scattered) {
+    narrowed = scattered_call_for_checks(call, *scattered);
+    // 16-byte rows in every head of the full tensor, not only the narrowed ones.
+    cuda_detail::require_row_vectors("run_async_scattered: ", "o", scattered->o);
+  }
   const AttentionCall& checked = narrowed ? *narrowed : call;
   check_on_host(checked);
   const auto [facts, kernel] = check_on_device(checked, state_->options.kernel);

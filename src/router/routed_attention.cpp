@@ -176,6 +176,13 @@ void HostRoutedExecutor::scatter(const VideoGrid& grid, TokenOrder from, TokenOr
 
 void HostRoutedExecutor::attend(const Backend& backend, const AttentionCall& call) { backend.run(call); }
 
+bool HostRoutedExecutor::fuses_scatter(const Backend& backend) const { return backend.runs_scattered(); }
+
+void HostRoutedExecutor::attend_scattered(const Backend& backend, const AttentionCall& packed,
+                                          const ScatteredOutput& out) {
+  backend.run_scattered(packed, out);
+}
+
 int HostRoutedExecutor::mark() {
   marks_ms_.push_back(std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count());
   return int(marks_ms_.size()) - 1;

@@ -56,13 +56,19 @@ def main():
         print(f"FAIL bench rel_l2_err {bench['rel_l2_err']} > 1e-5 in fp32")
         failures += 1
     route = json.loads(run(binary, checks[3][0]))
-    # The host backends: no device, no GPU routing kernels, the temporal heads' scatter as its own pass.
+    # The CPU backend: no device, no GPU routing kernels, the temporal heads' O stored in place.
     if "temporal" not in route["decisions"]:
         print(f"FAIL route: no temporal head to permute ({route['decisions']})")
         failures += 1
-    if route["device"] is not None or route["routing_device_ms"] is not None or route["scatter_fused"] is not False:
-        print("FAIL route on the CPU reports GPU fields: "
+    if route["device"] is not None or route["routing_device_ms"] is not None or route["scatter_fused"] is not True:
+        print("FAIL route on the CPU reports GPU fields or no fused scatter: "
               f"{route['device']}, {route['routing_device_ms']}, {route['scatter_fused']}")
+        failures += 1
+    # The scatter as a pass of its own: the same output (bit for bit, so the same errors).
+    two_step = json.loads(run(binary, checks[3][0] + ["--scatter", "pass"]))
+    if two_step["scatter_fused"] is not False or two_step["rel_l2_err"] != route["rel_l2_err"]:
+        print(f"FAIL route --scatter pass: fused {two_step['scatter_fused']}, "
+              f"rel_l2_err {two_step['rel_l2_err']} vs {route['rel_l2_err']} fused")
         failures += 1
     bf16 = json.loads(run(binary, checks[4][0]))
     amx = bf16["isa"] == "amx"
@@ -79,7 +85,7 @@ def main():
     if "CPU kernel" not in demo or "Tile plans" not in demo:
         print("FAIL the demo did not print its two parts")
         failures += 1
-    total = len(checks) + 6
+    total = len(checks) + 7
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 

@@ -597,10 +597,9 @@ void GpuAttention::run_scattered_case(const Case& c, TokenOrder order, const std
   const TensorView packed_o[] = {with_output.o};
   const TensorView full_o[] = {two_step.call.o};
   cuda_scatter_heads(g, order, TokenOrder::FrameMajor, targets, packed_o, full_o, with_output.lse, two_step.call.lse);
-  backend.run_async_scattered(packed, ScatteredOutput{g, order, TokenOrder::FrameMajor, targets, fused.call.o,
-                                                      fused.call.lse},
-                              nullptr);
-  cuda_synchronize();
+  // Backend::run_scattered: run_async_scattered on the default stream, then a wait.
+  backend.run_scattered(packed,
+                        ScatteredOutput{g, order, TokenOrder::FrameMajor, targets, fused.call.o, fused.call.lse});
 
   EXPECT_TRUE(fused.o.guards_intact() && fused.lse.guards_intact()) << "guard bytes around O or LSE overwritten";
   testing::Problem a = problem, b = problem;

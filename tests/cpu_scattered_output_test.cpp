@@ -1,0 +1,224 @@
+// The CPU backend's scattered output (Backend::run_scattered), on every
+// instruction set this machine has: packed heads (routed attention's temporal
+// heads: q, k, v gathered into spatial-major order) whose O and LSE the kernel
+// stores straight into the full tensors are the bytes of the two-step path
+// (packed output, then scatter_heads), and the heads not listed are never
+// written. Bad scattered outputs are refused before anything is written.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu/isa.hpp"
+#include "stsa/cpu.hpp"
+#include "stsa/error.hpp"
+#include "stsa/mask.hpp"
+#include "stsa/permute.hpp"
+#include "stsa/plan.hpp"
+#include "support/testing.hpp"
+
+namespace stsa {
+namespace {
+
+std::vector<Isa> isas_of_this_machine() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx})
+    if (cpu::machine_supports(isa)) out.push_back(isa);
+  return out;
+}
+
+struct ScatterCase {
+  VideoLayout full;  // the caller's tensors; the packed call has targets.size() heads
+  DType in = DType::F32, out = DType::F32;
+  MemoryLayout memory = MemoryLayout::BNHD;
+  TokenOrder order = TokenOrder::SpatialMajor;  // the packed heads' token order
+  std::vector<std::int64_t> targets;            // packed head j goes to head targets[j]
+};
+
+// The packed call: the listed heads of `full`'s q, k, v gathered into `order`,
+// alternating two plans (anchor on and off), so heads of one call differ.
+struct PackedCall {
+  Tensor q, k, v;
+  AttentionCall call;  // o and lse empty
+};
+
+PackedCall gather_call(const ScatterCase& c, const testing::Problem& full, PlanCache& cache) {
+  const VideoGrid& g = c.full.grid;
+  const auto count = std::int64_t(c.targets.size());
+  const SparseKind kind = c.order == TokenOrder::SpatialMajor ? SparseKind::Temporal : SparseKind::Spatial;
+  const MaskSpec specs[2] = {mask_for_density(g, kind, 0.3), mask_for_density(g, kind, 0.3, false)};
+  PackedCall p;
+  p.call.layout = VideoLayout{g, c.full.batch, count, c.full.head_dim};
+  for (Tensor* t : {&p.q, &p.k, &p.v}) *t = Tensor(c.in, c.full.batch, g.tokens(), count, c.full.head_dim);
+  p.call.q = p.q.view();
+  p.call.k = p.k.view();
+  p.call.v = p.v.view();
+  const AttentionCall source = full.call();
+  const TensorView sources[] = {source.q, source.k, source.v};
+  const TensorView packed[] = {p.call.q, p.call.k, p.call.v};
+  gather_heads(g, TokenOrder::FrameMajor, c.order, c.targets, sources, packed);
+  for (std::int64_t j = 0; j < count; ++j) {
+    const MaskSpec& spec = specs[j % 2];
+    p.call.heads.push_back({spec, c.order, cache.get(g, spec), true});
+  }
+  return p;
+}
+
+void expect_scattered_matches_two_step(const Backend& backend, const ScatterCase& c) {
+  const VideoGrid& g = c.full.grid;
+  const auto count = std::int64_t(c.targets.size());
+  // Only the tensors of the full problem are used; its heads are never run.
+  testing::Problem fused = testing::make_problem(c.full, c.in, std::vector<HeadMask>(std::size_t(c.full.heads)),
+                                                 testing::fresh_seed(), c.memory, c.out);
+  testing::Problem two_step = fused;  // deep copies: the same inputs, O and LSE poisoned with NaN
+  SCOPED_TRACE(fused.label);
+  PlanCache cache;
+  const PackedCall packed = gather_call(c, fused, cache);
+
+  AttentionCall with_output = packed.call;
+  Tensor o(c.out, c.full.batch, g.tokens(), count, c.full.head_dim);
+  LseBuffer lse(c.full.batch, count, g.tokens());
+  with_output.o = o.view();
+  with_output.lse = lse.view();
+  backend.run(with_output);
+  const TensorView packed_o[] = {with_output.o};
+  const TensorView full_o[] = {two_step.o.view()};
+  scatter_heads(g, c.order, TokenOrder::FrameMajor, c.targets, packed_o, full_o, with_output.lse, two_step.lse.view());
+
+  backend.run_scattered(packed.call, ScatteredOutput{g, c.order, TokenOrder::FrameMajor, c.targets, fused.o.view(),
+                                                     fused.lse.view()});
+
+  EXPECT_TRUE(fused.o.guards_intact() && fused.lse.guards_intact()) << "guard bytes around O or LSE overwritten";
+  const TensorView a = fused.o.view(), b = two_step.o.view();
+  std::int64_t mismatched_o = 0, written_o = 0, mismatched_lse = 0, written_lse = 0;
+  for (std::int64_t batch = 0; batch < c.full.batch; ++batch)
+    for (std::int64_t n = 0; n < g.tokens(); ++n)
+      for (std::int64_t h = 0; h < c.full.heads; ++h) {
+        for (std::int64_t d = 0; d < c.full.head_dim; ++d) {
+          const float x = a.load(batch, n, h, d), y = b.load(batch, n, h, d);
+          mismatched_o += std::memcmp(&x, &y, sizeof(float)) != 0;
+          written_o += !std::isnan(x);
+        }
+        const float x = fused.lse.view().at(batch, h, n), y = two_step.lse.view().at(batch, h, n);
+        mismatched_lse += std::memcmp(&x, &y, sizeof(float)) != 0;
+        written_lse += !std::isnan(x);
+      }
+  EXPECT_EQ(mismatched_o, 0) << "the scattered output holds other O values than the two-step path";
+  EXPECT_EQ(mismatched_lse, 0);
+  // Exactly the listed heads' rows were stored (the others keep the NaN poison).
+  EXPECT_EQ(written_o, c.full.batch * count * g.tokens() * c.full.head_dim);
+  EXPECT_EQ(written_lse, c.full.batch * count * g.tokens());
+}
+
+// Two plans among the packed heads, text before and after the video, ragged
+// tiles, both memory layouts, every output dtype, head dims 64/80/96/128; a
+// same-order case remaps heads only.
+TEST(CpuScatteredOutput, IsTheGatheredCallScatteredOnEveryIsa) {
+  const std::vector<ScatterCase> cases = {
+      {{{5, 7, 9, 13, TextPlacement::Before}, 2, 5, 64}, DType::F32, DType::F32, MemoryLayout::BNHD,
+       TokenOrder::SpatialMajor, {3, 0, 4}},
+      {{{4, 5, 6, 70, TextPlacement::After}, 1, 4, 80}, DType::F16, DType::F32, MemoryLayout::BHND,
+       TokenOrder::SpatialMajor, {2, 1}},
+      {{{6, 8, 11, 0, TextPlacement::After}, 1, 3, 128}, DType::BF16, DType::BF16, MemoryLayout::BNHD,
+       TokenOrder::SpatialMajor, {2, 0, 1}},
+      {{{3, 7, 9, 0, TextPlacement::After}, 1, 3, 96}, DType::BF16, DType::F16, MemoryLayout::BNHD,
+       TokenOrder::FrameMajor, {2, 0}},
+      {{{1, 9, 10, 5, TextPlacement::Before}, 1, 2, 64}, DType::BF16, DType::F32, MemoryLayout::BNHD,
+       TokenOrder::SpatialMajor, {1}},  // one frame: both orders are the same
+  };
+  for (const Isa isa : isas_of_this_machine()) {
+    SCOPED_TRACE(std::string(to_string(isa)));
+    const auto backend = make_cpu_backend({isa, 2});
+    ASSERT_TRUE(backend->runs_scattered());
+    for (const ScatterCase& c : cases) expect_scattered_matches_two_step(*backend, c);
+  }
+}
+
+// The backend-neutral checks (scattered_call_for_checks), each refused with a
+// message naming it, before any output is written; and a backend that does
+// not store scattered outputs says so.
+TEST(CpuScatteredOutput, BadScatteredOutputsAreRefusedBeforeAnythingIsWritten) {
+  const VideoLayout full{{3, 4, 5, 6, TextPlacement::After}, 1, 3, 64};
+  testing::Problem problem = testing::make_problem(full, DType::F32, std::vector<HeadMask>(3), testing::fresh_seed());
+  PlanCache cache;
+  const ScatterCase c{full, DType::F32, DType::F32, MemoryLayout::BNHD, TokenOrder::FrameMajor, {2, 0}};
+  const PackedCall packed = gather_call(c, problem, cache);
+  const std::vector<std::int64_t> heads = c.targets, twice = {1, 1}, outside = {0, 3}, one = {0},
+                                  swapped = {1, 0};
+  const ScatteredOutput out{full.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, problem.o.view(),
+                            problem.lse.view()};
+  const auto backend = make_cpu_backend({Isa::Auto, 2});
+  const auto expect_invalid = [&](const AttentionCall& call, const ScatteredOutput& o, const std::string& fragment) {
+    try {
+      backend->run_scattered(call, o);
+      ADD_FAILURE() << "accepted; expected an error naming '" << fragment << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  AttentionCall with_o = packed.call;
+  Tensor packed_o(DType::F32, full.batch, full.tokens(), 2, full.head_dim);
+  with_o.o = packed_o.view();
+  expect_invalid(with_o, out, "must be empty");
+  ScatteredOutput bad = out;
+  bad.heads = twice;
+  expect_invalid(packed.call, bad, "listed twice");
+  bad.heads = outside;
+  expect_invalid(packed.call, bad, "out of range");
+  bad.heads = one;
+  expect_invalid(packed.call, bad, "1 output heads for 2 heads");
+  bad = out;
+  bad.grid.frames = 2;
+  expect_invalid(packed.call, bad, "output grid");
+  bad = out;
+  bad.o = packed.call.q;  // the output over an input (two heads: a valid full tensor otherwise)
+  bad.heads = swapped;
+  bad.lse = LseView{};
+  expect_invalid(packed.call, bad, "o overlaps an input");
+  bad = out;
+  bad.lse.data = static_cast<float*>(packed.call.v.data);  // 3 LSE rows inside V's 2 x 64 floats per token
+  expect_invalid(packed.call, bad, "lse overlaps an input");
+  bad = out;
+  bad.o.shape[3] = 32;
+  expect_invalid(packed.call, bad, "scattered o has shape");
+  bad = out;
+  bad.o.shape[2] = -100;  // a head count no layout has (not an allocation of that size)
+  expect_invalid(packed.call, bad, "heads");
+  bad = out;
+  bad.lse.shape[1] = 2;
+  expect_invalid(packed.call, bad, "scattered lse has shape");
+  bad = out;
+  bad.lse.stride[1] = 0;  // every head's LSE row in one place
+  expect_invalid(packed.call, bad, "scattered lse has overlapping strides");
+  bad = out;
+  bad.lse.data = reinterpret_cast<float*>(problem.o.view().data);
+  expect_invalid(packed.call, bad, "lse overlaps o");
+  bad = out;
+  bad.o.data = nullptr;
+  expect_invalid(packed.call, bad, "no output tensor");
+  bad = out;
+  bad.from = TokenOrder::SpatialMajor;  // the heads' plans are frame-major
+  expect_invalid(packed.call, bad, "order");
+  bad = out;
+  bad.o.stride[2] = full.head_dim / 2;  // the heads overlap each other
+  expect_invalid(packed.call, bad, "scattered o has overlapping strides");
+  for (std::int64_t b = 0; b < full.batch; ++b)
+    for (std::int64_t n = 0; n < full.tokens(); ++n)
+      for (std::int64_t h = 0; h < full.heads; ++h) {
+        ASSERT_TRUE(std::isnan(problem.lse.view().at(b, h, n))) << "LSE written by a refused call";
+        for (std::int64_t d = 0; d < full.head_dim; ++d)
+          ASSERT_TRUE(std::isnan(problem.o.view().load(b, n, h, d))) << "O written by a refused call";
+      }
+  // The valid call runs.
+  backend->run_scattered(packed.call, out);
+  EXPECT_FALSE(std::isnan(problem.lse.view().at(0, 2, 0)));
+
+  const Backend& reference = stsa::backend("reference");
+  EXPECT_FALSE(reference.runs_scattered());
+  EXPECT_THROW(reference.run_scattered(packed.call, out), Unsupported);
+}
+
+}  // namespace
+}  // namespace stsa
