@@ -35,6 +35,9 @@ struct ScatterCase {
   MemoryLayout memory = MemoryLayout::BNHD;
   TokenOrder order = TokenOrder::SpatialMajor;  // the packed heads' token order
   std::vector<std::int64_t> targets;            // packed head j goes to head targets[j]
+  TokenOrder to = TokenOrder::FrameMajor;       // the full tensors' token order
+  bool with_lse = true;
+  std::int64_t skipped = -1;  // a packed head with compute = false: its target head is never written
 };
 
 // The packed call: the listed heads of `full`'s q, k, v gathered into `order`,
@@ -58,10 +61,10 @@ PackedCall gather_call(const ScatterCase& c, const testing::Problem& full, PlanC
   const AttentionCall source = full.call();
   const TensorView sources[] = {source.q, source.k, source.v};
   const TensorView packed[] = {p.call.q, p.call.k, p.call.v};
-  gather_heads(g, TokenOrder::FrameMajor, c.order, c.targets, sources, packed);
+  gather_heads(g, c.to, c.order, c.targets, sources, packed);
   for (std::int64_t j = 0; j < count; ++j) {
     const MaskSpec& spec = specs[j % 2];
-    p.call.heads.push_back({spec, c.order, cache.get(g, spec), true});
+    p.call.heads.push_back({spec, c.order, cache.get(g, spec), j != c.skipped});
   }
   return p;
 }
@@ -77,18 +80,27 @@ void expect_scattered_matches_two_step(const Backend& backend, const ScatterCase
   PlanCache cache;
   const PackedCall packed = gather_call(c, fused, cache);
 
+  // The two-step path: a packed output poisoned like the full one (so a skipped
+  // head scatters NaN, which the fused path leaves in place by not writing), then scatter_heads.
   AttentionCall with_output = packed.call;
   Tensor o(c.out, c.full.batch, g.tokens(), count, c.full.head_dim);
   LseBuffer lse(c.full.batch, count, g.tokens());
+  for (std::int64_t b = 0; b < c.full.batch; ++b)
+    for (std::int64_t n = 0; n < g.tokens(); ++n)
+      for (std::int64_t j = 0; j < count; ++j) {
+        for (std::int64_t d = 0; d < c.full.head_dim; ++d) o.view().store(b, n, j, d, std::nanf(""));
+        lse.view().at(b, j, n) = std::nanf("");
+      }
   with_output.o = o.view();
-  with_output.lse = lse.view();
+  with_output.lse = c.with_lse ? lse.view() : LseView{};
   backend.run(with_output);
   const TensorView packed_o[] = {with_output.o};
   const TensorView full_o[] = {two_step.o.view()};
-  scatter_heads(g, c.order, TokenOrder::FrameMajor, c.targets, packed_o, full_o, with_output.lse, two_step.lse.view());
+  scatter_heads(g, c.order, c.to, c.targets, packed_o, full_o, with_output.lse,
+                c.with_lse ? two_step.lse.view() : LseView{});
 
-  backend.run_scattered(packed.call, ScatteredOutput{g, c.order, TokenOrder::FrameMajor, c.targets, fused.o.view(),
-                                                     fused.lse.view()});
+  backend.run_scattered(packed.call, ScatteredOutput{g, c.order, c.to, c.targets, fused.o.view(),
+                                                     c.with_lse ? fused.lse.view() : LseView{}});
 
   EXPECT_TRUE(fused.o.guards_intact() && fused.lse.guards_intact()) << "guard bytes around O or LSE overwritten";
   const TensorView a = fused.o.view(), b = two_step.o.view();
@@ -107,9 +119,10 @@ void expect_scattered_matches_two_step(const Backend& backend, const ScatterCase
       }
   EXPECT_EQ(mismatched_o, 0) << "the scattered output holds other O values than the two-step path";
   EXPECT_EQ(mismatched_lse, 0);
-  // Exactly the listed heads' rows were stored (the others keep the NaN poison).
-  EXPECT_EQ(written_o, c.full.batch * count * g.tokens() * c.full.head_dim);
-  EXPECT_EQ(written_lse, c.full.batch * count * g.tokens());
+  // Exactly the computed listed heads' rows were stored (the others keep the NaN poison).
+  const std::int64_t stored = count - (c.skipped >= 0 ? 1 : 0);
+  EXPECT_EQ(written_o, c.full.batch * stored * g.tokens() * c.full.head_dim);
+  EXPECT_EQ(written_lse, c.with_lse ? c.full.batch * stored * g.tokens() : 0);
 }
 
 // Two plans among the packed heads, text before and after the video, ragged
@@ -127,6 +140,12 @@ TEST(CpuScatteredOutput, IsTheGatheredCallScatteredOnEveryIsa) {
        TokenOrder::FrameMajor, {2, 0}},
       {{{1, 9, 10, 5, TextPlacement::Before}, 1, 2, 64}, DType::BF16, DType::F32, MemoryLayout::BNHD,
        TokenOrder::SpatialMajor, {1}},  // one frame: both orders are the same
+      // The other direction (frame-major heads into spatial-major tensors), no LSE.
+      {{{5, 6, 7, 4, TextPlacement::After}, 1, 3, 64}, DType::F32, DType::BF16, MemoryLayout::BNHD,
+       TokenOrder::FrameMajor, {1, 2}, TokenOrder::SpatialMajor, /*with_lse=*/false},
+      // A skipped packed head: its target head (0) is never written.
+      {{{4, 5, 6, 0, TextPlacement::After}, 2, 4, 64}, DType::F16, DType::F32, MemoryLayout::BHND,
+       TokenOrder::SpatialMajor, {3, 0, 1}, TokenOrder::FrameMajor, true, /*skipped=*/1},
   };
   for (const Isa isa : isas_of_this_machine()) {
     SCOPED_TRACE(std::string(to_string(isa)));
@@ -200,10 +219,23 @@ TEST(CpuScatteredOutput, BadScatteredOutputsAreRefusedBeforeAnythingIsWritten) {
   expect_invalid(packed.call, bad, "no output tensor");
   bad = out;
   bad.from = TokenOrder::SpatialMajor;  // the heads' plans are frame-major
-  expect_invalid(packed.call, bad, "order");
+  expect_invalid(packed.call, bad, "tokens are in frame-major order");
+  bad = out;
+  bad.to = TokenOrder(7);
+  expect_invalid(packed.call, bad, "not TokenOrder values");
   bad = out;
   bad.o.stride[2] = full.head_dim / 2;  // the heads overlap each other
   expect_invalid(packed.call, bad, "scattered o has overlapping strides");
+  // One head in the call: its narrowed view has one head, so the full tensor's
+  // overlapping heads are seen only by the check of the full tensor.
+  AttentionCall one_head = packed.call;
+  one_head.layout.heads = 1;
+  for (TensorView* t : {&one_head.q, &one_head.k, &one_head.v}) t->shape[2] = 1;
+  one_head.heads.resize(1);
+  bad = out;
+  bad.heads = std::span<const std::int64_t>(heads).first(1);
+  bad.o.stride[2] = full.head_dim / 2;
+  expect_invalid(one_head, bad, "scattered o has overlapping strides");
   for (std::int64_t b = 0; b < full.batch; ++b)
     for (std::int64_t n = 0; n < full.tokens(); ++n)
       for (std::int64_t h = 0; h < full.heads; ++h) {
@@ -218,6 +250,53 @@ TEST(CpuScatteredOutput, BadScatteredOutputsAreRefusedBeforeAnythingIsWritten) {
   const Backend& reference = stsa::backend("reference");
   EXPECT_FALSE(reference.runs_scattered());
   EXPECT_THROW(reference.run_scattered(packed.call, out), Unsupported);
+}
+
+// Overlaps that only the full tensors show (the narrowed views of the call's
+// heads do not overlap anything): with a BHND full O, head 2 lies past the
+// narrowed extent, so without the full-extent checks the kernel would store
+// head 2's rows over q or over the LSE.
+TEST(CpuScatteredOutput, OverlapsOnlyTheFullTensorsShowAreRefused) {
+  const VideoLayout full{{3, 4, 5, 0, TextPlacement::After}, 1, 3, 64};
+  const std::int64_t n = full.tokens(), d = full.head_dim;
+  testing::Problem problem = testing::make_problem(full, DType::F32, std::vector<HeadMask>(3), testing::fresh_seed());
+  PlanCache cache;
+  const ScatterCase c{full, DType::F32, DType::F32, MemoryLayout::BNHD, TokenOrder::FrameMajor, {2, 0}};
+  const PackedCall packed = gather_call(c, problem, cache);
+  const std::vector<std::int64_t> heads = c.targets;
+  const auto backend = make_cpu_backend({Isa::Auto, 2});
+  const auto expect_refused = [&](const AttentionCall& call, const ScatteredOutput& out, const std::string& fragment) {
+    try {
+      backend->run_scattered(call, out);
+      ADD_FAILURE() << "accepted; expected an error naming '" << fragment << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  const std::size_t q_floats = std::size_t(2 * n * d);
+  // (a) q inside O's head-2 block: O is [H][N][D] at arena[0, 3 N D), q at arena[2 N D, 4 N D).
+  std::vector<float> arena(std::size_t(4 * n * d));
+  std::memcpy(arena.data() + 2 * n * d, packed.call.q.data, q_floats * sizeof(float));
+  AttentionCall call = packed.call;
+  call.q.data = arena.data() + 2 * n * d;
+  const TensorView o_bhnd = TensorView::contiguous(arena.data(), DType::F32, 1, n, 3, d, MemoryLayout::BHND);
+  expect_refused(call, ScatteredOutput{full.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, o_bhnd, {}},
+                 "scattered output: o overlaps an input tensor");
+  // (b) the LSE inside O's head-2 block.
+  std::vector<float> o_storage(std::size_t(3 * n * d));
+  const TensorView o = TensorView::contiguous(o_storage.data(), DType::F32, 1, n, 3, d, MemoryLayout::BHND);
+  const LseView lse_in_o = LseView::contiguous(o_storage.data() + 2 * n * d, 1, 3, n);
+  expect_refused(packed.call, ScatteredOutput{full.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, o,
+                                              lse_in_o},
+                 "scattered output: lse overlaps o");
+  // (c) the LSE's head-2 row over q's first N floats: LSE at arena2[0, 3 N), q at arena2[2 N, ...).
+  std::vector<float> arena2(std::size_t(2 * n) + q_floats);
+  std::memcpy(arena2.data() + 2 * n, packed.call.q.data, q_floats * sizeof(float));
+  call = packed.call;
+  call.q.data = arena2.data() + 2 * n;
+  expect_refused(call, ScatteredOutput{full.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, o,
+                                       LseView::contiguous(arena2.data(), 1, 3, n)},
+                 "scattered output: lse overlaps an input tensor");
 }
 
 }  // namespace

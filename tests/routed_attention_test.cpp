@@ -165,7 +165,8 @@ TEST(RoutedAttention, AFusedScatterSkipsThePackedOutputAndTheScatterPass) {
 // it scatters them in a pass of its own. Either way the answer is the
 // reference's, and on the CPU the fused and two-step outputs agree bit for bit.
 TEST(RoutedAttention, TheCpuBackendStoresTheTemporalHeadsInPlace) {
-  const VideoLayout layout{{4, 6, 7, 9, TextPlacement::After}, 1, 4, 80};
+  // Six heads: temporal heads 0 and 4, so packed head 1 goes to head 4 (the head map matters).
+  const VideoLayout layout{{4, 6, 7, 9, TextPlacement::After}, 1, 6, 80};
   const testing::CyclingDecisions given = testing::cycling_decisions(layout);
   const std::uint64_t seed = testing::fresh_seed();
   PlanCache plans;
@@ -173,7 +174,7 @@ TEST(RoutedAttention, TheCpuBackendStoresTheTemporalHeadsInPlace) {
   testing::Problem two_step = testing::make_problem(layout, DType::BF16, given.reference_masks, seed);
   testing::Problem on_reference = testing::make_problem(layout, DType::BF16, given.reference_masks, seed);
   const RoutedResult a = run_routed(backend("cpu"), plans, routed_call(fused), given.decisions);
-  ASSERT_FALSE(a.temporal.empty());
+  ASSERT_EQ(a.temporal, (std::vector<std::int64_t>{0, 4}));
   EXPECT_TRUE(a.scatter_fused);
   RoutedOptions options;
   options.fuse_scatter = false;

@@ -60,6 +60,8 @@ std::vector<HeadMask> uniform_heads(const VideoLayout& layout, const MaskSpec& s
 // head j (tokens in `from` order) goes to head heads[j] of `o` and `lse` (the
 // full [B, N, H, D] and [B, H, N] tensors, tokens in `to` order), as
 // scatter_heads (permute.hpp) would move it. No packed output, no second pass.
+// A head the call skips (compute = false) leaves its target head untouched,
+// where scattering a packed output would copy whatever that output held.
 struct ScatteredOutput {
   VideoGrid grid;
   TokenOrder from = TokenOrder::SpatialMajor;

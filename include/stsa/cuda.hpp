@@ -232,11 +232,12 @@ class CudaBackend final : public Backend {
   // Validates and launches on `stream` (a cudaStream_t; nullptr: the default stream)
   // without waiting; a kernel fault then surfaces at the next synchronisation.
   void run_async(const AttentionCall& call, void* stream) const;
-  // run_async with O and LSE stored where `out` says (permute.hpp): the scatter
+  // run_async with O and LSE stored where `out` says (attention.hpp): the scatter
   // of packed heads fused into the kernel's stores, as routed attention runs
   // its temporal heads (no packed output, no second pass over it). call.o and
-  // call.lse must be empty (data == nullptr). Checked as run_async checks a
-  // call, out.o and out.lse in the roles of o and lse, plus the head map.
+  // call.lse must be empty (data == nullptr). Checked by scattered_call_for_checks
+  // (attention.hpp), then as run_async checks a call, out.o and out.lse (narrowed)
+  // in the roles of o and lse, and 16-byte rows in every head of out.o.
   void run_async_scattered(const AttentionCall& call, const ScatteredOutput& out, void* stream) const;
   // Everything run_async (with `out`: run_async_scattered) would check and
   // upload for `call` on `stream`, without launching: on a stream being

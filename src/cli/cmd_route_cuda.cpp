@@ -30,9 +30,11 @@ RoutedRun route_on_cuda(const Router& router, const RoutedCall& host, const Rout
              "--backend cuda: the host LSE is not contiguous");
   const CudaDeviceInfo device = cuda_device_info();
   // q, k, v, o, LSE and the routed call's packed copies of q, k, v (every head
-  // temporal at most); the routing workspace is small beside them.
+  // temporal at most), and of o and LSE when the scatter is a pass of its own;
+  // the routing workspace is small beside them.
   const double lse_bytes = double(layout.batch * layout.heads * layout.tokens()) * sizeof(float);
-  const double bytes = 6.0 * double(host_bytes(host.q)) + double(host_bytes(host.o)) + lse_bytes;
+  const double outputs = double(host_bytes(host.o)) + lse_bytes;
+  const double bytes = 6.0 * double(host_bytes(host.q)) + (options.fuse_scatter ? 1.0 : 2.0) * outputs;
   STSA_CHECK(bytes < 0.8 * double(device.global_memory_bytes), ResourceError, "--backend cuda: the tensors need ",
              bytes / 1e9, " GB on the GPU, more than 80% of the ", double(device.global_memory_bytes) / 1e9,
              " GB of ", device.name);

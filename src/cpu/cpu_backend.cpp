@@ -129,7 +129,11 @@ class CpuBackend final : public Backend {
     // Where each of the call's token positions lands in the output's order.
     std::vector<std::int64_t> tokens;
     if (out.from != out.to) {
-      tokens.resize(std::size_t(out.grid.tokens()));
+      try {
+        tokens.resize(std::size_t(out.grid.tokens()));
+      } catch (const std::bad_alloc&) {
+        throw ResourceError("cpu backend: out of memory for the scattered output's token map");
+      }
       for (std::int64_t n = 0; n < out.grid.tokens(); ++n)
         tokens[std::size_t(n)] = out.grid.position(out.grid.coord(n, out.from), out.to);
     }

@@ -85,7 +85,7 @@ def main():
     if "CPU kernel" not in demo or "Tile plans" not in demo:
         print("FAIL the demo did not print its two parts")
         failures += 1
-    total = len(checks) + 7
+    total = len(checks) + 8
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 
