@@ -19,17 +19,11 @@
 #include "stsa/error.hpp"
 #include "stsa/mask.hpp"
 #include "stsa/plan.hpp"
+#include "support/cpu_isas.hpp"
 #include "support/testing.hpp"
 
 namespace stsa {
 namespace {
-
-std::vector<Isa> isas_of_this_machine() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx})
-    if (cpu::machine_supports(isa)) out.push_back(isa);
-  return out;
-}
 
 HeadMask head_for(const VideoGrid& grid, const MaskSpec& spec, TileShape tile, Alignment align) {
   return HeadMask{spec, spec.natural_order(), TilePlan::build(grid, spec, tile, align), true};
@@ -71,7 +65,7 @@ std::string describe(const Case& c, Isa isa) {
 
 void check_case(const Case& c) {
   const VideoLayout layout{c.grid, c.batch, 4, c.head_dim};
-  for (Isa isa : isas_of_this_machine()) {
+  for (Isa isa : testing::isas_of_this_machine()) {
     SCOPED_TRACE(describe(c, isa));
     const auto backend = make_cpu_backend({isa, 2});
     auto problem = testing::make_problem(layout, c.in, four_heads(c.grid, c.density, c.anchor, c.tile, c.align),
@@ -138,7 +132,7 @@ TEST(CpuBackend, RoundedPlansComputeWhatTheyClaim) {
 TEST(CpuBackend, DensityOneEqualsDenseBitForBit) {
   const VideoGrid grid{3, 5, 7, 4, TextPlacement::After};
   const VideoLayout layout{grid, 1, 2, 128};
-  for (Isa isa : isas_of_this_machine())
+  for (Isa isa : testing::isas_of_this_machine())
     for (DType dtype : {DType::F32, DType::BF16}) {
       SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)));
       const TileShape tile{64, 64};
@@ -171,7 +165,7 @@ TEST(CpuBackend, TinyValuesKeepTheirRelativeError) {
   const VideoGrid grid{2, 4, 8, 0, TextPlacement::After};  // 64 tokens
   const VideoLayout layout{grid, 1, 1, 64};
   const MaskSpec dense = MaskSpec::dense();
-  for (Isa isa : isas_of_this_machine())
+  for (Isa isa : testing::isas_of_this_machine())
     for (DType dtype : {DType::F32, DType::BF16}) {
       for (int exponent : {-118, -126, -130}) {
         SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) + " V * 2^" +
@@ -221,7 +215,7 @@ TEST(CpuBackend, TinyValuesKeepTheirRelativeError) {
 TEST(CpuBackend, RowsWithNothingAllowedGiveZeroAndMinusInfinity) {
   const VideoGrid grid{3, 5, 7, 0, TextPlacement::After};
   const VideoLayout layout{grid, 1, 1, 64};
-  for (Isa isa : isas_of_this_machine()) {
+  for (Isa isa : testing::isas_of_this_machine()) {
     const MaskSpec none = mask_for_density(grid, SparseKind::Spatial, 0.0, /*anchor=*/false);
     auto problem = testing::make_problem(layout, DType::F32, {head_for(grid, none, {64, 64}, Alignment::Exact)},
                                          testing::fresh_seed());
@@ -242,7 +236,7 @@ TEST(CpuBackend, RowsWithNothingAllowedGiveZeroAndMinusInfinity) {
 TEST(CpuBackend, EmptyMaskGivesEmptyRowsEverywhere) {
   const VideoGrid grid{2, 3, 5, 0, TextPlacement::After};
   const VideoLayout layout{grid, 1, 1, 80};
-  for (Isa isa : isas_of_this_machine()) {
+  for (Isa isa : testing::isas_of_this_machine()) {
     const MaskSpec none = MaskSpec::spatial(-1, /*anchor=*/false);
     auto problem = testing::make_problem(layout, DType::F32, {head_for(grid, none, {64, 64}, Alignment::Exact)},
                                          testing::fresh_seed());
@@ -259,7 +253,7 @@ TEST(CpuBackend, NonFiniteInputsReachOnlyRowsThatSeeThem) {
   // A band of 1: key 40 is allowed for rows 39..41 only, and sits inside a partial tile for others.
   const VideoGrid grid{4, 4, 5, 0, TextPlacement::After};  // 80 tokens
   const VideoLayout layout{grid, 1, 1, 64};
-  for (Isa isa : isas_of_this_machine())
+  for (Isa isa : testing::isas_of_this_machine())
     for (DType dtype : {DType::F32, DType::BF16})
       for (int which : {1, 2}) {  // NaN in K, then Inf in V
         SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) +

@@ -11,23 +11,16 @@
 #include <string>
 #include <vector>
 
-#include "cpu/isa.hpp"
 #include "stsa/cpu.hpp"
 #include "stsa/error.hpp"
 #include "stsa/mask.hpp"
 #include "stsa/permute.hpp"
 #include "stsa/plan.hpp"
+#include "support/cpu_isas.hpp"
 #include "support/testing.hpp"
 
 namespace stsa {
 namespace {
-
-std::vector<Isa> isas_of_this_machine() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx})
-    if (cpu::machine_supports(isa)) out.push_back(isa);
-  return out;
-}
 
 struct ScatterCase {
   VideoLayout full;  // the caller's tensors; the packed call has targets.size() heads
@@ -67,6 +60,17 @@ PackedCall gather_call(const ScatterCase& c, const testing::Problem& full, PlanC
     p.call.heads.push_back({spec, c.order, cache.get(g, spec), j != c.skipped});
   }
   return p;
+}
+
+// run_scattered refuses `out` with InvalidArgument naming `fragment`.
+void expect_refused(const Backend& backend, const AttentionCall& call, const ScatteredOutput& out,
+                    const std::string& fragment) {
+  try {
+    backend.run_scattered(call, out);
+    ADD_FAILURE() << "accepted; expected an error naming '" << fragment << "'";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
 }
 
 void expect_scattered_matches_two_step(const Backend& backend, const ScatterCase& c) {
@@ -147,7 +151,7 @@ TEST(CpuScatteredOutput, IsTheGatheredCallScatteredOnEveryIsa) {
       {{{4, 5, 6, 0, TextPlacement::After}, 2, 4, 64}, DType::F16, DType::F32, MemoryLayout::BHND,
        TokenOrder::SpatialMajor, {3, 0, 1}, TokenOrder::FrameMajor, true, /*skipped=*/1},
   };
-  for (const Isa isa : isas_of_this_machine()) {
+  for (const Isa isa : testing::isas_of_this_machine()) {
     SCOPED_TRACE(std::string(to_string(isa)));
     const auto backend = make_cpu_backend({isa, 2});
     ASSERT_TRUE(backend->runs_scattered());
@@ -170,12 +174,7 @@ TEST(CpuScatteredOutput, BadScatteredOutputsAreRefusedBeforeAnythingIsWritten) {
                             problem.lse.view()};
   const auto backend = make_cpu_backend({Isa::Auto, 2});
   const auto expect_invalid = [&](const AttentionCall& call, const ScatteredOutput& o, const std::string& fragment) {
-    try {
-      backend->run_scattered(call, o);
-      ADD_FAILURE() << "accepted; expected an error naming '" << fragment << "'";
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-    }
+    expect_refused(*backend, call, o, fragment);
   };
   AttentionCall with_o = packed.call;
   Tensor packed_o(DType::F32, full.batch, full.tokens(), 2, full.head_dim);
@@ -265,13 +264,8 @@ TEST(CpuScatteredOutput, OverlapsOnlyTheFullTensorsShowAreRefused) {
   const PackedCall packed = gather_call(c, problem, cache);
   const std::vector<std::int64_t> heads = c.targets;
   const auto backend = make_cpu_backend({Isa::Auto, 2});
-  const auto expect_refused = [&](const AttentionCall& call, const ScatteredOutput& out, const std::string& fragment) {
-    try {
-      backend->run_scattered(call, out);
-      ADD_FAILURE() << "accepted; expected an error naming '" << fragment << "'";
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-    }
+  const auto expect_invalid = [&](const AttentionCall& call, const ScatteredOutput& o, const std::string& fragment) {
+    expect_refused(*backend, call, o, fragment);
   };
   const std::size_t q_floats = std::size_t(2 * n * d);
   // (a) q inside O's head-2 block: O is [H][N][D] at arena[0, 3 N D), q at arena[2 N D, 4 N D).
@@ -280,13 +274,13 @@ TEST(CpuScatteredOutput, OverlapsOnlyTheFullTensorsShowAreRefused) {
   AttentionCall call = packed.call;
   call.q.data = arena.data() + 2 * n * d;
   const TensorView o_bhnd = TensorView::contiguous(arena.data(), DType::F32, 1, n, 3, d, MemoryLayout::BHND);
-  expect_refused(call, ScatteredOutput{full.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, o_bhnd, {}},
+  expect_invalid(call, ScatteredOutput{full.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, o_bhnd, {}},
                  "scattered output: o overlaps an input tensor");
   // (b) the LSE inside O's head-2 block.
   std::vector<float> o_storage(std::size_t(3 * n * d));
   const TensorView o = TensorView::contiguous(o_storage.data(), DType::F32, 1, n, 3, d, MemoryLayout::BHND);
   const LseView lse_in_o = LseView::contiguous(o_storage.data() + 2 * n * d, 1, 3, n);
-  expect_refused(packed.call, ScatteredOutput{full.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, o,
+  expect_invalid(packed.call, ScatteredOutput{full.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, o,
                                               lse_in_o},
                  "scattered output: lse overlaps o");
   // (c) the LSE's head-2 row over q's first N floats: LSE at arena2[0, 3 N), q at arena2[2 N, ...).
@@ -294,7 +288,7 @@ TEST(CpuScatteredOutput, OverlapsOnlyTheFullTensorsShowAreRefused) {
   std::memcpy(arena2.data() + 2 * n, packed.call.q.data, q_floats * sizeof(float));
   call = packed.call;
   call.q.data = arena2.data() + 2 * n;
-  expect_refused(call, ScatteredOutput{full.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, o,
+  expect_invalid(call, ScatteredOutput{full.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, o,
                                        LseView::contiguous(arena2.data(), 1, 3, n)},
                  "scattered output: lse overlaps an input tensor");
 }
