@@ -58,6 +58,46 @@ TEST(Reference, NanPropagatesOnlyToRowsThatTouchIt) {
     EXPECT_EQ(std::isnan(p.call().o.load(0, i, 0, 0)), i >= 8 && i <= 10) << "row " << i;
 }
 
+// The reference reads each key once for a block of rows; every row must come
+// out as it does alone, bit for bit, whatever rows share its block: unsorted,
+// repeated, more than one block, rows whose allowed keys differ, a NaN key that
+// only some rows see, two batch entries, head-major bf16 memory.
+TEST(Reference, RowsInABlockComeOutAsTheyDoAlone) {
+  const VideoLayout layout{{4, 3, 5, 6, TextPlacement::Before}, 2, 2, 40};  // 66 tokens
+  const MaskSpec spec = MaskSpec::spatial(7);
+  auto p = testing::make_problem(layout, DType::BF16, heads_of(2, spec), testing::fresh_seed(), MemoryLayout::BHND);
+  p.k.view().store(1, 30, 1, 3, NAN);
+  const AttentionCall call = p.call();
+  std::vector<std::int64_t> rows;
+  // Each block of 16 starts with a row of the band (36, 38, 40 in frame 2), not one that sees every key.
+  for (std::int64_t i = 0; i < 40; ++i) rows.push_back((i * 37 + 40) % layout.tokens());
+  rows.push_back(rows[3]);
+  std::vector<double> o, lse;
+  reference_rows(call, rows, o, lse);
+  const std::int64_t count = std::int64_t(rows.size()), dim = layout.head_dim;
+  int nan_rows = 0;
+  for (std::int64_t r = 0; r < count; ++r) {
+    std::vector<double> o1, lse1;
+    reference_rows(call, {rows[std::size_t(r)]}, o1, lse1);
+    for (std::int64_t b = 0; b < layout.batch; ++b)
+      for (std::int64_t h = 0; h < layout.heads; ++h) {
+        const double lse_block = lse[std::size_t((b * layout.heads + h) * count + r)];
+        const double lse_alone = lse1[std::size_t(b * layout.heads + h)];
+        nan_rows += std::isnan(lse_alone);
+        EXPECT_EQ(std::isnan(lse_block), std::isnan(lse_alone)) << "row " << rows[std::size_t(r)];
+        if (!std::isnan(lse_alone)) EXPECT_EQ(lse_block, lse_alone) << "row " << rows[std::size_t(r)];
+        for (std::int64_t d = 0; d < dim; ++d) {
+          const double x = o[std::size_t(((b * count + r) * layout.heads + h) * dim + d)];
+          const double y = o1[std::size_t((b * layout.heads + h) * dim + d)];
+          if (std::isnan(y)) EXPECT_TRUE(std::isnan(x)) << "row " << rows[std::size_t(r)] << " d " << d;
+          else EXPECT_EQ(x, y) << "row " << rows[std::size_t(r)] << " d " << d;
+        }
+      }
+  }
+  EXPECT_GT(nan_rows, 0);      // the NaN key (batch 1, head 1) reaches some rows...
+  EXPECT_LT(nan_rows, count);  // ...and not all
+}
+
 TEST(Reference, RejectsMismatchedShapesAndAliasing) {
   const VideoLayout layout{{2, 2, 2}, 1, 2, 4};
   auto p = testing::make_problem(layout, DType::F32, heads_of(2, MaskSpec::dense()), 1);

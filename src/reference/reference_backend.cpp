@@ -1,6 +1,9 @@
-// fp64 reference: two passes over the keys of one row, mask from the spec per pair.
+// fp64 reference: two passes over the keys for a block of rows of one head, mask from the spec per pair.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "stsa/error.hpp"
@@ -9,69 +12,137 @@
 namespace stsa {
 namespace {
 
-class RowEvaluator {
+// Channels of row (b, n, h) as doubles (every input type converts exactly); the
+// type switch runs once per row, not once per channel.
+void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, double* out) {
+  const std::int64_t dim = t.head_dim(), step = t.stride[3], base = t.offset(b, n, h, 0);
+  const auto* halves = static_cast<const std::uint16_t*>(t.data) + base;
+  switch (t.dtype) {
+    case DType::F32: {
+      const float* p = static_cast<const float*>(t.data) + base;
+      for (std::int64_t d = 0; d < dim; ++d) out[d] = p[d * step];
+      return;
+    }
+    case DType::BF16:
+      for (std::int64_t d = 0; d < dim; ++d) out[d] = bf16_to_float(halves[d * step]);
+      return;
+    case DType::F16:
+      for (std::int64_t d = 0; d < dim; ++d) out[d] = f16_to_float(halves[d * step]);
+      return;
+  }
+}
+
+// Four partial sums, so that the dot product is not one serial chain of additions.
+double dot(const double* a, const double* b, std::int64_t count) {
+  double partial[4] = {0, 0, 0, 0};
+  std::int64_t d = 0;
+  for (; d + 4 <= count; d += 4)
+    for (int lane = 0; lane < 4; ++lane) partial[lane] += a[d + lane] * b[d + lane];
+  for (; d < count; ++d) partial[0] += a[d] * b[d];
+  return (partial[0] + partial[1]) + (partial[2] + partial[3]);
+}
+
+// Rows of one head, a block at a time: each key's k and v are read once per
+// block and serve all of its rows (read row by row, a head's keys are strided
+// loads that dominated the time). Per row the arithmetic is that of one row
+// alone: scores, then the maximum, then exp and sums in key order.
+class HeadEvaluator {
  public:
-  RowEvaluator(const AttentionCall& call, std::int64_t head, const PairPredicate& override_mask)
+  static constexpr std::size_t kBlockRows = 16;
+
+  HeadEvaluator(const AttentionCall& call, std::int64_t head, const PairPredicate& override_mask)
       : call_(call), head_(head), override_(override_mask), spec_(call.heads[std::size_t(head)].spec),
-        order_(call.heads[std::size_t(head)].order) {
-    const VideoGrid& grid = call.layout.grid;
-    coords_.reserve(std::size_t(grid.tokens()));
-    for (std::int64_t pos = 0; pos < grid.tokens(); ++pos) coords_.push_back(grid.coord(pos, order_));
-    scores_.resize(std::size_t(grid.tokens()));
-    keep_.resize(std::size_t(grid.tokens()));
-    query_.resize(std::size_t(call.layout.head_dim));
+        order_(call.heads[std::size_t(head)].order), dim_(call.layout.head_dim), tokens_(call.layout.tokens()) {
+    coords_.reserve(std::size_t(tokens_));
+    for (std::int64_t pos = 0; pos < tokens_; ++pos) coords_.push_back(call.layout.grid.coord(pos, order_));
+    scores_.resize(kBlockRows * std::size_t(tokens_));
+    keep_.resize(kBlockRows * std::size_t(tokens_));
+    queries_.resize(kBlockRows * std::size_t(dim_));
+    key_row_.resize(std::size_t(dim_));
   }
 
-  // Writes D values of O for row i of batch b into out; returns the row's LSE.
-  double evaluate(std::int64_t b, std::int64_t i, double* out) {
-    const std::int64_t n = call_.layout.tokens(), d_count = call_.layout.head_dim;
+  // For rows[r] (at most kBlockRows) of batch b: D values of O at out + r * D, the LSE at lse[r].
+  void evaluate(std::int64_t b, std::span<const std::int64_t> rows, double* out, double* lse) {
+    const std::size_t count = rows.size(), n = std::size_t(tokens_), dim = std::size_t(dim_);
     const double scale = call_.scale();
-    for (std::int64_t d = 0; d < d_count; ++d) query_[std::size_t(d)] = call_.q.load(b, i, head_, d);
-    double max_score = -std::numeric_limits<double>::infinity();
-    bool any = false, nan = false;
-    for (std::int64_t j = 0; j < n; ++j) {
-      const bool keep = override_ ? override_(head_, i, j)
-                                  : allowed(call_.layout.grid, spec_, coords_[std::size_t(i)], coords_[std::size_t(j)]);
-      if (!keep) {
-        keep_[std::size_t(j)] = 0;
-        continue;
+    double max_score[kBlockRows], sum[kBlockRows];
+    bool any[kBlockRows], nan[kBlockRows];
+    for (std::size_t r = 0; r < count; ++r) {
+      load_row(call_.q, b, rows[r], head_, queries_.data() + r * dim);
+      max_score[r] = -std::numeric_limits<double>::infinity();
+      sum[r] = 0;
+      any[r] = nan[r] = false;
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      bool loaded = false;
+      for (std::size_t r = 0; r < count; ++r) {
+        const bool keep = allows(rows[r], std::int64_t(j));
+        keep_[r * n + j] = keep;
+        if (!keep) continue;
+        if (!loaded) load_row(call_.k, b, std::int64_t(j), head_, key_row_.data());
+        loaded = true;
+        const double s = dot(queries_.data() + r * dim, key_row_.data(), dim_) * scale;
+        scores_[r * n + j] = s;
+        any[r] = true;
+        if (std::isnan(s)) nan[r] = true; else if (s > max_score[r]) max_score[r] = s;
       }
-      keep_[std::size_t(j)] = 1;
-      double dot = 0;
-      for (std::int64_t d = 0; d < d_count; ++d) dot += query_[std::size_t(d)] * double(call_.k.load(b, j, head_, d));
-      const double s = dot * scale;
-      scores_[std::size_t(j)] = s;
-      any = true;
-      if (std::isnan(s)) nan = true; else if (s > max_score) max_score = s;
     }
-    for (std::int64_t d = 0; d < d_count; ++d) out[d] = 0.0;
-    if (!any) return -std::numeric_limits<double>::infinity();
-    if (nan) {
-      for (std::int64_t d = 0; d < d_count; ++d) out[d] = std::numeric_limits<double>::quiet_NaN();
-      return std::numeric_limits<double>::quiet_NaN();
+    std::fill_n(out, count * dim, 0.0);
+    for (std::size_t j = 0; j < n; ++j) {
+      bool loaded = false;
+      for (std::size_t r = 0; r < count; ++r) {
+        if (!keep_[r * n + j] || nan[r]) continue;
+        if (!loaded) load_row(call_.v, b, std::int64_t(j), head_, key_row_.data());
+        loaded = true;
+        const double p = std::exp(scores_[r * n + j] - max_score[r]);
+        sum[r] += p;
+        double* o = out + r * dim;
+        for (std::size_t d = 0; d < dim; ++d) o[d] += p * key_row_[d];
+      }
     }
-    double sum = 0;
-    for (std::int64_t j = 0; j < n; ++j) {
-      if (!keep_[std::size_t(j)]) continue;
-      const double p = std::exp(scores_[std::size_t(j)] - max_score);
-      sum += p;
-      for (std::int64_t d = 0; d < d_count; ++d) out[d] += p * double(call_.v.load(b, j, head_, d));
+    for (std::size_t r = 0; r < count; ++r) {
+      double* o = out + r * dim;
+      if (!any[r]) {
+        lse[r] = -std::numeric_limits<double>::infinity();
+      } else if (nan[r]) {
+        std::fill_n(o, dim, std::numeric_limits<double>::quiet_NaN());
+        lse[r] = std::numeric_limits<double>::quiet_NaN();
+      } else {
+        for (std::size_t d = 0; d < dim; ++d) o[d] /= sum[r];
+        lse[r] = max_score[r] + std::log(sum[r]);
+      }
     }
-    for (std::int64_t d = 0; d < d_count; ++d) out[d] /= sum;
-    return max_score + std::log(sum);
   }
 
  private:
+  bool allows(std::int64_t i, std::int64_t j) const {
+    return override_ ? override_(head_, i, j)
+                     : allowed(call_.layout.grid, spec_, coords_[std::size_t(i)], coords_[std::size_t(j)]);
+  }
+
   const AttentionCall& call_;
   std::int64_t head_;
   const PairPredicate& override_;
   MaskSpec spec_;
   TokenOrder order_;
+  std::int64_t dim_, tokens_;
   std::vector<TokenCoord> coords_;
-  std::vector<double> scores_;
-  std::vector<double> query_;
-  std::vector<unsigned char> keep_;  // whether key j is allowed for the current row
+  std::vector<double> scores_;          // [block row][key]
+  std::vector<unsigned char> keep_;     // [block row][key]: whether the key is allowed
+  std::vector<double> queries_;         // [block row][D]
+  std::vector<double> key_row_;         // the current key's k, then its v
 };
+
+// Runs `evaluator` over `rows` of batch b in blocks; out is [rows][D], lse [rows].
+void evaluate_rows(HeadEvaluator& evaluator, std::int64_t b, std::span<const std::int64_t> rows, std::int64_t dim,
+                   std::vector<double>& out, std::vector<double>& lse) {
+  out.resize(rows.size() * std::size_t(dim));
+  lse.resize(rows.size());
+  for (std::size_t first = 0; first < rows.size(); first += HeadEvaluator::kBlockRows) {
+    const std::size_t count = std::min(HeadEvaluator::kBlockRows, rows.size() - first);
+    evaluator.evaluate(b, rows.subspan(first, count), out.data() + first * std::size_t(dim), lse.data() + first);
+  }
+}
 
 class ReferenceBackend final : public Backend {
  public:
@@ -81,15 +152,22 @@ class ReferenceBackend final : public Backend {
   void run(const AttentionCall& call) const override {
     validate(call, /*require_plans=*/false);
     const PairPredicate none;
-    std::vector<double> row(std::size_t(call.layout.head_dim));
+    const std::int64_t tokens = call.layout.tokens(), dim = call.layout.head_dim;
+    const auto block = std::int64_t(HeadEvaluator::kBlockRows);
+    std::vector<std::int64_t> rows;
+    std::vector<double> o(std::size_t(block * dim)), lse(HeadEvaluator::kBlockRows);
     for (std::int64_t h = 0; h < call.layout.heads; ++h) {
       if (!call.heads[std::size_t(h)].compute) continue;
-      RowEvaluator evaluator(call, h, none);
+      HeadEvaluator evaluator(call, h, none);
       for (std::int64_t b = 0; b < call.layout.batch; ++b)
-        for (std::int64_t i = 0; i < call.layout.tokens(); ++i) {
-          const double lse = evaluator.evaluate(b, i, row.data());
-          for (std::int64_t d = 0; d < call.layout.head_dim; ++d) call.o.store(b, i, h, d, float(row[std::size_t(d)]));
-          if (call.lse.data) call.lse.at(b, h, i) = float(lse);
+        for (std::int64_t first = 0; first < tokens; first += block) {
+          rows.clear();
+          for (std::int64_t i = first; i < std::min(tokens, first + block); ++i) rows.push_back(i);
+          evaluator.evaluate(b, rows, o.data(), lse.data());
+          for (std::size_t r = 0; r < rows.size(); ++r) {
+            for (std::int64_t d = 0; d < dim; ++d) call.o.store(b, rows[r], h, d, float(o[r * std::size_t(dim) + std::size_t(d)]));
+            if (call.lse.data) call.lse.at(b, h, rows[r]) = float(lse[r]);
+          }
         }
     }
   }
@@ -108,14 +186,18 @@ void reference_rows(const AttentionCall& call, const std::vector<std::int64_t>& 
   const auto count = std::int64_t(rows.size());
   o.assign(std::size_t(layout.batch * count * layout.heads * layout.head_dim), 0.0);
   lse.assign(std::size_t(layout.batch * layout.heads * count), 0.0);
+  std::vector<double> head_o, head_lse;
   for (std::int64_t h = 0; h < layout.heads; ++h) {
     if (!call.heads[std::size_t(h)].compute) continue;
-    RowEvaluator evaluator(call, h, override_mask);
-    for (std::int64_t b = 0; b < layout.batch; ++b)
+    HeadEvaluator evaluator(call, h, override_mask);
+    for (std::int64_t b = 0; b < layout.batch; ++b) {
+      evaluate_rows(evaluator, b, rows, layout.head_dim, head_o, head_lse);
       for (std::int64_t r = 0; r < count; ++r) {
-        double* out = o.data() + std::size_t(((b * count + r) * layout.heads + h) * layout.head_dim);
-        lse[std::size_t((b * layout.heads + h) * count + r)] = evaluator.evaluate(b, rows[std::size_t(r)], out);
+        std::copy_n(head_o.begin() + r * layout.head_dim, layout.head_dim,
+                    o.begin() + ((b * count + r) * layout.heads + h) * layout.head_dim);
+        lse[std::size_t((b * layout.heads + h) * count + r)] = head_lse[std::size_t(r)];
       }
+    }
   }
 }
 
