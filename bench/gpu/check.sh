@@ -296,11 +296,13 @@ CLI_BUILT=0
 if wait "$CLI_BUILD_PID"; then
   CLI_BUILT=1
   if [ $(( HARD_S - $(elapsed) )) -ge 20 ]; then
-    # Ragged tiles, text tokens, D = 64; all 1,207 rows against the fp64 reference.
+    # Ragged tiles, text tokens, D = 64; all 1,207 rows against the fp64 reference; then fp16 (D = 128).
     run_step cli_bench timeout $(( HARD_S - $(elapsed) )) sh -c "'$BUILD/stsa' bench --backend cuda \
       --kernel $CLI_KERNEL --frames 5 --height 12 --width 20 --text 7 --heads 4 --head-dim 64 --dtype bf16 \
       --density 0.3 --check-rows 1207 --json > '$OUT/cli_bench.json' && python3 '$ROOT/bench/gpu/check_cli_bench.py' \
-      '$OUT/cli_bench.json'"
+      '$OUT/cli_bench.json' && '$BUILD/stsa' bench --backend cuda --kernel $CLI_KERNEL --frames 5 --height 12 \
+      --width 20 --text 7 --heads 4 --head-dim 128 --dtype fp16 --density 0.3 --check-rows 400 --json \
+      > '$OUT/cli_bench_fp16.json' && python3 '$ROOT/bench/gpu/check_cli_bench.py' '$OUT/cli_bench_fp16.json'"
   else
     echo "cli_bench skipped: $(elapsed) s used"
   fi

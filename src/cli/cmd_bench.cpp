@@ -66,8 +66,6 @@ void print_text(const nlohmann::json& r) {
 nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   // Everything is checked before anything large is allocated.
   const BenchOptions options = parse_bench_options(args);
-  STSA_CHECK(options.dtype == DType::F32 || options.dtype == DType::BF16, InvalidArgument,
-             "--dtype must be fp32 or bf16, got '", args.dtype, "'");
   const Isa isa = resolve_isa(parse_isa(args.isa));
   const int threads = resolve_threads(args.threads);
   const auto backend = make_cpu_backend({isa, threads});
@@ -154,8 +152,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--density", args->density, "kept fraction of pairs, in [0, 1]")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  CLI::Option* dtype = cmd->add_option("--dtype", args->dtype, "fp32 | bf16 (inputs and output; default bf16 with --backend cuda)")
-                           ->check(CLI::IsMember({"fp32", "bf16"}))
+  CLI::Option* dtype = cmd->add_option("--dtype", args->dtype, "fp32 | bf16 | fp16 (inputs and output; default bf16 with --backend cuda)")
+                           ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
                            ->capture_default_str();
   cmd->add_option("--align", args->align, "exact | round (partial tiles become full or empty)")
       ->check(CLI::IsMember({"exact", "round"}))
@@ -178,7 +176,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "seed of the random inputs")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--backend", args->backend, "cpu | cuda (bf16, head dims 64 and 128, a GPU)")
+  cmd->add_option("--backend", args->backend, "cpu | cuda (bf16 or fp16, head dims 64 and 128, a GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--kernel", args->kernel, "with --backend cuda: auto | sm80 | sm90 | sm90-overlap | sm90-pingpong")

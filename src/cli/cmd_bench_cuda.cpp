@@ -65,7 +65,8 @@ nlohmann::json run_cuda_bench(const BenchArgs& args, bool progress) {
   const CudaKernel kernel = parse_cuda_kernel(args.kernel);
   const CudaWorkOrder work_order = parse_cuda_work_order(args.work_order);
   const CudaBlockSchedule block_schedule = parse_cuda_block_schedule(args.block_schedule);
-  STSA_CHECK(options.dtype == DType::BF16, Unsupported, "--backend cuda needs --dtype bf16, got '", args.dtype, "'");
+  STSA_CHECK(options.dtype == DType::BF16 || options.dtype == DType::F16, Unsupported,
+             "--backend cuda needs --dtype bf16 or fp16, got '", args.dtype, "'");
   STSA_CHECK(args.head_dim == 64 || args.head_dim == 128, Unsupported,
              "--backend cuda supports --head-dim 64 and 128, got ", args.head_dim);
   STSA_CHECK(args.tile == 128, Unsupported, "--backend cuda runs 128x128 tiles, got --tile ", args.tile);

@@ -40,6 +40,10 @@ def main():
         (["bench", "--frames", "3", "--height", "8", "--width", "8", "--heads", "2", "--head-dim", "64",
           "--mask", "spatial", "--density", "0.25", "--dtype", "bf16", "--repeats", "1", "--json"],
          ["isa", "kernel", "peak_of", "peak_gflops", "peak_fraction", "rel_l2_err"]),
+        # fp16 inputs and output (converted to fp32 in the CPU kernel), an awkward head dim, text tokens.
+        (["bench", "--frames", "2", "--height", "5", "--width", "7", "--text", "9", "--heads", "2", "--head-dim", "80",
+          "--mask", "temporal", "--density", "0.4", "--dtype", "fp16", "--repeats", "1", "--json"],
+         ["dtype", "rel_l2_err", "dense_rel_l2_err"]),
     ]
     for args, keys in checks:
         record = json.loads(run(binary, args))
@@ -75,6 +79,11 @@ def main():
     if amx != (bf16["peak_of"] == "amx") or amx != (bf16["kernel"] == "amx") or bf16["peak_of"] not in ("amx", "fma"):
         print(f"FAIL bf16 bench on {bf16['isa']} reports the {bf16['kernel']} kernel and the {bf16['peak_of']} peak")
         failures += 1
+    fp16 = json.loads(run(binary, checks[5][0]))
+    # The fp16 output's rounding (2^-11 relative at most) bounds the error; fp32 math underneath.
+    if fp16["dtype"] != "fp16" or not (fp16["rel_l2_err"] <= 1e-3 and fp16["dense_rel_l2_err"] <= 1e-3):
+        print(f"FAIL fp16 bench: dtype {fp16['dtype']}, rel_l2_err {fp16['rel_l2_err']} / {fp16['dense_rel_l2_err']}")
+        failures += 1
     png = os.path.join(tempfile.mkdtemp(), "tiles.png")
     run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", png])
     with open(png, "rb") as f:
@@ -85,7 +94,7 @@ def main():
     if "CPU kernel" not in demo or "Tile plans" not in demo:
         print("FAIL the demo did not print its two parts")
         failures += 1
-    total = len(checks) + 8
+    total = len(checks) + 9
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 
