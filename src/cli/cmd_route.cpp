@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "cli/commands.hpp"
@@ -28,35 +29,50 @@ struct Inputs {
   std::vector<Route> truth;  // empty without ground truth
 };
 
-// One of q/k/v from a file: [N, H, D] or [B, N, H, D], N matching the grid.
+MemoryLayout parse_memory(const std::string& name) {
+  STSA_CHECK(name == "bnhd" || name == "bhnd", InvalidArgument, "--memory must be bnhd or bhnd, got '", name, "'");
+  return name == "bhnd" ? MemoryLayout::BHND : MemoryLayout::BNHD;
+}
+
+// One of q/k/v from a file: [N, H, D] or [B, N, H, D] (BHND: [H, N, D] or [B, H, N, D]), N matching the grid.
 io::HostArray load(const std::string& what, const std::string& path, const std::string& tensor,
-                   const VideoGrid& grid) {
+                   const VideoGrid& grid, MemoryLayout memory) {
   io::HostArray a = io::read_array(path, tensor);
-  STSA_CHECK(a.shape.size() == 3 || a.shape.size() == 4, InvalidArgument, path, ": ", what,
-             " must have shape [N, H, D] or [B, N, H, D], got ", a.shape.size(), " dimensions");
+  const bool bhnd = memory == MemoryLayout::BHND;
+  STSA_CHECK(a.shape.size() == 3 || a.shape.size() == 4, InvalidArgument, path, ": ", what, " must have shape ",
+             bhnd ? "[H, N, D] or [B, H, N, D]" : "[N, H, D] or [B, N, H, D]", ", got ", a.shape.size(),
+             " dimensions");
   if (a.shape.size() == 3) a.shape.insert(a.shape.begin(), 1);
   for (std::int64_t d : a.shape) STSA_CHECK(d >= 1, InvalidArgument, path, ": ", what, " has an empty dimension");
-  STSA_CHECK(a.shape[1] == grid.tokens(), InvalidArgument, path, ": ", what, " has ", a.shape[1],
+  const std::size_t token_axis = bhnd ? 2 : 1, head_axis = bhnd ? 1 : 2;
+  if (a.shape[token_axis] != grid.tokens() && a.shape[head_axis] == grid.tokens())
+    throw InvalidArgument(path + ": " + what + " has the grid's " + std::to_string(grid.tokens()) +
+                          " tokens on the heads' axis: for " + (bhnd ? "[B, N, H, D]" : "[B, H, N, D]") +
+                          " files give --memory " + (bhnd ? "bnhd" : "bhnd"));
+  STSA_CHECK(a.shape[token_axis] == grid.tokens(), InvalidArgument, path, ": ", what, " has ", a.shape[token_axis],
              " tokens but the grid ", grid.describe(), " has ", grid.tokens());
   return a;
 }
 
-Inputs read_inputs(const RouteArgs& args, const VideoGrid& grid) {
+Inputs read_inputs(const RouteArgs& args, const VideoGrid& grid, MemoryLayout memory) {
   STSA_CHECK(!args.q_path.empty() && !args.k_path.empty() && !args.v_path.empty(), InvalidArgument,
              "give --synthetic, or all of --q, --k and --v");
+  STSA_CHECK(args.save_inputs.empty(), InvalidArgument, "--save-inputs writes synthetic inputs; it needs --synthetic");
   auto name = [&](const std::string& own) { return own.empty() ? args.tensor : own; };
-  io::HostArray q = load("q", args.q_path, name(args.q_tensor), grid);
-  io::HostArray k = load("k", args.k_path, name(args.k_tensor), grid);
-  io::HostArray v = load("v", args.v_path, name(args.v_tensor), grid);
+  io::HostArray q = load("q", args.q_path, name(args.q_tensor), grid, memory);
+  io::HostArray k = load("k", args.k_path, name(args.k_tensor), grid, memory);
+  io::HostArray v = load("v", args.v_path, name(args.v_tensor), grid, memory);
   STSA_CHECK(k.shape == q.shape && v.shape == q.shape, InvalidArgument, "q, k and v shapes differ (", args.q_path,
              ", ", args.k_path, ", ", args.v_path, ")");
   STSA_CHECK(k.dtype == q.dtype && v.dtype == q.dtype, InvalidArgument, "q, k and v dtypes differ (",
              to_string(q.dtype), ", ", to_string(k.dtype), ", ", to_string(v.dtype), ")");
+  const bool bhnd = memory == MemoryLayout::BHND;
   Inputs in;
-  in.layout = VideoLayout{grid, q.shape[0], q.shape[2], q.shape[3]};
+  in.layout = VideoLayout{grid, q.shape[0], q.shape[bhnd ? 1 : 2], q.shape[3]};
   in.layout.validate();
+  // The file's C order is the tensor's memory order, so its bytes are the tensor's.
   auto to_tensor = [&](const io::HostArray& a) {
-    Tensor t(a.dtype, in.layout.batch, in.layout.tokens(), in.layout.heads, in.layout.head_dim);
+    Tensor t(a.dtype, in.layout.batch, in.layout.tokens(), in.layout.heads, in.layout.head_dim, memory);
     std::memcpy(t.view().data, a.data.data(), a.data.size());
     return t;
   };
@@ -66,8 +82,41 @@ Inputs read_inputs(const RouteArgs& args, const VideoGrid& grid) {
   return in;
 }
 
+constexpr const char* kSavedNames[] = {"q.npy", "k.npy", "v.npy"};
+
+// --save-inputs' folder: refused when any of the three files exists (nothing is
+// replaced), created when missing; checked before the data is made.
+void prepare_save_folder(const std::string& folder) {
+  const std::filesystem::path dir(folder);
+  std::error_code error;
+  for (const char* name : kSavedNames)
+    STSA_CHECK(!std::filesystem::exists(dir / name, error), InvalidArgument, "--save-inputs: ", (dir / name).string(),
+               " exists; it is left as it is");
+  std::filesystem::create_directories(dir, error);
+  STSA_CHECK(!error, InvalidArgument, "--save-inputs: cannot create ", folder, ": ", error.message());
+}
+
+// The synthetic q, k, v as .npy files, each in the tensors' memory order.
+void save_inputs(const Inputs& in, const std::string& folder, MemoryLayout memory) {
+  const std::filesystem::path dir(folder);
+  const VideoLayout& l = in.layout;
+  const std::vector<std::int64_t> shape = memory == MemoryLayout::BHND
+                                              ? std::vector<std::int64_t>{l.batch, l.heads, l.tokens(), l.head_dim}
+                                              : std::vector<std::int64_t>{l.batch, l.tokens(), l.heads, l.head_dim};
+  const Tensor* tensors[] = {&in.q, &in.k, &in.v};
+  for (int i = 0; i < 3; ++i) {
+    io::HostArray a;
+    a.dtype = tensors[i]->dtype();
+    a.shape = shape;
+    const auto* bytes = static_cast<const std::byte*>(tensors[i]->view().data);
+    a.data.assign(bytes, bytes + tensors[i]->bytes());
+    io::write_npy((dir / kSavedNames[i]).string(), a);
+  }
+}
+
 Inputs make_inputs(const RouteArgs& args, const VideoGrid& grid) {
-  if (!args.synthetic) return read_inputs(args, grid);
+  const MemoryLayout memory = parse_memory(args.memory);
+  if (!args.synthetic) return read_inputs(args, grid, memory);
   STSA_CHECK(args.q_path.empty() && args.k_path.empty() && args.v_path.empty(), InvalidArgument,
              "--synthetic and --q/--k/--v exclude each other");
   synth::Options o;
@@ -76,9 +125,13 @@ Inputs make_inputs(const RouteArgs& args, const VideoGrid& grid) {
   o.heads = args.heads;
   o.head_dim = args.head_dim;
   o.dtype = parse_dtype(args.dtype);
+  o.memory = memory;
   o.seed = std::uint64_t(args.seed);
+  if (!args.save_inputs.empty()) prepare_save_folder(args.save_inputs);
   synth::Data d = synth::make_video_tokens(o);
-  return Inputs{d.layout, std::move(d.q), std::move(d.k), std::move(d.v), std::move(d.truth)};
+  Inputs in{d.layout, std::move(d.q), std::move(d.k), std::move(d.v), std::move(d.truth)};
+  if (!args.save_inputs.empty()) save_inputs(in, args.save_inputs, memory);
+  return in;
 }
 
 }  // namespace
@@ -161,6 +214,7 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"head_dim", layout.head_dim},
       {"dtype", std::string(to_string(in.q.dtype()))},
       {"source", args.synthetic ? "synthetic" : "files"},
+      {"memory", args.memory},
       {"density", args.density},
       {"samples", args.samples},
       {"backend", on_gpu ? std::string("cuda") : std::string(host_backend->name())},
@@ -233,13 +287,21 @@ void add_route_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("route", "route every head to a spatial, temporal or dense mask and report errors");
   add_grid_options(cmd, args->grid);
   cmd->add_flag("--synthetic", args->synthetic, "synthetic heads with known kinds (not model data)");
-  cmd->add_option("--q", args->q_path, "queries: .npy or .safetensors, shape [N, H, D] or [B, N, H, D]");
+  cmd->add_option("--q", args->q_path, "queries: .npy or .safetensors, shape [N, H, D] or [B, N, H, D] (see --memory)");
   cmd->add_option("--k", args->k_path, "keys (same shape and dtype as --q)");
   cmd->add_option("--v", args->v_path, "values (same shape and dtype as --q)");
   cmd->add_option("--tensor", args->tensor, "tensor name inside .safetensors files");
   cmd->add_option("--q-tensor", args->q_tensor, "tensor name for --q (overrides --tensor)");
   cmd->add_option("--k-tensor", args->k_tensor, "tensor name for --k (overrides --tensor)");
   cmd->add_option("--v-tensor", args->v_tensor, "tensor name for --v (overrides --tensor)");
+  cmd->add_option("--memory", args->memory,
+                  "axis order of the --q/--k/--v files: bnhd, or bhnd for [B, H, N, D] (PyTorch's "
+                  "scaled_dot_product_attention order); also the synthetic data's and --save-inputs'")
+      ->check(CLI::IsMember({"bnhd", "bhnd"}))
+      ->capture_default_str();
+  cmd->add_option("--save-inputs", args->save_inputs,
+                  "synthetic: write q.npy, k.npy, v.npy into this folder (created if needed; existing files are "
+                  "refused, never replaced)");
   cmd->add_option("--batch", args->batch, "synthetic: batch entries")->capture_default_str();
   cmd->add_option("--heads", args->heads, "synthetic: heads")->capture_default_str();
   cmd->add_option("--head-dim", args->head_dim, "synthetic: head dimension (even)")->capture_default_str();

@@ -14,6 +14,58 @@ def run(binary, args, timeout=240):
     return r.stdout
 
 
+FILE_CHECKS = 4
+
+
+def check_inputs_from_files(binary):
+    """Synthetic heads saved with --save-inputs (both axis orders) and routed from the
+    files give the synthetic run's decisions and errors bit for bit; files in the
+    other axis order are refused with a hint; saving over them is refused and leaves
+    them as they were. Returns the number of failed checks."""
+    failures = 0
+    folder = tempfile.mkdtemp()
+    grid = ["--frames", "13", "--height", "6", "--width", "8", "--text", "5", "--seed", "3", "--json"]
+    synthetic = ["route", "--synthetic", "--dtype", "bf16", "--heads", "6", "--head-dim", "64"] + grid
+
+    def files(order):
+        return [arg for t in "qkv" for arg in (f"--{t}", os.path.join(folder, order, f"{t}.npy"))]
+
+    runs = []
+    for order in ("bnhd", "bhnd"):
+        runs.append(json.loads(run(binary, synthetic + ["--memory", order, "--save-inputs",
+                                                        os.path.join(folder, order)])))
+        runs.append(json.loads(run(binary, ["route", "--memory", order] + files(order) + grid)))
+    first = runs[0]
+
+    def outcome(r):
+        return r["decisions"], r["rel_l2_err"], [h["candidates"] for h in r["per_head"]]
+
+    if not {"spatial", "temporal"} <= set(first["decisions"]) or any(outcome(r) != outcome(first) for r in runs):
+        print("FAIL route from saved files differs from the synthetic run: "
+              f"{[(r['source'], r['memory'], r['decisions'], r['rel_l2_err']) for r in runs]}")
+        failures += 1
+    wrong = subprocess.run([binary, "route"] + files("bhnd") + grid, capture_output=True, text=True, timeout=60)
+    if wrong.returncode != 2 or "--memory bhnd" not in wrong.stderr or len(wrong.stderr.splitlines()) != 1:
+        print(f"FAIL [B, H, N, D] files read as bnhd: exit {wrong.returncode}, {wrong.stderr.strip()!r}")
+        failures += 1
+    saved = open(os.path.join(folder, "bnhd", "q.npy"), "rb").read()
+    again = subprocess.run([binary] + synthetic + ["--seed", "4", "--save-inputs", os.path.join(folder, "bnhd")],
+                           capture_output=True, text=True, timeout=60)
+    if again.returncode != 2 or open(os.path.join(folder, "bnhd", "q.npy"), "rb").read() != saved:
+        print(f"FAIL --save-inputs over existing files: exit {again.returncode}, files changed or not refused")
+        failures += 1
+    # Only v.npy there: refused before q.npy and k.npy are written.
+    partial = os.path.join(folder, "partial")
+    os.makedirs(partial)
+    open(os.path.join(partial, "v.npy"), "wb").close()
+    third = subprocess.run([binary] + synthetic + ["--save-inputs", partial], capture_output=True, text=True,
+                           timeout=60)
+    if third.returncode != 2 or sorted(os.listdir(partial)) != ["v.npy"]:
+        print(f"FAIL --save-inputs with v.npy present: exit {third.returncode}, folder {sorted(os.listdir(partial))}")
+        failures += 1
+    return failures
+
+
 def main():
     binary = sys.argv[1]
     failures = 0
@@ -84,6 +136,7 @@ def main():
     if fp16["dtype"] != "fp16" or not (fp16["rel_l2_err"] <= 1e-3 and fp16["dense_rel_l2_err"] <= 1e-3):
         print(f"FAIL fp16 bench: dtype {fp16['dtype']}, rel_l2_err {fp16['rel_l2_err']} / {fp16['dense_rel_l2_err']}")
         failures += 1
+    failures += check_inputs_from_files(binary)
     png = os.path.join(tempfile.mkdtemp(), "tiles.png")
     run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", png])
     with open(png, "rb") as f:
@@ -94,7 +147,7 @@ def main():
     if "CPU kernel" not in demo or "Tile plans" not in demo:
         print("FAIL the demo did not print its two parts")
         failures += 1
-    total = len(checks) + 9
+    total = len(checks) + 9 + FILE_CHECKS
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 
