@@ -96,26 +96,26 @@ void prepare_save_folder(const std::string& folder) {
   STSA_CHECK(!error, InvalidArgument, "--save-inputs: cannot create ", folder, ": ", error.message());
 }
 
+// A contiguous tensor as an array in its memory order: [B, N, H, D], or [B, H, N, D] for BHND.
+io::HostArray as_array(const Tensor& t, MemoryLayout memory) {
+  const TensorView v = t.view();
+  io::HostArray a;
+  a.dtype = t.dtype();
+  a.shape = memory == MemoryLayout::BHND ? std::vector<std::int64_t>{v.batch(), v.heads(), v.tokens(), v.head_dim()}
+                                         : std::vector<std::int64_t>{v.batch(), v.tokens(), v.heads(), v.head_dim()};
+  const auto* bytes = static_cast<const std::byte*>(v.data);
+  a.data.assign(bytes, bytes + t.bytes());
+  return a;
+}
+
 // The synthetic q, k, v as .npy files, each in the tensors' memory order.
 void save_inputs(const Inputs& in, const std::string& folder, MemoryLayout memory) {
   const std::filesystem::path dir(folder);
-  const VideoLayout& l = in.layout;
-  const std::vector<std::int64_t> shape = memory == MemoryLayout::BHND
-                                              ? std::vector<std::int64_t>{l.batch, l.heads, l.tokens(), l.head_dim}
-                                              : std::vector<std::int64_t>{l.batch, l.tokens(), l.heads, l.head_dim};
   const Tensor* tensors[] = {&in.q, &in.k, &in.v};
-  for (int i = 0; i < 3; ++i) {
-    io::HostArray a;
-    a.dtype = tensors[i]->dtype();
-    a.shape = shape;
-    const auto* bytes = static_cast<const std::byte*>(tensors[i]->view().data);
-    a.data.assign(bytes, bytes + tensors[i]->bytes());
-    io::write_npy((dir / kSavedNames[i]).string(), a);
-  }
+  for (int i = 0; i < 3; ++i) io::write_npy((dir / kSavedNames[i]).string(), as_array(*tensors[i], memory));
 }
 
-Inputs make_inputs(const RouteArgs& args, const VideoGrid& grid) {
-  const MemoryLayout memory = parse_memory(args.memory);
+Inputs make_inputs(const RouteArgs& args, const VideoGrid& grid, MemoryLayout memory) {
   if (!args.synthetic) return read_inputs(args, grid, memory);
   STSA_CHECK(args.q_path.empty() && args.k_path.empty() && args.v_path.empty(), InvalidArgument,
              "--synthetic and --q/--k/--v exclude each other");
@@ -154,12 +154,21 @@ nlohmann::json run_route(const RouteArgs& args) {
   if (on_gpu) require_cuda_device();
   STSA_CHECK(!on_gpu || !args.synthetic || parse_dtype(args.dtype) != DType::F32, Unsupported,
              "--backend cuda: the GPU router takes bf16 or fp16 inputs; add --dtype bf16");
-  Inputs in = make_inputs(args, grid);
+  const MemoryLayout memory = parse_memory(args.memory);
+  std::error_code no_file;
+  if (!args.save_output.empty()) {
+    const std::filesystem::path out(args.save_output), folder = out.parent_path();
+    STSA_CHECK(!std::filesystem::exists(out, no_file), InvalidArgument, "--save-output: ", args.save_output,
+               " exists; it is left as it is");
+    STSA_CHECK(folder.empty() || std::filesystem::is_directory(folder, no_file), InvalidArgument,
+               "--save-output: no folder ", folder.string());
+  }
+  Inputs in = make_inputs(args, grid, memory);
   const VideoLayout& layout = in.layout;
   std::vector<std::int64_t> rows, batch;
   router.sample_rows(layout, TokenOrder::FrameMajor, rows, batch);  // S > N fails here, before any work
 
-  Tensor o(DType::F32, layout.batch, layout.tokens(), layout.heads, layout.head_dim);
+  Tensor o(DType::F32, layout.batch, layout.tokens(), layout.heads, layout.head_dim, memory);
   LseBuffer lse(layout.batch, layout.heads, layout.tokens());
   RoutedCall call{layout, in.q.view(), in.k.view(), in.v.view(), o.view(), lse.view()};
   RoutedOptions options;
@@ -179,6 +188,7 @@ nlohmann::json run_route(const RouteArgs& args) {
   const RoutingReport& report = routed.report;
   const RoutedResult& run = routed.result;
   const double copy_gbps = routed.copy_gbps;
+  if (!args.save_output.empty()) io::write_npy(args.save_output, as_array(o, memory));
   const RouteEvaluation eval = evaluate_routes(layout, call.q, call.k, call.v, call.o, report.heads, args.eval_rows,
                                                std::uint64_t(args.seed));
 
@@ -215,6 +225,7 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"dtype", std::string(to_string(in.q.dtype()))},
       {"source", args.synthetic ? "synthetic" : "files"},
       {"memory", args.memory},
+      {"output_file", args.save_output.empty() ? nlohmann::json(nullptr) : nlohmann::json(args.save_output)},
       {"density", args.density},
       {"samples", args.samples},
       {"backend", on_gpu ? std::string("cuda") : std::string(host_backend->name())},
@@ -302,6 +313,9 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--save-inputs", args->save_inputs,
                   "synthetic: write q.npy, k.npy, v.npy into this folder (created if needed; existing files are "
                   "refused, never replaced)");
+  cmd->add_option("--save-output", args->save_output,
+                  "write the routed attention's O (fp32, frame-major tokens, --memory axis order) into this .npy "
+                  "file (an existing file is refused, never replaced)");
   cmd->add_option("--batch", args->batch, "synthetic: batch entries")->capture_default_str();
   cmd->add_option("--heads", args->heads, "synthetic: heads")->capture_default_str();
   cmd->add_option("--head-dim", args->head_dim, "synthetic: head dimension (even)")->capture_default_str();

@@ -58,6 +58,7 @@ struct RouteArgs {
   std::string tensor, q_tensor, k_tensor, v_tensor;
   std::string memory = "bnhd";  // axis order of the q/k/v files (and of synthetic data): "bnhd" or "bhnd"
   std::string save_inputs;      // synthetic: a folder to write q.npy, k.npy, v.npy into
+  std::string save_output;      // a .npy file to write the routed attention's O into (fp32, --memory order)
   std::int64_t batch = 1, heads = 16, head_dim = 64;
   std::string dtype = "fp32";
   double density = 0.25;

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Runs the documented CLI commands on small shapes and checks their JSON keys."""
+import array
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -14,7 +17,37 @@ def run(binary, args, timeout=240):
     return r.stdout
 
 
-FILE_CHECKS = 4
+FILE_CHECKS = 5
+
+
+def read_npy_f32(path):
+    """(shape, values) of a C-order '<f4' .npy file (version 1 or 2 header)."""
+    data = open(path, "rb").read()
+    if data[:6] != b"\x93NUMPY":
+        raise SystemExit(f"FAIL {path} is not a .npy file")
+    size_bytes = 2 if data[6] == 1 else 4
+    header_len = int.from_bytes(data[8:8 + size_bytes], "little")
+    begin = 8 + size_bytes + header_len
+    header = data[8 + size_bytes:begin].decode("latin1")
+    if "'descr': '<f4'" not in header or "'fortran_order': False" not in header:
+        raise SystemExit(f"FAIL {path}: unexpected header {header!r}")
+    shape = tuple(int(x) for x in re.search(r"'shape': \(([^)]*)\)", header).group(1).split(",") if x.strip())
+    values = array.array("f")
+    values.frombytes(data[begin:])
+    return shape, values
+
+
+def as_bnhd(shape, values):
+    """[B, H, N, D] values reordered to [B, N, H, D]."""
+    b_count, h_count, n_count, d_count = shape
+    out = array.array("f", bytes(4 * len(values)))
+    for b in range(b_count):
+        for h in range(h_count):
+            for n in range(n_count):
+                src = ((b * h_count + h) * n_count + n) * d_count
+                dst = ((b * n_count + n) * h_count + h) * d_count
+                out[dst:dst + d_count] = values[src:src + d_count]
+    return out
 
 
 def check_inputs_from_files(binary):
@@ -34,8 +67,22 @@ def check_inputs_from_files(binary):
     for order in ("bnhd", "bhnd"):
         runs.append(json.loads(run(binary, synthetic + ["--memory", order, "--save-inputs",
                                                         os.path.join(folder, order)])))
-        runs.append(json.loads(run(binary, ["route", "--memory", order] + files(order) + grid)))
+        runs.append(json.loads(run(binary, ["route", "--memory", order] + files(order) + grid + [
+            "--save-output", os.path.join(folder, f"o_{order}.npy")])))
     first = runs[0]
+    # The saved O: the same values in either axis order, and the fp64 reference's routed
+    # output (same decisions, same masks) within the CPU kernel's fp32 error.
+    reference = json.loads(run(binary, ["route", "--backend", "reference"] + files("bnhd") + grid + [
+        "--save-output", os.path.join(folder, "o_reference.npy")]))
+    shape, o_bnhd = read_npy_f32(os.path.join(folder, "o_bnhd.npy"))
+    shape_bhnd, o_bhnd = read_npy_f32(os.path.join(folder, "o_bhnd.npy"))
+    _, o_ref = read_npy_f32(os.path.join(folder, "o_reference.npy"))
+    rel = math.sqrt(sum((x - y) ** 2 for x, y in zip(o_bnhd, o_ref)) / sum(y * y for y in o_ref))
+    if (shape != (1, 629, 6, 64) or shape_bhnd != (1, 6, 629, 64) or as_bnhd(shape_bhnd, o_bhnd) != o_bnhd
+            or reference["decisions"] != first["decisions"] or not rel < 1e-5):
+        print(f"FAIL --save-output: shapes {shape} / {shape_bhnd}, orders agree "
+              f"{as_bnhd(shape_bhnd, o_bhnd) == o_bnhd}, rel L2 vs the reference backend {rel:.3g}")
+        failures += 1
 
     def outcome(r):
         return r["decisions"], r["rel_l2_err"], [h["candidates"] for h in r["per_head"]]
