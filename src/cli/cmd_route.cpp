@@ -96,6 +96,16 @@ void prepare_save_folder(const std::string& folder) {
   STSA_CHECK(!error, InvalidArgument, "--save-inputs: cannot create ", folder, ": ", error.message());
 }
 
+// --save-output's file: refused when it exists (nothing is replaced) or its folder does not; checked before any work.
+void check_output_file(const std::string& path) {
+  const std::filesystem::path file(path), folder = file.parent_path();
+  std::error_code error;
+  STSA_CHECK(!std::filesystem::exists(file, error), InvalidArgument, "--save-output: ", path,
+             " exists; it is left as it is");
+  STSA_CHECK(folder.empty() || std::filesystem::is_directory(folder, error), InvalidArgument,
+             "--save-output: no folder ", folder.string());
+}
+
 // A contiguous tensor as an array in its memory order: [B, N, H, D], or [B, H, N, D] for BHND.
 io::HostArray as_array(const Tensor& t, MemoryLayout memory) {
   const TensorView v = t.view();
@@ -155,14 +165,7 @@ nlohmann::json run_route(const RouteArgs& args) {
   STSA_CHECK(!on_gpu || !args.synthetic || parse_dtype(args.dtype) != DType::F32, Unsupported,
              "--backend cuda: the GPU router takes bf16 or fp16 inputs; add --dtype bf16");
   const MemoryLayout memory = parse_memory(args.memory);
-  std::error_code no_file;
-  if (!args.save_output.empty()) {
-    const std::filesystem::path out(args.save_output), folder = out.parent_path();
-    STSA_CHECK(!std::filesystem::exists(out, no_file), InvalidArgument, "--save-output: ", args.save_output,
-               " exists; it is left as it is");
-    STSA_CHECK(folder.empty() || std::filesystem::is_directory(folder, no_file), InvalidArgument,
-               "--save-output: no folder ", folder.string());
-  }
+  if (!args.save_output.empty()) check_output_file(args.save_output);
   Inputs in = make_inputs(args, grid, memory);
   const VideoLayout& layout = in.layout;
   std::vector<std::int64_t> rows, batch;
