@@ -3,8 +3,10 @@
 // two copies of one problem and compare them).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "stsa/attention.hpp"
 #include "stsa/error.hpp"
@@ -40,6 +42,31 @@ TEST(Tensor, CopiesOwnTheirBytesAndKeepTheirLayout) {
   ASSERT_NE(y.view().data, x.view().data);
   y.view().at(0, 1, 2) = 5.f;
   EXPECT_EQ(x.view().at(0, 1, 2), 4.f);
+}
+
+// A file's bytes become a tensor without a copy, read in the layout's C order.
+TEST(Tensor, TakesBytesInItsLayoutsOrderWithoutACopy) {
+  for (MemoryLayout layout : {MemoryLayout::BNHD, MemoryLayout::BHND}) {
+    std::vector<std::byte> bytes(2 * 3 * 4 * 5 * sizeof(float));
+    for (std::size_t i = 0; i < bytes.size() / sizeof(float); ++i) {
+      const float value = float(i);
+      std::memcpy(bytes.data() + i * sizeof(float), &value, sizeof(float));
+    }
+    const void* buffer = bytes.data();
+    const Tensor t(std::move(bytes), DType::F32, 2, 3, 4, 5, layout);  // B = 2, N = 3, H = 4, D = 5
+    EXPECT_EQ(t.view().data, buffer);
+    // Element (b, n, h, d) sits at C-order index of [B, N, H, D] or [B, H, N, D].
+    const auto index = [&](int b, int n, int h, int d) {
+      return layout == MemoryLayout::BNHD ? ((b * 3 + n) * 4 + h) * 5 + d : ((b * 4 + h) * 3 + n) * 5 + d;
+    };
+    for (int b = 0; b < 2; ++b)
+      for (int n = 0; n < 3; ++n)
+        for (int h = 0; h < 4; ++h)
+          for (int d = 0; d < 5; ++d) ASSERT_EQ(t.view().load(b, n, h, d), float(index(b, n, h, d)));
+  }
+  EXPECT_THROW(Tensor(std::vector<std::byte>(119), DType::F32, 1, 2, 3, 5), InvalidArgument);
+  EXPECT_THROW(Tensor(std::vector<std::byte>(120), DType::BF16, 1, 2, 3, 5), InvalidArgument);
+  EXPECT_NO_THROW(Tensor(std::vector<std::byte>(60), DType::BF16, 1, 2, 3, 5));
 }
 
 TEST(Tensor, ACopiedProblemHasOutputsOfItsOwn) {

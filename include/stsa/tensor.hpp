@@ -73,6 +73,10 @@ class Tensor {
   Tensor() = default;
   Tensor(DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
          MemoryLayout layout = MemoryLayout::BNHD);
+  // Takes `bytes` (the tensor's contents in `layout`'s C order, e.g. a file's data)
+  // without copying; throws InvalidArgument when their size is not the shape's.
+  Tensor(std::vector<std::byte> bytes, DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_t heads,
+         std::int64_t head_dim, MemoryLayout layout = MemoryLayout::BNHD);
   // The view is made on each call from the bytes the tensor holds now, so a
   // copy sees its own bytes and a moved-from tensor a null view.
   TensorView view() const {

@@ -59,26 +59,30 @@ Inputs read_inputs(const RouteArgs& args, const VideoGrid& grid, MemoryLayout me
              "give --synthetic, or all of --q, --k and --v");
   STSA_CHECK(args.save_inputs.empty(), InvalidArgument, "--save-inputs writes synthetic inputs; it needs --synthetic");
   auto name = [&](const std::string& own) { return own.empty() ? args.tensor : own; };
-  io::HostArray q = load("q", args.q_path, name(args.q_tensor), grid, memory);
-  io::HostArray k = load("k", args.k_path, name(args.k_tensor), grid, memory);
-  io::HostArray v = load("v", args.v_path, name(args.v_tensor), grid, memory);
-  STSA_CHECK(k.shape == q.shape && v.shape == q.shape, InvalidArgument, "q, k and v shapes differ (", args.q_path,
-             ", ", args.k_path, ", ", args.v_path, ")");
-  STSA_CHECK(k.dtype == q.dtype && v.dtype == q.dtype, InvalidArgument, "q, k and v dtypes differ (",
-             to_string(q.dtype), ", ", to_string(k.dtype), ", ", to_string(v.dtype), ")");
+  // Each file's bytes become its tensor as they are (its C order is the tensor's
+  // memory order), one file at a time: the inputs are held once, not twice.
   const bool bhnd = memory == MemoryLayout::BHND;
   Inputs in;
-  in.layout = VideoLayout{grid, q.shape[0], q.shape[bhnd ? 1 : 2], q.shape[3]};
-  in.layout.validate();
-  // The file's C order is the tensor's memory order, so its bytes are the tensor's.
-  auto to_tensor = [&](const io::HostArray& a) {
-    Tensor t(a.dtype, in.layout.batch, in.layout.tokens(), in.layout.heads, in.layout.head_dim, memory);
-    std::memcpy(t.view().data, a.data.data(), a.data.size());
-    return t;
+  std::vector<std::int64_t> shape;
+  DType dtype = DType::F32;
+  auto read = [&](const char* what, const std::string& path, const std::string& own_tensor) {
+    io::HostArray a = load(what, path, name(own_tensor), grid, memory);
+    if (shape.empty()) {
+      shape = a.shape;
+      dtype = a.dtype;
+      in.layout = VideoLayout{grid, shape[0], shape[bhnd ? 1 : 2], shape[3]};
+      in.layout.validate();
+    }
+    STSA_CHECK(a.shape == shape, InvalidArgument, "q, k and v shapes differ (", args.q_path, ", ", args.k_path, ", ",
+               args.v_path, ")");
+    STSA_CHECK(a.dtype == dtype, InvalidArgument, "q, k and v dtypes differ (", path, " holds ", to_string(a.dtype),
+               ", ", args.q_path, " ", to_string(dtype), ")");
+    const VideoLayout& l = in.layout;
+    return Tensor(std::move(a.data), a.dtype, l.batch, l.tokens(), l.heads, l.head_dim, memory);
   };
-  in.q = to_tensor(q);
-  in.k = to_tensor(k);
-  in.v = to_tensor(v);
+  in.q = read("q", args.q_path, args.q_tensor);
+  in.k = read("k", args.k_path, args.k_tensor);
+  in.v = read("v", args.v_path, args.v_tensor);
   return in;
 }
 

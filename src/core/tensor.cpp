@@ -105,6 +105,16 @@ Tensor::Tensor(DType dtype, std::int64_t batch, std::int64_t tokens, std::int64_
   shape_ = TensorView::contiguous(nullptr, dtype, batch, tokens, heads, head_dim, layout);
 }
 
+Tensor::Tensor(std::vector<std::byte> bytes, DType dtype, std::int64_t batch, std::int64_t tokens,
+               std::int64_t heads, std::int64_t head_dim, MemoryLayout layout) {
+  check_dims(batch, tokens, heads, head_dim);
+  const std::uint64_t expected = std::uint64_t(batch * tokens * heads * head_dim) * element_size(dtype);
+  STSA_CHECK(bytes.size() == expected, InvalidArgument, "tensor of ", batch, " x ", tokens, " x ", heads, " x ",
+             head_dim, " ", to_string(dtype), " needs ", expected, " bytes, got ", bytes.size());
+  storage_ = std::move(bytes);
+  shape_ = TensorView::contiguous(nullptr, dtype, batch, tokens, heads, head_dim, layout);
+}
+
 LseBuffer::LseBuffer(std::int64_t batch, std::int64_t heads, std::int64_t tokens) {
   check_dims(batch, tokens, heads, 1);
   check_host_allocation(std::uint64_t(batch * heads * tokens) * sizeof(float), "LSE buffer");
