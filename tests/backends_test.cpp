@@ -169,5 +169,56 @@ TEST(Backends, OutputsWhoseElementsShareAnAddressAreInvalid) {
   }
 }
 
+// validate() on an ordinary (not scattered) call: each refusal by itself, on an
+// otherwise valid call, and a size-1 dimension's stride, which addresses nothing,
+// accepted whatever it is (as PyTorch leaves it after unsqueeze or expand).
+TEST(Backends, ValidateRefusesEachBrokenCallAndAcceptsAnyStrideOfASizeOneDim) {
+  const VideoLayout layout{{2, 3, 4}, 1, 2, 16};
+  auto problem = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), 1);
+  const auto expect_refused = [](const AttentionCall& call, const std::string& fragment) {
+    try {
+      validate(call, /*require_plans=*/false);
+      ADD_FAILURE() << "accepted; expected '" << fragment << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  ASSERT_NO_THROW(validate(problem.call(), false));
+  AttentionCall call = problem.call();
+  call.o = call.v;  // O over an input
+  expect_refused(call, "o overlaps an input");
+  Tensor v_bf16(DType::BF16, 1, layout.tokens(), 2, 16);
+  call = problem.call();
+  call.v = v_bf16.view();  // q and k fp32, v bf16
+  expect_refused(call, "share a dtype");
+  std::vector<float> lse_in_o(std::size_t(layout.tokens() * 2 * 16));
+  call = problem.call();
+  call.o = TensorView::contiguous(lse_in_o.data(), DType::F32, 1, layout.tokens(), 2, 16, MemoryLayout::BNHD);
+  call.lse = LseView::contiguous(lse_in_o.data(), 1, 2, layout.tokens());
+  expect_refused(call, "lse overlaps o");
+  call = problem.call();
+  call.lse = LseView::contiguous(static_cast<float*>(call.k.data), 1, 2, layout.tokens());
+  expect_refused(call, "lse overlaps an input");
+  call = problem.call();
+  call.q.data = static_cast<std::byte*>(call.q.data) + 2;  // not on a float boundary
+  expect_refused(call, "aligned");
+  call = problem.call();
+  call.softmax_scale = INFINITY;
+  expect_refused(call, "softmax scale");
+  call = problem.call();
+  call.o.stride[2] = 15;  // heads 16 wide, 15 apart: the last channel of a head is the next head's first
+  expect_refused(call, "o has overlapping strides");
+  call = problem.call();
+  call.heads.pop_back();
+  expect_refused(call, "one mask per head");
+  // Batch 1: the batch stride never multiplies a non-zero index.
+  for (const std::int64_t stride : {std::int64_t(0), std::int64_t(1), std::int64_t(7)}) {
+    call = problem.call();
+    call.q.stride[0] = stride;
+    call.lse.stride[0] = stride;
+    EXPECT_NO_THROW(validate(call, false)) << "batch stride " << stride;
+  }
+}
+
 }  // namespace
 }  // namespace stsa

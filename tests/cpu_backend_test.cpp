@@ -503,5 +503,53 @@ TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16Inputs) {
       }
 }
 
+// Channels with a stride other than 1 (every other element of a wider buffer,
+// as a view of an interleaved tensor gives): the loads of Q, K and V and the
+// stores of O take the strided paths, for each input and output dtype.
+TEST(CpuBackend, StridedChannelsMatchTheReference) {
+  const VideoGrid grid{2, 5, 7, 3, TextPlacement::After};
+  for (const DType in : {DType::F32, DType::BF16, DType::F16})
+    for (const DType out : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(to_string(in)) + " in, " + std::string(to_string(out)) + " out");
+      const VideoLayout layout{grid, 2, 4, 64};
+      auto problem = testing::make_problem(layout, in, four_heads(grid, 0.25, true, {64, 64}, Alignment::Exact),
+                                           testing::fresh_seed(), MemoryLayout::BNHD, out);
+      const std::int64_t n = layout.tokens();
+      const auto wide = [&](DType dtype, const TensorView* from, std::vector<std::byte>& storage) {
+        storage.assign(std::size_t(2 * 2 * n * 4 * 64) * element_size(dtype), std::byte{0x7f});  // NaN-ish filler
+        TensorView v = TensorView::contiguous(storage.data(), dtype, 2, n, 4, 128, MemoryLayout::BNHD);
+        v.shape[3] = 64;
+        v.stride[3] = 2;
+        if (from != nullptr)
+          for (std::int64_t b = 0; b < 2; ++b)
+            for (std::int64_t t = 0; t < n; ++t)
+              for (std::int64_t h = 0; h < 4; ++h)
+                for (std::int64_t d = 0; d < 64; ++d) v.store(b, t, h, d, from->load(b, t, h, d));
+        return v;
+      };
+      std::vector<std::byte> qs, ks, vs, os;
+      AttentionCall call = problem.call();
+      call.q = wide(in, &call.q, qs);
+      call.k = wide(in, &call.k, ks);
+      call.v = wide(in, &call.v, vs);
+      call.o = wide(out, nullptr, os);
+      for (Isa isa : testing::isas_of_this_machine()) {
+        SCOPED_TRACE(std::string(to_string(isa)));
+        make_cpu_backend({isa, 2})->run(call);
+        const AttentionCall dense = problem.call();
+        for (std::int64_t b = 0; b < 2; ++b)
+          for (std::int64_t t = 0; t < n; ++t)
+            for (std::int64_t h = 0; h < 4; ++h)
+              for (std::int64_t d = 0; d < 64; ++d) dense.o.store(b, t, h, d, call.o.load(b, t, h, d));
+        const auto cmp = testing::compare_with_reference(problem);
+        EXPECT_TRUE(cmp.ok()) << cmp.failure;
+        // The elements between the channels belong to no tensor: never written.
+        for (std::size_t i = 0; i < os.size(); i += 2 * element_size(out))
+          for (std::size_t j = element_size(out); j < 2 * element_size(out); ++j)
+            ASSERT_EQ(os[i + j], std::byte{0x7f}) << "byte " << i + j;
+      }
+    }
+}
+
 }  // namespace
 }  // namespace stsa

@@ -250,5 +250,48 @@ TEST(Safetensors, EveryTruncationAndLyingLengthIsAnError) {
   EXPECT_THROW(parse_safetensors(nullptr, 0, "q"), IoError);
 }
 
+// Edges of the formats: no .npy minor version but 0 exists; 32 dimensions are
+// the limit of both readers (33 are refused); a zero-size safetensors tensor
+// has equal data offsets, which the format allows, even at the data's end.
+TEST(Npy, MinorVersionsAndTheDimensionLimit) {
+  auto b = npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8);
+  b[7] = std::byte(1);  // version 1.1
+  expect_io_error(b, "version");
+  const auto dims = [](int count) {
+    std::string s = "{'descr': '<f4', 'fortran_order': False, 'shape': (";
+    for (int i = 0; i < count; ++i) s += "1, ";
+    return s + "), }\n";
+  };
+  b = npy(1, dims(32), 4);
+  EXPECT_EQ(parse_npy(b.data(), b.size(), "v.npy").shape.size(), 32u);
+  expect_io_error(npy(1, dims(33), 4), "32 dimensions");
+}
+
+TEST(Safetensors, ZeroSizeTensorsAndTheDimensionLimit) {
+  const auto data = sample_data();
+  const std::string header = R"({"e": {"dtype": "F32", "shape": [0, 3], "data_offsets": [44, 44]},)"
+                             R"( "q": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}})";
+  const auto file = safetensors(header, data);
+  const HostArray e = parse_safetensors(file.data(), file.size(), "e");
+  EXPECT_EQ(e.shape, (std::vector<std::int64_t>{0, 3}));
+  EXPECT_TRUE(e.data.empty());
+  EXPECT_EQ(parse_safetensors(file.data(), file.size(), "q").data.size(), 24u);
+  const auto only_empty = safetensors(R"({"e": {"dtype": "BF16", "shape": [0], "data_offsets": [0, 0]}})", {});
+  EXPECT_EQ(parse_safetensors(only_empty.data(), only_empty.size(), "e").numel(), 0);
+  const auto dims = [](int count) {
+    std::string s = R"({"q": {"dtype": "F32", "shape": [)";
+    for (int i = 0; i < count; ++i) s += i ? ", 1" : "1";
+    return s + R"(], "data_offsets": [0, 4]}})";
+  };
+  const auto ok = safetensors(dims(32), data);
+  EXPECT_EQ(parse_safetensors(ok.data(), ok.size(), "q").shape.size(), 32u);
+  expect_st_error(dims(33), data, "q", "more than 32 dimensions");
+  // Brackets inside a string (after an escaped quote) are text, not nesting.
+  const std::string text = R"({"__metadata__": {"note": "5\" [[[[[[[[[[[[[[[[[[[[ run"},)"
+                           R"( "q": {"dtype": "F32", "shape": [6], "data_offsets": [0, 24]}})";
+  const auto quoted = safetensors(text, data);
+  EXPECT_EQ(parse_safetensors(quoted.data(), quoted.size(), "q").numel(), 6);
+}
+
 }  // namespace
 }  // namespace stsa::io

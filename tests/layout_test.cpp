@@ -64,5 +64,20 @@ TEST(Layout, RejectsBadSizes) {
   EXPECT_THROW(layout.validate(), ResourceError);
 }
 
+// The limits of validate() at their edges: text tokens count toward the
+// 2^31 - 1 tokens (plans index tokens with 32-bit columns), and the head dim is
+// at most 512.
+TEST(Layout, LimitsHoldAtTheirEdges) {
+  constexpr std::int64_t kMax = (std::int64_t(1) << 31) - 1;
+  EXPECT_NO_THROW((VideoGrid{1, 1, kMax, 0}.validate()));
+  EXPECT_NO_THROW((VideoGrid{1, 1, kMax - 10, 10}.validate()));
+  EXPECT_THROW((VideoGrid{1, 1, kMax - 10, 11}.validate()), InvalidArgument);
+  EXPECT_THROW((VideoGrid{1, 1, kMax - 10, 11, TextPlacement::Before}.validate()), InvalidArgument);
+  VideoLayout layout{{2, 3, 4}, 1, 2, 512};
+  EXPECT_NO_THROW(layout.validate());
+  layout.head_dim = 513;
+  EXPECT_THROW(layout.validate(), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace stsa

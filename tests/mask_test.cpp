@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -79,6 +80,41 @@ TEST(Mask, RejectsBadDensityAndWidths) {
   EXPECT_THROW(mask_for_density(g, SparseKind::Spatial, std::nan("")), InvalidArgument);
   EXPECT_THROW(MaskSpec::spatial(-2).validate(g), InvalidArgument);
   EXPECT_THROW(MaskSpec::frame_window(-5).validate(g), InvalidArgument);
+}
+
+// mask_for_density picks the closest kept count, and on an exact tie the larger
+// mask (mask.hpp). Grids of 2^k tokens make every midpoint density exact, so the
+// targets below are exactly halfway between neighbouring counts, or a quarter
+// pair to either side.
+TEST(Mask, DensityPicksTheClosestCountAndTiesGoToTheLargerMask) {
+  const std::vector<VideoGrid> grids = {{4, 2, 2, 0, TextPlacement::After},  // 16 tokens
+                                        {2, 4, 4, 0, TextPlacement::After},  // 32
+                                        {3, 2, 2, 4, TextPlacement::Before},  // 16, text
+                                        {8, 2, 4, 0, TextPlacement::After}};  // 64
+  for (const VideoGrid& g : grids)
+    for (SparseKind kind : {SparseKind::Spatial, SparseKind::Temporal, SparseKind::FrameWindow})
+      for (bool anchor : {true, false}) {
+        const double total = double(g.tokens()) * double(g.tokens());
+        // Every count the kind can reach, by brute force over its parameter.
+        std::vector<std::int64_t> counts;
+        const std::int64_t limit = kind == SparseKind::FrameWindow ? g.frames : g.video_tokens();
+        for (std::int64_t p = -1; p <= limit; ++p) {
+          const MaskSpec spec = kind == SparseKind::Spatial    ? MaskSpec::spatial(p, anchor)
+                                : kind == SparseKind::Temporal ? MaskSpec::temporal(p, anchor)
+                                                               : MaskSpec::frame_window(p, anchor);
+          counts.push_back(brute_kept(g, spec));
+        }
+        counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+        for (std::size_t i = 0; i + 1 < counts.size(); ++i) {
+          const double lo = double(counts[i]), hi = double(counts[i + 1]), mid = (lo + hi) / 2;
+          const auto kept_at = [&](double target) { return kept_pairs(g, mask_for_density(g, kind, target / total, anchor)); };
+          SCOPED_TRACE(g.describe() + " counts " + std::to_string(counts[i]) + "/" + std::to_string(counts[i + 1]) +
+                       (anchor ? " +anchor" : " -anchor") + " kind " + std::to_string(int(kind)));
+          EXPECT_EQ(kept_at(mid), counts[i + 1]) << "a tie goes to the larger mask";
+          EXPECT_EQ(kept_at(mid - (hi - lo) / 4), counts[i]) << "closer to the smaller count";
+          EXPECT_EQ(kept_at(mid + (hi - lo) / 4), counts[i + 1]) << "closer to the larger count";
+        }
+      }
 }
 
 }  // namespace

@@ -163,5 +163,87 @@ TEST(CopyBandwidth, MeasuresSomethingPositive) {
   EXPECT_THROW(measure_copy_gbps(16), InvalidArgument);
 }
 
+// Runs of heads adjacent in both tensors are copied as one block only where the
+// heads really are adjacent in memory: consecutive head subsets between a BHND
+// tensor and a BNHD one (either side), and channels with a stride other than 1.
+TEST(Permute, ConsecutiveHeadsAndStridedChannelsMoveTheRightBits) {
+  const VideoGrid g{3, 2, 3, 2, TextPlacement::Before};
+  const std::int64_t batch = 2, heads = 5, dim = 4, n = g.tokens();
+  const std::vector<std::int64_t> subset = {1, 2, 3};
+  const std::uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // Channel stride 2 (variant 2, source and destination): every other element of a buffer twice as large.
+  Tensor wide_src(DType::BF16, batch, n, heads, 2 * dim);
+  const auto strided = [&](const Tensor& t) {
+    TensorView v = t.view();
+    v.shape[3] = dim;
+    v.stride[3] = 2;
+    return v;
+  };
+  for (const int variant : {0, 1, 2}) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    Tensor src_t(DType::BF16, batch, n, heads, dim, variant == 0 ? MemoryLayout::BHND : MemoryLayout::BNHD);
+    Tensor packed_t(DType::BF16, batch, n, 3, dim, variant == 1 ? MemoryLayout::BHND : MemoryLayout::BNHD);
+    fill_bits(src_t, seed);
+    fill_bits(wide_src, seed + 1);
+    fill_bits(packed_t, seed + 2);
+    const TensorView src[] = {variant == 2 ? strided(wide_src) : src_t.view()};
+    const TensorView packed[] = {packed_t.view()};  // variant 2: channel strides 2 and 1
+    gather_heads(g, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, subset, src, packed, 1);
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t pos = 0; pos < n; ++pos) {
+        const std::int64_t from = g.position(g.coord(pos, TokenOrder::SpatialMajor), TokenOrder::FrameMajor);
+        for (std::size_t j = 0; j < subset.size(); ++j)
+          for (std::int64_t d = 0; d < dim; ++d)
+            ASSERT_EQ(element_bits(packed[0], b, pos, std::int64_t(j), d), element_bits(src[0], b, from, subset[j], d))
+                << "gather b " << b << " pos " << pos << " j " << j << " d " << d;
+      }
+    // And back into a scrambled copy of the source layout: the subset comes back, the rest is untouched.
+    Tensor out_t = src_t, wide_out = wide_src;
+    fill_bits(out_t, seed + 3);
+    fill_bits(wide_out, seed + 3);
+    const Tensor before_t = out_t, wide_before = wide_out;
+    const TensorView dest[] = {variant == 2 ? strided(wide_out) : out_t.view()};
+    const TensorView before = variant == 2 ? strided(wide_before) : before_t.view();
+    scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, subset, packed, dest, {}, {}, 1);
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t pos = 0; pos < n; ++pos)
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const bool moved = h >= 1 && h <= 3;
+          for (std::int64_t d = 0; d < dim; ++d)
+            ASSERT_EQ(element_bits(dest[0], b, pos, h, d), element_bits(moved ? src[0] : before, b, pos, h, d))
+                << "scatter b " << b << " pos " << pos << " h " << h << " d " << d;
+        }
+    if (variant == 2) {  // the elements between the strided channels are not the tensor's: untouched
+      const auto* got = static_cast<const unsigned char*>(wide_out.view().data);
+      const auto* was = static_cast<const unsigned char*>(wide_before.view().data);
+      for (std::size_t i = 0; i < wide_out.bytes(); i += 4)
+        ASSERT_TRUE(got[i + 2] == was[i + 2] && got[i + 3] == was[i + 3]) << "byte " << i + 2;
+    }
+  }
+}
+
+// The LSE views of a scatter are checked like the tensors: shapes against the
+// head count, batch and tokens, and no overlap between source and destination.
+TEST(Permute, ScatterRefusesBadLseViews) {
+  const VideoGrid g{3, 2, 2, 0, TextPlacement::After};
+  const std::int64_t n = g.tokens();
+  Tensor full(DType::F32, 1, n, 4, 8), packed(DType::F32, 1, n, 2, 8);
+  const TensorView p[] = {packed.view()}, d[] = {full.view()};
+  const std::vector<std::int64_t> heads = {0, 3};
+  LseBuffer plse(1, 2, n), lse(1, 4, n), plse_three(1, 3, n);
+  EXPECT_NO_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, p, d, plse.view(), lse.view()));
+  EXPECT_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, p, d, plse_three.view(),
+                             lse.view()),
+               InvalidArgument);  // three packed LSE heads for two heads
+  LseView overlapping = lse.view();
+  overlapping.shape[1] = 2;  // the packed LSE inside the destination's
+  EXPECT_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, p, d, overlapping, lse.view()),
+               InvalidArgument);
+  Tensor other_dim(DType::F32, 1, n, 2, 4);
+  const TensorView narrow[] = {other_dim.view()};
+  EXPECT_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, narrow, d), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace stsa

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "stsa/error.hpp"
 #include "stsa/plan.hpp"
@@ -143,6 +144,62 @@ TEST(Plan, RejectsBadTiles) {
   EXPECT_THROW(TilePlan::build(g, MaskSpec::dense(), {64, 100}), InvalidArgument);
   EXPECT_THROW(TilePlan::build(g, MaskSpec::dense(), {2048, 64}), InvalidArgument);
   EXPECT_THROW(parse_alignment("nearest"), InvalidArgument);
+}
+
+// A rounded plan is a plan like any other: CSR rows ascending (classify() and
+// computes() binary-search them), and kept_tile_area is the area of the tiles it
+// computes, the full ones here, rounded ones included.
+TEST(Plan, RoundedPlansAreWellFormedAndCountTheAreaTheyCompute) {
+  for (const Case& c : cases()) {
+    const auto plan = TilePlan::build(c.grid, c.spec, c.tile, Alignment::Round);
+    SCOPED_TRACE(c.grid.describe() + " " + c.spec.describe() + " tile " + std::to_string(c.tile.q) + "x" +
+                 std::to_string(c.tile.k));
+    ASSERT_NO_THROW(plan->self_check());
+    const std::int64_t n = c.grid.tokens();
+    std::int64_t area = 0;
+    for (std::int64_t qt = 0; qt < plan->q_tiles(); ++qt) {
+      const auto full = plan->full_tiles(qt);
+      ASSERT_TRUE(std::is_sorted(full.begin(), full.end()));
+      for (const std::int32_t kt : full)
+        area += (std::min(n, (qt + 1) * c.tile.q) - qt * c.tile.q) * (std::min(n, (kt + 1) * std::int64_t(c.tile.k)) -
+                                                                       kt * std::int64_t(c.tile.k));
+    }
+    EXPECT_EQ(plan->stats().kept_tile_area, area);
+    EXPECT_EQ(plan->stats().kept_tile_area, plan->stats().kept_pairs);  // no partial tiles: every computed pair kept
+  }
+}
+
+// The cache keys on every field of the key: a rounded plan is not an exact one,
+// and a plan for one tile shape does not serve another.
+TEST(Plan, CacheKeysOnTileShapeAndAlignment) {
+  PlanCache cache;
+  const VideoGrid g{3, 8, 12, 9, TextPlacement::Before};
+  const MaskSpec spec = mask_for_density(g, SparseKind::Spatial, 0.2);
+  const auto exact = cache.get(g, spec, {64, 64}, Alignment::Exact);
+  const auto rounded = cache.get(g, spec, {64, 64}, Alignment::Round);
+  const auto other_tile = cache.get(g, spec, {48, 64}, Alignment::Exact);
+  EXPECT_EQ(rounded->alignment(), Alignment::Round);
+  EXPECT_EQ(rounded->stats().tiles_partial, 0);
+  EXPECT_GT(exact->stats().tiles_partial, 0);
+  EXPECT_EQ(other_tile->tile(), (TileShape{48, 64}));
+  EXPECT_EQ(cache.size(), 3u);
+  EXPECT_EQ(cache.get(g, spec, {64, 64}, Alignment::Round).get(), rounded.get());
+}
+
+// Band widths past the token count keep every pair (the builder clamps them so
+// its position arithmetic cannot overflow): the widest band is a dense plan.
+TEST(Plan, WidestBandsAreDense) {
+  const VideoGrid g{3, 5, 7, 4, TextPlacement::After};
+  const std::int64_t n = g.tokens();
+  for (const std::int64_t band : {n, std::int64_t(1) << 40, std::numeric_limits<std::int64_t>::max()})
+    for (const MaskSpec& spec : {MaskSpec::spatial(band, false), MaskSpec::temporal(band, false),
+                                 MaskSpec::frame_window(band, false)}) {
+      const auto plan = TilePlan::build(g, spec, {64, 64});
+      EXPECT_EQ(kept_pairs(g, spec), n * n) << spec.describe();
+      EXPECT_EQ(plan->stats().kept_pairs, n * n) << spec.describe();
+      EXPECT_EQ(plan->stats().tiles_partial, 0) << spec.describe();
+      EXPECT_EQ(plan->stats().tiles_full, plan->q_tiles() * plan->k_tiles()) << spec.describe();
+    }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "router/candidate_mask.hpp"
 #include "router/route_errors.hpp"
 #include "stsa/error.hpp"
+#include "stsa/first_block_anchor.hpp"
 #include "stsa/router.hpp"
 #include "stsa/synth.hpp"
 #include "support/testing.hpp"
@@ -349,6 +350,107 @@ TEST(Router, RejectsBadArguments) {
   EXPECT_THROW(router.route(layout, call.q, call.k, call.v, TokenOrder::FrameMajor, 0.f, heads), InvalidArgument);
   const std::vector<std::int64_t> one = {1};
   EXPECT_EQ(router.route(layout, call.q, call.k, call.v, TokenOrder::FrameMajor, 0.f, one).heads.size(), 1u);
+}
+
+// The sampled population at its edges: exactly as many samples as non-anchor
+// video rows still avoids the anchor (every such row is sampled once), and
+// without the anchor frame 0's rows are as informative as any and get sampled.
+TEST(Router, SamplesAvoidTheAnchorOnlyWhenItIsOn) {
+  const VideoLayout layout{{3, 2, 4, 5, TextPlacement::Before}, 1, 1, 64};  // 8 rows per frame
+  RouterOptions options;
+  options.samples = 16;  // the 16 rows of frames 1 and 2
+  std::vector<std::int64_t> rows, batch;
+  Router(options).sample_rows(layout, TokenOrder::FrameMajor, rows, batch);
+  std::set<std::int64_t> distinct;
+  for (std::int64_t r : rows) {
+    const TokenCoord c = layout.grid.coord(r, TokenOrder::FrameMajor);
+    ASSERT_FALSE(c.is_text);
+    EXPECT_NE(c.frame, 0) << "row " << r;
+    distinct.insert(r);
+  }
+  EXPECT_EQ(distinct.size(), 16u);
+  options.anchor = false;  // the same 16 samples now spread over all 24 video rows
+  Router(options).sample_rows(layout, TokenOrder::FrameMajor, rows, batch);
+  std::set<std::int64_t> frames;
+  for (std::int64_t r : rows) frames.insert(layout.grid.coord(r, TokenOrder::FrameMajor).frame);
+  EXPECT_EQ(frames, (std::set<std::int64_t>{0, 1, 2}));
+}
+
+// The softmax scale given to route() is the one the errors are computed with:
+// scale 2 / sqrt(D) on q is the default scale on 2 q (exact in fp32).
+TEST(Router, UsesTheSoftmaxScaleItIsGiven) {
+  const VideoLayout layout{{4, 4, 5, 0, TextPlacement::After}, 1, 2, 64};
+  testing::Problem p = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), testing::fresh_seed());
+  testing::Problem twice = p;
+  for (std::int64_t n = 0; n < layout.tokens(); ++n)
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t d = 0; d < 64; ++d) twice.q.view().store(0, n, h, d, 2.f * p.q.view().load(0, n, h, d));
+  RouterOptions options;
+  options.samples = 16;
+  const Router router(options);
+  const AttentionCall a = p.call(), b = twice.call();
+  const RoutingReport scaled = router.route(layout, a.q, a.k, a.v, TokenOrder::FrameMajor, 2.f / 8.f);
+  const RoutingReport doubled = router.route(layout, b.q, b.k, b.v, TokenOrder::FrameMajor, 0.f);
+  const RoutingReport plain = router.route(layout, a.q, a.k, a.v, TokenOrder::FrameMajor, 0.f);
+  for (std::size_t h = 0; h < 2; ++h)
+    for (std::size_t c = 0; c < scaled.heads[h].candidates.size(); ++c) {
+      const double want = doubled.heads[h].candidates[c].mse;
+      EXPECT_NEAR(scaled.heads[h].candidates[c].mse, want, 1e-6 * want) << "head " << h << " candidate " << c;
+      EXPECT_GT(std::abs(plain.heads[h].candidates[c].mse - want), 1e-3 * want) << "the scale makes no difference?";
+    }
+}
+
+// The first-block comparison masks (first_block_anchor.hpp) by their definition:
+// video token (f, p) at f P + p (spatial) or p F + f (temporal, interleaved);
+// a query sees a key if either is text, the key lies in positions [0, P) of that
+// order, or the two lie within the band. The closed-form count must count that
+// predicate, and the band chosen for an stsa mask must be the one whose count is
+// closest to the stsa mask's.
+TEST(FirstBlockAnchor, PredicateCountAndBandFollowTheDefinition) {
+  const std::vector<VideoGrid> grids = {{4, 2, 3, 5, TextPlacement::Before}, {3, 3, 3, 0, TextPlacement::After},
+                                        {5, 1, 2, 2, TextPlacement::After}};
+  for (const VideoGrid& g : grids) {
+    const std::int64_t per_frame = g.tokens_per_frame(), n = g.tokens();
+    for (const bool temporal : {false, true}) {
+      const auto fb_position = [&](const TokenCoord& c) {
+        return temporal ? c.patch * g.frames + c.frame : c.frame * per_frame + c.patch;
+      };
+      const auto count = [&](std::int64_t band) {
+        std::int64_t kept = 0;
+        for (std::int64_t i = 0; i < n; ++i)
+          for (std::int64_t j = 0; j < n; ++j) {
+            const TokenCoord q = g.coord(i, TokenOrder::FrameMajor), k = g.coord(j, TokenOrder::FrameMajor);
+            kept += q.is_text || k.is_text || fb_position(k) < per_frame ||
+                    (band >= 0 && std::llabs(fb_position(q) - fb_position(k)) <= band);
+          }
+        return kept;
+      };
+      for (std::int64_t w = -1; w < g.video_tokens(); ++w) {
+        SCOPED_TRACE(g.describe() + (temporal ? " temporal" : " spatial") + " band " + std::to_string(w));
+        EXPECT_EQ(first_block_kept_pairs(g, w), count(w));  // positions permute, counts do not
+        const MaskSpec spec = temporal ? MaskSpec::temporal(w) : MaskSpec::spatial(w);
+        const FirstBlockMask m = first_block_mask(g, spec);
+        ASSERT_FALSE(m.dense);
+        EXPECT_EQ(m.interleaved, temporal);
+        EXPECT_EQ(m.kept_pairs, count(m.band));
+        const std::int64_t target = kept_pairs(g, spec);
+        for (std::int64_t other = -1; other < g.video_tokens(); ++other)
+          EXPECT_LE(std::llabs(m.kept_pairs - target), std::llabs(count(other) - target)) << "band " << other << " is closer";
+        HeadRoute head;
+        head.spec = spec;
+        for (const TokenOrder order : {TokenOrder::FrameMajor, TokenOrder::SpatialMajor}) {
+          const PairPredicate allowed = first_block_predicate(g, {head}, order);
+          for (std::int64_t i = 0; i < n; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              const TokenCoord q = g.coord(i, order), k = g.coord(j, order);
+              const bool want = q.is_text || k.is_text || fb_position(k) < per_frame ||
+                                (m.band >= 0 && std::llabs(fb_position(q) - fb_position(k)) <= m.band);
+              ASSERT_EQ(allowed(0, i, j), want) << "pair " << i << "," << j << " in " << to_string(order);
+            }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

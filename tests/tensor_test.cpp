@@ -119,5 +119,36 @@ TEST(Tensor, StridesReachingPastTheAddressSpaceAreRefused) {
   EXPECT_THROW(validate_lse("lse", lse, layout), InvalidArgument);
 }
 
+// The two memory layouts by definition: BNHD puts element (b, n, h, d) at
+// ((b N + n) H + h) D + d, BHND at ((b H + h) N + n) D + d; the byte extent is
+// exactly the B N H D elements, so a tensor ending where another begins does
+// not overlap it and one element more does.
+TEST(Tensor, ContiguousLayoutsAndExtentsFollowTheirDefinitions) {
+  const std::int64_t B = 2, N = 5, H = 3, D = 4;
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    const auto elem = std::int64_t(element_size(dtype));
+    std::vector<std::byte> storage(std::size_t(2 * B * N * H * D * elem));
+    const TensorView bnhd = TensorView::contiguous(storage.data(), dtype, B, N, H, D, MemoryLayout::BNHD);
+    const TensorView bhnd = TensorView::contiguous(storage.data(), dtype, B, N, H, D, MemoryLayout::BHND);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t d = 0; d < D; ++d) {
+            EXPECT_EQ(bnhd.offset(b, n, h, d), ((b * N + n) * H + h) * D + d);
+            EXPECT_EQ(bhnd.offset(b, n, h, d), ((b * H + h) * N + n) * D + d);
+          }
+    for (const TensorView& t : {bnhd, bhnd}) {
+      const auto [first, last] = t.byte_extent();
+      EXPECT_EQ(first, storage.data());
+      EXPECT_EQ(last, storage.data() + B * N * H * D * elem);
+      TensorView next = t;
+      next.data = storage.data() + B * N * H * D * elem;
+      EXPECT_FALSE(extents_overlap(t.byte_extent(), next.byte_extent()));
+      next.data = storage.data() + (B * N * H * D - 1) * elem;
+      EXPECT_TRUE(extents_overlap(t.byte_extent(), next.byte_extent()));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace stsa

@@ -87,7 +87,8 @@ class TilePlan {
   // Throws InvalidArgument unless this plan fits the grid, the head's spec and token order.
   void check_matches(const VideoGrid& grid, const MaskSpec& spec, TokenOrder tensor_order) const;
 
-  // Rebuilds nothing; checks CSR ordering, counts and mask bits against the spec. O(kept area).
+  // Rebuilds nothing; checks the CSR structure: rows ascending, every key tile in range, mask ids
+  // in range, counts as in stats(). O(kept tiles). check_matches compares the mask bits with the spec.
   void self_check() const;
 
  private:

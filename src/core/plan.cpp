@@ -92,6 +92,7 @@ void TilePlan::self_check() const {
     STSA_CHECK(std::is_sorted(f.begin(), f.end()) && std::is_sorted(p.begin(), p.end()), Error,
                "plan row ", qt, " key tiles are not ascending");
     for (auto kt : f) STSA_CHECK(kt >= 0 && kt < k_tiles_, Error, "plan row ", qt, " lists key tile ", kt);
+    for (auto kt : p) STSA_CHECK(kt >= 0 && kt < k_tiles_, Error, "plan row ", qt, " lists partial key tile ", kt);
     for (auto id : partial_mask_ids(qt))
       STSA_CHECK(id >= 0 && std::int64_t(id) < stats_.distinct_masks, Error, "plan row ", qt, " mask id ", id);
     full += std::int64_t(f.size());

@@ -148,8 +148,6 @@ class PlanBuilder {
           add_partial(rows, cols, kt, full, partial, partial_ids);
         }
       });
-      // Candidates come in ascending order; only rounding can append a full tile out of order.
-      if (alignment_ == Alignment::Round) std::sort(full.begin(), full.end());
       p.key_tiles_.insert(p.key_tiles_.end(), full.begin(), full.end());
       p.mask_ids_.insert(p.mask_ids_.end(), full.size(), -1);
       p.partial_begin_.push_back(std::int64_t(p.key_tiles_.size()));
