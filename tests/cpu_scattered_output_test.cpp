@@ -227,10 +227,7 @@ TEST(CpuScatteredOutput, BadScatteredOutputsAreRefusedBeforeAnythingIsWritten) {
   expect_invalid(packed.call, bad, "scattered o has overlapping strides");
   // One head in the call: its narrowed view has one head, so the full tensor's
   // overlapping heads are seen only by the check of the full tensor.
-  AttentionCall one_head = packed.call;
-  one_head.layout.heads = 1;
-  for (TensorView* t : {&one_head.q, &one_head.k, &one_head.v}) t->shape[2] = 1;
-  one_head.heads.resize(1);
+  const AttentionCall one_head = testing::first_heads(packed.call, 1);
   bad = out;
   bad.heads = std::span<const std::int64_t>(heads).first(1);
   bad.o.stride[2] = full.head_dim / 2;

@@ -85,12 +85,17 @@ TEST(Reference, RowsInABlockComeOutAsTheyDoAlone) {
         const double lse_alone = lse1[std::size_t(b * layout.heads + h)];
         nan_rows += std::isnan(lse_alone);
         EXPECT_EQ(std::isnan(lse_block), std::isnan(lse_alone)) << "row " << rows[std::size_t(r)];
-        if (!std::isnan(lse_alone)) EXPECT_EQ(lse_block, lse_alone) << "row " << rows[std::size_t(r)];
+        if (!std::isnan(lse_alone)) {
+          EXPECT_EQ(lse_block, lse_alone) << "row " << rows[std::size_t(r)];
+        }
         for (std::int64_t d = 0; d < dim; ++d) {
           const double x = o[std::size_t(((b * count + r) * layout.heads + h) * dim + d)];
           const double y = o1[std::size_t((b * layout.heads + h) * dim + d)];
-          if (std::isnan(y)) EXPECT_TRUE(std::isnan(x)) << "row " << rows[std::size_t(r)] << " d " << d;
-          else EXPECT_EQ(x, y) << "row " << rows[std::size_t(r)] << " d " << d;
+          if (std::isnan(y)) {
+            EXPECT_TRUE(std::isnan(x)) << "row " << rows[std::size_t(r)] << " d " << d;
+          } else {
+            EXPECT_EQ(x, y) << "row " << rows[std::size_t(r)] << " d " << d;
+          }
         }
       }
   }

@@ -920,10 +920,7 @@ TEST(GpuAttentionInput, ScatteredOutputsAreCheckedBeforeTheDevice) {
   // One packed head: the narrowed view has one head, so the full tensor's head
   // stride must be checked on its own: heads overlapping each other, then rows
   // that are not 16-byte aligned.
-  AttentionCall one_head = packed;
-  one_head.layout.heads = 1;
-  for (TensorView* t : {&one_head.q, &one_head.k, &one_head.v}) t->shape[2] = 1;
-  one_head.heads.resize(1);
+  const AttentionCall one_head = testing::first_heads(packed, 1);
   bad = out;
   bad.heads = std::span<const std::int64_t>(heads).first(1);
   bad.o.stride[2] = l.head_dim / 2;

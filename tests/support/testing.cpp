@@ -126,6 +126,13 @@ bool GuardedLse::guards_intact() const {
   return true;
 }
 
+AttentionCall first_heads(AttentionCall call, std::int64_t heads) {
+  call.layout.heads = heads;
+  for (TensorView* t : {&call.q, &call.k, &call.v}) t->shape[2] = heads;
+  call.heads.resize(std::size_t(heads));
+  return call;
+}
+
 AttentionCall Problem::call() const {
   AttentionCall c;
   c.layout = layout;

@@ -75,6 +75,10 @@ struct Problem {
   AttentionCall call() const;
 };
 
+// `call` narrowed to its first `heads` heads: layout, masks and the inputs' head
+// extent (the output's is left as it is, for the scattered-output checks).
+AttentionCall first_heads(AttentionCall call, std::int64_t heads);
+
 // Random Q/K/V for `layout` in `dtype`, with `heads` masks (one per head).
 Problem make_problem(const VideoLayout& layout, DType dtype, std::vector<HeadMask> heads, std::uint64_t seed,
                      MemoryLayout memory = MemoryLayout::BNHD, DType out_dtype = DType::F32);
