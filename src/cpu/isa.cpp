@@ -1,5 +1,6 @@
 #include "cpu/isa.hpp"
 
+#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -49,6 +50,22 @@ Isa best_isa() {
 namespace cpu {
 namespace {
 
+// Feature bits that Clang's __builtin_cpu_supports does not know (Clang 14:
+// f16c, avx512bf16, amx-tile, amx-bf16), read from CPUID directly so that both
+// compilers build this file. The OS side is checked elsewhere: AVX state by
+// __builtin_cpu_supports("avx2"/"avx512f"), AMX state by amx_permitted().
+enum class CpuidRegister { Eax, Ecx, Edx };
+bool cpuid_bit(unsigned leaf, unsigned subleaf, CpuidRegister reg, unsigned bit) {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(leaf, subleaf, &eax, &ebx, &ecx, &edx) == 0) return false;
+  const unsigned value = reg == CpuidRegister::Eax ? eax : reg == CpuidRegister::Ecx ? ecx : edx;
+  return ((value >> bit) & 1u) != 0;
+}
+bool has_f16c() { return cpuid_bit(1, 0, CpuidRegister::Ecx, 29); }
+bool has_avx512_bf16() { return cpuid_bit(7, 1, CpuidRegister::Eax, 5); }
+bool has_amx_bf16() { return cpuid_bit(7, 0, CpuidRegister::Edx, 22); }
+bool has_amx_tile() { return cpuid_bit(7, 0, CpuidRegister::Edx, 24); }
+
 // Linux hands out the AMX register state only to processes that ask for it
 // (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, once, for all threads); a kernel
 // without AMX support, or a sigaltstack too small for the state, refuses.
@@ -70,15 +87,14 @@ bool machine_supports(Isa isa) {
     case Isa::Scalar:
       return true;
     case Isa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case Isa::Avx512:
       // Everything the *_avx512.cpp files are compiled with, since the compiler may use any of it.
       return machine_supports(Isa::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512bf16");
+             has_avx512_bf16();
     case Isa::Amx:
-      return machine_supports(Isa::Avx512) && __builtin_cpu_supports("amx-tile") &&
-             __builtin_cpu_supports("amx-bf16") && amx_permitted();
+      return machine_supports(Isa::Avx512) && has_amx_tile() && has_amx_bf16() && amx_permitted();
   }
   return false;
 }
