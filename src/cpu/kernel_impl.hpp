@@ -239,7 +239,6 @@ void attend(const QueryTileJob& job) {
     const int valid_cols = int(job.tokens - c0 < tile_k ? job.tokens - c0 : tile_k);
     const int cols = (valid_cols + kQkCols - 1) / kQkCols * kQkCols;  // scores computed (zero-padded K)
     const bool masked = partial || valid_cols < tile_k;
-    const float* kt = job.kv.kt + std::int64_t(tile) * kD * tile_k;
     const float* v = job.kv.v + c0 * kD;
 
     for (int r0 = 0; r0 < job.rows; r0 += kScratchRows) {
@@ -255,7 +254,10 @@ void attend(const QueryTileJob& job) {
           scored = true;
         }
       }
-      if (!scored) qk_rows<kD, kQkRows>(job.q + std::int64_t(r0) * kD, rows, kt, tile_k, cols, job.scratch);
+      // (kt is null when K was packed as bf16 pairs only: no offset from it before it is known to be there.)
+      if (!scored)
+        qk_rows<kD, kQkRows>(job.q + std::int64_t(r0) * kD, rows, job.kv.kt + std::int64_t(tile) * kD * tile_k,
+                             tile_k, cols, job.scratch);
       if (masked)
         softmax_rows<kD, true>(job.scratch, tile_k, rows, cols, valid_cols, block_mask, job.mask_words,
                                job.exp_scale, job.m + r0, job.l + r0, o);
