@@ -7,13 +7,13 @@ seconds="${STSA_FUZZ_SECONDS:-40}"
 dir=build-fuzz
 CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTSA_FUZZ=ON -DSTSA_TESTS=OFF \
   -DSTSA_CUDA=OFF -DSTSA_MPI=OFF -DSTSA_SANITIZE=address,undefined >/dev/null
-cmake --build "$dir" -j "$(nproc)" --target plan_fuzz npy_fuzz safetensors_fuzz
-for target in plan npy safetensors; do
+cmake --build "$dir" -j "$(nproc)" --target plan_fuzz npy_fuzz safetensors_fuzz attention_fuzz
+for target in plan npy safetensors attention; do
   work="$dir/corpus-$target"
   rm -rf "$work" && mkdir -p "$work"
   echo "fuzz: $target for ${seconds}s"
   "$dir/tests/fuzz/${target}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
-    "$work" "tests/fuzz/corpus/$target" 2>&1 | tail -n 4
+    "$work" "tests/fuzz/corpus/$target" 2>&1 | tail -n 5
   test "${PIPESTATUS[0]}" -eq 0
 done
 echo "fuzz: no findings"

@@ -1,28 +1,17 @@
 // Fuzzes the plan builder: random small grids, masks, tiles and alignments; the
 // plan must match a brute-force classification of every pair, or the input must
 // be rejected with stsa::InvalidArgument.
-#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "stsa/error.hpp"
 #include "stsa/plan.hpp"
+#include "fuzz_reader.hpp"
 
 namespace {
 
-struct Reader {
-  const std::uint8_t* data;
-  std::size_t size;
-  std::int64_t next(std::int64_t lo, std::int64_t hi) {  // inclusive range
-    std::uint16_t raw = 0;
-    const std::size_t take = std::min<std::size_t>(2, size);
-    std::memcpy(&raw, data, take);
-    data += take;
-    size -= take;
-    return lo + std::int64_t(raw % std::uint16_t(hi - lo + 1));
-  }
-};
+using stsa::fuzz::Reader;
 
 void require(bool ok, const char* what) {
   if (!ok) {
