@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "bench/stopwatch.hpp"
 #include "bench/timing_loop.hpp"
 #include "stsa/error.hpp"
+#include "stsa/flops.hpp"
 #include "stsa/mask.hpp"
 #include "stsa/plan.hpp"
 
@@ -279,6 +281,46 @@ TEST(BenchRecord, TimingFieldsAndNonFiniteNumbers) {
   EXPECT_TRUE(std::isnan(json_number(INFINITY)));
   EXPECT_TRUE(std::isnan(json_number(-INFINITY)));
   EXPECT_EQ(nlohmann::json(json_number(INFINITY)).dump(), "null");
+}
+
+// The counts of stsa/flops.hpp by hand, and the peak fraction refused for a peak that is not positive.
+TEST(BenchFigures, FlopAndByteCountsByHand) {
+  VideoLayout layout;
+  layout.grid.frames = 2;
+  layout.grid.height = 3;
+  layout.grid.width = 4;  // 24 video tokens
+  layout.grid.text_tokens = 6;
+  layout.batch = 2;
+  layout.heads = 5;
+  layout.head_dim = 64;
+  EXPECT_EQ(attention_flops(10, 64), 4.0 * 10 * 64);
+  EXPECT_EQ(dense_attention_flops(layout), 4.0 * 30 * 30 * 64 * 2 * 5);
+  // Read + write of 3 bf16 tensors of 4 heads: 2 x 3 x 2 batch x 30 tokens x 4 heads x 64 x 2 bytes.
+  EXPECT_EQ(permutation_bytes(layout, 4, 3, 2), 2.0 * 3 * 2 * 30 * 4 * 64 * 2);
+  EXPECT_EQ(permutation_bytes(layout, 1, 1, 4), 2.0 * 2 * 30 * 64 * 4);
+  EXPECT_TRUE(std::isnan(fraction_of_peak(1.0, -2.0)));
+  EXPECT_TRUE(std::isnan(fraction_of_peak(1.0, std::nan(""))));
+}
+
+// Each clock reads its own system clock in milliseconds: a reading lies between
+// two readings of that clock taken around it (no duration is asserted).
+TEST(BenchStopwatch, ClocksReadTheirSystemClocksInMilliseconds) {
+  const auto cpu_ms = [] {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return 1e3 * double(t.tv_sec) + 1e-6 * double(t.tv_nsec);
+  };
+  const auto steady_ms = [] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  for (int i = 0; i < 3; ++i) {
+    const double cpu_before = cpu_ms(), cpu = process_cpu_now_ms(), cpu_after = cpu_ms();
+    EXPECT_LE(cpu_before, cpu);
+    EXPECT_LE(cpu, cpu_after);
+    const double wall_before = steady_ms(), wall = wall_now_ms(), wall_after = steady_ms();
+    EXPECT_LE(wall_before, wall);
+    EXPECT_LE(wall, wall_after);
+  }
 }
 
 }  // namespace

@@ -40,5 +40,23 @@ TEST(CudaRoutingSplits, TheNonFiniteKeyTestPoisonsALaterSplit) {
   EXPECT_EQ(h200.tiles_per_split, 4);
 }
 
+// Worked by hand from the rule: ceil(4 SMs / pairs) splits wanted, at most a
+// quarter of the tiles (and 1024), then tiles per split rounded up and the count
+// of splits that leaves. 302,400 tokens are 4,725 tiles.
+TEST(CudaRoutingSplits, HandWorkedSplits) {
+  // 16 SMs, 3 pairs: ceil(64 / 3) = 22 wanted (21 if rounded down); ceil(4725 / 22) = 215 tiles each; 22 splits.
+  RoutingSplits s = routing_splits(302400, 16, 3);
+  EXPECT_EQ(s.splits, 22);
+  EXPECT_EQ(s.tiles_per_split, 215);
+  // 132 SMs, 1 pair: 528 wanted; ceil(4725 / 528) = 9 tiles each; ceil(4725 / 9) = 525 splits.
+  s = routing_splits(302400, 132, 1);
+  EXPECT_EQ(s.splits, 525);
+  EXPECT_EQ(s.tiles_per_split, 9);
+  // 500 pairs already fill 4 x 108 SMs: one split of all 4725 tiles.
+  s = routing_splits(302400, 108, 500);
+  EXPECT_EQ(s.splits, 1);
+  EXPECT_EQ(s.tiles_per_split, 4725);
+}
+
 }  // namespace
 }  // namespace stsa::cuda_detail

@@ -120,5 +120,35 @@ TEST(Reference, RejectsMismatchedShapesAndAliasing) {
   EXPECT_THROW(make_reference_backend()->run(call), InvalidArgument);
 }
 
+// reference_rows' layouts (reference.hpp): O [B, rows, H, D], LSE [B, H, rows];
+// checked against the same rows of a whole reference run (batch and heads > 1,
+// so a transposed index shows), and rows outside [0, tokens) refused.
+TEST(Reference, SelectedRowsUseTheDocumentedLayouts) {
+  const VideoLayout layout{{2, 3, 4, 5, TextPlacement::Before}, 2, 3, 64};  // 29 tokens
+  std::vector<HeadMask> heads;
+  for (std::int64_t h = 0; h < 3; ++h)
+    heads.push_back(HeadMask{h == 1 ? mask_for_density(layout.grid, SparseKind::Spatial, 0.4) : MaskSpec::dense(),
+                             TokenOrder::FrameMajor, nullptr, true});
+  testing::Problem p = testing::make_problem(layout, DType::F32, heads, testing::fresh_seed());
+  const AttentionCall call = p.call();
+  make_reference_backend()->run(call);
+  const std::int64_t n = layout.tokens();
+  const std::vector<std::int64_t> rows{0, 11, n - 1};
+  std::vector<double> o, lse;
+  reference_rows(call, rows, o, lse);
+  const auto count = std::int64_t(rows.size());
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t r = 0; r < count; ++r)
+      for (std::int64_t h = 0; h < 3; ++h) {
+        EXPECT_FLOAT_EQ(float(lse[std::size_t((b * 3 + h) * count + r)]), call.lse.at(b, h, rows[std::size_t(r)]))
+            << b << " " << r << " " << h;
+        for (std::int64_t d = 0; d < 64; d += 21)
+          EXPECT_FLOAT_EQ(float(o[std::size_t(((b * count + r) * 3 + h) * 64 + d)]),
+                          call.o.load(b, rows[std::size_t(r)], h, d));
+      }
+  EXPECT_THROW(reference_rows(call, {n}, o, lse), InvalidArgument);
+  EXPECT_THROW(reference_rows(call, {-1}, o, lse), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace stsa

@@ -280,5 +280,85 @@ TEST(RoutedAttention, RejectsMismatchedDecisionsAndTensors) {
   EXPECT_THROW(routed_attention(ref, plans, bad, Router(ro)), InvalidArgument);
 }
 
+// A host executor whose clock is scripted: mark i reads 2^i ms, so every sum of
+// distinct intervals is a different number and says which intervals it added.
+class ScriptedClockExecutor final : public RoutedExecutor {
+ public:
+  PackedHeads allocate(const RoutedCall& call, std::int64_t count, bool with_output) override {
+    return host_.allocate(call, count, with_output);
+  }
+  void gather(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+              std::span<const TensorView> sources, std::span<const TensorView> packed) override {
+    log.push_back("gather");
+    host_.gather(grid, from, to, heads, sources, packed);
+  }
+  void scatter(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
+               std::span<const TensorView> packed, std::span<const TensorView> dests, const LseView& packed_lse,
+               const LseView& lse) override {
+    log.push_back("scatter");
+    host_.scatter(grid, from, to, heads, packed, dests, packed_lse, lse);
+  }
+  void attend(const Backend& backend, const AttentionCall& call) override {
+    log.push_back("attend");
+    host_.attend(backend, call);
+  }
+  int mark() override {
+    log.push_back("mark");
+    return marks++;
+  }
+  double elapsed_ms(int from, int to) override { return double(1 << to) - double(1 << from); }
+
+  std::vector<std::string> log;
+  int marks = 0;
+
+ private:
+  HostRoutedExecutor host_;
+};
+
+// RoutedResult's figures by their definitions (routed.hpp): attention_ms is both
+// backend calls, permutation_ms the gather and the scatter; the bytes are read +
+// write of what those passes move; kept_tile_flops 4 D per kept tile element,
+// every head and batch entry. Worked out here from the call's shape.
+TEST(RoutedAttention, TimesBytesAndFlopsFollowTheirDefinitions) {
+  const VideoLayout layout{{3, 4, 5, 6, TextPlacement::After}, 2, 5, 64};  // 66 tokens, batch 2
+  const testing::CyclingDecisions given = testing::cycling_decisions(layout);
+  std::int64_t temporal = 0;
+  for (const HeadRoute& d : given.decisions) temporal += d.route == Route::Temporal;
+  ASSERT_GT(temporal, 0);
+  ASSERT_LT(temporal, layout.heads);
+  testing::Problem p =
+      testing::make_problem(layout, DType::BF16, given.reference_masks, testing::fresh_seed(), MemoryLayout::BNHD,
+                            DType::F32);
+  PlanCache plans;
+  RoutedOptions options;
+  options.fuse_scatter = false;
+  ScriptedClockExecutor clock;
+  const RoutedResult r = run_routed(clock, backend("cpu"), plans, routed_call(p), given.decisions, options);
+  ASSERT_EQ(clock.log, (std::vector<std::string>{"mark", "attend", "mark", "mark", "gather", "mark", "attend", "mark",
+                                                 "scatter", "mark"}));
+  // Marks: 0 direct start, 1 direct end, 2 gather start, 3 gather end, 4 packed attention end, 5 scatter end.
+  EXPECT_EQ(r.attention_ms, (2.0 - 1.0) + (16.0 - 8.0));
+  EXPECT_EQ(r.permutation_ms, (8.0 - 4.0) + (32.0 - 16.0));
+
+  const double n = double(layout.tokens()), b = double(layout.batch), d = double(layout.head_dim), t = double(temporal);
+  const double gather = 2.0 * 3.0 * b * n * t * d * 2.0;  // read + write of bf16 q, k, v
+  const double scatter = 2.0 * b * n * t * d * 4.0 + 2.0 * b * t * n * 4.0;  // fp32 o, fp32 LSE
+  EXPECT_EQ(r.permutation_bytes, gather + scatter);
+
+  double flops = 0;
+  for (const HeadRoute& h : given.decisions) {
+    const auto plan = TilePlan::build(layout.grid, h.spec, options.tile, options.alignment);
+    flops += 4.0 * d * b * double(plan->stats().kept_tile_area);
+  }
+  EXPECT_EQ(r.kept_tile_flops, flops);
+
+  // Fused scatter (the CPU backend stores in place): the gather alone.
+  testing::Problem fused = testing::make_problem(layout, DType::BF16, given.reference_masks, testing::fresh_seed());
+  const RoutedResult f = run_routed(backend("cpu"), plans, routed_call(fused), given.decisions);
+  ASSERT_TRUE(f.scatter_fused);
+  EXPECT_EQ(f.permutation_bytes, gather);
+  EXPECT_EQ(f.kept_tile_flops, flops);
+}
+
 }  // namespace
 }  // namespace stsa

@@ -5,12 +5,14 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "router/candidate_mask.hpp"
 #include "router/route_errors.hpp"
 #include "stsa/error.hpp"
 #include "stsa/first_block_anchor.hpp"
+#include "stsa/route_eval.hpp"
 #include "stsa/router.hpp"
 #include "stsa/synth.hpp"
 #include "support/testing.hpp"
@@ -451,6 +453,81 @@ TEST(FirstBlockAnchor, PredicateCountAndBandFollowTheDefinition) {
       }
     }
   }
+}
+
+// rel_l2 by its definition (route_eval.hpp): sqrt(sum error / sum reference) over the heads of the given routes.
+TEST(RouteEvaluation, RelL2SumsTheHeadsOfTheGivenRoutes) {
+  RouteEvaluation eval;
+  eval.reference_squared = {4.0, 9.0, 16.0};
+  std::vector<HeadRoute> heads(3);
+  heads[0].route = Route::Spatial;
+  heads[1].route = Route::Temporal;
+  heads[2].route = Route::Spatial;
+  const std::vector<double> error{1.0, 4.0, 9.0};
+  EXPECT_DOUBLE_EQ(eval.rel_l2(error, heads), std::sqrt(14.0 / 29.0));
+  EXPECT_DOUBLE_EQ(eval.rel_l2(error, heads, {Route::Spatial}), std::sqrt(10.0 / 20.0));
+  EXPECT_DOUBLE_EQ(eval.rel_l2(error, heads, {Route::Temporal}), std::sqrt(4.0 / 9.0));
+  EXPECT_EQ(eval.rel_l2(error, heads, {Route::Dense}), 0.0);  // no such head
+}
+
+// evaluate_routes against zero output on dense heads: the routed error is the
+// reference's own square, the first-block error is zero (dense stays dense),
+// and sampled rows are stratified: one in each of eval_rows equal strata, placed by the seed.
+TEST(RouteEvaluation, ErrorsAreAgainstDenseAndRowsAreStratified) {
+  const VideoLayout layout{{3, 4, 5, 0, TextPlacement::After}, 2, 2, 64};  // 60 tokens
+  const std::int64_t n = layout.tokens();
+  Tensor q(DType::F32, 2, n, 2, 64), k(DType::F32, 2, n, 2, 64), v(DType::F32, 2, n, 2, 64), o(DType::F32, 2, n, 2, 64);
+  const std::uint64_t seed = testing::fresh_seed();
+  testing::fill_normal(q.view(), seed);
+  testing::fill_normal(k.view(), seed + 1);
+  testing::fill_normal(v.view(), seed + 2);
+  std::memset(o.view().data, 0, std::size_t(o.view().numel()) * 4);
+  std::vector<HeadRoute> heads(2);
+  for (HeadRoute& h : heads) {
+    h.route = Route::Dense;
+    h.spec = MaskSpec::dense();
+  }
+  const RouteEvaluation all = evaluate_routes(layout, q.view(), k.view(), v.view(), o.view(), heads, 0, seed, 0.f, 1);
+  ASSERT_EQ(std::int64_t(all.rows.size()), n);
+  for (std::int64_t r = 0; r < n; ++r) EXPECT_EQ(all.rows[std::size_t(r)], r);
+  for (std::size_t h = 0; h < 2; ++h) {
+    EXPECT_GT(all.reference_squared[h], 0.0);
+    EXPECT_EQ(all.routed_squared_error[h], all.reference_squared[h]) << h;
+    EXPECT_EQ(all.first_block_squared_error[h], 0.0) << h;
+  }
+  EXPECT_EQ(all.rel_l2(all.routed_squared_error, heads), 1.0);
+
+  // 7 strata of 60 rows: row i in [60 i / 7, 60 (i + 1) / 7); over a few seeds not always each stratum's first row.
+  bool placed = false;
+  for (std::uint64_t s = seed; s < seed + 4; ++s) {
+    const RouteEvaluation some = evaluate_routes(layout, q.view(), k.view(), v.view(), o.view(), heads, 7, s, 0.f, 1);
+    ASSERT_EQ(some.rows.size(), 7u);
+    for (std::int64_t i = 0; i < 7; ++i) {
+      EXPECT_GE(some.rows[std::size_t(i)], n * i / 7);
+      EXPECT_LT(some.rows[std::size_t(i)], n * (i + 1) / 7);
+      placed = placed || some.rows[std::size_t(i)] != n * i / 7;
+    }
+  }
+  EXPECT_TRUE(placed) << "stratified rows ignore the seed";
+}
+
+// The sampled attention's FLOPs count each candidate's kept pairs too: a third
+// candidate (the frame window) adds to the count of the same rows.
+TEST(Router, FlopsCountEveryCandidatesKeptPairs) {
+  synth::Options s;
+  s.grid = {5, 6, 7, 0, TextPlacement::After};
+  s.heads = 2;
+  s.head_dim = 64;
+  s.seed = testing::fresh_seed();
+  const synth::Data data = synth::make_video_tokens(s);
+  RouterOptions two;
+  two.samples = 16;
+  two.threads = 1;
+  RouterOptions three = two;
+  three.try_frame_window = true;
+  const RoutingReport a = Router(two).route(data.layout, data.q.view(), data.k.view(), data.v.view());
+  const RoutingReport b = Router(three).route(data.layout, data.q.view(), data.k.view(), data.v.view());
+  EXPECT_GT(b.flops, a.flops);
 }
 
 }  // namespace

@@ -103,5 +103,17 @@ TEST(Synth, RejectsBadOptions) {
                InvalidArgument);
 }
 
+// "share of temporal heads (rounded)" (synth.hpp): round(H x fraction) heads, halves away from zero.
+TEST(Synth, TemporalHeadsAreTheRoundedShare) {
+  // Of 6 heads: 1.8, 1.5, 0.3 and 3.6 round to 2, 2, 0 and 4.
+  const std::pair<double, std::int64_t> cases[] = {{0.3, 2}, {0.25, 2}, {0.05, 0}, {0.6, 4}};
+  for (const auto& [fraction, temporal] : cases) {
+    synth::Options o = small(1);
+    o.temporal_fraction = fraction;
+    const synth::Data d = synth::make_video_tokens(o);
+    EXPECT_EQ(std::count(d.truth.begin(), d.truth.end(), Route::Temporal), temporal) << fraction;
+  }
+}
+
 }  // namespace
 }  // namespace stsa

@@ -183,6 +183,14 @@ def main():
     if fp16["dtype"] != "fp16" or not (fp16["rel_l2_err"] <= 1e-3 and fp16["dense_rel_l2_err"] <= 1e-3):
         print(f"FAIL fp16 bench: dtype {fp16['dtype']}, rel_l2_err {fp16['rel_l2_err']} / {fp16['dense_rel_l2_err']}")
         failures += 1
+    # Each --mask name runs its own kind of mask (what the plan's "mask" field describes).
+    for name, kind in (("dense", "dense"), ("spatial", "spatial band"), ("temporal", "temporal band"),
+                       ("frames", "frame window")):
+        plan = json.loads(run(binary, ["plan", "--frames", "3", "--height", "4", "--width", "4", "--mask", name,
+                                       "--density", "0.5", "--json"]))
+        if not plan["mask"].startswith(kind):
+            print(f"FAIL --mask {name} gave the mask '{plan['mask']}', expected a {kind} mask")
+            failures += 1
     failures += check_inputs_from_files(binary)
     png = os.path.join(tempfile.mkdtemp(), "tiles.png")
     run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", png])
@@ -194,7 +202,7 @@ def main():
     if "CPU kernel" not in demo or "Tile plans" not in demo:
         print("FAIL the demo did not print its two parts")
         failures += 1
-    total = len(checks) + 9 + FILE_CHECKS
+    total = len(checks) + 10 + FILE_CHECKS
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 

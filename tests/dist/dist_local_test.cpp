@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <cstdlib>
+#include <string>
 
 #include "dist_testing.hpp"
 #include "stsa/permute.hpp"
@@ -304,6 +306,94 @@ TEST(UlyssesLocal, MissingTransportsSayUnsupported) {
     auto comm = make_local_communicator();
     EXPECT_THROW(make_nccl_communicator(*comm), Unsupported);
   }
+}
+
+// One mask for every head is H masks (dist.hpp: "H masks ... or one for every head"):
+// a single temporal mask makes every head temporal, so every head's tokens move.
+TEST(ShardedPermutationBytes, OneTemporalMaskForAllHeadsCountsEveryHead) {
+  VideoGrid g{4, 3, 5, 7, TextPlacement::Before};
+  const VideoLayout l = make_layout(g, 4, 64);
+  const std::vector<MaskSpec> one{mask_for_density(g, SparseKind::Temporal, 0.3)};
+  const std::vector<MaskSpec> each(4, one[0]);
+  for (int ranks : {2, 3}) {
+    for (int r = 0; r < ranks; ++r) {
+      const std::int64_t expected = brute_force_permutation_bytes(l, 4, ranks, r, 4, 64 * 4);
+      for (const auto* masks : {&one, &each})
+        EXPECT_EQ(sharded_permutation_bytes(l, *masks, DType::F32, DType::F32, false, ranks, r), expected)
+            << ranks << " ranks, rank " << r << ", " << masks->size() << " masks";
+    }
+  }
+}
+
+// Each of these is caught by the rank's own checks before any exchange, and the
+// message says which: not later, as a failure inside the local attention (or not at all).
+TEST(UlyssesLocal, RejectsBadViewsAndDtypesAtTheAgreement) {
+  VideoGrid g{2, 4, 4, 3, TextPlacement::After};
+  const VideoLayout l = make_layout(g, 2, 64);
+  const std::vector<MaskSpec> masks{MaskSpec::dense()};
+  auto p = make_problem(l, DType::F32, reference_heads(l, masks), fresh_seed());
+  auto comm = make_local_communicator();
+  PlanCache plans;
+  const Backend& reference = backend("reference");
+  const auto expect_rejected = [&](const UlyssesCall& call, const std::string& reason) {
+    try {
+      ulysses_attention(*comm, call, reference, plans);
+      ADD_FAILURE() << "not rejected: " << reason;
+    } catch (const DistError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rejected on every rank because of bad input"), std::string::npos) << what;
+      EXPECT_NE(what.find(reason), std::string::npos) << what;
+    }
+  };
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.k.data = nullptr;  // shape says 32 tokens
+    expect_rejected(r.call, "k is null");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    Tensor v16(DType::BF16, 1, g.video_tokens(), 2, 64);
+    r.call.v = v16.view();
+    expect_rejected(r.call, "q, k and v must share a dtype");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    Tensor text_o16(DType::BF16, 1, g.text_tokens, 2, 64);
+    r.call.text_o = text_o16.view();  // o is fp32
+    expect_rejected(r.call, "text tensors must have the dtypes");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.text_lse = LseView{};  // lse is given
+    expect_rejected(r.call, "give text_lse exactly when lse is given");
+  }
+}
+
+// STSA_DIST_TIMEOUT: seconds, > 0 and below 1e7, the whole string a number; else the 120 s default.
+TEST(LocalCommunicator, TimeoutFromTheEnvironment) {
+  const char* saved = std::getenv("STSA_DIST_TIMEOUT");
+  const std::string kept = saved ? saved : "";
+  const std::pair<const char*, std::int64_t> cases[] = {
+      {"2.5", 2500},      {"0", 120000},   {"-3", 120000},           {"5x", 120000},
+      {"", 120000},       {"1e7", 120000}, {"9999999", 9999999000}};
+  for (const auto& [text, ms] : cases) {
+    ::setenv("STSA_DIST_TIMEOUT", text, 1);
+    EXPECT_EQ(make_local_communicator()->timeout().count(), ms) << "'" << text << "'";
+  }
+  if (saved)
+    ::setenv("STSA_DIST_TIMEOUT", kept.c_str(), 1);
+  else
+    ::unsetenv("STSA_DIST_TIMEOUT");
+}
+
+TEST(LocalCommunicator, RefusesNegativeCountsAndOffsets) {
+  auto comm = make_local_communicator();
+  std::vector<std::byte> send(16), recv(16);
+  const std::int64_t ok[] = {4}, negative[] = {-4};
+  EXPECT_THROW(comm->alltoallv(send.data(), negative, ok, recv.data(), negative, ok), InvalidArgument);
+  EXPECT_THROW(comm->alltoallv(send.data(), ok, negative, recv.data(), ok, ok), InvalidArgument);
+  EXPECT_THROW(comm->alltoallv(send.data(), ok, ok, recv.data(), ok, negative), InvalidArgument);
+  EXPECT_EQ(comm->traffic().exchanges, 0);  // refused before counting
 }
 
 }  // namespace

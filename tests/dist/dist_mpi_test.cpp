@@ -247,6 +247,97 @@ TEST(UlyssesErrors, RankCountThatDoesNotDivideHeads) {
   }
 }
 
+// What every rank must agree on besides the masks: the softmax scale, the tile
+// shape and the router's options (its seed included). Rank 1 differs in one of
+// them; every rank must name it.
+TEST(UlyssesErrors, RanksThatDisagreeOnScaleTileOrRouter) {
+  const int ranks = world->size(), rank = world->rank();
+  if (ranks == 1) GTEST_SKIP() << "needs two ranks";
+  const VideoLayout l = make_layout(VideoGrid{2, 4, 4}, 4, 64);
+  const std::vector<MaskSpec> masks{MaskSpec::dense()};
+  auto p = make_problem(l, DType::F32, reference_heads(l, masks), 11);
+  PlanCache plans;
+  RouterOptions options;
+  options.samples = 8;
+  options.threads = 1;
+  const auto expect_disagreement = [&](const UlyssesCall& call, const std::string& field) {
+    try {
+      ulysses_attention(*world, call, backend("cpu"), plans);
+      ADD_FAILURE() << "ranks that disagree on " << field << " were not reported";
+    } catch (const DistError& e) {
+      EXPECT_NE(std::string(e.what()).find("disagree on " + field), std::string::npos) << e.what();
+    }
+  };
+  {
+    auto mine = shard_problem(p, masks, ranks, rank, false);
+    mine.call.softmax_scale = rank == 1 ? 0.25f : 0.125f;
+    expect_disagreement(mine.call, "softmax scale");
+  }
+  {
+    auto mine = shard_problem(p, masks, ranks, rank, false);
+    mine.call.tile = TileShape{64, rank == 1 ? 128 : 64};
+    expect_disagreement(mine.call, "tile columns");
+  }
+  {
+    auto mine = shard_problem(p, {}, ranks, rank, false);
+    RouterOptions o = options;
+    if (rank == 1) o.seed = 2;
+    const Router router(o);
+    mine.call.router = &router;
+    expect_disagreement(mine.call, "router options");
+  }
+}
+
+// One mask for every head and H copies of it describe the same problem: ranks
+// that give it either way agree, and the result is the single-device one.
+TEST(Ulysses, OneMaskAndOneMaskPerHeadAgree) {
+  const int ranks = world->size(), rank = world->rank();
+  const VideoLayout l = make_layout(VideoGrid{3, 4, 4}, 4, 64);
+  const MaskSpec spatial = mask_for_density(l.grid, SparseKind::Spatial, 0.3);
+  const std::vector<MaskSpec> one{spatial}, each(4, spatial);
+  auto single = make_problem(l, DType::F32, reference_heads(l, one), shared_seed());
+  PlanCache plans;
+  run_single(single, one, false, backend("cpu"), plans);
+  auto mine = shard_problem(single, rank % 2 == 0 ? one : each, ranks, rank, false);
+  ASSERT_NO_THROW(ulysses_attention(*world, mine.call, backend("cpu"), plans));
+  EXPECT_EQ(compare_tokens(mine.o.view(), single.o.view(), mine.shard.begin, mine.shard.count).differing_bits, 0);
+}
+
+// The CPU backend under its own name, failing on one rank only: after the agreement, in the local attention.
+class FailingOnRank final : public Backend {
+ public:
+  explicit FailingOnRank(bool fail) : fail_(fail) {}
+  std::string_view name() const override { return "cpu"; }
+  Support supports(const AttentionCall& call) const override { return backend("cpu").supports(call); }
+  void run(const AttentionCall& call) const override {
+    if (fail_) throw Error("this rank's attention failed");
+    backend("cpu").run(call);
+  }
+
+ private:
+  bool fail_;
+};
+
+// A failure in one rank's local attention (the last rank's) reaches every rank
+// as a DistError that names it, before the return exchange: no rank waits in it.
+TEST(UlyssesErrors, LocalFailureOnOneRankFailsOnEveryRank) {
+  const int ranks = world->size(), rank = world->rank(), bad = ranks - 1;
+  const VideoLayout l = make_layout(VideoGrid{2, 4, 4}, 4, 64);
+  const std::vector<MaskSpec> masks{MaskSpec::dense()};
+  auto p = make_problem(l, DType::F32, reference_heads(l, masks), 12);
+  auto mine = shard_problem(p, masks, ranks, rank, false);
+  PlanCache plans;
+  const FailingOnRank engine(rank == bad);
+  try {
+    ulysses_attention(*world, mine.call, engine, plans);
+    ADD_FAILURE() << "rank " << rank << ": the failure on rank " << bad << " was not reported";
+  } catch (const DistError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("local attention failed"), std::string::npos) << what;
+    EXPECT_NE(what.find("rank " + std::to_string(bad) + ": this rank's attention failed"), std::string::npos) << what;
+  }
+}
+
 // Non-zero ranks print only failures, prefixed with their rank.
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
