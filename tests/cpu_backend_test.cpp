@@ -273,6 +273,58 @@ TEST(CpuBackend, NonFiniteInputsReachOnlyRowsThatSeeThem) {
       }
 }
 
+// attention.hpp's rules for infinite scores, with the values worked out here: a
+// row whose allowed keys all score -inf is a row without keys (O = 0, LSE =
+// -inf); one -inf key among finite ones has weight 0; a +inf score, or inf x 0,
+// makes the row NaN. Dense mask, channel 0 of q and k decides every score.
+TEST(CpuBackend, InfiniteScoresFollowTheirRules) {
+  const VideoGrid grid{3, 4, 5, 2, TextPlacement::After};  // 62 tokens
+  const VideoLayout layout{grid, 1, 1, 64};
+  const std::int64_t n = layout.tokens();
+  for (Isa isa : testing::isas_of_this_machine())
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)));
+      auto problem = testing::make_problem(
+          layout, dtype, {head_for(grid, MaskSpec::dense(), {64, 64}, Alignment::Exact)}, testing::fresh_seed());
+      AttentionCall call = problem.call();
+      // Every key's k0 = -inf. Row 0: q0 = 1, every score -inf. Row 1: q0 = -1, every score +inf.
+      // Rows 2..: q0 = 0, every score 0 x -inf = NaN.
+      for (std::int64_t j = 0; j < n; ++j) call.k.store(0, j, 0, 0, -INFINITY);
+      call.q.store(0, 0, 0, 0, 1.0f);
+      call.q.store(0, 1, 0, 0, -1.0f);
+      for (std::int64_t i = 2; i < n; ++i) call.q.store(0, i, 0, 0, 0.0f);
+      make_cpu_backend({isa, 2})->run(call);
+      EXPECT_EQ(call.lse.at(0, 0, 0), -INFINITY);
+      for (std::int64_t d = 0; d < 64; ++d) EXPECT_EQ(call.o.load(0, 0, 0, d), 0.0f) << "channel " << d;
+      for (std::int64_t i = 1; i < n; ++i) {
+        EXPECT_TRUE(std::isnan(call.lse.at(0, 0, i))) << "row " << i;
+        EXPECT_TRUE(std::isnan(call.o.load(0, i, 0, 5))) << "row " << i;
+      }
+      EXPECT_TRUE(testing::compare_with_reference(problem).ok());
+
+      // One key (9) scoring -inf among finite ones: the rows equal the same call with that key masked out.
+      auto one = testing::make_problem(
+          layout, dtype, {head_for(grid, MaskSpec::dense(), {64, 64}, Alignment::Exact)}, testing::fresh_seed());
+      AttentionCall one_call = one.call();
+      for (std::int64_t i = 0; i < n; ++i) one_call.q.store(0, i, 0, 0, 0.5f + std::abs(one_call.q.load(0, i, 0, 0)));
+      one_call.k.store(0, 9, 0, 0, -INFINITY);
+      make_cpu_backend({isa, 2})->run(one_call);
+      std::vector<double> ref_o, ref_lse;
+      const std::vector<std::int64_t> rows{0, 9, 40, n - 1};
+      reference_rows(one_call, rows, ref_o, ref_lse, [](std::int64_t, std::int64_t, std::int64_t k) { return k != 9; });
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        EXPECT_NEAR(one_call.lse.at(0, 0, rows[r]), ref_lse[r], 1e-5 * (1 + std::abs(ref_lse[r]))) << "row " << rows[r];
+        for (std::int64_t d = 0; d < 64; ++d) {
+          const double want = ref_o[r * 64 + std::size_t(d)];
+          const double rounding = dtype == DType::BF16 ? 0x1p-8 : 0.0;
+          EXPECT_NEAR(one_call.o.load(0, rows[r], 0, d), want, 1e-5 + rounding * std::abs(want))
+              << "row " << rows[r] << " channel " << d;
+        }
+      }
+      EXPECT_TRUE(testing::compare_with_reference(one).ok());
+    }
+}
+
 TEST(CpuBackend, SkippedHeadsAreLeftUntouched) {
   const VideoGrid grid{2, 4, 4, 3, TextPlacement::Before};
   const VideoLayout layout{grid, 1, 2, 64};

@@ -2,9 +2,13 @@
 //
 //   O[b, i, h, :] = sum_j softmax_j(scale * q_i . k_j over allowed j) v_j
 //   LSE[b, h, i]  = log sum_{allowed j} exp(scale * q_i . k_j)      (natural log)
-// A query row with no allowed key gets O = 0 and LSE = -inf.
-// Non-finite inputs propagate: a NaN or Inf in a row's q, or in an allowed
-// key's k or v, makes that row NaN (or Inf); rows that never touch it are exact.
+// A query row with no allowed key gets O = 0 and LSE = -inf, and so does a row
+// whose allowed keys all score -inf (the sum of exp(score) is then exactly 0).
+// Non-finite inputs propagate through the scores of the rows that touch them:
+// a NaN score (a NaN in q or k, or inf x 0) or a +inf score makes the row's O
+// and LSE NaN; a -inf score gives its key weight 0; a NaN or Inf in an allowed
+// key's v makes the row's O non-finite in that channel. Rows that never touch a
+// non-finite input are unaffected.
 #pragma once
 
 #include <cstdint>

@@ -66,12 +66,12 @@ class HeadEvaluator {
     const std::size_t count = rows.size(), n = std::size_t(tokens_), dim = std::size_t(dim_);
     const double scale = call_.scale();
     double max_score[kBlockRows], sum[kBlockRows];
-    bool any[kBlockRows], nan[kBlockRows];
+    bool nan[kBlockRows];
     for (std::size_t r = 0; r < count; ++r) {
       load_row(call_.q, b, rows[r], head_, queries_.data() + r * dim);
       max_score[r] = -std::numeric_limits<double>::infinity();
       sum[r] = 0;
-      any[r] = nan[r] = false;
+      nan[r] = false;
     }
     for (std::size_t j = 0; j < n; ++j) {
       bool loaded = false;
@@ -83,7 +83,6 @@ class HeadEvaluator {
         loaded = true;
         const double s = dot(queries_.data() + r * dim, key_row_.data(), dim_) * scale;
         scores_[r * n + j] = s;
-        any[r] = true;
         if (std::isnan(s)) nan[r] = true; else if (s > max_score[r]) max_score[r] = s;
       }
     }
@@ -91,7 +90,7 @@ class HeadEvaluator {
     for (std::size_t j = 0; j < n; ++j) {
       bool loaded = false;
       for (std::size_t r = 0; r < count; ++r) {
-        if (!keep_[r * n + j] || nan[r]) continue;
+        if (!keep_[r * n + j] || nan[r] || max_score[r] == -std::numeric_limits<double>::infinity()) continue;
         if (!loaded) load_row(call_.v, b, std::int64_t(j), head_, key_row_.data());
         loaded = true;
         const double p = std::exp(scores_[r * n + j] - max_score[r]);
@@ -102,11 +101,12 @@ class HeadEvaluator {
     }
     for (std::size_t r = 0; r < count; ++r) {
       double* o = out + r * dim;
-      if (!any[r]) {
-        lse[r] = -std::numeric_limits<double>::infinity();
-      } else if (nan[r]) {
+      if (nan[r]) {
         std::fill_n(o, dim, std::numeric_limits<double>::quiet_NaN());
         lse[r] = std::numeric_limits<double>::quiet_NaN();
+      } else if (max_score[r] == -std::numeric_limits<double>::infinity()) {
+        // No allowed key, or only keys scoring -inf: the sum of exp(score) is 0, its log -inf, O stays 0.
+        lse[r] = -std::numeric_limits<double>::infinity();
       } else {
         for (std::size_t d = 0; d < dim; ++d) o[d] /= sum[r];
         lse[r] = max_score[r] + std::log(sum[r]);

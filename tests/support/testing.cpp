@@ -34,7 +34,6 @@ void naive_row(const AttentionCall& call, std::int64_t b, std::int64_t h, std::i
   const std::int64_t n = call.layout.tokens(), dims = call.layout.head_dim;
   const float scale = call.scale();
   float max_score = -std::numeric_limits<float>::infinity();
-  bool any = false;
   for (std::int64_t j = 0; j < n; ++j) {
     if (!keep(h, i, j)) {
       scores[std::size_t(j)] = -std::numeric_limits<float>::infinity();
@@ -44,10 +43,9 @@ void naive_row(const AttentionCall& call, std::int64_t b, std::int64_t h, std::i
     for (std::int64_t d = 0; d < dims; ++d) dot += call.q.load(b, i, h, d) * call.k.load(b, j, h, d);
     scores[std::size_t(j)] = dot * scale;
     max_score = std::max(max_score, scores[std::size_t(j)]);
-    any = true;
   }
   std::fill(out, out + dims, 0.f);
-  if (!any) {
+  if (max_score == -std::numeric_limits<float>::infinity()) {  // no key, or only keys scoring -inf (attention.hpp)
     lse = -std::numeric_limits<float>::infinity();
     return;
   }
