@@ -1,14 +1,17 @@
-// Fuzzes the attention call through the CPU backend, run() and run_scattered():
-// small random layouts, dtypes, memory layouts, padded and strided tensors,
-// masks, tile plans (exact and rounded), skipped heads, scales, instruction sets
-// and thread counts, with a defect now and then (a wrong shape, a negative or
-// overlapping stride, a misaligned or null pointer, an output over an input, a
-// plan for another grid or mask or token order, a non-finite scale). Whatever the
-// input:
+// Fuzzes the attention call through the CPU backend: run(), run_scattered(),
+// and routed attention (routed_attention() with a Router, run_routed() with
+// given decisions). Small random layouts, dtypes, memory layouts, padded and
+// strided tensors, masks, tile plans (exact and rounded), skipped heads, scales,
+// router options, instruction sets and thread counts, with at most one planted
+// defect per input (a wrong shape, a negative or overlapping stride, a
+// misaligned or null pointer, an output over an input, a plan for another grid
+// or mask or token order, a non-finite scale, a bad head map, router options out
+// of range, a decision too many). Whatever the input:
 //   - the call is refused with stsa::Error, or every computed head's O and LSE
 //     agree with the fp64 reference (reference_rows: the mask from its
-//     definition, or what a rounded plan claims to compute);
-//   - a call carrying a defect is refused with InvalidArgument;
+//     definition, or what a rounded plan claims to compute; a routed head's
+//     mask is the one its decision names);
+//   - a call carrying a planted defect is refused with InvalidArgument;
 //   - Q, K and V are unchanged, and no byte of the output buffers outside the
 //     computed heads' elements is written (none at all when the call is refused).
 // Buffers are sized to what their views can reach, so an access past a view
@@ -20,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -32,6 +36,8 @@
 #include "stsa/cpu.hpp"
 #include "stsa/error.hpp"
 #include "stsa/reference.hpp"
+#include "stsa/routed.hpp"
+#include "stsa/router.hpp"
 
 namespace {
 
@@ -54,10 +60,20 @@ struct Buffer {
   bool unchanged() const { return bytes == before; }
 };
 
-std::int64_t reach(const std::int64_t* shape, const std::int64_t* stride, int rank) {
-  std::int64_t last = 0;
-  for (int i = 0; i < rank; ++i) last += std::max<std::int64_t>(shape[i] - 1, 0) * std::abs(stride[i]);
-  return last + 1;
+// Bytes for a view (random in the padding, which is never read) sized to what
+// its strides reach, and the address of its first element: a negative stride
+// walks down from the far end, as NumPy's reversed views do.
+template <std::size_t Rank>
+void* allocate(Buffer& buffer, std::mt19937_64& rng, const std::array<std::int64_t, Rank>& shape,
+               const std::array<std::int64_t, Rank>& stride, std::size_t element_size, bool one_byte_more) {
+  std::int64_t last = 0, first = 0;
+  for (std::size_t i = 0; i < Rank; ++i) {
+    last += std::max<std::int64_t>(shape[i] - 1, 0) * std::abs(stride[i]);
+    if (stride[i] < 0) first += std::max<std::int64_t>(shape[i] - 1, 0) * -stride[i];
+  }
+  buffer.bytes.resize(std::size_t(last + 1) * element_size + (one_byte_more ? 1 : 0));
+  for (auto& byte : buffer.bytes) byte = std::byte(rng());
+  return buffer.bytes.data() + first * std::int64_t(element_size);
 }
 
 // A [B, N, H, D] view in either memory order, with padding after each row of
@@ -84,16 +100,19 @@ stsa::TensorView padded_view(Reader& in, const stsa::VideoLayout& layout, stsa::
 
 enum class Defect { None, Shape, NegativeStride, ZeroStride, Misaligned, Null };
 
-// Picks a defect for a view now and then and applies the ones that change its
+// Picks a defect for a view (when `allowed`) and applies the ones that change its
 // shape or strides; the pointer defects are applied once the bytes exist.
+// `free_dim`: a dimension whose size the view chooses itself (a scattered
+// output's heads), where a size change is no defect.
 template <std::size_t Rank>
 Defect pick_defect(Reader& in, std::array<std::int64_t, Rank>& shape, std::array<std::int64_t, Rank>& stride,
-                   bool allowed) {
+                   bool allowed, std::int64_t free_dim = -1) {
   if (!allowed) return Defect::None;
   const auto defect = Defect(in.next(1, 5));
   const std::size_t dim = std::size_t(in.next(0, Rank - 1));
   switch (defect) {
     case Defect::Shape:
+      if (std::int64_t(dim) == free_dim) return Defect::None;
       shape[dim] += in.next(0, 1) ? 1 : -1;
       return defect;
     case Defect::NegativeStride:
@@ -122,20 +141,12 @@ struct Tensor {
 };
 
 Tensor make_tensor(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& layout, stsa::DType dtype,
-                   bool allow_defect, bool fill) {
+                   bool allow_defect, bool fill, std::int64_t free_dim = -1) {
   Tensor t;
   t.view = padded_view(in, layout, dtype);
-  t.defect = pick_defect(in, t.view.shape, t.view.stride, allow_defect);
-  const std::int64_t elements = reach(t.view.shape.data(), t.view.stride.data(), 4);
-  const std::size_t size = std::size_t(elements) * stsa::element_size(dtype);
-  t.buffer.bytes.resize(size + (t.defect == Defect::Misaligned ? 1 : 0));
-  for (auto& byte : t.buffer.bytes) byte = std::byte(rng());  // padding holds garbage, never read
-  void* data = t.buffer.bytes.data();
-  // A negative stride walks down from the far end, as NumPy's reversed views do.
-  std::int64_t first = 0;
-  for (int i = 0; i < 4; ++i)
-    if (t.view.stride[i] < 0) first += std::max<std::int64_t>(t.view.shape[i] - 1, 0) * -t.view.stride[i];
-  data = static_cast<std::byte*>(data) + first * std::int64_t(stsa::element_size(dtype));
+  t.defect = pick_defect(in, t.view.shape, t.view.stride, allow_defect, free_dim);
+  void* data = allocate(t.buffer, rng, t.view.shape, t.view.stride, stsa::element_size(dtype),
+                        t.defect == Defect::Misaligned);
   if (fill && t.view.shape[0] > 0 && t.view.shape[1] > 0 && t.view.shape[2] > 0 && t.view.shape[3] > 0) {
     stsa::TensorView filled = t.view;
     filled.data = data;
@@ -164,14 +175,7 @@ Lse make_lse(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& layout, 
   l.view.shape = {layout.batch, layout.heads, layout.tokens()};
   l.view.stride = {h * row, row, 1};
   l.defect = pick_defect(in, l.view.shape, l.view.stride, allow_defect);
-  const std::int64_t elements = reach(l.view.shape.data(), l.view.stride.data(), 3);
-  l.buffer.bytes.resize(std::size_t(elements) * sizeof(float) + (l.defect == Defect::Misaligned ? 1 : 0));
-  for (auto& byte : l.buffer.bytes) byte = std::byte(rng());
-  void* data = l.buffer.bytes.data();
-  std::int64_t first = 0;
-  for (int i = 0; i < 3; ++i)
-    if (l.view.stride[i] < 0) first += std::max<std::int64_t>(l.view.shape[i] - 1, 0) * -l.view.stride[i];
-  data = static_cast<std::byte*>(data) + first * std::int64_t(sizeof(float));
+  void* data = allocate(l.buffer, rng, l.view.shape, l.view.stride, sizeof(float), l.defect == Defect::Misaligned);
   // A null LSE means "not wanted", so the null defect is not one here.
   if (l.defect == Defect::Null) l.defect = Defect::None;
   apply_pointer_defect(l.defect, data);
@@ -297,23 +301,92 @@ bool only_marked_changed(const Buffer& buffer, const std::vector<bool>& written)
 
 // What the inputs came to, printed at exit: a run that compared nothing would show here.
 struct Tally {
-  long ran = 0, ran_scattered = 0, refused_invalid = 0, refused_unsupported = 0, defects_refused = 0;
+  long ran[3] = {}, ran_non_finite = 0, refused_invalid = 0, refused_unsupported = 0, defects_refused = 0;
   long compared_elements = 0;
-  Tally() {
-    std::atexit([] {
-      const Tally& t = tally();
-      std::fprintf(stderr,
-                   "attention_fuzz: %ld calls ran (%ld scattered; %ld O elements checked against the reference), "
-                   "%ld refused as invalid (%ld of them with a planted defect), %ld as unsupported\n",
-                   t.ran, t.ran_scattered, t.compared_elements, t.refused_invalid, t.defects_refused,
-                   t.refused_unsupported);
-    });
-  }
-  static Tally& tally() {
-    static Tally instance;
-    return instance;
+  static Tally& get() {
+    static Tally* instance = [] {
+      auto* t = new Tally;
+      std::atexit([] {
+        const Tally& t = get();
+        std::fprintf(stderr,
+                     "attention_fuzz: ran %ld direct, %ld scattered and %ld routed calls (%ld with a NaN or "
+                     "infinity in Q, K or V; %ld O elements checked against the reference); refused %ld as invalid "
+                     "(%ld with a planted defect), %ld as unsupported\n",
+                     t.ran[0], t.ran[1], t.ran[2], t.ran_non_finite, t.compared_elements, t.refused_invalid,
+                     t.defects_refused, t.refused_unsupported);
+      });
+      return t;
+    }();
+    return *instance;
   }
 };
+
+// Every computed head of `reference` (its O replaced here) against reference_rows
+// with `predicate`; the library's row n of head h is at (out_row(n), out_head(h))
+// of `o` and `lse`. No other byte of their buffers may have changed.
+void check_outputs(stsa::AttentionCall reference, const stsa::PairPredicate& predicate, const Tensor& o,
+                   const Lse& lse, const std::function<std::int64_t(std::int64_t)>& out_row,
+                   const std::function<std::int64_t(std::int64_t)>& out_head) {
+  const stsa::VideoLayout& layout = reference.layout;
+  std::vector<float> scratch(std::size_t(layout.batch * layout.tokens() * layout.heads * layout.head_dim));
+  reference.o = stsa::TensorView::contiguous(scratch.data(), stsa::DType::F32, layout.batch, layout.tokens(),
+                                             layout.heads, layout.head_dim, stsa::MemoryLayout::BNHD);
+  reference.lse = {};
+  std::vector<std::int64_t> rows(std::size_t(layout.tokens()));
+  std::iota(rows.begin(), rows.end(), 0);
+  std::vector<double> expected_o, expected_lse;
+  stsa::reference_rows(reference, rows, expected_o, expected_lse, predicate);
+
+  std::vector<bool> o_written(o.buffer.bytes.size()), lse_written(lse.buffer.bytes.size());
+  const float o_rounding = out_rounding(o.view.dtype);
+  const std::int64_t n_tokens = layout.tokens(), d_count = layout.head_dim;
+  for (std::int64_t b = 0; b < layout.batch; ++b)
+    for (std::int64_t h = 0; h < layout.heads; ++h) {
+      if (!reference.heads[std::size_t(h)].compute) continue;
+      for (std::int64_t n = 0; n < n_tokens; ++n) {
+        const std::int64_t row = out_row(n), head = out_head(h);
+        for (std::int64_t d = 0; d < d_count; ++d) {
+          const double want = expected_o[std::size_t(((b * n_tokens + n) * layout.heads + h) * d_count + d)];
+          const double got = o.view.load(b, row, head, d);
+          // A non-finite value in the inputs: NaN or infinite where the reference is (which of the two may
+          // differ: fp32 can round a tiny weight to 0, and 0 x inf is NaN), finite and close elsewhere.
+          require(std::isfinite(got) == std::isfinite(want), "O is finite where the reference is not, or the reverse");
+          // fp32 scores below ~35 in magnitude (|q|, |k| <= 1 per channel), |v| <= 1, then the output's rounding.
+          require(!std::isfinite(want) || std::abs(got - want) <= 1e-3 + o_rounding * std::abs(want),
+                  "O differs from the reference");
+          mark(o.view, o.buffer, o_written, b, row, head, d);
+        }
+        Tally::get().compared_elements += d_count;
+        if (lse.view.data == nullptr) continue;
+        const double want = expected_lse[std::size_t((b * layout.heads + h) * n_tokens + n)];
+        const float* at = &lse.view.at(b, head, row);
+        const double got = *at;
+        if (std::isinf(want) && want < 0)
+          require(got == want, "LSE of a row without keys differs from the reference");
+        else if (!std::isfinite(want))
+          require(!std::isfinite(got), "LSE is finite where the reference's is not");
+        else
+          require(std::abs(got - want) <= 5e-4 * (1 + std::abs(want)), "LSE differs from the reference");
+        const std::size_t first = std::size_t(reinterpret_cast<const std::byte*>(at) - lse.buffer.bytes.data());
+        for (std::size_t i = 0; i < sizeof(float); ++i) lse_written[first + i] = true;
+      }
+    }
+  require(only_marked_changed(o.buffer, o_written), "O bytes outside the computed heads' elements were written");
+  require(lse.view.data == nullptr || only_marked_changed(lse.buffer, lse_written),
+          "LSE bytes outside the computed heads' rows were written");
+}
+
+// What a rounded plan computes instead of the mask, for a call whose tensors are
+// in `tensor_order` (rounded plans index tokens in their own order).
+bool pair_computed(const stsa::VideoGrid& grid, const stsa::MaskSpec& spec, const stsa::TilePlan* plan,
+                   stsa::TokenOrder tensor_order, std::int64_t qp, std::int64_t kp) {
+  if (plan == nullptr || plan->alignment() != stsa::Alignment::Round)
+    return stsa::allowed_at(grid, spec, tensor_order, qp, kp);
+  const auto in_plan = [&](std::int64_t p) { return grid.position(grid.coord(p, tensor_order), plan->order()); };
+  return plan->computes(in_plan(qp), in_plan(kp));
+}
+
+enum class Mode { Direct, Scattered, Routed };
 
 }  // namespace
 
@@ -333,13 +406,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // 72 and 32 are valid layouts the CPU kernels do not take (Unsupported).
   constexpr std::int64_t head_dims[] = {64, 80, 96, 128, 64, 128, 72, 32, 0};
   layout.head_dim = head_dims[in.one_in(8) ? in.next(6, 8) : in.next(0, 5)];
+  const Mode mode = Mode(in.next(0, 2));
 
   // At most one planted defect per input, so that every refusal of one is its own.
-  enum class Plant { None, Q, K, V, O, Lse, KDtype, OverQ, LseOverO, ExtraHead, BadPlan, Scale, ScatterHeads, Count };
+  enum class Plant {
+    None, Q, K, V, O, Lse, KDtype, OverQ, LseOverO, Scale,
+    ExtraHead, BadPlan, ScatterHeads,  // direct and scattered calls
+    RouterOptions, Decisions,          // routed calls
+    Count
+  };
   const Plant plant = in.one_in(3) ? Plant(in.next(1, int(Plant::Count) - 1)) : Plant::None;
   bool must_refuse = false;
 
-  const bool scattered = in.one_in(4);
   const stsa::DType input_dtype = pick_dtype(in);
   stsa::DType k_dtype = input_dtype;
   if (plant == Plant::KDtype) {
@@ -350,12 +428,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Tensor k = make_tensor(in, rng, layout, k_dtype, plant == Plant::K, true);
   Tensor v = make_tensor(in, rng, layout, input_dtype, plant == Plant::V, true);
   must_refuse |= q.defect != Defect::None || k.defect != Defect::None || v.defect != Defect::None;
+  bool non_finite = false;
+  if (!must_refuse && in.one_in(6)) {
+    // One NaN or infinity in Q, K or V: the rows that see it become non-finite
+    // where the reference's do, and every other row stays exact (attention.hpp).
+    Tensor& t = in.next(0, 2) == 0 ? q : in.next(0, 1) ? k : v;
+    const auto& shape = t.view.shape;
+    if (shape[0] > 0 && shape[1] > 0 && shape[2] > 0 && shape[3] > 0) {
+      constexpr float kValues[] = {NAN, INFINITY, -INFINITY};
+      t.view.store(in.next(0, shape[0] - 1), in.next(0, shape[1] - 1), in.next(0, shape[2] - 1),
+                   in.next(0, shape[3] - 1), kValues[in.next(0, 2)]);
+      t.buffer.remember();
+      non_finite = true;
+    }
+  }
 
   // The output: the call's own [B, N, H, D] O, or a larger tensor its heads scatter into.
   stsa::VideoLayout out_layout = layout;
   std::vector<std::int64_t> out_heads;
-  stsa::ScatteredOutput scatter;
-  if (scattered) {
+  if (mode == Mode::Scattered) {
     out_layout.heads = std::max<std::int64_t>(layout.heads, 0) + in.next(0, 2);
     out_heads.resize(std::size_t(std::max<std::int64_t>(layout.heads, 0)));
     std::vector<std::int64_t> all(std::size_t(out_layout.heads));
@@ -368,7 +459,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       must_refuse = true;
     }
   }
-  Tensor o = make_tensor(in, rng, out_layout, pick_dtype(in), plant == Plant::O, false);
+  // A scattered output's head count is its own (at least the heads mapped into it).
+  Tensor o = make_tensor(in, rng, out_layout, pick_dtype(in), plant == Plant::O, false,
+                         mode == Mode::Scattered ? 2 : -1);
   must_refuse |= o.defect != Defect::None;
   if (plant == Plant::OverQ) {  // O written over Q's bytes
     o.view.data = q.view.data;
@@ -383,23 +476,40 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       must_refuse = true;
     }
   }
+  float softmax_scale = 0.f;  // the default, 1 / sqrt(D)
+  if (plant == Plant::Scale) {
+    softmax_scale = in.next(0, 1) ? NAN : -INFINITY;
+    must_refuse = true;
+  } else if (in.next(0, 1)) {
+    softmax_scale = float(in.next(-300, 300)) / 100.f / std::sqrt(float(std::max<std::int64_t>(layout.head_dim, 1)));
+  }
 
-  Heads heads = make_heads(in, layout, plant == Plant::ExtraHead, plant == Plant::BadPlan);
-  must_refuse |= heads.defect;
+  constexpr stsa::Isa isas[] = {stsa::Isa::Auto, stsa::Isa::Scalar, stsa::Isa::Avx2, stsa::Isa::Avx512,
+                                stsa::Isa::Amx};
+  const stsa::Backend& backend = cpu_backend(isas[in.next(0, 4)], int(in.next(1, 3)));
 
   stsa::AttentionCall call;
   call.layout = layout;
   call.q = q.view;
   call.k = k.view;
   call.v = v.view;
-  call.heads = heads.masks;
-  if (plant == Plant::Scale) {
-    call.softmax_scale = in.next(0, 1) ? NAN : -INFINITY;
-    must_refuse = true;
-  } else if (in.next(0, 1)) {  // else 0: the default, 1 / sqrt(D)
-    call.softmax_scale = float(in.next(-300, 300)) / 100.f / std::sqrt(float(std::max<std::int64_t>(layout.head_dim, 1)));
+  call.softmax_scale = softmax_scale;
+  stsa::ScatteredOutput scatter;
+  stsa::PlanCache plans;
+  std::function<void()> run;
+  // Filled by a routed call: what its heads ran with.
+  std::vector<stsa::HeadRoute> routes;
+  stsa::RoutedOptions routed_options;
+  if (mode != Mode::Routed) {
+    Heads heads = make_heads(in, layout, plant == Plant::ExtraHead, plant == Plant::BadPlan);
+    must_refuse |= heads.defect;
+    call.heads = heads.masks;
   }
-  if (scattered) {
+  if (mode == Mode::Direct) {
+    call.o = o.view;
+    call.lse = lse.view;
+    run = [&] { backend.run(call); };
+  } else if (mode == Mode::Scattered) {
     scatter.grid = layout.grid;
     scatter.from = in.next(0, 1) ? stsa::TokenOrder::SpatialMajor : stsa::TokenOrder::FrameMajor;
     scatter.to = in.next(0, 1) ? stsa::TokenOrder::SpatialMajor : stsa::TokenOrder::FrameMajor;
@@ -408,22 +518,57 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     scatter.lse = lse.view;
     // Every computed head's tokens must be in the order the scatter reads.
     for (const auto& head : call.heads) must_refuse |= head.compute && head.order != scatter.from;
+    run = [&] { backend.run_scattered(call, scatter); };
   } else {
-    call.o = o.view;
-    call.lse = lse.view;
+    const stsa::RoutedCall routed{layout, q.view, k.view, v.view, o.view, lse.view, softmax_scale};
+    const stsa::TileShape tiles[] = {{128, 128}, {64, 64}, {37, 128}, {128, 192}};
+    routed_options.tile = tiles[in.next(0, 3)];
+    routed_options.alignment = in.one_in(4) ? stsa::Alignment::Round : stsa::Alignment::Exact;
+    routed_options.permute_threads = int(in.next(0, 2));
+    routed_options.fuse_scatter = in.next(0, 1) == 1;
+    stsa::RouterOptions router;
+    router.samples = int(in.next(1, 24));
+    router.spatial_density = double(in.next(0, 20)) / 20;
+    router.temporal_density = double(in.next(0, 20)) / 20;
+    router.frame_window_density = double(in.next(0, 20)) / 20;
+    router.try_frame_window = in.next(0, 1) == 1;
+    router.max_rel_l2 = double(in.next(0, 10)) / 10;
+    router.anchor = in.next(0, 3) != 0;
+    router.seed = std::uint64_t(in.next(0, 1000));
+    router.threads = int(in.next(1, 2));
+    if (in.next(0, 1)) {  // routed here
+      if (plant == Plant::RouterOptions) {  // a density outside [0, 1], or no sampled rows
+        if (in.next(0, 1))
+          router.spatial_density = in.next(0, 1) ? 1.5 : -0.25;
+        else
+          router.samples = 0;
+        must_refuse = true;
+      }
+      run = [&, routed, router] {
+        routes = stsa::routed_attention(backend, plans, routed, stsa::Router(router), routed_options).heads;
+      };
+    } else {  // given decisions, one per head (one more when planted)
+      std::vector<stsa::HeadRoute> decisions(std::size_t(std::max<std::int64_t>(layout.heads, 0)) +
+                                             (plant == Plant::Decisions ? 1 : 0));
+      must_refuse |= plant == Plant::Decisions;
+      for (auto& decision : decisions) {
+        decision.route = stsa::Route(in.next(0, 3));
+        try {
+          decision.spec = stsa::route_spec(layout.grid, decision.route, router);
+        } catch (const stsa::InvalidArgument&) {
+          must_refuse = true;  // no mask fits this grid: it is not a valid one, and the call must say so
+        }
+      }
+      run = [&, routed, decisions] {
+        routes = stsa::run_routed(backend, plans, routed, decisions, routed_options).heads;
+      };
+    }
   }
 
-  constexpr stsa::Isa isas[] = {stsa::Isa::Auto, stsa::Isa::Scalar, stsa::Isa::Avx2, stsa::Isa::Avx512,
-                                stsa::Isa::Amx};
-  const stsa::Backend& backend = cpu_backend(isas[in.next(0, 4)], int(in.next(1, 3)));
-
-  Tally& tally = Tally::tally();
+  Tally& tally = Tally::get();
   bool ran = false;
   try {
-    if (scattered)
-      backend.run_scattered(call, scatter);
-    else
-      backend.run(call);
+    run();
     ran = true;
   } catch (const stsa::InvalidArgument&) {
     ++tally.refused_invalid;
@@ -438,62 +583,37 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   require(!must_refuse, "a defective call ran");
-  ++tally.ran;
-  tally.ran_scattered += scattered;
+  ++tally.ran[int(mode)];
+  tally.ran_non_finite += non_finite;
 
-  // The fp64 reference of every row, into its own buffers.
+  const auto same = [](std::int64_t i) { return i; };
+  if (mode == Mode::Routed) {
+    // Each head against its decision's mask, in the caller's frame-major order.
+    require(std::int64_t(routes.size()) == layout.heads, "a routed call returned the wrong number of decisions");
+    stsa::AttentionCall reference = call;
+    std::vector<std::shared_ptr<const stsa::TilePlan>> head_plans;
+    for (const auto& route : routes) {
+      reference.heads.push_back({route.spec, stsa::TokenOrder::FrameMajor, nullptr, true});
+      head_plans.push_back(plans.get(layout.grid, route.spec, routed_options.tile, routed_options.alignment));
+    }
+    const auto predicate = [&](std::int64_t h, std::int64_t qp, std::int64_t kp) {
+      return pair_computed(layout.grid, reference.heads[std::size_t(h)].spec, head_plans[std::size_t(h)].get(),
+                           stsa::TokenOrder::FrameMajor, qp, kp);
+    };
+    check_outputs(reference, predicate, o, lse, same, same);
+    return 0;
+  }
   const auto predicate = [&](std::int64_t h, std::int64_t qp, std::int64_t kp) {
     const stsa::HeadMask& head = call.heads[std::size_t(h)];
-    if (head.plan != nullptr && head.plan->alignment() == stsa::Alignment::Round) return head.plan->computes(qp, kp);
-    return stsa::allowed_at(layout.grid, head.spec, head.order, qp, kp);
+    return pair_computed(layout.grid, head.spec, head.plan.get(), head.order, qp, kp);
   };
-  std::vector<float> reference_out(std::size_t(layout.batch * layout.tokens() * layout.heads * layout.head_dim));
-  stsa::AttentionCall reference_call = call;
-  reference_call.o = stsa::TensorView::contiguous(reference_out.data(), stsa::DType::F32, layout.batch,
-                                                  layout.tokens(), layout.heads, layout.head_dim,
-                                                  stsa::MemoryLayout::BNHD);
-  reference_call.lse = {};
-  std::vector<std::int64_t> rows(std::size_t(layout.tokens()));
-  std::iota(rows.begin(), rows.end(), 0);
-  std::vector<double> expected_o, expected_lse;
-  stsa::reference_rows(reference_call, rows, expected_o, expected_lse, predicate);
-
-  // Where row n of call head h went, and the largest |v| (the scale of O's error).
-  const auto out_row = [&](std::int64_t n) {
-    return scattered && scatter.from != scatter.to ? layout.grid.position(layout.grid.coord(n, scatter.from), scatter.to)
-                                                   : n;
-  };
-  const auto out_head = [&](std::int64_t h) { return scattered ? out_heads[std::size_t(h)] : h; };
-  std::vector<bool> o_written(o.buffer.bytes.size()), lse_written(lse.buffer.bytes.size());
-  const float o_rounding = out_rounding(o.view.dtype);
-  const std::int64_t n_tokens = layout.tokens(), d_count = layout.head_dim;
-  for (std::int64_t b = 0; b < layout.batch; ++b)
-    for (std::int64_t h = 0; h < layout.heads; ++h) {
-      if (!call.heads[std::size_t(h)].compute) continue;
-      for (std::int64_t n = 0; n < n_tokens; ++n) {
-        const std::int64_t row = out_row(n), head = out_head(h);
-        for (std::int64_t d = 0; d < d_count; ++d) {
-          const double want = expected_o[std::size_t(((b * n_tokens + n) * layout.heads + h) * d_count + d)];
-          const double got = o.view.load(b, row, head, d);
-          // fp32 scores below ~35 in magnitude (|q|, |k| <= 1 per channel), |v| <= 1, then the output's rounding.
-          require(std::abs(got - want) <= 1e-3 + o_rounding * std::abs(want), "O differs from the reference");
-          mark(o.view, o.buffer, o_written, b, row, head, d);
-          ++tally.compared_elements;
-        }
-        if (lse.view.data == nullptr) continue;
-        const double want = expected_lse[std::size_t((b * layout.heads + h) * n_tokens + n)];
-        const float* at = &lse.view.at(b, head, row);
-        const double got = *at;
-        if (std::isinf(want))
-          require(got == want, "LSE of a row without keys differs from the reference");
-        else
-          require(std::abs(got - want) <= 5e-4 * (1 + std::abs(want)), "LSE differs from the reference");
-        const std::size_t first = std::size_t(reinterpret_cast<const std::byte*>(at) - lse.buffer.bytes.data());
-        for (std::size_t i = 0; i < sizeof(float); ++i) lse_written[first + i] = true;
-      }
-    }
-  require(only_marked_changed(o.buffer, o_written), "O bytes outside the computed heads' elements were written");
-  require(lse.view.data == nullptr || only_marked_changed(lse.buffer, lse_written),
-          "LSE bytes outside the computed heads' rows were written");
+  if (mode == Mode::Direct) {
+    check_outputs(call, predicate, o, lse, same, same);
+    return 0;
+  }
+  check_outputs(
+      call, predicate, o, lse,
+      [&](std::int64_t n) { return layout.grid.position(layout.grid.coord(n, scatter.from), scatter.to); },
+      [&](std::int64_t h) { return out_heads[std::size_t(h)]; });
   return 0;
 }
