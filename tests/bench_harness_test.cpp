@@ -285,14 +285,7 @@ TEST(BenchRecord, TimingFieldsAndNonFiniteNumbers) {
 
 // The counts of stsa/flops.hpp by hand, and the peak fraction refused for a peak that is not positive.
 TEST(BenchFigures, FlopAndByteCountsByHand) {
-  VideoLayout layout;
-  layout.grid.frames = 2;
-  layout.grid.height = 3;
-  layout.grid.width = 4;  // 24 video tokens
-  layout.grid.text_tokens = 6;
-  layout.batch = 2;
-  layout.heads = 5;
-  layout.head_dim = 64;
+  const VideoLayout layout{{2, 3, 4, 6, TextPlacement::After}, 2, 5, 64};  // 24 video + 6 text tokens, batch 2, 5 heads
   EXPECT_EQ(attention_flops(10, 64), 4.0 * 10 * 64);
   EXPECT_EQ(dense_attention_flops(layout), 4.0 * 30 * 30 * 64 * 2 * 5);
   // Read + write of 3 bf16 tensors of 4 heads: 2 x 3 x 2 batch x 30 tokens x 4 heads x 64 x 2 bytes.

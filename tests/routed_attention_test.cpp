@@ -195,19 +195,13 @@ TEST(RoutedAttention, TheCpuBackendStoresTheTemporalHeadsInPlace) {
           << h << " " << n;
 }
 
-// An executor that records rather than runs (as the CUDA one does during a
-// graph capture) is asked for its buffers and to prepare both backend calls
-// before any step is enqueued, is never asked to time, and the result says the
-// call was not timed; the steps themselves run here, so the output is checked.
-class RecordingHostExecutor final : public RoutedExecutor {
+// Runs every step on a HostRoutedExecutor and logs the steps' names; the
+// executors below change only what their tests are about. (It never fuses the
+// scatter: fuses_scatter() keeps the base class's false.)
+class LoggingHostExecutor : public RoutedExecutor {
  public:
   PackedHeads allocate(const RoutedCall& call, std::int64_t count, bool with_output) override {
-    log.push_back("allocate");
     return host_.allocate(call, count, with_output);
-  }
-  void prepare(const Backend&, const AttentionCall& call, const ScatteredOutput* out) override {
-    log.push_back(out ? "prepare scattered" : "prepare");
-    prepared_heads.push_back(call.layout.heads);
   }
   void gather(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
               std::span<const TensorView> sources, std::span<const TensorView> packed) override {
@@ -224,6 +218,32 @@ class RecordingHostExecutor final : public RoutedExecutor {
     log.push_back("attend");
     host_.attend(backend, call);
   }
+  int mark() override {
+    log.push_back("mark");
+    return host_.mark();
+  }
+  double elapsed_ms(int from, int to) override { return host_.elapsed_ms(from, to); }
+
+  std::vector<std::string> log;
+
+ private:
+  HostRoutedExecutor host_;
+};
+
+// An executor that records rather than runs (as the CUDA one does during a
+// graph capture) is asked for its buffers and to prepare both backend calls
+// before any step is enqueued, is never asked to time, and the result says the
+// call was not timed; the steps themselves run here, so the output is checked.
+class RecordingHostExecutor final : public LoggingHostExecutor {
+ public:
+  PackedHeads allocate(const RoutedCall& call, std::int64_t count, bool with_output) override {
+    log.push_back("allocate");
+    return LoggingHostExecutor::allocate(call, count, with_output);
+  }
+  void prepare(const Backend&, const AttentionCall& call, const ScatteredOutput* out) override {
+    log.push_back(out ? "prepare scattered" : "prepare");
+    prepared_heads.push_back(call.layout.heads);
+  }
   bool timed() const override { return false; }
   int mark() override {
     log.push_back("mark");
@@ -234,11 +254,7 @@ class RecordingHostExecutor final : public RoutedExecutor {
     return 1.0;
   }
 
-  std::vector<std::string> log;
   std::vector<std::int64_t> prepared_heads;
-
- private:
-  HostRoutedExecutor host_;
 };
 
 TEST(RoutedAttention, AnUntimedExecutorPreparesBothCallsBeforeAnyStep) {
@@ -282,37 +298,15 @@ TEST(RoutedAttention, RejectsMismatchedDecisionsAndTensors) {
 
 // A host executor whose clock is scripted: mark i reads 2^i ms, so every sum of
 // distinct intervals is a different number and says which intervals it added.
-class ScriptedClockExecutor final : public RoutedExecutor {
+class ScriptedClockExecutor final : public LoggingHostExecutor {
  public:
-  PackedHeads allocate(const RoutedCall& call, std::int64_t count, bool with_output) override {
-    return host_.allocate(call, count, with_output);
-  }
-  void gather(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
-              std::span<const TensorView> sources, std::span<const TensorView> packed) override {
-    log.push_back("gather");
-    host_.gather(grid, from, to, heads, sources, packed);
-  }
-  void scatter(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
-               std::span<const TensorView> packed, std::span<const TensorView> dests, const LseView& packed_lse,
-               const LseView& lse) override {
-    log.push_back("scatter");
-    host_.scatter(grid, from, to, heads, packed, dests, packed_lse, lse);
-  }
-  void attend(const Backend& backend, const AttentionCall& call) override {
-    log.push_back("attend");
-    host_.attend(backend, call);
-  }
   int mark() override {
     log.push_back("mark");
     return marks++;
   }
   double elapsed_ms(int from, int to) override { return double(1 << to) - double(1 << from); }
 
-  std::vector<std::string> log;
   int marks = 0;
-
- private:
-  HostRoutedExecutor host_;
 };
 
 // RoutedResult's figures by their definitions (routed.hpp): attention_ms is both
