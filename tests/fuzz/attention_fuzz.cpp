@@ -299,27 +299,20 @@ bool only_marked_changed(const Buffer& buffer, const std::vector<bool>& written)
   return true;
 }
 
-// What the inputs came to, printed at exit: a run that compared nothing would show here.
+// What the inputs came to, printed at exit (libFuzzer ends with exit(), which
+// runs this destructor): a run that compared nothing would show here.
 struct Tally {
   long ran[3] = {}, ran_non_finite = 0, refused_invalid = 0, refused_unsupported = 0, defects_refused = 0;
   long compared_elements = 0;
-  static Tally& get() {
-    static Tally* instance = [] {
-      auto* t = new Tally;
-      std::atexit([] {
-        const Tally& t = get();
-        std::fprintf(stderr,
-                     "attention_fuzz: ran %ld direct, %ld scattered and %ld routed calls (%ld with a NaN or "
-                     "infinity in Q, K or V; %ld O elements checked against the reference); refused %ld as invalid "
-                     "(%ld with a planted defect), %ld as unsupported\n",
-                     t.ran[0], t.ran[1], t.ran[2], t.ran_non_finite, t.compared_elements, t.refused_invalid,
-                     t.defects_refused, t.refused_unsupported);
-      });
-      return t;
-    }();
-    return *instance;
+  ~Tally() {
+    std::fprintf(stderr,
+                 "attention_fuzz: ran %ld direct, %ld scattered and %ld routed calls (%ld with a NaN or infinity in "
+                 "Q, K or V; %ld O elements checked against the reference); refused %ld as invalid (%ld with a "
+                 "planted defect), %ld as unsupported\n",
+                 ran[0], ran[1], ran[2], ran_non_finite, compared_elements, refused_invalid, defects_refused,
+                 refused_unsupported);
   }
-};
+} tally;
 
 // Every computed head of `reference` (its O replaced here) against reference_rows
 // with `predicate`; the library's row n of head h is at (out_row(n), out_head(h))
@@ -356,7 +349,7 @@ void check_outputs(stsa::AttentionCall reference, const stsa::PairPredicate& pre
                   "O differs from the reference");
           mark(o.view, o.buffer, o_written, b, row, head, d);
         }
-        Tally::get().compared_elements += d_count;
+        tally.compared_elements += d_count;
         if (lse.view.data == nullptr) continue;
         const double want = expected_lse[std::size_t((b * layout.heads + h) * n_tokens + n)];
         const float* at = &lse.view.at(b, head, row);
@@ -565,7 +558,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
 
-  Tally& tally = Tally::get();
   bool ran = false;
   try {
     run();
