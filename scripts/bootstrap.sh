@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ clang libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-          libpng-dev libopenmpi-dev openmpi-bin libclang-rt-14-dev)
+          libpng-dev libopenmpi-dev openmpi-bin libclang-rt-14-dev python3-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,6 +25,19 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 
 build_dir="${STSA_BUILD_DIR:-build}"
+
+# The Python package builds against a venv of its own (nanobind, and the tests'
+# pytest, NumPy, ml_dtypes); without the network to fill it, the rest still builds.
+python_env="$build_dir/python-env"
+python_args=()
+if ! "$python_env/bin/python" -c "import nanobind, pytest, numpy, ml_dtypes" 2>/dev/null; then
+  { python3 -m venv "$python_env" && "$python_env/bin/pip" install -q -r python/requirements-test.txt; } ||
+    echo "bootstrap: the Python package is left out: $python_env could not be set up (pip needs the network)" >&2
+fi
+if "$python_env/bin/python" -c "import nanobind" 2>/dev/null; then
+  python_args=(-DPython_EXECUTABLE="$(cd "$python_env" && pwd)/bin/python")
+fi
+
 # shellcheck disable=SC2086
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${STSA_CMAKE_ARGS:-} >/dev/null
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${python_args[@]}" ${STSA_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"

@@ -1,0 +1,226 @@
+"""stsa: spatio-temporal sparse attention for video diffusion transformers.
+
+Arrays are NumPy arrays or PyTorch CPU tensors (anything that speaks DLPack or
+the buffer protocol), float32, float16 or bfloat16, addressed as [B, N, H, D]
+(``layout="bnhd"``) or [B, H, N, D] (``layout="bhnd"``), with any strides; tokens
+come in frame-major order (frame, row, column), text tokens before or after the
+video as the grid says. Nothing is copied: the library reads the inputs where
+they are and writes ``out`` (allocated like ``q`` in its own framework when not
+given). Accumulation is fp32; ``lse`` is the natural-log sum of exp per row,
+[B, H, N] float32.
+
+    import stsa
+    grid = stsa.VideoGrid(frames=21, height=30, width=52)          # Wan2.1 480p latents
+    o = stsa.attention(q, k, v, grid, mask="spatial", density=0.25)
+    o, info = stsa.routed_attention(q, k, v, grid, density=0.25)    # each head routed online
+    policy = stsa.Policy.from_preset("wan2.1-480p")                  # warm-up, reuse, densities
+    o, info = policy.attention(q, k, v, grid, step=step, layer=layer)
+
+Errors are ``stsa.Error`` subclasses that are also the built-in kind:
+``stsa.InvalidArgument`` is a ValueError, ``stsa.Unsupported`` a
+NotImplementedError, ``stsa.ResourceError`` a MemoryError.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from . import _stsa
+from ._stsa import Error, InvalidArgument, IoError, ResourceError, Unsupported, VideoGrid
+
+__all__ = [
+    "Error", "InvalidArgument", "IoError", "ResourceError", "Unsupported", "VideoGrid", "Policy", "attention",
+    "routed_attention", "plan", "model_presets", "model_preset", "backends", "clear_plan_cache",
+]
+
+_DEFAULT_TILE = (128, 128)
+
+
+def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: float = 0.25, *, anchor: bool = True,
+              layout: str = "bnhd", out=None, lse=None, return_lse: bool = False, scale: float | None = None,
+              backend: str = "cpu", tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
+    """Sparse attention with the mask you name, for every head or one per head.
+
+    mask: "dense", "spatial" (a band in frame-major order), "temporal" (a band in
+    spatial-major order: the head's tokens are gathered into that order and its
+    output stored back) or "frames" (a window of whole frames); ``density`` is
+    the kept fraction each mask is sized to. With ``anchor`` frame 0 attends to
+    all keys and every query attends to frame 0; text tokens are dense.
+    align="round" turns every partial tile full or empty (``plan()`` reports
+    how many pairs that changed). Returns ``out``, or ``(out, lse)`` when
+    ``return_lse`` or ``lse`` is given.
+    """
+    masks = [mask] if isinstance(mask, str) else list(mask)
+    out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
+    _stsa.attention(*_tensors(q, k, v, out, lse), _grid(grid), masks, density, anchor, _scale(scale), backend, *tile,
+                    align, layout)
+    return (out, lse) if want_lse else out
+
+
+def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: float | None = None,
+                     temporal_density: float | None = None, frames_density: float | None = None,
+                     try_frames: bool = False, samples: int = 64, seed: int = 1, max_rel_l2: float = 0.5,
+                     anchor: bool = True, layout: str = "bnhd", out=None, lse=None, return_lse: bool = False,
+                     scale: float | None = None, backend: str = "cpu", tile: tuple[int, int] = _DEFAULT_TILE,
+                     align: str = "exact"):
+    """Routes every head online, then runs each with its mask.
+
+    For each head, ``samples`` query rows spread over all frames get their exact
+    attention and their attention under each candidate mask (spatial, temporal,
+    and frames with ``try_frames``) at the kept density; the candidate with the
+    lowest MSE wins, unless even its relative L2 error exceeds ``max_rel_l2``,
+    which keeps the head dense. Returns ``(out, info)`` or ``(out, lse, info)``;
+    ``info`` has each head's route, mask and candidates' errors, and the
+    routing, permutation and attention times in ms.
+    """
+    out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
+    info = _stsa.routed_attention(*_tensors(q, k, v, out, lse), _grid(grid), samples, _or(spatial_density, density),
+                                  _or(temporal_density, density), _or(frames_density, density), try_frames,
+                                  max_rel_l2, anchor, seed, _scale(scale), backend, *tile, align, layout)
+    return (out, lse, info) if want_lse else (out, info)
+
+
+class Policy:
+    """When to route and with what, across the denoising steps and layers of one generation.
+
+    The first ``dense_steps`` steps and the first ``dense_layers`` layers of every
+    step run dense; elsewhere each head is routed, and its decision is reused
+    for ``reuse_steps`` steps of the same layer (1: route every step). A step
+    lower than the one a decision was made at (a new generation) routes again.
+    Router settings as in ``routed_attention``.
+    """
+
+    def __init__(self, dense_steps: int = 0, dense_layers: int = 0, reuse_steps: int = 1, *, density: float = 0.25,
+                 spatial_density: float | None = None, temporal_density: float | None = None,
+                 frames_density: float | None = None, try_frames: bool = False, samples: int = 64, seed: int = 1,
+                 max_rel_l2: float = 0.5, anchor: bool = True):
+        self._policy = _stsa.Policy(dense_steps, dense_layers, reuse_steps, samples, _or(spatial_density, density),
+                                    _or(temporal_density, density), _or(frames_density, density), try_frames,
+                                    max_rel_l2, anchor, seed)
+
+    @classmethod
+    def from_preset(cls, name: str) -> "Policy":
+        """The starting policy of a model preset (``model_presets()`` lists them)."""
+        return cls(**model_preset(name)["policy"])
+
+    def dense(self, step: int, layer: int) -> bool:
+        """Whether (step, layer) is in the dense warm-up."""
+        return self._policy.dense(step, layer)
+
+    @property
+    def cached_count(self) -> int:
+        """How many (layer, head) decisions are held for reuse."""
+        return self._policy.cached_count
+
+    def clear(self) -> None:
+        """Forgets every decision (a new prompt or grid)."""
+        self._policy.clear()
+
+    def attention(self, q, k, v, grid, step: int, layer: int, *, layout: str = "bnhd", out=None, lse=None,
+                  return_lse: bool = False, scale: float | None = None, backend: str = "cpu",
+                  tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
+        """One layer's self-attention at one step; returns ``(out, info)`` or ``(out, lse, info)``."""
+        out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
+        info = self._policy.attention(*_tensors(q, k, v, out, lse), _grid(grid), step, layer, _scale(scale),
+                                      backend, *tile, align, layout)
+        return (out, lse, info) if want_lse else (out, info)
+
+
+def plan(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = True,
+         tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact") -> dict[str, Any]:
+    """The tile plan of one mask on ``grid``: tiles full / partial / empty, kept pairs
+    (exact, and what the plan computes), pairs rounding changed, size and build time."""
+    return _stsa.plan(_grid(grid), mask, density, anchor, *tile, align)
+
+
+def model_presets() -> list[dict[str, Any]]:
+    """The models stsa has shapes and starting policies for."""
+    return _stsa.model_presets()
+
+
+def model_preset(name: str) -> dict[str, Any]:
+    presets = model_presets()
+    for preset in presets:
+        if preset["name"] == name:
+            return preset
+    raise InvalidArgument(f"unknown model preset '{name}' (available: {', '.join(p['name'] for p in presets)})")
+
+
+def backends() -> list[str]:
+    """The backends of this build: "reference" (fp64 loops), "cpu", and "cuda" where built."""
+    return _stsa.backends()
+
+
+def clear_plan_cache() -> None:
+    """Frees the tile plans kept for reuse across calls (they are rebuilt on demand)."""
+    _stsa.clear_plan_cache()
+
+
+def _grid(grid) -> VideoGrid:
+    if isinstance(grid, VideoGrid):
+        return grid
+    if isinstance(grid, (tuple, list)) and len(grid) == 3:
+        return VideoGrid(*grid)
+    raise InvalidArgument(f"grid must be a stsa.VideoGrid or (frames, height, width), got {grid!r}")
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def _scale(scale: float | None) -> float:
+    # The library reads 0 as "1 / sqrt(D)"; a caller's own 0 would be taken for that.
+    if scale is None:
+        return 0.0
+    if scale == 0:
+        raise InvalidArgument("scale must be non-zero (None means 1 / sqrt(head_dim))")
+    return float(scale)
+
+
+def _tensors(q, k, v, out, lse):
+    """The arrays as the module takes them: q, k, v, out, lse, then the names of those
+    passed as uint16 views of NumPy bfloat16 (ml_dtypes), which DLPack cannot carry."""
+    arrays = {"q": q, "k": k, "v": v, "out": out}
+    bf16_bits = []
+    for name, array in arrays.items():
+        if type(array).__module__ == "numpy" and getattr(array.dtype, "name", "") == "bfloat16":
+            import numpy
+
+            arrays[name] = array.view(numpy.uint16)
+            bf16_bits.append(name)
+    return arrays["q"], arrays["k"], arrays["v"], arrays["out"], lse, bf16_bits
+
+
+def _outputs(q, out, lse, return_lse: bool, layout: str):
+    """``out`` and ``lse`` as given, or allocated like ``q`` in its framework."""
+    shape = tuple(getattr(q, "shape", ()))
+    if len(shape) != 4:
+        raise InvalidArgument(f"q must have 4 dimensions ([B, N, H, D] or [B, H, N, D]), got shape {shape}")
+    if layout not in ("bnhd", "bhnd"):
+        raise InvalidArgument(f"layout must be 'bnhd' or 'bhnd', got '{layout}'")
+    batch, tokens, heads = (shape[0], shape[1], shape[2]) if layout == "bnhd" else (shape[0], shape[2], shape[1])
+    if out is None:
+        out = _empty_like(q, shape, None)
+    elif not _writable(out):
+        raise InvalidArgument("out is read-only")
+    want_lse = return_lse or lse is not None
+    if want_lse and lse is None:
+        lse = _empty_like(q, (batch, heads, tokens), "float32")
+    elif lse is not None and not _writable(lse):
+        raise InvalidArgument("lse is read-only")
+    return out, lse, want_lse
+
+
+def _writable(array) -> bool:
+    flags = getattr(array, "flags", None)  # NumPy's; a torch tensor is always writable
+    return flags is None or bool(getattr(flags, "writeable", True))
+
+
+def _empty_like(array, shape, dtype: str | None):
+    if type(array).__module__.split(".")[0] == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=array.dtype if dtype is None else getattr(torch, dtype), device=array.device)
+    import numpy
+
+    return numpy.empty(shape, dtype=array.dtype if dtype is None else dtype)

@@ -1,0 +1,385 @@
+// stsa._stsa: the extension module behind the Python package (python/stsa).
+// It binds the library's entry points on arrays the caller owns; allocating
+// outputs in the caller's framework and the keyword defaults live in Python.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "stsa/attention.hpp"
+#include "stsa/error.hpp"
+#include "stsa/plan.hpp"
+#include "stsa/policy.hpp"
+#include "stsa/routed.hpp"
+#include "stsa/router.hpp"
+#include "tensor_args.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace stsa::python {
+namespace {
+
+// One cache for the process: plans are immutable and keyed by value, so every
+// call on the same grid, mask and tile shape shares them (layers, steps, heads).
+PlanCache& plan_cache() {
+  static PlanCache cache;
+  return cache;
+}
+
+// Runs `work` with the GIL released: other Python threads go on while the
+// backend computes (the arrays stay referenced by the caller's arguments).
+template <class Work>
+RoutedResult without_gil(Work&& work) {
+  nb::gil_scoped_release unlocked;
+  return work();
+}
+
+// The tensors of a call, as the Python layer hands them over; `bf16_bits`
+// names those that are uint16 views of bfloat16 values ("q", "k", "v", "out").
+struct Tensors {
+  InputArray q, k, v;
+  OutputArray o;
+  std::optional<OutputArray> lse;
+  std::vector<std::string> bf16_bits;
+
+  bool is_bf16_bits(const char* name) const {
+    return std::find(bf16_bits.begin(), bf16_bits.end(), name) != bf16_bits.end();
+  }
+};
+
+RoutedCall routed_call(const Tensors& t, const VideoGrid& grid, const std::string& layout, float scale) {
+  const AxisOrder axes = parse_axis_order(layout);
+  RoutedCall call;
+  call.q = tensor_view(t.q, "q", axes, t.is_bf16_bits("q"));
+  call.k = tensor_view(t.k, "k", axes, t.is_bf16_bits("k"));
+  call.v = tensor_view(t.v, "v", axes, t.is_bf16_bits("v"));
+  call.o = tensor_view(t.o, "out", axes, t.is_bf16_bits("out"));
+  if (t.lse) call.lse = lse_view(*t.lse, "lse");
+  call.layout = VideoLayout{grid, call.q.batch(), call.q.heads(), call.q.head_dim()};
+  call.softmax_scale = scale;
+  return call;
+}
+
+RoutedOptions routed_options(std::int32_t tile_q, std::int32_t tile_k, const std::string& align) {
+  RoutedOptions options;
+  options.tile = TileShape{tile_q, tile_k};
+  options.tile.validate();
+  options.alignment = parse_alignment(align);
+  return options;
+}
+
+RouterOptions router_options(int samples, double spatial_density, double temporal_density, double frames_density,
+                             bool try_frames, double max_rel_l2, bool anchor, std::uint64_t seed) {
+  RouterOptions options;
+  options.samples = samples;
+  options.spatial_density = spatial_density;
+  options.temporal_density = temporal_density;
+  options.frame_window_density = frames_density;
+  options.try_frame_window = try_frames;
+  options.max_rel_l2 = max_rel_l2;
+  options.anchor = anchor;
+  options.seed = seed;
+  options.validate();
+  return options;
+}
+
+// Options that size every kind of mask to one kept density (route_spec reads them).
+RouterOptions one_density(double density, bool anchor) {
+  RouterOptions options;
+  options.spatial_density = options.temporal_density = options.frame_window_density = density;
+  options.anchor = anchor;
+  options.validate();
+  return options;
+}
+
+// A mask as plain values: its kind, the band or frame radius it was sized to, and a description.
+void put_mask(nb::dict& d, const MaskSpec& spec) {
+  d["mask"] = spec.describe();
+  d["band"] = spec.band;
+  d["frame_radius"] = spec.frame_radius;
+  d["anchor"] = spec.anchor;
+}
+
+// What a routed call did, as plain Python values: per head its route, mask and
+// the candidates' measured errors (empty where the decision was given), then
+// the heads run in spatial-major order and the times.
+nb::dict result_dict(const RoutedResult& r) {
+  nb::list heads, routes;
+  for (const HeadRoute& head : r.heads) {
+    nb::list candidates;
+    for (const CandidateError& c : head.candidates) {
+      nb::dict candidate;
+      candidate["route"] = std::string(to_string(c.route));
+      put_mask(candidate, c.spec);
+      candidate["mse"] = c.mse;
+      candidate["rel_l2"] = c.rel_l2;
+      candidates.append(candidate);
+    }
+    nb::dict d;
+    d["route"] = std::string(to_string(head.route));
+    put_mask(d, head.spec);
+    d["candidates"] = candidates;
+    heads.append(d);
+    routes.append(std::string(to_string(head.route)));
+  }
+  nb::dict d;
+  d["routes"] = routes;
+  d["heads"] = heads;
+  d["temporal_heads"] = r.temporal;
+  d["routing_ms"] = r.routing_ms;
+  d["permutation_ms"] = r.permutation_ms;
+  d["attention_ms"] = r.attention_ms;
+  d["kept_tile_flops"] = r.kept_tile_flops;
+  d["scatter_fused"] = r.scatter_fused;
+  return d;
+}
+
+nb::dict plan_dict(const TilePlan& plan) {
+  const PlanStats& s = plan.stats();
+  nb::dict d;
+  put_mask(d, plan.spec());
+  d["order"] = std::string(to_string(plan.order()));
+  d["tokens"] = plan.tokens();
+  d["tile"] = nb::make_tuple(plan.tile().q, plan.tile().k);
+  d["q_tiles"] = plan.q_tiles();
+  d["k_tiles"] = plan.k_tiles();
+  d["tiles_full"] = s.tiles_full;
+  d["tiles_partial"] = s.tiles_partial;
+  d["tiles_empty"] = s.tiles_empty;
+  d["tile_density"] = s.tile_density();
+  d["exact_kept_pairs"] = s.exact_kept_pairs;
+  d["kept_pairs"] = s.kept_pairs;
+  d["kept_fraction"] = s.kept_fraction();
+  d["changed_pairs"] = s.changed_pairs;
+  d["added_pairs"] = s.added_pairs;
+  d["removed_pairs"] = s.removed_pairs;
+  d["distinct_masks"] = s.distinct_masks;
+  d["plan_bytes"] = s.plan_bytes;
+  d["build_ms"] = s.build_ms;
+  return d;
+}
+
+// A preset; its "policy" holds every option stsa.Policy() takes, by the same names.
+nb::dict preset_dict(const ModelPreset& p) {
+  const RouterOptions& router = p.policy.router;
+  nb::dict policy;
+  policy["dense_steps"] = p.policy.dense_steps;
+  policy["dense_layers"] = p.policy.dense_layers;
+  policy["reuse_steps"] = p.policy.reuse_steps;
+  policy["samples"] = router.samples;
+  policy["spatial_density"] = router.spatial_density;
+  policy["temporal_density"] = router.temporal_density;
+  policy["frames_density"] = router.frame_window_density;
+  policy["try_frames"] = router.try_frame_window;
+  policy["max_rel_l2"] = router.max_rel_l2;
+  policy["anchor"] = router.anchor;
+  policy["seed"] = router.seed;
+  nb::dict d;
+  d["name"] = p.name;
+  d["description"] = p.description;
+  d["grid"] = p.grid;
+  d["heads"] = p.heads;
+  d["head_dim"] = p.head_dim;
+  d["layers"] = p.layers;
+  d["steps"] = p.steps;
+  d["policy"] = policy;
+  return d;
+}
+
+// Given masks, one name for every head or one per head.
+nb::dict attention(const Tensors& t, const VideoGrid& grid, const std::vector<std::string>& masks, double density,
+                   bool anchor, float scale, const std::string& backend_name, std::int32_t tile_q, std::int32_t tile_k,
+                   const std::string& align, const std::string& layout) {
+  const RoutedCall call = routed_call(t, grid, layout, scale);
+  const RoutedOptions options = routed_options(tile_q, tile_k, align);
+  const Backend& backend = stsa::backend(backend_name);
+  const std::int64_t heads = call.layout.heads;
+  STSA_CHECK(masks.size() == 1 || std::int64_t(masks.size()) == heads, InvalidArgument,
+             "mask must name one mask for every head or one per head (", heads, "), got ", masks.size());
+  const RouterOptions densities = one_density(density, anchor);
+  std::vector<HeadRoute> decisions(std::size_t(std::max<std::int64_t>(heads, 0)));
+  for (std::size_t h = 0; h < decisions.size(); ++h) {
+    decisions[h].route = parse_route(masks[masks.size() == 1 ? 0 : h]);
+    decisions[h].spec = route_spec(grid, decisions[h].route, densities);
+  }
+  return result_dict(
+      without_gil([&] { return run_routed(backend, plan_cache(), call, std::move(decisions), options); }));
+}
+
+nb::dict routed_attention(const Tensors& t, const VideoGrid& grid, const RouterOptions& router, float scale,
+                          const std::string& backend_name, std::int32_t tile_q, std::int32_t tile_k,
+                          const std::string& align, const std::string& layout) {
+  const RoutedCall call = routed_call(t, grid, layout, scale);
+  const RoutedOptions options = routed_options(tile_q, tile_k, align);
+  const Backend& backend = stsa::backend(backend_name);
+  return result_dict(
+      without_gil([&] { return stsa::routed_attention(backend, plan_cache(), call, Router(router), options); }));
+}
+
+// Python exceptions that keep the library's hierarchy (stsa.Error) and the
+// built-in kind a caller would catch (ValueError for a bad argument).
+void register_errors(nb::module_& m) {
+  static PyObject* error = PyErr_NewException("stsa.Error", PyExc_RuntimeError, nullptr);
+  auto derived = [](const char* name, PyObject* builtin) {
+    PyObject* bases = PyTuple_Pack(2, error, builtin);
+    PyObject* type = PyErr_NewException(name, bases, nullptr);
+    Py_DECREF(bases);
+    return type;
+  };
+  static PyObject* invalid = derived("stsa.InvalidArgument", PyExc_ValueError);
+  static PyObject* unsupported = derived("stsa.Unsupported", PyExc_NotImplementedError);
+  static PyObject* resource = derived("stsa.ResourceError", PyExc_MemoryError);
+  static PyObject* io = derived("stsa.IoError", PyExc_OSError);
+  m.attr("Error") = nb::handle(error);
+  m.attr("InvalidArgument") = nb::handle(invalid);
+  m.attr("Unsupported") = nb::handle(unsupported);
+  m.attr("ResourceError") = nb::handle(resource);
+  m.attr("IoError") = nb::handle(io);
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const InvalidArgument& e) {
+      PyErr_SetString(invalid, e.what());
+    } catch (const Unsupported& e) {
+      PyErr_SetString(unsupported, e.what());
+    } catch (const ResourceError& e) {
+      PyErr_SetString(resource, e.what());
+    } catch (const IoError& e) {
+      PyErr_SetString(io, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(error, e.what());
+    }
+  });
+}
+
+// The tensor arguments every attention entry point takes, in this order.
+#define STSA_TENSOR_ARGS "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "bf16_bits"_a
+
+}  // namespace
+}  // namespace stsa::python
+
+NB_MODULE(_stsa, m) {
+  using namespace stsa;
+  using namespace stsa::python;
+  m.doc() = "stsa's extension module; use the stsa package, which wraps it.";
+  register_errors(m);
+
+  nb::class_<VideoGrid>(m, "VideoGrid", "Latent frames x token rows x token columns, and text tokens before or after.")
+      .def(
+          "__init__",
+          [](VideoGrid* self, std::int64_t frames, std::int64_t height, std::int64_t width, std::int64_t text,
+             const std::string& text_placement) {
+            STSA_CHECK(text_placement == "before" || text_placement == "after", InvalidArgument,
+                       "text_placement must be 'before' or 'after', got '", text_placement, "'");
+            VideoGrid grid{frames, height, width, text,
+                           text_placement == "before" ? TextPlacement::Before : TextPlacement::After};
+            grid.validate();
+            new (self) VideoGrid(grid);
+          },
+          "frames"_a, "height"_a, "width"_a, "text"_a = 0, "text_placement"_a = "after")
+      .def_ro("frames", &VideoGrid::frames)
+      .def_ro("height", &VideoGrid::height)
+      .def_ro("width", &VideoGrid::width)
+      .def_ro("text", &VideoGrid::text_tokens)
+      .def_prop_ro("text_placement", [](const VideoGrid& g) { return std::string(to_string(g.text_placement)); })
+      .def_prop_ro("tokens", &VideoGrid::tokens)
+      .def_prop_ro("video_tokens", &VideoGrid::video_tokens)
+      .def("__eq__", [](const VideoGrid& a, const VideoGrid& b) { return a == b; })
+      .def("__repr__", [](const VideoGrid& g) {
+        return detail::concat("VideoGrid(frames=", g.frames, ", height=", g.height, ", width=", g.width,
+                              ", text=", g.text_tokens, ", text_placement='", to_string(g.text_placement), "')");
+      });
+
+  m.def(
+      "attention",
+      [](InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
+         const std::vector<std::string>& bf16_bits, const VideoGrid& grid, const std::vector<std::string>& masks,
+         double density, bool anchor, float scale, const std::string& backend, std::int32_t tile_q, std::int32_t tile_k,
+         const std::string& align, const std::string& layout) {
+        return attention({q, k, v, out, lse, bf16_bits}, grid, masks, density, anchor, scale, backend, tile_q, tile_k,
+                         align, layout);
+      },
+      STSA_TENSOR_ARGS, "grid"_a, "masks"_a, "density"_a, "anchor"_a, "scale"_a, "backend"_a, "tile_q"_a, "tile_k"_a,
+      "align"_a, "layout"_a);
+
+  m.def(
+      "routed_attention",
+      [](InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
+         const std::vector<std::string>& bf16_bits, const VideoGrid& grid, int samples, double spatial_density,
+         double temporal_density, double frames_density, bool try_frames, double max_rel_l2, bool anchor,
+         std::uint64_t seed, float scale, const std::string& backend, std::int32_t tile_q, std::int32_t tile_k,
+         const std::string& align, const std::string& layout) {
+        const RouterOptions router = router_options(samples, spatial_density, temporal_density, frames_density,
+                                                    try_frames, max_rel_l2, anchor, seed);
+        return routed_attention({q, k, v, out, lse, bf16_bits}, grid, router, scale, backend, tile_q, tile_k, align,
+                                layout);
+      },
+      STSA_TENSOR_ARGS, "grid"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a, "frames_density"_a,
+      "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a, "scale"_a, "backend"_a, "tile_q"_a, "tile_k"_a, "align"_a,
+      "layout"_a);
+
+  nb::class_<Policy>(m, "Policy")
+      .def(
+          "__init__",
+          [](Policy* self, std::int64_t dense_steps, std::int64_t dense_layers, std::int64_t reuse_steps, int samples,
+             double spatial_density, double temporal_density, double frames_density, bool try_frames, double max_rel_l2,
+             bool anchor, std::uint64_t seed) {
+            PolicyOptions options;
+            options.dense_steps = dense_steps;
+            options.dense_layers = dense_layers;
+            options.reuse_steps = reuse_steps;
+            options.router = router_options(samples, spatial_density, temporal_density, frames_density, try_frames,
+                                            max_rel_l2, anchor, seed);
+            options.validate();
+            new (self) Policy(options);
+          },
+          "dense_steps"_a, "dense_layers"_a, "reuse_steps"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a,
+          "frames_density"_a, "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a)
+      .def("dense", &Policy::dense, "step"_a, "layer"_a)
+      .def_prop_ro("cached_count", &Policy::cached_count)
+      .def("clear", &Policy::clear)
+      .def(
+          "attention",
+          [](Policy& policy, InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
+             const std::vector<std::string>& bf16_bits, const VideoGrid& grid, std::int64_t step, std::int64_t layer,
+             float scale, const std::string& backend_name, std::int32_t tile_q, std::int32_t tile_k,
+             const std::string& align, const std::string& layout) {
+            const RoutedCall call = routed_call({q, k, v, out, lse, bf16_bits}, grid, layout, scale);
+            const RoutedOptions options = routed_options(tile_q, tile_k, align);
+            const Backend& backend = stsa::backend(backend_name);
+            return result_dict(without_gil(
+                [&] { return policy_attention(backend, plan_cache(), policy, call, step, layer, options); }));
+          },
+          STSA_TENSOR_ARGS, "grid"_a, "step"_a, "layer"_a, "scale"_a, "backend"_a, "tile_q"_a, "tile_k"_a, "align"_a,
+          "layout"_a);
+
+  m.def(
+      "plan",
+      [](const VideoGrid& grid, const std::string& mask, double density, bool anchor, std::int32_t tile_q,
+         std::int32_t tile_k, const std::string& align) {
+        const MaskSpec spec = route_spec(grid, parse_route(mask), one_density(density, anchor));
+        TileShape tile{tile_q, tile_k};
+        tile.validate();
+        return plan_dict(*plan_cache().get(grid, spec, tile, parse_alignment(align)));
+      },
+      "grid"_a, "mask"_a, "density"_a, "anchor"_a, "tile_q"_a, "tile_k"_a, "align"_a);
+
+  m.def("model_presets", [] {
+    nb::list presets;
+    for (const ModelPreset& p : model_presets()) presets.append(preset_dict(p));
+    return presets;
+  });
+  m.def("backends", [] {
+    std::vector<std::string> names;
+    for (const Backend* b : backends()) names.emplace_back(b->name());
+    return names;
+  });
+  m.def("plan_cache_size", [] { return plan_cache().size(); });
+  m.def("clear_plan_cache", [] { plan_cache().clear(); });
+}

@@ -1,0 +1,74 @@
+#include "tensor_args.hpp"
+
+#include "stsa/error.hpp"
+
+namespace nb = nanobind;
+
+namespace stsa::python {
+namespace {
+
+template <class Array>
+void check_host(const Array& array, const char* name) {
+  STSA_CHECK(array.device_type() == nb::device::cpu::value, Unsupported, name,
+             " is not in host memory (DLPack device type ", array.device_type(),
+             "): the Python package runs the CPU backends; pass a CPU array");
+}
+
+DType element_type(const nb::dlpack::dtype& t, const char* name, bool bf16_bits = false) {
+  using Code = nb::dlpack::dtype_code;
+  if (bf16_bits) {
+    STSA_CHECK(t.lanes == 1 && t.code == std::uint8_t(Code::UInt) && t.bits == 16, InvalidArgument, name,
+               ": a bfloat16 view must be uint16");
+    return DType::BF16;
+  }
+  if (t.lanes == 1 && t.code == std::uint8_t(Code::Float) && t.bits == 32) return DType::F32;
+  if (t.lanes == 1 && t.code == std::uint8_t(Code::Float) && t.bits == 16) return DType::F16;
+  if (t.lanes == 1 && t.code == std::uint8_t(Code::Bfloat) && t.bits == 16) return DType::BF16;
+  throw InvalidArgument(detail::concat(name, " must be float32, float16 or bfloat16 (DLPack type code ", int(t.code),
+                                       ", ", int(t.bits), " bits, ", int(t.lanes), " lanes given)"));
+}
+
+}  // namespace
+
+AxisOrder parse_axis_order(std::string_view name) {
+  if (name == "bnhd") return AxisOrder::BNHD;
+  if (name == "bhnd") return AxisOrder::BHND;
+  throw InvalidArgument(detail::concat("layout must be 'bnhd' or 'bhnd', got '", name, "'"));
+}
+
+template <class Array>
+TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, bool bf16_bits) {
+  check_host(array, name);
+  STSA_CHECK(array.ndim() == 4, InvalidArgument, name, " must have 4 dimensions (",
+             axes == AxisOrder::BNHD ? "[B, N, H, D]" : "[B, H, N, D]", "), got ", array.ndim());
+  TensorView view;
+  view.data = const_cast<void*>(static_cast<const void*>(array.data()));
+  view.dtype = element_type(array.dtype(), name, bf16_bits);
+  for (int axis = 0; axis < 4; ++axis) {
+    view.shape[std::size_t(axis)] = std::int64_t(array.shape(std::size_t(axis)));
+    view.stride[std::size_t(axis)] = std::int64_t(array.stride(std::size_t(axis)));
+  }
+  if (axes == AxisOrder::BHND) {
+    std::swap(view.shape[1], view.shape[2]);
+    std::swap(view.stride[1], view.stride[2]);
+  }
+  return view;
+}
+
+template TensorView tensor_view(const InputArray&, const char*, AxisOrder, bool);
+template TensorView tensor_view(const OutputArray&, const char*, AxisOrder, bool);
+
+LseView lse_view(const OutputArray& array, const char* name) {
+  check_host(array, name);
+  STSA_CHECK(array.ndim() == 3, InvalidArgument, name, " must have 3 dimensions [B, H, N], got ", array.ndim());
+  STSA_CHECK(element_type(array.dtype(), name) == DType::F32, InvalidArgument, name, " must be float32");
+  LseView view;
+  view.data = static_cast<float*>(array.data());
+  for (int axis = 0; axis < 3; ++axis) {
+    view.shape[std::size_t(axis)] = std::int64_t(array.shape(std::size_t(axis)));
+    view.stride[std::size_t(axis)] = std::int64_t(array.stride(std::size_t(axis)));
+  }
+  return view;
+}
+
+}  // namespace stsa::python

@@ -1,0 +1,31 @@
+// Arrays from Python (any DLPack or buffer-protocol array: NumPy, PyTorch CPU
+// tensors, ml_dtypes' bfloat16) as the library's strided views, without copies.
+#pragma once
+
+#include <nanobind/ndarray.h>
+
+#include "stsa/layout.hpp"
+#include "stsa/tensor.hpp"
+
+namespace stsa::python {
+
+using InputArray = nanobind::ndarray<nanobind::ro>;  // read-only arrays are fine for q, k, v
+using OutputArray = nanobind::ndarray<>;             // written: a read-only array is refused
+
+// How the four axes of a Python array map to the library's logical [B, N, H, D].
+enum class AxisOrder { BNHD, BHND };
+AxisOrder parse_axis_order(std::string_view name);  // "bnhd" | "bhnd"
+
+// A 4-D fp32, fp16 or bf16 array in host memory as a logical [B, N, H, D] view
+// (strides in elements, as the array has them). `bf16_bits`: the array is a
+// uint16 view of bfloat16 values (what the Python layer passes for NumPy's
+// ml_dtypes bfloat16, which neither DLPack nor the buffer protocol carries).
+// Throws InvalidArgument naming `name` for another rank or dtype, Unsupported
+// for memory outside the host.
+template <class Array>
+TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, bool bf16_bits);
+
+// A [B, H, N] fp32 array as an LSE view.
+LseView lse_view(const OutputArray& array, const char* name);
+
+}  // namespace stsa::python

@@ -1,0 +1,117 @@
+"""Bad input gets a clear exception (a stsa.Error that is also the built-in kind),
+and nothing the caller gave is written when a call is refused."""
+
+import numpy as np
+import pytest
+
+import stsa
+
+GRID = stsa.VideoGrid(3, 4, 4, text=2)
+
+
+@pytest.fixture
+def qkv(rng):
+    return tuple(rng.standard_normal((1, GRID.tokens, 2, 64)).astype(np.float32) for _ in range(3))
+
+
+def test_exception_hierarchy():
+    assert issubclass(stsa.InvalidArgument, stsa.Error) and issubclass(stsa.InvalidArgument, ValueError)
+    assert issubclass(stsa.Unsupported, stsa.Error) and issubclass(stsa.Unsupported, NotImplementedError)
+    assert issubclass(stsa.ResourceError, stsa.Error) and issubclass(stsa.ResourceError, MemoryError)
+    assert issubclass(stsa.IoError, stsa.Error) and issubclass(stsa.IoError, OSError)
+    assert issubclass(stsa.Error, RuntimeError)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda q, k, v: (q[:, :-1], k, v), "q has shape"),
+        (lambda q, k, v: (q, k[..., :32], v), "k has shape"),
+        (lambda q, k, v: (q.astype(np.float64), k, v), "q must be float32, float16 or bfloat16"),
+        (lambda q, k, v: (q, k, v.astype(np.float16)), "dtype"),
+        (lambda q, k, v: (q[..., 0], k, v), "q must have 4 dimensions"),
+        (lambda q, k, v: (q.tolist(), k, v), "q must have 4 dimensions"),
+        (lambda q, k, v: (q[:, ::-1], k, v), "stride"),
+    ],
+)
+def test_bad_tensors(qkv, change, message):
+    q, k, v = change(*qkv)
+    with pytest.raises(stsa.InvalidArgument, match=message):
+        stsa.attention(q, k, v, GRID)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"mask": "causal"}, stsa.InvalidArgument, "causal"),
+        ({"mask": ["spatial"] * 3}, stsa.InvalidArgument, "one per head"),
+        ({"density": 1.5}, stsa.InvalidArgument, "density"),
+        ({"density": float("nan")}, stsa.InvalidArgument, "density"),
+        ({"scale": 0.0}, stsa.InvalidArgument, "scale must be non-zero"),
+        ({"scale": float("inf")}, stsa.InvalidArgument, "scale"),
+        ({"backend": "tpu"}, stsa.InvalidArgument, "unknown backend 'tpu'"),
+        ({"tile": (128, 100)}, stsa.InvalidArgument, "multiple of 64"),
+        ({"align": "snap"}, stsa.InvalidArgument, "snap"),
+        ({"layout": "nbhd"}, stsa.InvalidArgument, "layout must be 'bnhd' or 'bhnd'"),
+    ],
+)
+def test_bad_options(qkv, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        stsa.attention(*qkv, GRID, **kwargs)
+
+
+def test_bad_grids(qkv):
+    with pytest.raises(stsa.InvalidArgument, match="q has shape"):
+        stsa.attention(*qkv, stsa.VideoGrid(3, 4, 4))  # the tensors have 2 text tokens more
+    with pytest.raises(stsa.InvalidArgument):
+        stsa.VideoGrid(0, 4, 4)
+    with pytest.raises(stsa.InvalidArgument, match="text_placement"):
+        stsa.VideoGrid(3, 4, 4, text=2, text_placement="middle")
+    with pytest.raises(stsa.InvalidArgument, match="grid must be"):
+        stsa.attention(*qkv, "21x45x80")
+    assert stsa.VideoGrid(3, 4, 4, 2) == GRID and "text=2" in repr(GRID)
+
+
+def test_bad_router_and_policy_options(qkv):
+    with pytest.raises(stsa.InvalidArgument, match="samples"):
+        stsa.routed_attention(*qkv, GRID, samples=0)
+    with pytest.raises(stsa.InvalidArgument, match="samples"):
+        stsa.routed_attention(*qkv, GRID, samples=GRID.tokens + 1)
+    with pytest.raises(stsa.InvalidArgument, match="reuse"):
+        stsa.Policy(reuse_steps=0)
+    with pytest.raises(stsa.InvalidArgument):
+        stsa.Policy().attention(*qkv, GRID, step=-1, layer=0)
+
+
+def test_refused_calls_write_nothing(qkv):
+    q, k, v = qkv
+    out = np.full_like(q, 3.0)
+    lse = np.full((1, 2, GRID.tokens), 5.0, dtype=np.float32)
+    for bad in ({"mask": "causal"}, {"density": -0.1}, {"backend": "tpu"}):
+        with pytest.raises(stsa.InvalidArgument):
+            stsa.attention(q, k, v, GRID, out=out, lse=lse, **bad)
+    with pytest.raises(stsa.InvalidArgument):
+        stsa.attention(q, k, v[:, :-1], GRID, out=out, lse=lse)
+    assert np.all(out == 3.0) and np.all(lse == 5.0)
+
+
+def test_outputs_must_be_writable_and_apart_from_the_inputs(qkv):
+    q, k, v = qkv
+    read_only = np.empty_like(q)
+    read_only.flags.writeable = False
+    with pytest.raises(stsa.InvalidArgument, match="out is read-only"):
+        stsa.attention(q, k, v, GRID, out=read_only)
+    with pytest.raises(stsa.InvalidArgument, match="overlaps"):
+        stsa.attention(q, k, v, GRID, out=q)
+    with pytest.raises(stsa.InvalidArgument, match="lse must be float32"):
+        stsa.attention(q, k, v, GRID, lse=np.empty((1, 2, GRID.tokens), dtype=np.float64))
+    with pytest.raises(stsa.InvalidArgument, match="lse must have 3 dimensions"):
+        stsa.attention(q, k, v, GRID, lse=np.empty((2, GRID.tokens), dtype=np.float32))
+    with pytest.raises(stsa.InvalidArgument, match="out must be float32"):
+        stsa.attention(q, k, v, GRID, out=np.empty(q.shape, dtype=np.int32))
+
+
+def test_unsupported_head_dim(rng):
+    q, k, v = (rng.standard_normal((1, GRID.tokens, 1, 72)).astype(np.float32) for _ in range(3))
+    with pytest.raises(stsa.Unsupported, match="head dims"):
+        stsa.attention(q, k, v, GRID)

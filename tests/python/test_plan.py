@@ -1,0 +1,46 @@
+"""stsa.plan: the tile plan's counts against the mask evaluated from its definition."""
+
+import numpy as np
+import pytest
+
+import reference
+import stsa
+
+
+@pytest.mark.parametrize("route", ["dense", "spatial", "temporal", "frames"])
+@pytest.mark.parametrize("tile", [(128, 128), (64, 64), (32, 192)])
+def test_counts_match_the_mask(route, tile):
+    grid = stsa.VideoGrid(5, 7, 9, text=6, text_placement="before")
+    p = stsa.plan(grid, route, 0.3, tile=tile)
+    mask = reference.allowed(grid, route, p["band"], p["frame_radius"], p["anchor"])
+    assert p["tokens"] == grid.tokens == mask.shape[0]
+    assert p["exact_kept_pairs"] == p["kept_pairs"] == mask.sum()
+    assert p["kept_fraction"] == pytest.approx(mask.mean())
+    # Every tile classified from the mask: empty (no pair), full (every pair) or partial.
+    q_tiles, k_tiles = -(-grid.tokens // tile[0]), -(-grid.tokens // tile[1])
+    assert (p["q_tiles"], p["k_tiles"]) == (q_tiles, k_tiles)
+    counts = {"full": 0, "partial": 0, "empty": 0}
+    for i in range(q_tiles):
+        for j in range(k_tiles):
+            block = mask[i * tile[0] : (i + 1) * tile[0], j * tile[1] : (j + 1) * tile[1]]
+            counts["full" if block.all() else "empty" if not block.any() else "partial"] += 1
+    assert (p["tiles_full"], p["tiles_partial"], p["tiles_empty"]) == (
+        counts["full"], counts["partial"], counts["empty"])
+    assert p["order"] == ("spatial-major" if route == "temporal" else "frame-major")
+
+
+def test_density_picks_the_closest_band():
+    grid = stsa.VideoGrid(21, 30, 52)  # Wan2.1 480p
+    p = stsa.plan(grid, "spatial", 0.25)
+    assert abs(p["kept_fraction"] - 0.25) < 1e-3 and p["tile"] == (128, 128)
+    assert stsa.plan(grid, "spatial", 1.0)["kept_fraction"] == 1.0
+
+
+def test_plans_are_cached_and_can_be_freed():
+    grid = stsa.VideoGrid(4, 4, 4)
+    stsa.clear_plan_cache()
+    first = stsa.plan(grid, "temporal", 0.5)
+    second = stsa.plan(grid, "temporal", 0.5)
+    assert second["build_ms"] == first["build_ms"]  # the same plan object, not a rebuild
+    assert "cpu" in stsa.backends() and "reference" in stsa.backends()
+    stsa.clear_plan_cache()

@@ -1,0 +1,105 @@
+"""stsa.routed_attention and stsa.Policy: heads with a known structure are routed
+to it, and every head's output matches the fp64 reference under the mask it ran with."""
+
+import numpy as np
+import pytest
+
+import reference
+import stsa
+
+
+# With 9 frames the symmetric frame-0 anchor keeps 21% of the pairs, so a kept
+# density of 0.4 leaves the bands room (with 5 frames the anchor alone keeps 36%).
+
+
+def structured_heads(rng, grid, head_dim, kinds, sharpness=6.0):
+    """q = k per head from smooth features of the token's position in frame-major
+    order (a spatial head: neighbours in the same frame) or spatial-major order (a
+    temporal head: the same patch in nearby frames); v random. Text tokens get noise."""
+    is_text, frame, patch = reference.coordinates(grid.frames, grid.height, grid.width, grid.text,
+                                                  grid.text_placement == "before")
+    per_frame = grid.height * grid.width
+    positions = {
+        "spatial": frame * per_frame + patch,
+        "temporal": patch * grid.frames + frame,
+    }
+    tokens, heads = grid.tokens, len(kinds)
+    q = np.empty((1, tokens, heads, head_dim), dtype=np.float32)
+    for h, kind in enumerate(kinds):
+        freqs = rng.uniform(0, 2 * np.pi / 24, head_dim // 2)
+        angle = positions[kind][:, None] * freqs[None, :]
+        features = np.concatenate([np.cos(angle), np.sin(angle)], axis=1) * sharpness
+        features[is_text] = rng.standard_normal((int(is_text.sum()), head_dim))
+        q[0, :, h, :] = features
+    k = q.copy()
+    v = rng.standard_normal(q.shape).astype(np.float32)
+    return q, k, v
+
+
+def test_heads_go_to_their_structure(rng):
+    grid = stsa.VideoGrid(9, 6, 6, text=4)
+    kinds = ["spatial", "temporal", "temporal", "spatial"]
+    q, k, v = structured_heads(rng, grid, 64, kinds)
+    out, lse, info = stsa.routed_attention(q, k, v, grid, density=0.4, return_lse=True)
+    assert info["routes"] == kinds
+    assert info["temporal_heads"] == [1, 2]
+    for head, kind in zip(info["heads"], kinds):
+        errors = {c["route"]: c["mse"] for c in head["candidates"]}
+        assert set(errors) == {"spatial", "temporal"}
+        assert errors[kind] < min(e for r, e in errors.items() if r != kind)
+    assert info["routing_ms"] > 0 and info["attention_ms"] > 0 and info["kept_tile_flops"] > 0
+    reference.check(out, q, k, v, reference.head_masks(grid, info["heads"]))
+    assert lse.shape == (1, 4, grid.tokens) and np.all(np.isfinite(lse))
+
+
+def test_unstructured_heads_stay_dense_under_a_strict_bound(rng):
+    grid = stsa.VideoGrid(4, 6, 6)
+    q, k, v = (rng.standard_normal((1, grid.tokens, 2, 64)).astype(np.float32) for _ in range(3))
+    out, info = stsa.routed_attention(q, k, v, grid, density=0.1, max_rel_l2=1e-6)
+    assert info["routes"] == ["dense", "dense"]
+    reference.check(out, q, k, v, reference.head_masks(grid, info["heads"]))
+
+
+def test_frame_window_candidate_when_asked(rng):
+    grid = stsa.VideoGrid(6, 5, 5)
+    q, k, v = structured_heads(rng, grid, 64, ["spatial"])
+    _, info = stsa.routed_attention(q, k, v, grid, try_frames=True, frames_density=0.5)
+    assert {c["route"] for c in info["heads"][0]["candidates"]} == {"spatial", "temporal", "frames"}
+
+
+def test_policy_warm_up_routing_and_reuse(rng):
+    grid = stsa.VideoGrid(9, 6, 6)
+    kinds = ["temporal", "spatial"]
+    q, k, v = structured_heads(rng, grid, 64, kinds)
+    policy = stsa.Policy(dense_steps=1, dense_layers=1, reuse_steps=2, density=0.4)
+
+    assert policy.dense(0, 3) and policy.dense(4, 0) and not policy.dense(1, 1)
+    out, info = policy.attention(q, k, v, grid, step=0, layer=1)  # warm-up step
+    assert info["routes"] == ["dense", "dense"] and policy.cached_count == 0
+    reference.check(out, q, k, v, reference.head_masks(grid, info["heads"]))
+
+    out, info = policy.attention(q, k, v, grid, step=1, layer=1)  # routed, remembered
+    assert info["routes"] == kinds and info["routing_ms"] > 0 and policy.cached_count == 2
+    reference.check(out, q, k, v, reference.head_masks(grid, info["heads"]))
+
+    _, info = policy.attention(q, k, v, grid, step=2, layer=1)  # reused: no routing
+    assert info["routes"] == kinds and info["routing_ms"] == 0
+
+    _, info = policy.attention(q, k, v, grid, step=3, layer=1)  # past reuse_steps: routed again
+    assert info["routes"] == kinds and info["routing_ms"] > 0
+
+    policy.clear()
+    assert policy.cached_count == 0
+
+
+def test_presets():
+    names = [p["name"] for p in stsa.model_presets()]
+    assert "wan2.1-720p" in names and "hunyuan-720p" in names and "cogvideox1.5" in names
+    preset = stsa.model_preset("wan2.1-720p")
+    assert (preset["grid"].frames, preset["grid"].height, preset["grid"].width) == (21, 45, 80)
+    assert preset["grid"].tokens == 75_600 and preset["heads"] == 40 and preset["head_dim"] == 128
+    policy = stsa.Policy.from_preset("wan2.1-720p")
+    steps = preset["policy"]["dense_steps"]
+    assert policy.dense(steps - 1, 5) and not policy.dense(steps, 5)
+    with pytest.raises(stsa.InvalidArgument, match="available: .*wan2.1-480p"):
+        stsa.model_preset("sora")
