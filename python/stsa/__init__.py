@@ -30,7 +30,8 @@ from ._stsa import Error, InvalidArgument, IoError, ResourceError, Unsupported, 
 
 __all__ = [
     "Error", "InvalidArgument", "IoError", "ResourceError", "Unsupported", "VideoGrid", "Policy", "attention",
-    "routed_attention", "plan", "model_presets", "model_preset", "backends", "clear_plan_cache",
+    "routed_attention", "plan", "tile_lists", "token_order", "model_presets", "model_preset", "backends",
+    "clear_plan_cache",
 ]
 
 _DEFAULT_TILE = (128, 128)
@@ -131,6 +132,31 @@ def plan(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = T
     """The tile plan of one mask on ``grid``: tiles full / partial / empty, kept pairs
     (exact, and what the plan computes), pairs rounding changed, size and build time."""
     return _stsa.plan(_grid(grid), mask, density, anchor, *tile, align)
+
+
+def tile_lists(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = True,
+               tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact") -> dict[str, Any]:
+    """The same plan as NumPy arrays, for attention run elsewhere, in the layout of
+    FlexAttention's ``BlockMask.from_kv_blocks`` (add the batch and head axes):
+
+    - ``kv_num_blocks`` [Qt], ``kv_indices`` [Qt, Kt]: per query tile, its partial key tiles;
+    - ``full_kv_num_blocks``, ``full_kv_indices``: its full key tiles (no mask needed);
+    - ``mask_ids`` [Qt, Kt]: the partial tile's element mask in ``masks`` [M, tile_q, tile_k]
+      (bool; -1 where the tile is not partial);
+    - ``order``: the token order the tiles are in ("spatial-major" for a temporal mask:
+      gather the tokens with ``token_order(grid, order)`` first), and ``tile``.
+    """
+    lists = _stsa.tile_lists(_grid(grid), mask, density, anchor, *tile, align)
+    lists["masks"] = lists["masks"].view(bool)  # bytes of 0 or 1 from the module
+    return lists
+
+
+def token_order(grid, order: str = "spatial-major"):
+    """[N] int64: the frame-major position of the token at each position of ``order``, so
+    ``x[:, token_order(grid)]`` gathers a frame-major [B, N, ...] tensor into spatial-major
+    order (frame 0 kept in front; text tokens stay where they are) and
+    ``y[:, token_order(grid)] = x_permuted`` scatters it back."""
+    return _stsa.token_order(_grid(grid), order)
 
 
 def model_presets() -> list[dict[str, Any]]:

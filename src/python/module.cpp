@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "plan_arrays.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/error.hpp"
 #include "stsa/plan.hpp"
@@ -96,6 +97,15 @@ RouterOptions one_density(double density, bool anchor) {
   options.anchor = anchor;
   options.validate();
   return options;
+}
+
+// The cached plan of the mask `mask` names, sized to `density`.
+std::shared_ptr<const TilePlan> plan_of(const VideoGrid& grid, const std::string& mask, double density, bool anchor,
+                                        std::int32_t tile_q, std::int32_t tile_k, const std::string& align) {
+  const MaskSpec spec = route_spec(grid, parse_route(mask), one_density(density, anchor));
+  TileShape tile{tile_q, tile_k};
+  tile.validate();
+  return plan_cache().get(grid, spec, tile, parse_alignment(align));
 }
 
 // A mask as plain values: its kind, the band or frame radius it was sized to, and a description.
@@ -362,13 +372,23 @@ NB_MODULE(_stsa, m) {
   m.def(
       "plan",
       [](const VideoGrid& grid, const std::string& mask, double density, bool anchor, std::int32_t tile_q,
-         std::int32_t tile_k, const std::string& align) {
-        const MaskSpec spec = route_spec(grid, parse_route(mask), one_density(density, anchor));
-        TileShape tile{tile_q, tile_k};
-        tile.validate();
-        return plan_dict(*plan_cache().get(grid, spec, tile, parse_alignment(align)));
-      },
+         std::int32_t tile_k,
+         const std::string& align) { return plan_dict(*plan_of(grid, mask, density, anchor, tile_q, tile_k, align)); },
       "grid"_a, "mask"_a, "density"_a, "anchor"_a, "tile_q"_a, "tile_k"_a, "align"_a);
+  m.def(
+      "tile_lists",
+      [](const VideoGrid& grid, const std::string& mask, double density, bool anchor, std::int32_t tile_q,
+         std::int32_t tile_k,
+         const std::string& align) { return tile_lists(*plan_of(grid, mask, density, anchor, tile_q, tile_k, align)); },
+      "grid"_a, "mask"_a, "density"_a, "anchor"_a, "tile_q"_a, "tile_k"_a, "align"_a);
+  m.def(
+      "token_order",
+      [](const VideoGrid& grid, const std::string& order) {
+        STSA_CHECK(order == "frame-major" || order == "spatial-major", InvalidArgument,
+                   "order must be 'frame-major' or 'spatial-major', got '", order, "'");
+        return token_order(grid, order == "frame-major" ? TokenOrder::FrameMajor : TokenOrder::SpatialMajor);
+      },
+      "grid"_a, "order"_a);
 
   m.def("model_presets", [] {
     nb::list presets;

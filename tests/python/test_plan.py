@@ -44,3 +44,46 @@ def test_plans_are_cached_and_can_be_freed():
     assert second["build_ms"] == first["build_ms"]  # the same plan object, not a rebuild
     assert "cpu" in stsa.backends() and "reference" in stsa.backends()
     stsa.clear_plan_cache()
+
+
+@pytest.mark.parametrize("route", ["spatial", "temporal", "frames", "dense"])
+@pytest.mark.parametrize("align", ["exact", "round"])
+def test_tile_lists_rebuild_the_mask(route, align):
+    grid = stsa.VideoGrid(4, 5, 7, text=3)
+    tile = (32, 64)
+    lists = stsa.tile_lists(grid, route, 0.35, tile=tile, align=align)
+    p = stsa.plan(grid, route, 0.35, tile=tile, align=align)
+    n, (tq, tk) = grid.tokens, tile
+    # Every pair the lists keep: full tiles whole, partial tiles through their element mask.
+    kept = np.zeros((n, n), dtype=bool)
+    for row in range(lists["kv_num_blocks"].shape[0]):
+        rows = slice(row * tq, min((row + 1) * tq, n))
+        for col in lists["full_kv_indices"][row, : lists["full_kv_num_blocks"][row]]:
+            kept[rows, col * tk : (col + 1) * tk] = True
+        for col in lists["kv_indices"][row, : lists["kv_num_blocks"][row]]:
+            mask = lists["masks"][lists["mask_ids"][row, col]]
+            block = kept[rows, col * tk : (col + 1) * tk]
+            block[:] = mask[: block.shape[0], : block.shape[1]]
+    assert kept.sum() == p["kept_pairs"]
+    assert lists["order"] == p["order"] and lists["tile"] == tile
+    # In the plan's token order, the mask from its definition (exact plans keep exactly it).
+    order = stsa.token_order(grid, lists["order"])
+    truth = reference.allowed(grid, route, p["band"], p["frame_radius"])[np.ix_(order, order)]
+    if align == "exact":
+        assert np.array_equal(kept, truth)
+    else:
+        assert lists["kv_num_blocks"].sum() == 0
+        assert np.count_nonzero(kept != truth) == p["changed_pairs"]
+
+
+def test_token_order_gathers_and_scatters():
+    grid = stsa.VideoGrid(3, 2, 3, text=2, text_placement="before")
+    order = stsa.token_order(grid, "spatial-major")
+    assert sorted(order) == list(range(grid.tokens))
+    assert np.array_equal(stsa.token_order(grid, "frame-major"), np.arange(grid.tokens))
+    is_text, frame, patch = reference.coordinates(3, 2, 3, 2, True)
+    # Text first, then frame 0 as a block, then each patch's frames 1 and 2 side by side.
+    assert list(order[:2]) == [0, 1] and list(frame[order[2:8]]) == [0] * 6
+    assert list(zip(patch[order[8:]], frame[order[8:]])) == [(p, f) for p in range(6) for f in (1, 2)]
+    with pytest.raises(stsa.InvalidArgument, match="order must be"):
+        stsa.token_order(grid, "patch-major")
