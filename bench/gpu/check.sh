@@ -23,7 +23,9 @@
 #      they left, at least 80 s in all);
 #   7. if time is left: the CLI's `stsa bench --backend cuda` (checked against
 #      the fp64 reference) and `stsa route --backend cuda` (against the CPU
-#      backend on the same heads; its figures go to check.log), Nsight Compute (when ncu is there) on one sparse
+#      backend on the same heads; its figures go to check.log), the Python package with torch
+#      tensors on the GPU (tests/python/test_torch.py; nanobind and pytest from build-gpu-deps/python),
+#      Nsight Compute (when ncu is there) on one sparse
 #      call (STSA_CHECK_PROFILE_SHAPE, 45x80 = 720p; STSA_CHECK_PROFILE_DENSITY,
 #      0.5) of the first kernel and of each of its variants in the table (e.g.
 #      +heavy-first+snake, +balanced) and on the routing kernels, and the demo
@@ -126,9 +128,27 @@ if [ -n "$CUOBJDUMP" ] && [ -f "$SM90_OBJECT" ]; then
     /HGMMA/ { h[name]++ } /LDL|STL/ { l[name]++ }
     END { for (n in h) printf "  %s: %d HGMMA, %d LDL/STL\n", n, h[n], l[n] }' | sort | head -n 12 || true
 fi
+# The Python package (its nanobind and pytest come from build-gpu-deps/python,
+# given to these commands alone: torch's own imports must not meet them), in a
+# configure of its own that may fail alone: then it is switched off again.
+PYTHON_TARGET=""
+if [ -d "$DEPS/python" ]; then
+  if PYTHONPATH="$DEPS/python" cmake -S "$ROOT" -B "$BUILD" -DSTSA_PYTHON=AUTO \
+    -DPython_EXECUTABLE="$(command -v python3)" > "$BUILD/build_python.log" 2>&1 &&
+    grep -q "stsa_python" "$BUILD/build.ninja"; then
+    PYTHON_TARGET=stsa_python
+  else
+    echo "(the Python package is not built here: $(grep -m1 "Python package" "$BUILD/build_python.log" || echo configure failed))"
+    cmake -S "$ROOT" -B "$BUILD" -DSTSA_PYTHON=OFF >> "$BUILD/build_python.log" 2>&1 || true
+  fi
+fi
 # The CLI (the README's main job, `stsa bench --backend cuda`) builds in the
-# background while the tests run; it is checked last, with the time left.
-( timeout 300 cmake --build "$BUILD" -j8 --target stsa_cli > "$OUT/build_cli.log" 2>&1 ) &
+# background while the tests run, then the Python module; they are checked
+# last, with the time left. The job's status is the CLI's.
+( timeout 300 cmake --build "$BUILD" -j8 --target stsa_cli > "$OUT/build_cli.log" 2>&1
+  rc=$?
+  if [ -n "$PYTHON_TARGET" ]; then timeout 120 cmake --build "$BUILD" -j8 --target stsa_python >> "$BUILD/build_python.log" 2>&1; fi
+  exit $rc ) &
 CLI_BUILD_PID=$!
 
 step "Hopper kernels smoke test (60 s limit each)"
@@ -321,6 +341,20 @@ if wait "$CLI_BUILD_PID"; then
 else
   tail -n 20 "$OUT/build_cli.log"
   FAILED+=("cli_build")
+fi
+# The Python package on this GPU: torch tensors on the CPU and CUDA backends
+# against the fp64 NumPy reference (tests/python/test_torch.py; routing, gather,
+# fused scatter and attention on the GPU, on a side stream too).
+if ! compgen -G "$BUILD/python/stsa/_stsa*.so" > /dev/null; then
+  echo "python_torch skipped: no module (${PYTHON_TARGET:-not configured}; build_python.log)"
+  tail -n 5 "$BUILD/build_python.log" 2> /dev/null || true
+elif [ $(( HARD_S - $(elapsed) )) -ge 40 ]; then
+  # build-gpu-deps/python after site-packages: an installed pytest wins, and torch's imports never see ours.
+  run_step python_torch timeout $(( HARD_S - $(elapsed) - 10 )) env PYTHONPATH="$BUILD/python" \
+    PYTHONDONTWRITEBYTECODE=1 python3 -c "import sys; sys.path.append('$DEPS/python'); import pytest; \
+    sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rs', '$ROOT/tests/python/test_torch.py']))"
+else
+  echo "python_torch skipped: $(elapsed) s used"
 fi
 # What the next optimisation should aim at: Nsight Compute on one sparse call
 # of the first kernel left (the expected fastest) and of each of its variants

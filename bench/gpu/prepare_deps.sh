@@ -3,8 +3,10 @@
 # build dependencies that the GPU machine's image may lack (CLI11 and
 # nlohmann-json headers with their CMake configs, libpng and zlib headers and
 # shared libraries, GoogleTest sources) into build-gpu-deps/, which .gitignore
-# covers (/build*/). Name it in the device tool's `carry`; check.sh uses it
-# when present. About 6 MB.
+# covers (/build*/), and the pure-Python packages the Python package's build and
+# tests need (nanobind, pytest and its imports; pip, so this needs the network)
+# into build-gpu-deps/python. Name it in the device tool's `carry`; check.sh uses
+# it when present. About 16 MB.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DEPS="$ROOT/build-gpu-deps"
@@ -19,4 +21,9 @@ cp -r /usr/include/png.h /usr/include/pngconf.h /usr/include/pnglibconf.h /usr/i
 # Plain copies under every name the linker or loader asks for (links may not travel).
 for name in libpng16.so.16 libpng16.so libpng.so; do cp -L "$LIB/libpng16.so.16" "$DEPS/prefix/lib/$name"; done
 for name in libz.so.1 libz.so; do cp -L "$LIB/libz.so.1" "$DEPS/prefix/lib/$name"; done
+# Wheels for any Python 3 (the GPU image's version is not known here), unpacked for PYTHONPATH.
+python3 -m pip download -q --only-binary :all: --python-version 3.10 --implementation py --abi none \
+  --platform any -d "$DEPS/wheels" nanobind pytest exceptiongroup tomli
+for wheel in "$DEPS"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$DEPS/python"; done
+rm -rf "$DEPS/wheels"
 du -sh "$DEPS"

@@ -1,13 +1,16 @@
 """stsa: spatio-temporal sparse attention for video diffusion transformers.
 
-Arrays are NumPy arrays or PyTorch CPU tensors (anything that speaks DLPack or
-the buffer protocol), float32, float16 or bfloat16, addressed as [B, N, H, D]
+Arrays are NumPy arrays or PyTorch tensors (anything that speaks DLPack or the
+buffer protocol), float32, float16 or bfloat16, addressed as [B, N, H, D]
 (``layout="bnhd"``) or [B, H, N, D] (``layout="bhnd"``), with any strides; tokens
 come in frame-major order (frame, row, column), text tokens before or after the
 video as the grid says. Nothing is copied: the library reads the inputs where
 they are and writes ``out`` (allocated like ``q`` in its own framework when not
 given). Accumulation is fp32; ``lse`` is the natural-log sum of exp per row,
-[B, H, N] float32.
+[B, H, N] float32. Host arrays run on the CPU backend, CUDA arrays on the CUDA
+backend (bf16 or fp16, head dims 64 and 128; routing, permutation and attention
+all on the GPU, enqueued on torch's current stream or ``stream``, returning when
+the outputs are written); ``backend`` names another ("reference": fp64 loops).
 
     import stsa
     grid = stsa.VideoGrid(frames=21, height=30, width=52)          # Wan2.1 480p latents
@@ -23,6 +26,7 @@ NotImplementedError, ``stsa.ResourceError`` a MemoryError.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 from . import _stsa
@@ -39,7 +43,8 @@ _DEFAULT_TILE = (128, 128)
 
 def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: float = 0.25, *, anchor: bool = True,
               layout: str = "bnhd", out=None, lse=None, return_lse: bool = False, scale: float | None = None,
-              backend: str = "cpu", tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
+              backend: str | None = None, stream: int | None = None, tile: tuple[int, int] = _DEFAULT_TILE,
+              align: str = "exact"):
     """Sparse attention with the mask you name, for every head or one per head.
 
     mask: "dense", "spatial" (a band in frame-major order), "temporal" (a band in
@@ -49,12 +54,15 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     all keys and every query attends to frame 0; text tokens are dense.
     align="round" turns every partial tile full or empty (``plan()`` reports
     how many pairs that changed). Returns ``out``, or ``(out, lse)`` when
-    ``return_lse`` or ``lse`` is given.
+    ``return_lse`` or ``lse`` is given. ``backend``: "cpu" or "reference" for host
+    arrays, "cuda" for CUDA arrays (None: where the arrays are); ``stream``: the
+    cudaStream_t of a GPU call (None: torch's current stream, else the default).
     """
     masks = [mask] if isinstance(mask, str) else list(mask)
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
-    _stsa.attention(*_tensors(q, k, v, out, lse), _grid(grid), masks, density, anchor, _scale(scale), backend, *tile,
-                    align, layout)
+    with _device_of(q):
+        _stsa.attention(*_tensors(q, k, v, out, lse), _grid(grid), masks, density, anchor, _scale(scale),
+                        backend or "", _stream(q, stream), *tile, align, layout)
     return (out, lse) if want_lse else out
 
 
@@ -62,8 +70,8 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
                      temporal_density: float | None = None, frames_density: float | None = None,
                      try_frames: bool = False, samples: int = 64, seed: int = 1, max_rel_l2: float = 0.5,
                      anchor: bool = True, layout: str = "bnhd", out=None, lse=None, return_lse: bool = False,
-                     scale: float | None = None, backend: str = "cpu", tile: tuple[int, int] = _DEFAULT_TILE,
-                     align: str = "exact"):
+                     scale: float | None = None, backend: str | None = None, stream: int | None = None,
+                     tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
     """Routes every head online, then runs each with its mask.
 
     For each head, ``samples`` query rows spread over all frames get their exact
@@ -75,9 +83,11 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     routing, permutation and attention times in ms.
     """
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
-    info = _stsa.routed_attention(*_tensors(q, k, v, out, lse), _grid(grid), samples, _or(spatial_density, density),
-                                  _or(temporal_density, density), _or(frames_density, density), try_frames,
-                                  max_rel_l2, anchor, seed, _scale(scale), backend, *tile, align, layout)
+    with _device_of(q):
+        info = _stsa.routed_attention(*_tensors(q, k, v, out, lse), _grid(grid), samples,
+                                      _or(spatial_density, density), _or(temporal_density, density),
+                                      _or(frames_density, density), try_frames, max_rel_l2, anchor, seed,
+                                      _scale(scale), backend or "", _stream(q, stream), *tile, align, layout)
     return (out, lse, info) if want_lse else (out, info)
 
 
@@ -118,12 +128,13 @@ class Policy:
         self._policy.clear()
 
     def attention(self, q, k, v, grid, step: int, layer: int, *, layout: str = "bnhd", out=None, lse=None,
-                  return_lse: bool = False, scale: float | None = None, backend: str = "cpu",
-                  tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
+                  return_lse: bool = False, scale: float | None = None, backend: str | None = None,
+                  stream: int | None = None, tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
         """One layer's self-attention at one step; returns ``(out, info)`` or ``(out, lse, info)``."""
         out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
-        info = self._policy.attention(*_tensors(q, k, v, out, lse), _grid(grid), step, layer, _scale(scale),
-                                      backend, *tile, align, layout)
+        with _device_of(q):
+            info = self._policy.attention(*_tensors(q, k, v, out, lse), _grid(grid), step, layer, _scale(scale),
+                                          backend or "", _stream(q, stream), *tile, align, layout)
         return (out, lse, info) if want_lse else (out, info)
 
 
@@ -201,6 +212,32 @@ def _scale(scale: float | None) -> float:
     if scale == 0:
         raise InvalidArgument("scale must be non-zero (None means 1 / sqrt(head_dim))")
     return float(scale)
+
+
+def _is_torch_cuda(array) -> bool:
+    return type(array).__module__.split(".")[0] == "torch" and array.device.type == "cuda"
+
+
+def _device_of(array):
+    """The CUDA device of a torch tensor made current for the call (the library
+    works on the current device); nothing to do for other arrays."""
+    if _is_torch_cuda(array):
+        import torch
+
+        return torch.cuda.device(array.device)
+    return contextlib.nullcontext()
+
+
+def _stream(array, stream: int | None) -> int:
+    """The stream a GPU call is enqueued on: the one given, else torch's current
+    stream for a torch CUDA tensor, else the default stream (0)."""
+    if stream is not None:
+        return int(stream)
+    if _is_torch_cuda(array):
+        import torch
+
+        return torch.cuda.current_stream(array.device).cuda_stream
+    return 0
 
 
 def _tensors(q, k, v, out, lse):

@@ -18,6 +18,7 @@
 #include "stsa/policy.hpp"
 #include "stsa/routed.hpp"
 #include "stsa/router.hpp"
+#include "targets.hpp"
 #include "tensor_args.hpp"
 
 namespace nb = nanobind;
@@ -53,6 +54,23 @@ struct Tensors {
     return std::find(bf16_bits.begin(), bf16_bits.end(), name) != bf16_bits.end();
   }
 };
+
+// Where all of a call's arrays are: one place, or InvalidArgument naming the first that differs.
+Placement call_placement(const Tensors& t) {
+  const Placement place = placement_of(t.q, "q");
+  auto same = [&](const auto& array, const char* name) {
+    const Placement other = placement_of(array, name);
+    STSA_CHECK(other == place, InvalidArgument, name, " is in ",
+               other.gpu ? detail::concat("CUDA device ", other.device, "'s memory") : std::string("host memory"),
+               " and q in ", place.gpu ? detail::concat("CUDA device ", place.device, "'s") : std::string("host"),
+               " memory: a call's arrays must all be in one place");
+  };
+  same(t.k, "k");
+  same(t.v, "v");
+  same(t.o, "out");
+  if (t.lse) same(*t.lse, "lse");
+  return place;
+}
 
 RoutedCall routed_call(const Tensors& t, const VideoGrid& grid, const std::string& layout, float scale) {
   const AxisOrder axes = parse_axis_order(layout);
@@ -204,11 +222,10 @@ nb::dict preset_dict(const ModelPreset& p) {
 
 // Given masks, one name for every head or one per head.
 nb::dict attention(const Tensors& t, const VideoGrid& grid, const std::vector<std::string>& masks, double density,
-                   bool anchor, float scale, const std::string& backend_name, std::int32_t tile_q, std::int32_t tile_k,
+                   bool anchor, float scale, const Target& target, std::int32_t tile_q, std::int32_t tile_k,
                    const std::string& align, const std::string& layout) {
   const RoutedCall call = routed_call(t, grid, layout, scale);
   const RoutedOptions options = routed_options(tile_q, tile_k, align);
-  const Backend& backend = stsa::backend(backend_name);
   const std::int64_t heads = call.layout.heads;
   STSA_CHECK(masks.size() == 1 || std::int64_t(masks.size()) == heads, InvalidArgument,
              "mask must name one mask for every head or one per head (", heads, "), got ", masks.size());
@@ -218,18 +235,15 @@ nb::dict attention(const Tensors& t, const VideoGrid& grid, const std::vector<st
     decisions[h].route = parse_route(masks[masks.size() == 1 ? 0 : h]);
     decisions[h].spec = route_spec(grid, decisions[h].route, densities);
   }
-  return result_dict(
-      without_gil([&] { return run_routed(backend, plan_cache(), call, std::move(decisions), options); }));
+  return result_dict(without_gil([&] { return run_given(target, plan_cache(), call, std::move(decisions), options); }));
 }
 
 nb::dict routed_attention(const Tensors& t, const VideoGrid& grid, const RouterOptions& router, float scale,
-                          const std::string& backend_name, std::int32_t tile_q, std::int32_t tile_k,
-                          const std::string& align, const std::string& layout) {
+                          const Target& target, std::int32_t tile_q, std::int32_t tile_k, const std::string& align,
+                          const std::string& layout) {
   const RoutedCall call = routed_call(t, grid, layout, scale);
   const RoutedOptions options = routed_options(tile_q, tile_k, align);
-  const Backend& backend = stsa::backend(backend_name);
-  return result_dict(
-      without_gil([&] { return stsa::routed_attention(backend, plan_cache(), call, Router(router), options); }));
+  return result_dict(without_gil([&] { return run_routing(target, plan_cache(), call, Router(router), options); }));
 }
 
 // Python exceptions that keep the library's hierarchy (stsa.Error) and the
@@ -310,29 +324,31 @@ NB_MODULE(_stsa, m) {
       "attention",
       [](InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
          const std::vector<std::string>& bf16_bits, const VideoGrid& grid, const std::vector<std::string>& masks,
-         double density, bool anchor, float scale, const std::string& backend, std::int32_t tile_q, std::int32_t tile_k,
-         const std::string& align, const std::string& layout) {
-        return attention({q, k, v, out, lse, bf16_bits}, grid, masks, density, anchor, scale, backend, tile_q, tile_k,
-                         align, layout);
+         double density, bool anchor, float scale, const std::string& backend, std::uintptr_t stream,
+         std::int32_t tile_q, std::int32_t tile_k, const std::string& align, const std::string& layout) {
+        const Tensors t{q, k, v, out, lse, bf16_bits};
+        return attention(t, grid, masks, density, anchor, scale, target_for(backend, call_placement(t), stream), tile_q,
+                         tile_k, align, layout);
       },
-      STSA_TENSOR_ARGS, "grid"_a, "masks"_a, "density"_a, "anchor"_a, "scale"_a, "backend"_a, "tile_q"_a, "tile_k"_a,
-      "align"_a, "layout"_a);
+      STSA_TENSOR_ARGS, "grid"_a, "masks"_a, "density"_a, "anchor"_a, "scale"_a, "backend"_a, "stream"_a, "tile_q"_a,
+      "tile_k"_a, "align"_a, "layout"_a);
 
   m.def(
       "routed_attention",
       [](InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
          const std::vector<std::string>& bf16_bits, const VideoGrid& grid, int samples, double spatial_density,
          double temporal_density, double frames_density, bool try_frames, double max_rel_l2, bool anchor,
-         std::uint64_t seed, float scale, const std::string& backend, std::int32_t tile_q, std::int32_t tile_k,
-         const std::string& align, const std::string& layout) {
+         std::uint64_t seed, float scale, const std::string& backend, std::uintptr_t stream, std::int32_t tile_q,
+         std::int32_t tile_k, const std::string& align, const std::string& layout) {
         const RouterOptions router = router_options(samples, spatial_density, temporal_density, frames_density,
                                                     try_frames, max_rel_l2, anchor, seed);
-        return routed_attention({q, k, v, out, lse, bf16_bits}, grid, router, scale, backend, tile_q, tile_k, align,
-                                layout);
+        const Tensors t{q, k, v, out, lse, bf16_bits};
+        return routed_attention(t, grid, router, scale, target_for(backend, call_placement(t), stream), tile_q, tile_k,
+                                align, layout);
       },
       STSA_TENSOR_ARGS, "grid"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a, "frames_density"_a,
-      "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a, "scale"_a, "backend"_a, "tile_q"_a, "tile_k"_a, "align"_a,
-      "layout"_a);
+      "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a, "scale"_a, "backend"_a, "stream"_a, "tile_q"_a, "tile_k"_a,
+      "align"_a, "layout"_a);
 
   nb::class_<Policy>(m, "Policy")
       .def(
@@ -358,16 +374,17 @@ NB_MODULE(_stsa, m) {
           "attention",
           [](Policy& policy, InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
              const std::vector<std::string>& bf16_bits, const VideoGrid& grid, std::int64_t step, std::int64_t layer,
-             float scale, const std::string& backend_name, std::int32_t tile_q, std::int32_t tile_k,
+             float scale, const std::string& backend, std::uintptr_t stream, std::int32_t tile_q, std::int32_t tile_k,
              const std::string& align, const std::string& layout) {
-            const RoutedCall call = routed_call({q, k, v, out, lse, bf16_bits}, grid, layout, scale);
+            const Tensors t{q, k, v, out, lse, bf16_bits};
+            const Target target = target_for(backend, call_placement(t), stream);
+            const RoutedCall call = routed_call(t, grid, layout, scale);
             const RoutedOptions options = routed_options(tile_q, tile_k, align);
-            const Backend& backend = stsa::backend(backend_name);
-            return result_dict(without_gil(
-                [&] { return policy_attention(backend, plan_cache(), policy, call, step, layer, options); }));
+            return result_dict(
+                without_gil([&] { return run_policy(target, plan_cache(), policy, call, step, layer, options); }));
           },
-          STSA_TENSOR_ARGS, "grid"_a, "step"_a, "layer"_a, "scale"_a, "backend"_a, "tile_q"_a, "tile_k"_a, "align"_a,
-          "layout"_a);
+          STSA_TENSOR_ARGS, "grid"_a, "step"_a, "layer"_a, "scale"_a, "backend"_a, "stream"_a, "tile_q"_a, "tile_k"_a,
+          "align"_a, "layout"_a);
 
   m.def(
       "plan",

@@ -7,13 +7,6 @@ namespace nb = nanobind;
 namespace stsa::python {
 namespace {
 
-template <class Array>
-void check_host(const Array& array, const char* name) {
-  STSA_CHECK(array.device_type() == nb::device::cpu::value, Unsupported, name,
-             " is not in host memory (DLPack device type ", array.device_type(),
-             "): the Python package runs the CPU backends; pass a CPU array");
-}
-
 DType element_type(const nb::dlpack::dtype& t, const char* name, bool bf16_bits = false) {
   using Code = nb::dlpack::dtype_code;
   if (bf16_bits) {
@@ -30,6 +23,17 @@ DType element_type(const nb::dlpack::dtype& t, const char* name, bool bf16_bits 
 
 }  // namespace
 
+template <class Array>
+Placement placement_of(const Array& array, const char* name) {
+  if (array.device_type() == nb::device::cpu::value) return {};
+  STSA_CHECK(array.device_type() == nb::device::cuda::value, Unsupported, name, " is in memory of DLPack device type ",
+             array.device_type(), ": stsa takes host (CPU) and CUDA arrays");
+  return {true, array.device_id()};
+}
+
+template Placement placement_of(const InputArray&, const char*);
+template Placement placement_of(const OutputArray&, const char*);
+
 AxisOrder parse_axis_order(std::string_view name) {
   if (name == "bnhd") return AxisOrder::BNHD;
   if (name == "bhnd") return AxisOrder::BHND;
@@ -38,7 +42,6 @@ AxisOrder parse_axis_order(std::string_view name) {
 
 template <class Array>
 TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, bool bf16_bits) {
-  check_host(array, name);
   STSA_CHECK(array.ndim() == 4, InvalidArgument, name, " must have 4 dimensions (",
              axes == AxisOrder::BNHD ? "[B, N, H, D]" : "[B, H, N, D]", "), got ", array.ndim());
   TensorView view;
@@ -59,7 +62,6 @@ template TensorView tensor_view(const InputArray&, const char*, AxisOrder, bool)
 template TensorView tensor_view(const OutputArray&, const char*, AxisOrder, bool);
 
 LseView lse_view(const OutputArray& array, const char* name) {
-  check_host(array, name);
   STSA_CHECK(array.ndim() == 3, InvalidArgument, name, " must have 3 dimensions [B, H, N], got ", array.ndim());
   STSA_CHECK(element_type(array.dtype(), name) == DType::F32, InvalidArgument, name, " must be float32");
   LseView view;

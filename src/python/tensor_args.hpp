@@ -1,8 +1,11 @@
-// Arrays from Python (any DLPack or buffer-protocol array: NumPy, PyTorch CPU
-// tensors, ml_dtypes' bfloat16) as the library's strided views, without copies.
+// Arrays from Python (any DLPack or buffer-protocol array: NumPy, PyTorch
+// tensors on the CPU or a GPU, ml_dtypes' bfloat16) as the library's strided
+// views, without copies.
 #pragma once
 
 #include <nanobind/ndarray.h>
+
+#include <cstdint>
 
 #include "stsa/layout.hpp"
 #include "stsa/tensor.hpp"
@@ -16,12 +19,21 @@ using OutputArray = nanobind::ndarray<>;             // written: a read-only arr
 enum class AxisOrder { BNHD, BHND };
 AxisOrder parse_axis_order(std::string_view name);  // "bnhd" | "bhnd"
 
-// A 4-D fp32, fp16 or bf16 array in host memory as a logical [B, N, H, D] view
+// Where an array's memory is: the host, or one CUDA device.
+struct Placement {
+  bool gpu = false;
+  std::int32_t device = 0;  // the CUDA device, when gpu
+  bool operator==(const Placement&) const = default;
+};
+// Throws Unsupported for memory that is neither (another DLPack device type).
+template <class Array>
+Placement placement_of(const Array& array, const char* name);
+
+// A 4-D fp32, fp16 or bf16 array as a logical [B, N, H, D] view
 // (strides in elements, as the array has them). `bf16_bits`: the array is a
 // uint16 view of bfloat16 values (what the Python layer passes for NumPy's
 // ml_dtypes bfloat16, which neither DLPack nor the buffer protocol carries).
-// Throws InvalidArgument naming `name` for another rank or dtype, Unsupported
-// for memory outside the host.
+// Throws InvalidArgument naming `name` for another rank or dtype.
 template <class Array>
 TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, bool bf16_bits);
 

@@ -115,3 +115,9 @@ def test_unsupported_head_dim(rng):
     q, k, v = (rng.standard_normal((1, GRID.tokens, 1, 72)).astype(np.float32) for _ in range(3))
     with pytest.raises(stsa.Unsupported, match="head dims"):
         stsa.attention(q, k, v, GRID)
+
+
+def test_backend_must_reach_the_arrays(qkv):
+    # Host arrays: "cuda" is refused by name (a build without it does not know it; one with it takes CUDA arrays).
+    with pytest.raises(stsa.InvalidArgument, match="cuda"):
+        stsa.attention(*qkv, GRID, backend="cuda")

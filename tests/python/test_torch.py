@@ -1,8 +1,10 @@
-"""PyTorch tensors in and out (where torch is installed; CI's venv has none, the GPU
-machine's image has it): CPU tensors are read in place through DLPack, the output
-comes back as a tensor, and a CUDA tensor is refused."""
+"""PyTorch tensors in and out, where torch is installed (CI's venv has none; the GPU
+machine's image has it and bench/gpu/check.sh runs this file there): CPU tensors on
+the CPU backend, CUDA tensors on the CUDA backend, read in place through DLPack,
+the output a tensor on the inputs' device, checked against the fp64 reference."""
 
-import ml_dtypes
+import os
+
 import numpy as np
 import pytest
 
@@ -11,26 +13,53 @@ import stsa
 
 torch = pytest.importorskip("torch")
 
-NUMPY_TWIN = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: ml_dtypes.bfloat16}
+TYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def require_gpu():
+    """Skips a GPU test where there is no CUDA device or backend; fails it instead under
+    STSA_GPU_REQUIRED=1 (bench/gpu/check.sh), where a skip would hide a broken setup."""
+    if torch.cuda.is_available() and "cuda" in stsa.backends():
+        return
+    why = "no CUDA device, or a build without the CUDA backend"
+    if os.environ.get("STSA_GPU_REQUIRED") == "1":
+        pytest.fail(why + " (STSA_GPU_REQUIRED=1)")
+    pytest.skip(why)
+
+
+def masks_for(grid, routes, density):
+    masks = []
+    for route in routes:
+        p = stsa.plan(grid, route, density)
+        masks.append(reference.allowed(grid, route, p["band"], p["frame_radius"]))
+    return masks
+
+
+def check(out, q, k, v, masks, lse=None):
+    """reference.check on host copies: the inputs as the kernel read them, the output's
+    values in fp32 (exact for every output type), rounded to its type by torch."""
+    host = [x.float().cpu().numpy() for x in (q, k, v)]
+    reference.check(out.float().cpu().numpy(), *host, masks, lse=None if lse is None else lse.cpu().numpy(),
+                    out_type=TYPE_NAMES[out.dtype],
+                    round_to_out=lambda x: torch.from_numpy(x).to(out.dtype).float().numpy())
+
+
+def random_qkv(rng, grid, heads, head_dim, dtype, device="cpu"):
+    arrays = [rng.standard_normal((1, grid.tokens, heads, head_dim)).astype(np.float32) for _ in range(3)]
+    return tuple(torch.from_numpy(a).to(device=device, dtype=dtype) for a in arrays)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_cpu_tensors(dtype, rng):
     grid = stsa.VideoGrid(3, 4, 6, text=5)
-    arrays = [rng.standard_normal((1, grid.tokens, 2, 64)).astype(np.float32) for _ in range(3)]
-    q, k, v = (torch.from_numpy(a).to(dtype) for a in arrays)
+    q, k, v = random_qkv(rng, grid, 2, 64, dtype)
     out, lse = stsa.attention(q, k, v, grid, ["temporal", "spatial"], 0.3, return_lse=True)
     assert isinstance(out, torch.Tensor) and out.dtype == dtype and out.device.type == "cpu"
     assert lse.dtype == torch.float32 and tuple(lse.shape) == (1, 2, grid.tokens)
-    masks = []
-    for route in ("temporal", "spatial"):
-        p = stsa.plan(grid, route, 0.3)
-        masks.append(reference.allowed(grid, route, p["band"], p["frame_radius"]))
-    rounded = [x.float().numpy() for x in (q, k, v)]  # the inputs as the kernel saw them
-    reference.check(out.float().numpy().astype(NUMPY_TWIN[dtype]), *rounded, masks, lse=lse.numpy())
+    check(out, q, k, v, masks_for(grid, ["temporal", "spatial"], 0.3), lse)
 
 
-def test_head_major_view_of_a_tensor(rng):
+def test_head_major_view_of_a_tensor():
     grid = stsa.VideoGrid(4, 4, 4)
     q, k, v = (torch.randn(1, 3, grid.tokens, 64) for _ in range(3))  # [B, H, N, D]
     out = stsa.attention(q, k, v, grid, "spatial", 0.5, layout="bhnd")
@@ -38,9 +67,51 @@ def test_head_major_view_of_a_tensor(rng):
     assert torch.equal(out.transpose(1, 2), same)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_tensors_are_refused():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_cuda_tensors(dtype, head_dim, rng):
+    require_gpu()
+    grid = stsa.VideoGrid(4, 9, 7, text=11, text_placement="before")  # ragged tiles, text first
+    routes = ["temporal", "dense", "spatial", "temporal"]
+    q, k, v = random_qkv(rng, grid, 4, head_dim, dtype, "cuda")
+    out, lse = stsa.attention(q, k, v, grid, routes, 0.3, return_lse=True)
+    assert out.device == q.device and out.dtype == dtype and lse.device == q.device
+    check(out, q, k, v, masks_for(grid, routes, 0.3), lse)
+    # The CPU backend on the same tensors, copied: the same masks, within the same bound.
+    cpu_out = stsa.attention(q.cpu(), k.cpu(), v.cpu(), grid, routes, 0.3)
+    check(cpu_out, q, k, v, masks_for(grid, routes, 0.3))
+
+
+def test_cuda_routing_and_policy_on_a_side_stream(rng):
+    require_gpu()
+    grid = stsa.VideoGrid(9, 6, 6)
+    q, k, v = random_qkv(rng, grid, 4, 64, torch.bfloat16, "cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        out, info = stsa.routed_attention(q, k, v, grid, density=0.4)
+    side.synchronize()
+    assert len(info["routes"]) == 4 and info["routing_ms"] > 0
+    check(out, q, k, v, reference.head_masks(grid, info["heads"]))
+    policy = stsa.Policy(dense_steps=1, density=0.4)
+    out, info = policy.attention(q, k, v, grid, step=0, layer=0)
+    assert info["routes"] == ["dense"] * 4
+    check(out, q, k, v, reference.head_masks(grid, info["heads"]))
+    out, info = policy.attention(q, k, v, grid, step=1, layer=0)
+    assert policy.cached_count == 4
+    check(out, q, k, v, reference.head_masks(grid, info["heads"]))
+
+
+def test_cuda_refusals(rng):
+    require_gpu()
     grid = stsa.VideoGrid(2, 4, 4)
-    q = torch.randn(1, grid.tokens, 1, 64, device="cuda")
-    with pytest.raises(stsa.Unsupported, match="not in host memory"):
-        stsa.attention(q, q, q, grid, out=torch.empty(q.shape))
+    q, k, v = random_qkv(rng, grid, 1, 64, torch.bfloat16, "cuda")
+    with pytest.raises(stsa.InvalidArgument, match="must all be in one place"):
+        stsa.attention(q, k.cpu(), v, grid)
+    with pytest.raises(stsa.InvalidArgument, match="backend 'cpu' takes host arrays"):
+        stsa.attention(q, k, v, grid, backend="cpu")
+    with pytest.raises(stsa.Unsupported):  # the CUDA backend takes bf16 and fp16
+        stsa.attention(q.float(), k.float(), v.float(), grid)
+    out = torch.full_like(q, 7.0)
+    with pytest.raises(stsa.InvalidArgument):
+        stsa.attention(q, k, v, grid, mask="causal", out=out)
+    assert torch.all(out == 7.0)
