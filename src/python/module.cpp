@@ -85,10 +85,15 @@ RoutedCall routed_call(const Tensors& t, const VideoGrid& grid, const std::strin
   return call;
 }
 
+TileShape tile_shape(std::int32_t tile_q, std::int32_t tile_k) {
+  const TileShape tile{tile_q, tile_k};
+  tile.validate();
+  return tile;
+}
+
 RoutedOptions routed_options(std::int32_t tile_q, std::int32_t tile_k, const std::string& align) {
   RoutedOptions options;
-  options.tile = TileShape{tile_q, tile_k};
-  options.tile.validate();
+  options.tile = tile_shape(tile_q, tile_k);
   options.alignment = parse_alignment(align);
   return options;
 }
@@ -121,9 +126,7 @@ RouterOptions one_density(double density, bool anchor) {
 std::shared_ptr<const TilePlan> plan_of(const VideoGrid& grid, const std::string& mask, double density, bool anchor,
                                         std::int32_t tile_q, std::int32_t tile_k, const std::string& align) {
   const MaskSpec spec = route_spec(grid, parse_route(mask), one_density(density, anchor));
-  TileShape tile{tile_q, tile_k};
-  tile.validate();
-  return plan_cache().get(grid, spec, tile, parse_alignment(align));
+  return plan_cache().get(grid, spec, tile_shape(tile_q, tile_k), parse_alignment(align));
 }
 
 // A mask as plain values: its kind, the band or frame radius it was sized to, and a description.
