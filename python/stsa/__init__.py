@@ -34,7 +34,7 @@ from ._stsa import Error, InvalidArgument, IoError, ResourceError, Unsupported, 
 
 __all__ = [
     "Error", "InvalidArgument", "IoError", "ResourceError", "Unsupported", "VideoGrid", "Policy", "attention",
-    "routed_attention", "plan", "tile_lists", "token_order", "model_presets", "model_preset", "backends",
+    "routed_attention", "route", "plan", "tile_lists", "token_order", "model_presets", "model_preset", "backends",
     "clear_plan_cache",
 ]
 
@@ -91,6 +91,21 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     return (out, lse, info) if want_lse else (out, info)
 
 
+def route(q, k, v, grid, density: float = 0.25, *, spatial_density: float | None = None,
+          temporal_density: float | None = None, frames_density: float | None = None, try_frames: bool = False,
+          samples: int = 64, seed: int = 1, max_rel_l2: float = 0.5, anchor: bool = True, layout: str = "bnhd",
+          scale: float | None = None, stream: int | None = None) -> dict[str, Any]:
+    """Routing alone, for attention run elsewhere: each head's decision as
+    ``routed_attention`` makes it (on the GPU for CUDA arrays), without computing
+    the attention. Returns ``routes``, ``heads`` (route, mask, band, candidates'
+    errors), ``sampled_rows``, ``routing_ms`` and ``flops``; ``tile_lists(grid,
+    route, density)`` gives each route's plan."""
+    with _device_of(q):
+        return _stsa.route(*_inputs(q, k, v), _grid(grid), samples, _or(spatial_density, density),
+                           _or(temporal_density, density), _or(frames_density, density), try_frames, max_rel_l2,
+                           anchor, seed, _scale(scale), _stream(q, stream), layout)
+
+
 class Policy:
     """When to route and with what, across the denoising steps and layers of one generation.
 
@@ -117,6 +132,16 @@ class Policy:
     def dense(self, step: int, layer: int) -> bool:
         """Whether (step, layer) is in the dense warm-up."""
         return self._policy.dense(step, layer)
+
+    def route(self, q, k, v, grid, step: int, layer: int, *, layout: str = "bnhd", scale: float | None = None,
+              stream: int | None = None) -> dict[str, Any]:
+        """Every head's decision at (step, layer), for attention run elsewhere: dense in
+        the warm-up, reused where a decision holds, routed (and remembered) otherwise.
+        Returns ``routes``, ``heads``, and ``routing`` (what ``route()`` returns for the
+        heads routed now; None when none was)."""
+        with _device_of(q):
+            return self._policy.route(*_inputs(q, k, v), _grid(grid), step, layer, _scale(scale),
+                                      _stream(q, stream), layout)
 
     @property
     def cached_count(self) -> int:
@@ -240,6 +265,13 @@ def _stream(array, stream: int | None) -> int:
     return 0
 
 
+def _inputs(q, k, v):
+    """q, k, v as the module takes them for routing alone, then the names of the bfloat16 views."""
+    _check_rank(q)
+    q, k, v, _, _, bf16_bits = _tensors(q, k, v, None, None)
+    return q, k, v, bf16_bits
+
+
 def _tensors(q, k, v, out, lse):
     """The arrays as the module takes them: q, k, v, out, lse, then the names of those
     passed as uint16 views of NumPy bfloat16 (ml_dtypes), which DLPack cannot carry."""
@@ -254,11 +286,16 @@ def _tensors(q, k, v, out, lse):
     return arrays["q"], arrays["k"], arrays["v"], arrays["out"], lse, bf16_bits
 
 
-def _outputs(q, out, lse, return_lse: bool, layout: str):
-    """``out`` and ``lse`` as given, or allocated like ``q`` in its framework."""
+def _check_rank(q) -> tuple:
     shape = tuple(getattr(q, "shape", ()))
     if len(shape) != 4:
         raise InvalidArgument(f"q must have 4 dimensions ([B, N, H, D] or [B, H, N, D]), got shape {shape}")
+    return shape
+
+
+def _outputs(q, out, lse, return_lse: bool, layout: str):
+    """``out`` and ``lse`` as given, or allocated like ``q`` in its framework."""
+    shape = _check_rank(q)
     if layout not in ("bnhd", "bhnd"):
         raise InvalidArgument(f"layout must be 'bnhd' or 'bhnd', got '{layout}'")
     batch, tokens, heads = (shape[0], shape[1], shape[2]) if layout == "bnhd" else (shape[0], shape[2], shape[1])

@@ -20,6 +20,7 @@
 #include "stsa/router.hpp"
 #include "targets.hpp"
 #include "tensor_args.hpp"
+#include "values.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -37,7 +38,7 @@ PlanCache& plan_cache() {
 // Runs `work` with the GIL released: other Python threads go on while the
 // backend computes (the arrays stay referenced by the caller's arguments).
 template <class Work>
-RoutedResult without_gil(Work&& work) {
+auto without_gil(Work&& work) -> decltype(work()) {
   nb::gil_scoped_release unlocked;
   return work();
 }
@@ -46,8 +47,7 @@ RoutedResult without_gil(Work&& work) {
 // names those that are uint16 views of bfloat16 values ("q", "k", "v", "out").
 struct Tensors {
   InputArray q, k, v;
-  OutputArray o;
-  std::optional<OutputArray> lse;
+  std::optional<OutputArray> o, lse;  // none for routing alone
   std::vector<std::string> bf16_bits;
 
   bool is_bf16_bits(const char* name) const {
@@ -67,7 +67,7 @@ Placement call_placement(const Tensors& t) {
   };
   same(t.k, "k");
   same(t.v, "v");
-  same(t.o, "out");
+  if (t.o) same(*t.o, "out");
   if (t.lse) same(*t.lse, "lse");
   return place;
 }
@@ -78,7 +78,7 @@ RoutedCall routed_call(const Tensors& t, const VideoGrid& grid, const std::strin
   call.q = tensor_view(t.q, "q", axes, t.is_bf16_bits("q"));
   call.k = tensor_view(t.k, "k", axes, t.is_bf16_bits("k"));
   call.v = tensor_view(t.v, "v", axes, t.is_bf16_bits("v"));
-  call.o = tensor_view(t.o, "out", axes, t.is_bf16_bits("out"));
+  if (t.o) call.o = tensor_view(*t.o, "out", axes, t.is_bf16_bits("out"));
   if (t.lse) call.lse = lse_view(*t.lse, "lse");
   call.layout = VideoLayout{grid, call.q.batch(), call.q.heads(), call.q.head_dim()};
   call.softmax_scale = scale;
@@ -127,100 +127,6 @@ std::shared_ptr<const TilePlan> plan_of(const VideoGrid& grid, const std::string
                                         std::int32_t tile_q, std::int32_t tile_k, const std::string& align) {
   const MaskSpec spec = route_spec(grid, parse_route(mask), one_density(density, anchor));
   return plan_cache().get(grid, spec, tile_shape(tile_q, tile_k), parse_alignment(align));
-}
-
-// A mask as plain values: its kind, the band or frame radius it was sized to, and a description.
-void put_mask(nb::dict& d, const MaskSpec& spec) {
-  d["mask"] = spec.describe();
-  d["band"] = spec.band;
-  d["frame_radius"] = spec.frame_radius;
-  d["anchor"] = spec.anchor;
-}
-
-// What a routed call did, as plain Python values: per head its route, mask and
-// the candidates' measured errors (empty where the decision was given), then
-// the heads run in spatial-major order and the times.
-nb::dict result_dict(const RoutedResult& r) {
-  nb::list heads, routes;
-  for (const HeadRoute& head : r.heads) {
-    nb::list candidates;
-    for (const CandidateError& c : head.candidates) {
-      nb::dict candidate;
-      candidate["route"] = std::string(to_string(c.route));
-      put_mask(candidate, c.spec);
-      candidate["mse"] = c.mse;
-      candidate["rel_l2"] = c.rel_l2;
-      candidates.append(candidate);
-    }
-    nb::dict d;
-    d["route"] = std::string(to_string(head.route));
-    put_mask(d, head.spec);
-    d["candidates"] = candidates;
-    heads.append(d);
-    routes.append(std::string(to_string(head.route)));
-  }
-  nb::dict d;
-  d["routes"] = routes;
-  d["heads"] = heads;
-  d["temporal_heads"] = r.temporal;
-  d["routing_ms"] = r.routing_ms;
-  d["permutation_ms"] = r.permutation_ms;
-  d["attention_ms"] = r.attention_ms;
-  d["kept_tile_flops"] = r.kept_tile_flops;
-  d["scatter_fused"] = r.scatter_fused;
-  return d;
-}
-
-nb::dict plan_dict(const TilePlan& plan) {
-  const PlanStats& s = plan.stats();
-  nb::dict d;
-  put_mask(d, plan.spec());
-  d["order"] = std::string(to_string(plan.order()));
-  d["tokens"] = plan.tokens();
-  d["tile"] = nb::make_tuple(plan.tile().q, plan.tile().k);
-  d["q_tiles"] = plan.q_tiles();
-  d["k_tiles"] = plan.k_tiles();
-  d["tiles_full"] = s.tiles_full;
-  d["tiles_partial"] = s.tiles_partial;
-  d["tiles_empty"] = s.tiles_empty;
-  d["tile_density"] = s.tile_density();
-  d["exact_kept_pairs"] = s.exact_kept_pairs;
-  d["kept_pairs"] = s.kept_pairs;
-  d["kept_fraction"] = s.kept_fraction();
-  d["changed_pairs"] = s.changed_pairs;
-  d["added_pairs"] = s.added_pairs;
-  d["removed_pairs"] = s.removed_pairs;
-  d["distinct_masks"] = s.distinct_masks;
-  d["plan_bytes"] = s.plan_bytes;
-  d["build_ms"] = s.build_ms;
-  return d;
-}
-
-// A preset; its "policy" holds every option stsa.Policy() takes, by the same names.
-nb::dict preset_dict(const ModelPreset& p) {
-  const RouterOptions& router = p.policy.router;
-  nb::dict policy;
-  policy["dense_steps"] = p.policy.dense_steps;
-  policy["dense_layers"] = p.policy.dense_layers;
-  policy["reuse_steps"] = p.policy.reuse_steps;
-  policy["samples"] = router.samples;
-  policy["spatial_density"] = router.spatial_density;
-  policy["temporal_density"] = router.temporal_density;
-  policy["frames_density"] = router.frame_window_density;
-  policy["try_frames"] = router.try_frame_window;
-  policy["max_rel_l2"] = router.max_rel_l2;
-  policy["anchor"] = router.anchor;
-  policy["seed"] = router.seed;
-  nb::dict d;
-  d["name"] = p.name;
-  d["description"] = p.description;
-  d["grid"] = p.grid;
-  d["heads"] = p.heads;
-  d["head_dim"] = p.head_dim;
-  d["layers"] = p.layers;
-  d["steps"] = p.steps;
-  d["policy"] = policy;
-  return d;
 }
 
 // Given masks, one name for every head or one per head.
@@ -353,6 +259,22 @@ NB_MODULE(_stsa, m) {
       "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a, "scale"_a, "backend"_a, "stream"_a, "tile_q"_a, "tile_k"_a,
       "align"_a, "layout"_a);
 
+  m.def(
+      "route",
+      [](InputArray q, InputArray k, InputArray v, const std::vector<std::string>& bf16_bits, const VideoGrid& grid,
+         int samples, double spatial_density, double temporal_density, double frames_density, bool try_frames,
+         double max_rel_l2, bool anchor, std::uint64_t seed, float scale, std::uintptr_t stream,
+         const std::string& layout) {
+        const Router router(router_options(samples, spatial_density, temporal_density, frames_density, try_frames,
+                                           max_rel_l2, anchor, seed));
+        const Tensors t{q, k, v, std::nullopt, std::nullopt, bf16_bits};
+        const Target target = target_for("", call_placement(t), stream);
+        const RoutedCall call = routed_call(t, grid, layout, scale);
+        return routing_dict(without_gil([&] { return route_on(target, router, call, {}); }));
+      },
+      "q"_a, "k"_a, "v"_a, "bf16_bits"_a, "grid"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a,
+      "frames_density"_a, "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a, "scale"_a, "stream"_a, "layout"_a);
+
   nb::class_<Policy>(m, "Policy")
       .def(
           "__init__",
@@ -371,6 +293,22 @@ NB_MODULE(_stsa, m) {
           "dense_steps"_a, "dense_layers"_a, "reuse_steps"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a,
           "frames_density"_a, "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a)
       .def("dense", &Policy::dense, "step"_a, "layer"_a)
+      .def(
+          "route",
+          [](Policy& policy, InputArray q, InputArray k, InputArray v, const std::vector<std::string>& bf16_bits,
+             const VideoGrid& grid, std::int64_t step, std::int64_t layer, float scale, std::uintptr_t stream,
+             const std::string& layout) {
+            const Tensors t{q, k, v, std::nullopt, std::nullopt, bf16_bits};
+            const Target target = target_for("", call_placement(t), stream);
+            const RoutedCall call = routed_call(t, grid, layout, scale);
+            const Router router(policy.options().router);
+            return decisions_dict(without_gil([&] {
+              return policy.decide(step, layer, call.layout, [&](std::span<const std::int64_t> heads) {
+                return route_on(target, router, call, heads);
+              });
+            }));
+          },
+          "q"_a, "k"_a, "v"_a, "bf16_bits"_a, "grid"_a, "step"_a, "layer"_a, "scale"_a, "stream"_a, "layout"_a)
       .def_prop_ro("cached_count", &Policy::cached_count)
       .def("clear", &Policy::clear)
       .def(

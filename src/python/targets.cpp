@@ -35,6 +35,19 @@ Target target_for(const std::string& name, Placement placement, std::uintptr_t s
 
 // Without the CUDA backend, target_for has refused GPU arrays: the throws below
 // are unreachable there and only keep the branches total.
+RoutingReport route_on(const Target& target, const Router& router, const RoutedCall& call,
+                       std::span<const std::int64_t> heads) {
+  if (target.placement.gpu) {
+#ifdef STSA_HAS_CUDA
+    return cuda_route(router, call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale, heads,
+                      target.stream);
+#else
+    throw Unsupported("this build of stsa has no CUDA backend");
+#endif
+  }
+  return router.route(call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale, heads);
+}
+
 RoutedResult run_given(const Target& target, PlanCache& plans, const RoutedCall& call, std::vector<HeadRoute> decisions,
                        const RoutedOptions& options) {
   if (target.placement.gpu) {

@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "stsa/attention.hpp"
 #include "stsa/policy.hpp"
 #include "stsa/routed.hpp"
+#include "stsa/router.hpp"
 #include "tensor_args.hpp"
 
 namespace stsa::python {
@@ -25,6 +27,10 @@ struct Target {
 // InvalidArgument for an unknown backend or one that cannot reach the arrays'
 // memory, Unsupported for GPU arrays in a build without the CUDA backend.
 Target target_for(const std::string& name, Placement placement, std::uintptr_t stream);
+
+// Router::route (heads `heads` of q, k, v in frame-major order; all when empty), or cuda_route for GPU arrays.
+RoutingReport route_on(const Target& target, const Router& router, const RoutedCall& call,
+                       std::span<const std::int64_t> heads);
 
 // run_routed, routed_attention and policy_attention (routed.hpp), or their GPU twins.
 RoutedResult run_given(const Target& target, PlanCache& plans, const RoutedCall& call, std::vector<HeadRoute> decisions,

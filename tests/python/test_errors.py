@@ -72,6 +72,16 @@ def test_bad_grids(qkv):
     assert stsa.VideoGrid(3, 4, 4, 2) == GRID and "text=2" in repr(GRID)
 
 
+def test_routing_alone_checks_its_inputs(qkv):
+    q, k, v = qkv
+    with pytest.raises(stsa.InvalidArgument, match="q must have 4 dimensions"):
+        stsa.route(q.tolist(), k, v, GRID)
+    with pytest.raises(stsa.InvalidArgument, match="k has shape"):
+        stsa.route(q, k[:, 1:], v, GRID)
+    with pytest.raises(stsa.InvalidArgument, match="samples"):
+        stsa.Policy(samples=0)
+
+
 def test_bad_router_and_policy_options(qkv):
     with pytest.raises(stsa.InvalidArgument, match="samples"):
         stsa.routed_attention(*qkv, GRID, samples=0)

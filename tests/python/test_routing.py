@@ -103,3 +103,30 @@ def test_presets():
     assert policy.dense(steps - 1, 5) and not policy.dense(steps, 5)
     with pytest.raises(stsa.InvalidArgument, match="available: .*wan2.1-480p"):
         stsa.model_preset("sora")
+
+
+def test_routing_alone_decides_as_routed_attention(rng):
+    grid = stsa.VideoGrid(9, 6, 6, text=4)
+    kinds = ["temporal", "spatial", "spatial"]
+    q, k, v = structured_heads(rng, grid, 64, kinds)
+    decided = stsa.route(q, k, v, grid, density=0.4)
+    out, info = stsa.routed_attention(q, k, v, grid, density=0.4)
+    assert decided["routes"] == info["routes"] == kinds
+    assert decided["heads"] == info["heads"]  # the same masks and the same measured errors
+    assert decided["routing_ms"] > 0 and decided["flops"] > 0 and len(decided["sampled_rows"]) == 64
+    # Attention run with those decisions is routed attention, to the bit.
+    assert np.array_equal(stsa.attention(q, k, v, grid, decided["routes"], 0.4), out)
+
+
+def test_policy_routing_alone(rng):
+    grid = stsa.VideoGrid(9, 6, 6)
+    kinds = ["spatial", "temporal"]
+    q, k, v = structured_heads(rng, grid, 64, kinds)
+    policy = stsa.Policy(dense_steps=1, reuse_steps=2, density=0.4)
+    warm = policy.route(q, k, v, grid, step=0, layer=0)
+    assert warm["routes"] == ["dense", "dense"] and warm["routing"] is None
+    routed = policy.route(q, k, v, grid, step=1, layer=0)
+    assert routed["routes"] == kinds and routed["routing"]["routes"] == kinds and policy.cached_count == 2
+    reused = policy.route(q, k, v, grid, step=2, layer=0)
+    assert reused["routes"] == kinds and reused["routing"] is None
+    assert reused["heads"][1]["band"] == routed["heads"][1]["band"]

@@ -92,6 +92,8 @@ def test_cuda_routing_and_policy_on_a_side_stream(rng):
     side.synchronize()
     assert len(info["routes"]) == 4 and info["routing_ms"] > 0
     check(out, q, k, v, reference.head_masks(grid, info["heads"]))
+    decided = stsa.route(q, k, v, grid, density=0.4)  # routing alone, on the GPU router
+    assert decided["routes"] == info["routes"] and decided["routing_device_ms"] > 0
     policy = stsa.Policy(dense_steps=1, density=0.4)
     out, info = policy.attention(q, k, v, grid, step=0, layer=0)
     assert info["routes"] == ["dense"] * 4
