@@ -167,7 +167,7 @@ def plan(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = T
          tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact") -> dict[str, Any]:
     """The tile plan of one mask on ``grid``: tiles full / partial / empty, kept pairs
     (exact, and what the plan computes), pairs rounding changed, size and build time."""
-    return _stsa.plan(_grid(grid), mask, density, anchor, *tile, align)
+    return _stsa.plan(_grid(grid), mask, density, anchor, *tile, align, False)
 
 
 def tile_lists(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = True,
@@ -182,7 +182,7 @@ def tile_lists(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bo
     - ``order``: the token order the tiles are in ("spatial-major" for a temporal mask:
       gather the tokens with ``token_order(grid, order)`` first), and ``tile``.
     """
-    lists = _stsa.tile_lists(_grid(grid), mask, density, anchor, *tile, align)
+    lists = _stsa.plan(_grid(grid), mask, density, anchor, *tile, align, True)
     lists["masks"] = lists["masks"].view(bool)  # bytes of 0 or 1 from the module
     return lists
 

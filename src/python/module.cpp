@@ -327,18 +327,15 @@ NB_MODULE(_stsa, m) {
           STSA_TENSOR_ARGS, "grid"_a, "step"_a, "layer"_a, "scale"_a, "backend"_a, "stream"_a, "tile_q"_a, "tile_k"_a,
           "align"_a, "layout"_a);
 
+  // A plan's statistics, or (lists) the plan itself as arrays.
   m.def(
       "plan",
       [](const VideoGrid& grid, const std::string& mask, double density, bool anchor, std::int32_t tile_q,
-         std::int32_t tile_k,
-         const std::string& align) { return plan_dict(*plan_of(grid, mask, density, anchor, tile_q, tile_k, align)); },
-      "grid"_a, "mask"_a, "density"_a, "anchor"_a, "tile_q"_a, "tile_k"_a, "align"_a);
-  m.def(
-      "tile_lists",
-      [](const VideoGrid& grid, const std::string& mask, double density, bool anchor, std::int32_t tile_q,
-         std::int32_t tile_k,
-         const std::string& align) { return tile_lists(*plan_of(grid, mask, density, anchor, tile_q, tile_k, align)); },
-      "grid"_a, "mask"_a, "density"_a, "anchor"_a, "tile_q"_a, "tile_k"_a, "align"_a);
+         std::int32_t tile_k, const std::string& align, bool lists) {
+        const auto plan = plan_of(grid, mask, density, anchor, tile_q, tile_k, align);
+        return lists ? tile_lists(*plan) : plan_dict(*plan);
+      },
+      "grid"_a, "mask"_a, "density"_a, "anchor"_a, "tile_q"_a, "tile_k"_a, "align"_a, "lists"_a);
   m.def(
       "token_order",
       [](const VideoGrid& grid, const std::string& order) {
