@@ -43,7 +43,7 @@ _DEFAULT_TILE = (128, 128)
 
 def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: float = 0.25, *, anchor: bool = True,
               layout: str = "bnhd", out=None, lse=None, return_lse: bool = False, scale: float | None = None,
-              backend: str | None = None, stream: int | None = None, tile: tuple[int, int] = _DEFAULT_TILE,
+              backend: str | None = None, stream: int | None = None, tile: int | tuple[int, int] = _DEFAULT_TILE,
               align: str = "exact"):
     """Sparse attention with the mask you name, for every head or one per head.
 
@@ -62,7 +62,7 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
     with _device_of(q):
         _stsa.attention(*_tensors(q, k, v, out, lse), _grid(grid), masks, density, anchor, _scale(scale),
-                        backend or "", _stream(q, stream), *tile, align, layout)
+                        backend or "", _stream(q, stream), *_tile(tile), align, layout)
     return (out, lse) if want_lse else out
 
 
@@ -71,7 +71,7 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
                      try_frames: bool = False, samples: int = 64, seed: int = 1, max_rel_l2: float = 0.5,
                      anchor: bool = True, layout: str = "bnhd", out=None, lse=None, return_lse: bool = False,
                      scale: float | None = None, backend: str | None = None, stream: int | None = None,
-                     tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
+                     tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
     """Routes every head online, then runs each with its mask.
 
     For each head, ``samples`` query rows spread over all frames get their exact
@@ -87,7 +87,7 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
         info = _stsa.routed_attention(*_tensors(q, k, v, out, lse), _grid(grid), samples,
                                       _or(spatial_density, density), _or(temporal_density, density),
                                       _or(frames_density, density), try_frames, max_rel_l2, anchor, seed,
-                                      _scale(scale), backend or "", _stream(q, stream), *tile, align, layout)
+                                      _scale(scale), backend or "", _stream(q, stream), *_tile(tile), align, layout)
     return (out, lse, info) if want_lse else (out, info)
 
 
@@ -154,24 +154,24 @@ class Policy:
 
     def attention(self, q, k, v, grid, step: int, layer: int, *, layout: str = "bnhd", out=None, lse=None,
                   return_lse: bool = False, scale: float | None = None, backend: str | None = None,
-                  stream: int | None = None, tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
+                  stream: int | None = None, tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
         """One layer's self-attention at one step; returns ``(out, info)`` or ``(out, lse, info)``."""
         out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
         with _device_of(q):
             info = self._policy.attention(*_tensors(q, k, v, out, lse), _grid(grid), step, layer, _scale(scale),
-                                          backend or "", _stream(q, stream), *tile, align, layout)
+                                          backend or "", _stream(q, stream), *_tile(tile), align, layout)
         return (out, lse, info) if want_lse else (out, info)
 
 
 def plan(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = True,
-         tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact") -> dict[str, Any]:
+         tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact") -> dict[str, Any]:
     """The tile plan of one mask on ``grid``: tiles full / partial / empty, kept pairs
     (exact, and what the plan computes), pairs rounding changed, size and build time."""
-    return _stsa.plan(_grid(grid), mask, density, anchor, *tile, align, False)
+    return _stsa.plan(_grid(grid), mask, density, anchor, *_tile(tile), align, False)
 
 
 def tile_lists(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = True,
-               tile: tuple[int, int] = _DEFAULT_TILE, align: str = "exact") -> dict[str, Any]:
+               tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact") -> dict[str, Any]:
     """The same plan as NumPy arrays, for attention run elsewhere, in the layout of
     FlexAttention's ``BlockMask.from_kv_blocks`` (add the batch and head axes):
 
@@ -182,7 +182,7 @@ def tile_lists(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bo
     - ``order``: the token order the tiles are in ("spatial-major" for a temporal mask:
       gather the tokens with ``token_order(grid, order)`` first), and ``tile``.
     """
-    lists = _stsa.plan(_grid(grid), mask, density, anchor, *tile, align, True)
+    lists = _stsa.plan(_grid(grid), mask, density, anchor, *_tile(tile), align, True)
     lists["masks"] = lists["masks"].view(bool)  # bytes of 0 or 1 from the module
     return lists
 
@@ -224,6 +224,15 @@ def _grid(grid) -> VideoGrid:
     if isinstance(grid, (tuple, list)) and len(grid) == 3:
         return VideoGrid(*grid)
     raise InvalidArgument(f"grid must be a stsa.VideoGrid or (frames, height, width), got {grid!r}")
+
+
+def _tile(tile) -> tuple[int, int]:
+    """(query rows, key columns) per tile; one int for both."""
+    if isinstance(tile, int):
+        return tile, tile
+    if isinstance(tile, (tuple, list)) and len(tile) == 2:
+        return int(tile[0]), int(tile[1])
+    raise InvalidArgument(f"tile must be (rows, columns) or one int, got {tile!r}")
 
 
 def _or(value, default):

@@ -51,6 +51,7 @@ def test_bad_tensors(qkv, change, message):
         ({"scale": float("inf")}, stsa.InvalidArgument, "scale"),
         ({"backend": "tpu"}, stsa.InvalidArgument, "unknown backend 'tpu'"),
         ({"tile": (128, 100)}, stsa.InvalidArgument, "multiple of 64"),
+        ({"tile": "128x128"}, stsa.InvalidArgument, "tile must be"),
         ({"align": "snap"}, stsa.InvalidArgument, "snap"),
         ({"layout": "nbhd"}, stsa.InvalidArgument, "layout must be 'bnhd' or 'bhnd'"),
     ],

@@ -33,6 +33,7 @@ def test_density_picks_the_closest_band():
     grid = stsa.VideoGrid(21, 30, 52)  # Wan2.1 480p
     p = stsa.plan(grid, "spatial", 0.25)
     assert abs(p["kept_fraction"] - 0.25) < 1e-3 and p["tile"] == (128, 128)
+    assert stsa.plan(grid, "spatial", 0.25, tile=64)["tile"] == (64, 64)
     assert stsa.plan(grid, "spatial", 1.0)["kept_fraction"] == 1.0
 
 
