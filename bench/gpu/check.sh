@@ -102,7 +102,7 @@ else
 fi
 
 step "configure and build (CUDA on)"
-cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTSA_CUDA=ON -DSTSA_MPI=OFF \
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTSA_CUDA=ON -DSTSA_MPI=OFF -DSTSA_PYTHON=OFF \
   -DCMAKE_CUDA_COMPILER="$NVCC" "${PREFIX_ARGS[@]}" >> "$OUT/build.log" 2>&1 ||
   { tail -n 40 "$OUT/build.log"; echo "configure failed"; exit 1; }
 # Only what this script runs: the GPU machine need not have every package the CLI uses.
@@ -128,26 +128,33 @@ if [ -n "$CUOBJDUMP" ] && [ -f "$SM90_OBJECT" ]; then
     /HGMMA/ { h[name]++ } /LDL|STL/ { l[name]++ }
     END { for (n in h) printf "  %s: %d HGMMA, %d LDL/STL\n", n, h[n], l[n] }' | sort | head -n 12 || true
 fi
-# The Python package (its nanobind and pytest come from build-gpu-deps/python,
-# given to these commands alone: torch's own imports must not meet them), in a
-# configure of its own that may fail alone: then it is switched off again.
+# The Python package, in a configure of its own that may fail alone (then it is
+# switched off again; the first configure left it off). Its nanobind comes from
+# build-gpu-deps/python, the version tested, given to this command alone.
 PYTHON_TARGET=""
+rm -f "$BUILD"/python/stsa/_stsa*.so "$BUILD/python_build.rc"  # a module left by an earlier run is not this one
 if [ -d "$DEPS/python" ]; then
   if PYTHONPATH="$DEPS/python" cmake -S "$ROOT" -B "$BUILD" -DSTSA_PYTHON=AUTO \
     -DPython_EXECUTABLE="$(command -v python3)" > "$BUILD/build_python.log" 2>&1 &&
     grep -q "stsa_python" "$BUILD/build.ninja"; then
     PYTHON_TARGET=stsa_python
   else
-    echo "(the Python package is not built here: $(grep -m1 "Python package" "$BUILD/build_python.log" || echo configure failed))"
+    echo "THE PYTHON PACKAGE IS NOT CONFIGURED: $(grep -m1 "Python package" "$BUILD/build_python.log" || echo "cmake failed")"
     cmake -S "$ROOT" -B "$BUILD" -DSTSA_PYTHON=OFF >> "$BUILD/build_python.log" 2>&1 || true
   fi
+else
+  echo "THE PYTHON PACKAGE IS NOT BUILT: no build-gpu-deps/python (bench/gpu/prepare_deps.sh makes it)"
 fi
 # The CLI (the README's main job, `stsa bench --backend cuda`) builds in the
-# background while the tests run, then the Python module; they are checked
-# last, with the time left. The job's status is the CLI's.
+# background while the tests run, then the Python module (its status to
+# python_build.rc); they are checked last, with the time left. The job's
+# status is the CLI's.
 ( timeout 300 cmake --build "$BUILD" -j8 --target stsa_cli > "$OUT/build_cli.log" 2>&1
   rc=$?
-  if [ -n "$PYTHON_TARGET" ]; then timeout 120 cmake --build "$BUILD" -j8 --target stsa_python >> "$BUILD/build_python.log" 2>&1; fi
+  if [ -n "$PYTHON_TARGET" ]; then
+    timeout 120 cmake --build "$BUILD" -j8 --target stsa_python >> "$BUILD/build_python.log" 2>&1
+    echo $? > "$BUILD/python_build.rc"
+  fi
   exit $rc ) &
 CLI_BUILD_PID=$!
 
@@ -345,9 +352,12 @@ fi
 # The Python package on this GPU: torch tensors on the CPU and CUDA backends
 # against the fp64 NumPy reference (tests/python/test_torch.py; routing, gather,
 # fused scatter and attention on the GPU, on a side stream too).
-if ! compgen -G "$BUILD/python/stsa/_stsa*.so" > /dev/null; then
-  echo "python_torch skipped: no module (${PYTHON_TARGET:-not configured}; build_python.log)"
-  tail -n 5 "$BUILD/build_python.log" 2> /dev/null || true
+if [ -z "$PYTHON_TARGET" ]; then
+  echo "python_torch skipped: the Python package was not configured (see above)"
+elif [ "$(cat "$BUILD/python_build.rc" 2> /dev/null || echo none)" != 0 ]; then
+  echo "the Python module did not build (status $(cat "$BUILD/python_build.rc" 2> /dev/null || echo none)):"
+  grep -E "error|Error" -A3 "$BUILD/build_python.log" | head -n 40 || tail -n 20 "$BUILD/build_python.log"
+  FAILED+=("python_build")
 elif [ $(( HARD_S - $(elapsed) )) -ge 40 ]; then
   # build-gpu-deps/python after site-packages: an installed pytest wins, and torch's imports never see ours.
   run_step python_torch timeout $(( HARD_S - $(elapsed) - 10 )) env PYTHONPATH="$BUILD/python" \

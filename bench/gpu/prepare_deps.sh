@@ -23,7 +23,7 @@ for name in libpng16.so.16 libpng16.so libpng.so; do cp -L "$LIB/libpng16.so.16"
 for name in libz.so.1 libz.so; do cp -L "$LIB/libz.so.1" "$DEPS/prefix/lib/$name"; done
 # Wheels for any Python 3 (the GPU image's version is not known here), unpacked for PYTHONPATH.
 python3 -m pip download -q --only-binary :all: --python-version 3.10 --implementation py --abi none \
-  --platform any -d "$DEPS/wheels" nanobind pytest exceptiongroup tomli
+  --platform any -d "$DEPS/wheels" "nanobind>=2.2,<4" pytest exceptiongroup tomli
 for wheel in "$DEPS"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$DEPS/python"; done
 rm -rf "$DEPS/wheels"
 du -sh "$DEPS"

@@ -27,6 +27,7 @@ NotImplementedError, ``stsa.ResourceError`` a MemoryError.
 from __future__ import annotations
 
 import contextlib
+import numbers
 from typing import Any, Sequence
 
 from . import _stsa
@@ -61,8 +62,8 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     masks = [mask] if isinstance(mask, str) else list(mask)
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
     with _device_of(q):
-        _stsa.attention(*_tensors(q, k, v, out, lse), _grid(grid), masks, density, anchor, _scale(scale),
-                        backend or "", _stream(q, stream), *_tile(tile), align, layout)
+        _stsa.attention(**_arrays(q, k, v, out, lse), **_where(q, grid, scale, backend, stream, tile, align, layout),
+                        masks=masks, density=density, anchor=anchor)
     return (out, lse) if want_lse else out
 
 
@@ -82,12 +83,12 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     ``info`` has each head's route, mask and candidates' errors, and the
     routing, permutation and attention times in ms.
     """
+    router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
+                     anchor)
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
     with _device_of(q):
-        info = _stsa.routed_attention(*_tensors(q, k, v, out, lse), _grid(grid), samples,
-                                      _or(spatial_density, density), _or(temporal_density, density),
-                                      _or(frames_density, density), try_frames, max_rel_l2, anchor, seed,
-                                      _scale(scale), backend or "", _stream(q, stream), *_tile(tile), align, layout)
+        info = _stsa.routed_attention(**_arrays(q, k, v, out, lse),
+                                      **_where(q, grid, scale, backend, stream, tile, align, layout), **router)
     return (out, lse, info) if want_lse else (out, info)
 
 
@@ -100,10 +101,11 @@ def route(q, k, v, grid, density: float = 0.25, *, spatial_density: float | None
     the attention. Returns ``routes``, ``heads`` (route, mask, band, candidates'
     errors), ``sampled_rows``, ``routing_ms`` and ``flops``; ``tile_lists(grid,
     route, density)`` gives each route's plan."""
+    router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
+                     anchor)
     with _device_of(q):
-        return _stsa.route(*_inputs(q, k, v), _grid(grid), samples, _or(spatial_density, density),
-                           _or(temporal_density, density), _or(frames_density, density), try_frames, max_rel_l2,
-                           anchor, seed, _scale(scale), _stream(q, stream), layout)
+        return _stsa.route(**_arrays(q, k, v), grid=_grid(grid), scale=_scale(scale), stream=_stream(q, stream),
+                           layout=layout, **router)
 
 
 class Policy:
@@ -120,9 +122,9 @@ class Policy:
                  spatial_density: float | None = None, temporal_density: float | None = None,
                  frames_density: float | None = None, try_frames: bool = False, samples: int = 64, seed: int = 1,
                  max_rel_l2: float = 0.5, anchor: bool = True):
-        self._policy = _stsa.Policy(dense_steps, dense_layers, reuse_steps, samples, _or(spatial_density, density),
-                                    _or(temporal_density, density), _or(frames_density, density), try_frames,
-                                    max_rel_l2, anchor, seed)
+        self._policy = _stsa.Policy(dense_steps=dense_steps, dense_layers=dense_layers, reuse_steps=reuse_steps,
+                                    **_router(density, spatial_density, temporal_density, frames_density, try_frames,
+                                              samples, seed, max_rel_l2, anchor))
 
     @classmethod
     def from_preset(cls, name: str) -> "Policy":
@@ -140,8 +142,8 @@ class Policy:
         Returns ``routes``, ``heads``, and ``routing`` (what ``route()`` returns for the
         heads routed now; None when none was)."""
         with _device_of(q):
-            return self._policy.route(*_inputs(q, k, v), _grid(grid), step, layer, _scale(scale),
-                                      _stream(q, stream), layout)
+            return self._policy.route(**_arrays(q, k, v), grid=_grid(grid), step=step, layer=layer,
+                                      scale=_scale(scale), stream=_stream(q, stream), layout=layout)
 
     @property
     def cached_count(self) -> int:
@@ -158,8 +160,9 @@ class Policy:
         """One layer's self-attention at one step; returns ``(out, info)`` or ``(out, lse, info)``."""
         out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
         with _device_of(q):
-            info = self._policy.attention(*_tensors(q, k, v, out, lse), _grid(grid), step, layer, _scale(scale),
-                                          backend or "", _stream(q, stream), *_tile(tile), align, layout)
+            info = self._policy.attention(**_arrays(q, k, v, out, lse),
+                                          **_where(q, grid, scale, backend, stream, tile, align, layout), step=step,
+                                          layer=layer)
         return (out, lse, info) if want_lse else (out, info)
 
 
@@ -167,7 +170,7 @@ def plan(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = T
          tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact") -> dict[str, Any]:
     """The tile plan of one mask on ``grid``: tiles full / partial / empty, kept pairs
     (exact, and what the plan computes), pairs rounding changed, size and build time."""
-    return _stsa.plan(_grid(grid), mask, density, anchor, *_tile(tile), align, False)
+    return _stsa.plan(_grid(grid), mask, density, anchor, *_tile(tile), align, lists=False)
 
 
 def tile_lists(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = True,
@@ -182,7 +185,7 @@ def tile_lists(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bo
     - ``order``: the token order the tiles are in ("spatial-major" for a temporal mask:
       gather the tokens with ``token_order(grid, order)`` first), and ``tile``.
     """
-    lists = _stsa.plan(_grid(grid), mask, density, anchor, *_tile(tile), align, True)
+    lists = _stsa.plan(_grid(grid), mask, density, anchor, *_tile(tile), align, lists=True)
     lists["masks"] = lists["masks"].view(bool)  # bytes of 0 or 1 from the module
     return lists
 
@@ -228,11 +231,12 @@ def _grid(grid) -> VideoGrid:
 
 def _tile(tile) -> tuple[int, int]:
     """(query rows, key columns) per tile; one int for both."""
-    if isinstance(tile, int):
-        return tile, tile
-    if isinstance(tile, (tuple, list)) and len(tile) == 2:
+    if isinstance(tile, numbers.Integral):
+        tile = (tile, tile)
+    if (isinstance(tile, (tuple, list)) and len(tile) == 2 and all(isinstance(t, numbers.Integral) for t in tile)
+            and all(1 <= t <= 2**31 - 1 for t in tile)):
         return int(tile[0]), int(tile[1])
-    raise InvalidArgument(f"tile must be (rows, columns) or one int, got {tile!r}")
+    raise InvalidArgument(f"tile must be (rows, columns) or one int, positive integers, got {tile!r}")
 
 
 def _or(value, default):
@@ -249,7 +253,7 @@ def _scale(scale: float | None) -> float:
 
 
 def _is_torch_cuda(array) -> bool:
-    return type(array).__module__.split(".")[0] == "torch" and array.device.type == "cuda"
+    return _framework(array) == "torch" and array.device.type == "cuda"
 
 
 def _device_of(array):
@@ -274,25 +278,48 @@ def _stream(array, stream: int | None) -> int:
     return 0
 
 
-def _inputs(q, k, v):
-    """q, k, v as the module takes them for routing alone, then the names of the bfloat16 views."""
+def _arrays(q, k, v, out=None, lse=None) -> dict[str, Any]:
+    """The arrays as the module takes them (keywords), NumPy bfloat16 (ml_dtypes) passed
+    as uint16 views named in ``bf16_bits`` (DLPack cannot carry that type); routing
+    alone takes no ``out`` or ``lse``."""
     _check_rank(q)
-    q, k, v, _, _, bf16_bits = _tensors(q, k, v, None, None)
-    return q, k, v, bf16_bits
-
-
-def _tensors(q, k, v, out, lse):
-    """The arrays as the module takes them: q, k, v, out, lse, then the names of those
-    passed as uint16 views of NumPy bfloat16 (ml_dtypes), which DLPack cannot carry."""
-    arrays = {"q": q, "k": k, "v": v, "out": out}
+    arrays = {"q": q, "k": k, "v": v} if out is None else {"q": q, "k": k, "v": v, "out": out}
     bf16_bits = []
     for name, array in arrays.items():
-        if type(array).__module__ == "numpy" and getattr(array.dtype, "name", "") == "bfloat16":
+        if not hasattr(array, "shape"):
+            raise InvalidArgument(f"{name} must be an array (NumPy, PyTorch or any DLPack array), got {type(array)}")
+        if _framework(array) == "numpy" and getattr(array.dtype, "name", "") == "bfloat16":
             import numpy
 
             arrays[name] = array.view(numpy.uint16)
             bf16_bits.append(name)
-    return arrays["q"], arrays["k"], arrays["v"], arrays["out"], lse, bf16_bits
+    if out is not None:
+        arrays["lse"] = lse
+    return {**arrays, "bf16_bits": bf16_bits}
+
+
+def _where(q, grid, scale, backend, stream, tile, align, layout) -> dict[str, Any]:
+    """The module's keywords for where and how a call runs."""
+    tile_q, tile_k = _tile(tile)
+    return {"grid": _grid(grid), "scale": _scale(scale), "backend": backend or "", "stream": _stream(q, stream),
+            "tile_q": tile_q, "tile_k": tile_k, "align": align, "layout": layout}
+
+
+def _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
+            anchor) -> dict[str, Any]:
+    """The module's keywords for the router; the densities of each kind default to ``density``."""
+    if not isinstance(seed, numbers.Integral) or seed < 0:
+        raise InvalidArgument(f"seed must be a non-negative integer, got {seed!r}")
+    if not isinstance(samples, numbers.Integral) or not 1 <= samples <= 2**31 - 1:
+        raise InvalidArgument(f"samples must be an integer in [1, 2^31 - 1], got {samples!r}")
+    return {"samples": int(samples), "spatial_density": _or(spatial_density, density),
+            "temporal_density": _or(temporal_density, density), "frames_density": _or(frames_density, density),
+            "try_frames": try_frames, "max_rel_l2": max_rel_l2, "anchor": anchor, "seed": int(seed)}
+
+
+def _framework(array) -> str:
+    """The package an array comes from ("numpy", "torch", ...)."""
+    return type(array).__module__.split(".")[0]
 
 
 def _check_rank(q) -> tuple:
@@ -326,7 +353,7 @@ def _writable(array) -> bool:
 
 
 def _empty_like(array, shape, dtype: str | None):
-    if type(array).__module__.split(".")[0] == "torch":
+    if _framework(array) == "torch":
         import torch
 
         return torch.empty(shape, dtype=array.dtype if dtype is None else getattr(torch, dtype), device=array.device)

@@ -73,6 +73,16 @@ def test_bad_grids(qkv):
     assert stsa.VideoGrid(3, 4, 4, 2) == GRID and "text=2" in repr(GRID)
 
 
+def test_grids_are_values():
+    import pickle
+
+    same = stsa.VideoGrid(3, 4, 4, text=2)
+    assert same == GRID and hash(same) == hash(GRID) and len({same, GRID}) == 1
+    assert GRID != stsa.VideoGrid(3, 4, 4) and GRID != stsa.VideoGrid(3, 4, 4, 2, "before")
+    assert GRID != None and GRID != (3, 4, 4) and GRID not in [None, "3x4x4"]  # noqa: E711
+    assert pickle.loads(pickle.dumps(stsa.VideoGrid(5, 2, 3, 7, "before"))) == stsa.VideoGrid(5, 2, 3, 7, "before")
+
+
 def test_routing_alone_checks_its_inputs(qkv):
     q, k, v = qkv
     with pytest.raises(stsa.InvalidArgument, match="q must have 4 dimensions"):
@@ -81,6 +91,21 @@ def test_routing_alone_checks_its_inputs(qkv):
         stsa.route(q, k[:, 1:], v, GRID)
     with pytest.raises(stsa.InvalidArgument, match="samples"):
         stsa.Policy(samples=0)
+
+
+def test_arguments_that_are_not_what_they_should_be(qkv):
+    q, k, v = qkv
+    with pytest.raises(stsa.InvalidArgument, match="k must be an array"):
+        stsa.attention(q, k.tolist(), v, GRID)
+    with pytest.raises(stsa.InvalidArgument, match="out must be an array"):
+        stsa.attention(q, k, v, GRID, out=[0.0])
+    with pytest.raises(stsa.InvalidArgument, match="seed must be a non-negative integer"):
+        stsa.routed_attention(q, k, v, GRID, seed=-1)
+    with pytest.raises(stsa.InvalidArgument, match="samples must be an integer"):
+        stsa.route(q, k, v, GRID, samples=2**40)
+    with pytest.raises(stsa.InvalidArgument, match="tile must be"):
+        stsa.attention(q, k, v, GRID, tile=64.5)
+    assert stsa.plan(GRID, tile=np.int64(64))["tile"] == (64, 64)
 
 
 def test_bad_router_and_policy_options(qkv):

@@ -5,14 +5,18 @@ import pytest
 
 import reference
 import stsa
+from helpers import real_mask
 
 
 @pytest.mark.parametrize("route", ["dense", "spatial", "temporal", "frames"])
 @pytest.mark.parametrize("tile", [(128, 128), (64, 64), (32, 192)])
 def test_counts_match_the_mask(route, tile):
-    grid = stsa.VideoGrid(5, 7, 9, text=6, text_placement="before")
+    grid = stsa.VideoGrid(12, 7, 9, text=6, text_placement="before")
     p = stsa.plan(grid, route, 0.3, tile=tile)
-    mask = reference.allowed(grid, route, p["band"], p["frame_radius"], p["anchor"])
+    assert real_mask(route, p)  # not the anchor alone
+    # The mask in the plan's token order (spatial-major for a temporal mask).
+    order = stsa.token_order(grid, p["order"])
+    mask = reference.allowed(grid, route, p["band"], p["frame_radius"], p["anchor"])[np.ix_(order, order)]
     assert p["tokens"] == grid.tokens == mask.shape[0]
     assert p["exact_kept_pairs"] == p["kept_pairs"] == mask.sum()
     assert p["kept_fraction"] == pytest.approx(mask.mean())
@@ -50,10 +54,11 @@ def test_plans_are_cached_and_can_be_freed():
 @pytest.mark.parametrize("route", ["spatial", "temporal", "frames", "dense"])
 @pytest.mark.parametrize("align", ["exact", "round"])
 def test_tile_lists_rebuild_the_mask(route, align):
-    grid = stsa.VideoGrid(4, 5, 7, text=3)
+    grid = stsa.VideoGrid(12, 5, 7, text=3)
     tile = (32, 64)
     lists = stsa.tile_lists(grid, route, 0.35, tile=tile, align=align)
     p = stsa.plan(grid, route, 0.35, tile=tile, align=align)
+    assert real_mask(route, p)
     n, (tq, tk) = grid.tokens, tile
     # Every pair the lists keep: full tiles whole, partial tiles through their element mask.
     kept = np.zeros((n, n), dtype=bool)

@@ -10,6 +10,7 @@ import pytest
 
 import reference
 import stsa
+from helpers import masks_for, structured_heads
 
 torch = pytest.importorskip("torch")
 
@@ -25,14 +26,6 @@ def require_gpu():
     if os.environ.get("STSA_GPU_REQUIRED") == "1":
         pytest.fail(why + " (STSA_GPU_REQUIRED=1)")
     pytest.skip(why)
-
-
-def masks_for(grid, routes, density):
-    masks = []
-    for route in routes:
-        p = stsa.plan(grid, route, density)
-        masks.append(reference.allowed(grid, route, p["band"], p["frame_radius"]))
-    return masks
 
 
 def check(out, q, k, v, masks, lse=None):
@@ -51,12 +44,12 @@ def random_qkv(rng, grid, heads, head_dim, dtype, device="cpu"):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_cpu_tensors(dtype, rng):
-    grid = stsa.VideoGrid(3, 4, 6, text=5)
+    grid = stsa.VideoGrid(9, 4, 6, text=5)
     q, k, v = random_qkv(rng, grid, 2, 64, dtype)
-    out, lse = stsa.attention(q, k, v, grid, ["temporal", "spatial"], 0.3, return_lse=True)
+    out, lse = stsa.attention(q, k, v, grid, ["temporal", "spatial"], 0.5, return_lse=True)
     assert isinstance(out, torch.Tensor) and out.dtype == dtype and out.device.type == "cpu"
     assert lse.dtype == torch.float32 and tuple(lse.shape) == (1, 2, grid.tokens)
-    check(out, q, k, v, masks_for(grid, ["temporal", "spatial"], 0.3), lse)
+    check(out, q, k, v, masks_for(grid, ["temporal", "spatial"], 0.5), lse)
 
 
 def test_head_major_view_of_a_tensor():
@@ -71,35 +64,59 @@ def test_head_major_view_of_a_tensor():
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_cuda_tensors(dtype, head_dim, rng):
     require_gpu()
-    grid = stsa.VideoGrid(4, 9, 7, text=11, text_placement="before")  # ragged tiles, text first
-    routes = ["temporal", "dense", "spatial", "temporal"]
+    grid = stsa.VideoGrid(10, 9, 7, text=11, text_placement="before")  # ragged tiles, text first, real bands at 0.5
+    routes = ["temporal", "dense", "spatial", "frames"]
     q, k, v = random_qkv(rng, grid, 4, head_dim, dtype, "cuda")
-    out, lse = stsa.attention(q, k, v, grid, routes, 0.3, return_lse=True)
+    out, lse = stsa.attention(q, k, v, grid, routes, 0.5, return_lse=True)
     assert out.device == q.device and out.dtype == dtype and lse.device == q.device
-    check(out, q, k, v, masks_for(grid, routes, 0.3), lse)
+    check(out, q, k, v, masks_for(grid, routes, 0.5), lse)
     # The CPU backend on the same tensors, copied: the same masks, within the same bound.
-    cpu_out = stsa.attention(q.cpu(), k.cpu(), v.cpu(), grid, routes, 0.3)
-    check(cpu_out, q, k, v, masks_for(grid, routes, 0.3))
+    cpu_out = stsa.attention(q.cpu(), k.cpu(), v.cpu(), grid, routes, 0.5)
+    check(cpu_out, q, k, v, masks_for(grid, routes, 0.5))
+
+
+def test_cuda_call_shapes_a_model_makes(rng):
+    """Batch 2 (classifier-free guidance) with q, k, v as views of one fused projection,
+    head-major tensors with out and lse given, and an fp32 output for bf16 inputs."""
+    require_gpu()
+    grid = stsa.VideoGrid(9, 6, 7, text=5)
+    routes = ["spatial", "temporal"]
+    qkv = torch.from_numpy(rng.standard_normal((2, grid.tokens, 3, 2, 64)).astype(np.float32))
+    q, k, v = qkv.to(device="cuda", dtype=torch.bfloat16).unbind(2)  # [B, N, H, D], token stride 3 H D
+    out = stsa.attention(q, k, v, grid, routes, 0.5)
+    check(out, q, k, v, masks_for(grid, routes, 0.5))
+
+    qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # [B, H, N, D]
+    out = torch.empty(qh.shape, dtype=torch.float32, device="cuda")
+    lse = torch.empty((2, 2, grid.tokens), dtype=torch.float32, device="cuda")
+    returned = stsa.attention(qh, kh, vh, grid, routes, 0.5, layout="bhnd", out=out, lse=lse)
+    assert returned[0] is out and returned[1] is lse
+    check(out.transpose(1, 2), q, k, v, masks_for(grid, routes, 0.5), lse)
 
 
 def test_cuda_routing_and_policy_on_a_side_stream(rng):
     require_gpu()
-    grid = stsa.VideoGrid(9, 6, 6)
-    q, k, v = random_qkv(rng, grid, 4, 64, torch.bfloat16, "cuda")
+    grid = stsa.VideoGrid(9, 6, 6, text=4)
+    kinds = ["spatial", "temporal", "temporal", "spatial"]
+    arrays = structured_heads(rng, grid, 64, kinds)
+    q, k, v = (torch.from_numpy(a).to(device="cuda", dtype=torch.bfloat16) for a in arrays)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         out, info = stsa.routed_attention(q, k, v, grid, density=0.4)
     side.synchronize()
-    assert len(info["routes"]) == 4 and info["routing_ms"] > 0
+    # The GPU router finds the structure, and the temporal heads run gathered, their output stored in place.
+    assert info["routes"] == kinds and info["temporal_heads"] == [1, 2] and info["scatter_fused"]
+    assert info["routing_ms"] > 0 and info["permutation_ms"] > 0
     check(out, q, k, v, reference.head_masks(grid, info["heads"]))
     decided = stsa.route(q, k, v, grid, density=0.4)  # routing alone, on the GPU router
-    assert decided["routes"] == info["routes"] and decided["routing_device_ms"] > 0
+    assert decided["routes"] == kinds and decided["routing_device_ms"] > 0
+    assert stsa.route(q.cpu(), k.cpu(), v.cpu(), grid, density=0.4)["routes"] == kinds  # the CPU router agrees
     policy = stsa.Policy(dense_steps=1, density=0.4)
     out, info = policy.attention(q, k, v, grid, step=0, layer=0)
     assert info["routes"] == ["dense"] * 4
     check(out, q, k, v, reference.head_masks(grid, info["heads"]))
     out, info = policy.attention(q, k, v, grid, step=1, layer=0)
-    assert policy.cached_count == 4
+    assert info["routes"] == kinds and policy.cached_count == 4
     check(out, q, k, v, reference.head_masks(grid, info["heads"]))
 
 
