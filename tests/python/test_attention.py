@@ -121,3 +121,31 @@ def test_concurrent_calls_from_threads(rng):
         threaded = list(pool.map(lambda p: stsa.attention(*p, grid, "temporal", DENSITY), problems))
     for a, b in zip(serial, threaded):
         assert np.array_equal(a, b)
+
+
+def test_the_interpreter_runs_while_a_call_computes(rng):
+    """The GIL is released during the computation: another Python thread keeps
+    running. With the GIL held it would stand still for the whole call, so its
+    longest pause would be the call's length; here it must be far shorter."""
+    import threading
+    import time
+
+    grid = stsa.VideoGrid(9, 12, 12)
+    q, k, v = random_qkv(rng, (1, grid.tokens, 4, 128))
+    done, call_s = threading.Event(), []
+
+    def call():
+        start = time.perf_counter()
+        stsa.attention(q, k, v, grid, "dense", 1.0, backend="reference")  # fp64 loops: about a second
+        call_s.append(time.perf_counter() - start)
+        done.set()
+
+    worker = threading.Thread(target=call)
+    last, longest_pause = time.perf_counter(), 0.0
+    worker.start()
+    while not done.is_set():
+        now = time.perf_counter()
+        longest_pause, last = max(longest_pause, now - last), now
+    worker.join()
+    assert call_s[0] > 0.2, "the call is too short to tell"
+    assert longest_pause < 0.5 * call_s[0], f"this thread stood still {longest_pause:.3f} s of a {call_s[0]:.3f} s call"
