@@ -294,6 +294,8 @@ def _arrays(q, k, v, out=None, lse=None) -> dict[str, Any]:
             arrays[name] = array.view(numpy.uint16)
             bf16_bits.append(name)
     if out is not None:
+        if lse is not None and not hasattr(lse, "shape"):
+            raise InvalidArgument(f"lse must be an array (NumPy, PyTorch or any DLPack array), got {type(lse)}")
         arrays["lse"] = lse
     return {**arrays, "bf16_bits": bf16_bits}
 

@@ -99,6 +99,8 @@ def test_arguments_that_are_not_what_they_should_be(qkv):
         stsa.attention(q, k.tolist(), v, GRID)
     with pytest.raises(stsa.InvalidArgument, match="out must be an array"):
         stsa.attention(q, k, v, GRID, out=[0.0])
+    with pytest.raises(stsa.InvalidArgument, match="lse must be an array"):
+        stsa.attention(q, k, v, GRID, lse=[0.0])
     with pytest.raises(stsa.InvalidArgument, match="seed must be a non-negative integer"):
         stsa.routed_attention(q, k, v, GRID, seed=-1)
     with pytest.raises(stsa.InvalidArgument, match="samples must be an integer"):
