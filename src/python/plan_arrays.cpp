@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,47 +16,37 @@ namespace nb = nanobind;
 namespace stsa::python {
 namespace {
 
-// Zero-filled storage for a NumPy array, which takes it over (numpy_array).
+// A NumPy array that takes over `values` (freed with the array; no copy).
 template <class T>
-std::unique_ptr<T[]> storage(std::size_t size) {
-  return std::make_unique<T[]>(size);
-}
-
-// A NumPy array that owns `values` (freed with the array).
-template <class T>
-nb::object numpy_array(std::unique_ptr<T[]> values, std::initializer_list<std::size_t> shape) {
-  T* data = values.release();
-  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
-  return nb::ndarray<nb::numpy, T>(data, shape, owner).cast();
+nb::object numpy_array(std::vector<T> values, std::initializer_list<std::size_t> shape) {
+  auto* owned = new std::vector<T>(std::move(values));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner).cast();
 }
 
 }  // namespace
 
 nb::dict tile_lists(const TilePlan& plan) {
   const std::size_t q_tiles = std::size_t(plan.q_tiles()), k_tiles = std::size_t(plan.k_tiles());
-  auto partial_count = storage<std::int32_t>(q_tiles), full_count = storage<std::int32_t>(q_tiles);
-  auto partial_index = storage<std::int32_t>(q_tiles * k_tiles), full_index = storage<std::int32_t>(q_tiles * k_tiles);
-  auto mask_ids = storage<std::int32_t>(q_tiles * k_tiles);
-  std::fill_n(mask_ids.get(), q_tiles * k_tiles, -1);
-  std::int32_t mask_count = 0;
+  std::vector<std::int32_t> partial_count(q_tiles), full_count(q_tiles);
+  std::vector<std::int32_t> partial_index(q_tiles * k_tiles), full_index(q_tiles * k_tiles);
+  std::vector<std::int32_t> mask_ids(q_tiles * k_tiles, -1);
   for (std::size_t row = 0; row < q_tiles; ++row) {
     const auto full = plan.full_tiles(std::int64_t(row));
     const auto partial = plan.partial_tiles(std::int64_t(row));
     const auto ids = plan.partial_mask_ids(std::int64_t(row));
     full_count[row] = std::int32_t(full.size());
     partial_count[row] = std::int32_t(partial.size());
-    std::copy(full.begin(), full.end(), full_index.get() + row * k_tiles);
-    std::copy(partial.begin(), partial.end(), partial_index.get() + row * k_tiles);
-    for (std::size_t i = 0; i < partial.size(); ++i) {
-      mask_ids[row * k_tiles + std::size_t(partial[i])] = ids[i];
-      mask_count = std::max(mask_count, ids[i] + 1);
-    }
+    std::copy(full.begin(), full.end(), full_index.begin() + std::ptrdiff_t(row * k_tiles));
+    std::copy(partial.begin(), partial.end(), partial_index.begin() + std::ptrdiff_t(row * k_tiles));
+    for (std::size_t i = 0; i < partial.size(); ++i) mask_ids[row * k_tiles + std::size_t(partial[i])] = ids[i];
   }
   // The bitmasks unpacked: bit c % 64 of word c / 64 of row r says whether query q0 + r sees key k0 + c.
   const std::size_t rows = std::size_t(plan.tile().q), cols = std::size_t(plan.tile().k);
   const std::size_t words = std::size_t(plan.mask_words_per_row());
-  auto masks = storage<std::uint8_t>(std::size_t(mask_count) * rows * cols);  // 0 / 1 (Python views it as bool)
-  for (std::int32_t id = 0; id < mask_count; ++id) {
+  const std::int64_t mask_count = plan.stats().distinct_masks;
+  std::vector<std::uint8_t> masks(std::size_t(mask_count) * rows * cols);  // 0 / 1 (Python views it as bool)
+  for (std::int32_t id = 0; id < std::int32_t(mask_count); ++id) {
     const std::uint64_t* bits = plan.mask(id);
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t c = 0; c < cols; ++c)
@@ -76,10 +65,9 @@ nb::dict tile_lists(const TilePlan& plan) {
 }
 
 nb::object token_order(const VideoGrid& grid, TokenOrder order) {
-  const std::vector<std::int64_t> map = permutation_map(grid, TokenOrder::FrameMajor, order);
-  auto positions = storage<std::int64_t>(map.size());
-  std::copy(map.begin(), map.end(), positions.get());
-  return numpy_array(std::move(positions), {map.size()});
+  std::vector<std::int64_t> map = permutation_map(grid, TokenOrder::FrameMajor, order);
+  const std::size_t tokens = map.size();
+  return numpy_array(std::move(map), {tokens});
 }
 
 }  // namespace stsa::python
