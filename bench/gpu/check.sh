@@ -24,7 +24,8 @@
 #   7. if time is left: the CLI's `stsa bench --backend cuda` (checked against
 #      the fp64 reference) and `stsa route --backend cuda` (against the CPU
 #      backend on the same heads; its figures go to check.log), the Python package with torch
-#      tensors on the GPU (tests/python/test_torch.py; nanobind and pytest from build-gpu-deps/python),
+#      tensors on the GPU and NumPy arrays on this host's CPU (tests/python; nanobind and pytest from
+#      build-gpu-deps/python),
 #      Nsight Compute (when ncu is there) on one sparse
 #      call (STSA_CHECK_PROFILE_SHAPE, 45x80 = 720p; STSA_CHECK_PROFILE_DENSITY,
 #      0.5) of the first kernel and of each of its variants in the table (e.g.
@@ -349,22 +350,26 @@ else
   tail -n 20 "$OUT/build_cli.log"
   FAILED+=("cli_build")
 fi
-# The Python package on this GPU: torch tensors on the CPU and CUDA backends
-# against the fp64 NumPy reference (tests/python/test_torch.py; routing, gather,
-# fused scatter and attention on the GPU, on a side stream too).
+# The Python package on this machine: its whole suite (tests/python), NumPy arrays
+# on this host's CPU and torch tensors on the CPU and CUDA backends against the
+# fp64 NumPy reference (test_torch.py: routing, gather, fused scatter and attention
+# on the GPU, on a side stream too). Its exports first: a module exporting more
+# than PyInit__stsa crashed here once (src/python/CMakeLists.txt).
 if [ -z "$PYTHON_TARGET" ]; then
-  echo "python_torch skipped: the Python package was not configured (see above)"
+  echo "python_tests skipped: the Python package was not configured (see above)"
 elif [ "$(cat "$BUILD/python_build.rc" 2> /dev/null || echo none)" != 0 ]; then
   echo "the Python module did not build (status $(cat "$BUILD/python_build.rc" 2> /dev/null || echo none)):"
   grep -E "error|Error" -A3 "$BUILD/build_python.log" | head -n 40 || tail -n 20 "$BUILD/build_python.log"
   FAILED+=("python_build")
 elif [ $(( HARD_S - $(elapsed) )) -ge 40 ]; then
+  MODULE="$(ls "$BUILD"/python/stsa/_stsa*.so)"
+  echo "module: $(nm -D --defined-only "$MODULE" | wc -l) exported symbol(s); libstdc++: $(ldd "$MODULE" | grep -o "libstdc++[^ ]*" || echo "linked statically")"
   # build-gpu-deps/python after site-packages: an installed pytest wins, and torch's imports never see ours.
-  run_step python_torch timeout $(( HARD_S - $(elapsed) - 10 )) env PYTHONPATH="$BUILD/python" \
+  run_step python_tests timeout $(( HARD_S - $(elapsed) - 10 )) env PYTHONPATH="$BUILD/python" \
     PYTHONDONTWRITEBYTECODE=1 python3 -c "import sys; sys.path.append('$DEPS/python'); import pytest; \
-    sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rs', '$ROOT/tests/python/test_torch.py']))"
+    sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rs', '$ROOT/tests/python']))"
 else
-  echo "python_torch skipped: $(elapsed) s used"
+  echo "python_tests skipped: $(elapsed) s used"
 fi
 # What the next optimisation should aim at: Nsight Compute on one sparse call
 # of the first kernel left (the expected fastest) and of each of its variants
