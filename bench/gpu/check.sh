@@ -4,7 +4,7 @@
 #   1. configure and build the CUDA backend, its GPU tests and stsa_gpu_bench
 #      into build-gpu/ (C++ dependencies from build-gpu-deps/ when present:
 #      bench/gpu/prepare_deps.sh collects them on a machine that has them);
-#   2. smoke-test each Hopper kernel (sm90, sm90-overlap, sm90-pingpong) alone
+#   2. smoke-test each Hopper kernel (sm90-pingpong, sm90-overlap, sm90) alone
 #      under a hard timeout: one that fails or hangs is left out of the later
 #      steps (its GPU tests too), so one run still yields every other result;
 #      the simplest that fails (sm90 first) also runs once under memcheck, for the log;
@@ -44,7 +44,7 @@
 #        STSA_CHECK_SKIP_BENCH=1 bash ...    (build, tests, sanitizers only)
 #        STSA_CHECK_EXTRA_KERNELS=sm90-overlap+balanced bash ...   (the table's extra rows per case:
 #            a kernel, then + a work order and/or + a block schedule, as stsa_gpu_bench --kernels takes them;
-#            default sm90-overlap+heavy-first+snake,sm90-overlap+balanced; empty: none)
+#            default sm90-pingpong+balanced,sm90-pingpong+heavy-first+snake; empty: none)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -167,7 +167,7 @@ KERNELS=""
 DROPPED=""
 DROPPED_NAMES=()
 # The expected fastest first: it leads the benchmark's kernels, should time run short.
-for KERNEL in sm90_overlap sm90_pingpong sm90; do
+for KERNEL in sm90_pingpong sm90_overlap sm90; do
   # One item per block, ragged edges, the persistent loop over many items, and
   # every item through one block (item after item, the K/V ring wrapping).
   run_step "smoke_$KERNEL" timeout 60 "$BUILD/tests/gpu/gpu_attention_test" \
@@ -255,13 +255,13 @@ if [ -z "${STSA_CHECK_SKIP_BENCH:-}" ]; then
   step "benchmark vs PyTorch ($LEFT s)"
   # STSA_CHECK_EXTRA_KERNELS adds variants to the table only, right after the
   # default kernel (compare.py drops the last kernels first when time runs
-  # short, and sm90, sm80 and ping-pong have three runs of figures already),
-  # e.g. "sm90-overlap+across-heads" (a fixed work order, bench/NOTES.md); by
-  # default the two schedules this run is to compare with the default's
-  # (NOTES: "Heavy first, snake"; the balanced lists' cost); empty for none.
+  # short, and sm90, sm80 and sm90-overlap have four runs of figures already),
+  # e.g. "sm90-pingpong+across-heads" (a fixed work order, bench/NOTES.md); by
+  # default the two block schedules that beat round-robin for sm90-overlap in
+  # the fourth run (NOTES: "Fourth GPU run"), now on the default kernel; empty for none.
   # A variant of a kernel that failed its smoke test is left out.
   BENCH_KERNELS="${KERNELS%%,*}"
-  EXTRAS="${STSA_CHECK_EXTRA_KERNELS-sm90-overlap+heavy-first+snake,sm90-overlap+balanced}"
+  EXTRAS="${STSA_CHECK_EXTRA_KERNELS-sm90-pingpong+balanced,sm90-pingpong+heavy-first+snake}"
   for EXTRA in ${EXTRAS//,/ }; do
     if [[ ",$KERNELS," == *",${EXTRA%%+*},"* && ",$BENCH_KERNELS," != *",$EXTRA,"* ]]; then
       BENCH_KERNELS="$BENCH_KERNELS,$EXTRA"
@@ -315,11 +315,11 @@ fi
 
 step "CLI on the GPU: stsa bench and stsa route --backend cuda, a profile, then the demo (with the time left)"
 echo "failed so far: ${FAILED[*]:-none}"
-# The CLI's default kernel is sm90-overlap on an H200: if it failed its smoke
+# The CLI's default kernel is sm90-pingpong on an H200: if it failed its smoke
 # test, the bench runs the first kernel left and the demo (which takes the
 # default) is not run.
 CLI_KERNEL=auto
-if [[ "$DROPPED" == *"/sm90_overlap("* ]]; then CLI_KERNEL="${KERNELS%%,*}"; fi
+if [[ "$DROPPED" == *"/sm90_pingpong("* ]]; then CLI_KERNEL="${KERNELS%%,*}"; fi
 CLI_BUILT=0
 if wait "$CLI_BUILD_PID"; then
   CLI_BUILT=1
@@ -338,7 +338,7 @@ if wait "$CLI_BUILD_PID"; then
   # with the scatter fused), against the CPU backend on the same synthetic heads.
   ROUTE_ARGS="route --synthetic --dtype bf16 --frames 13 --height 12 --width 16 --heads 8 --head-dim 64 --eval-rows 0 --json"
   if [ "$CLI_KERNEL" != auto ]; then
-    echo "cli_route skipped: sm90-overlap (the default kernel) failed its smoke test"
+    echo "cli_route skipped: sm90-pingpong (the default kernel) failed its smoke test"
   elif [ $(( HARD_S - $(elapsed) )) -ge 20 ]; then
     run_step cli_route timeout $(( HARD_S - $(elapsed) )) sh -c "'$BUILD/stsa' $ROUTE_ARGS --backend cuda \
       > '$BUILD/cli_route.json' && '$BUILD/stsa' $ROUTE_ARGS --backend cpu > '$BUILD/cli_route_cpu.json' && \
@@ -363,7 +363,8 @@ elif [ "$(cat "$BUILD/python_build.rc" 2> /dev/null || echo none)" != 0 ]; then
   FAILED+=("python_build")
 elif [ $(( HARD_S - $(elapsed) )) -ge 40 ]; then
   MODULE="$(ls "$BUILD"/python/stsa/_stsa*.so)"
-  echo "module: $(nm -D --defined-only "$MODULE" | wc -l) exported symbol(s); libstdc++: $(ldd "$MODULE" | grep -o "libstdc++[^ ]*" || echo "linked statically")"
+  LIBSTDCXX="$(ldd "$MODULE" | awk '/libstdc\+\+/ { print $3; exit }')"
+  echo "module: $(nm -D --defined-only "$MODULE" | wc -l) exported symbol(s); libstdc++: ${LIBSTDCXX:-linked statically}"
   # build-gpu-deps/python after site-packages: an installed pytest wins, and torch's imports never see ours.
   run_step python_tests timeout $(( HARD_S - $(elapsed) - 10 )) env PYTHONPATH="$BUILD/python" \
     PYTHONDONTWRITEBYTECODE=1 python3 -c "import sys; sys.path.append('$DEPS/python'); import pytest; \
@@ -411,7 +412,7 @@ fi
 if [ "$CLI_BUILT" -eq 0 ]; then
   echo "demo skipped: the CLI did not build"
 elif [ "$CLI_KERNEL" != auto ]; then
-  echo "demo skipped: sm90-overlap (the default kernel) failed its smoke test"
+  echo "demo skipped: sm90-pingpong (the default kernel) failed its smoke test"
 elif [ $(( HARD_S - $(elapsed) )) -ge 60 ]; then
   run_step cli_demo timeout $(( HARD_S - $(elapsed) )) "$BUILD/stsa"
 else

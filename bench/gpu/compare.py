@@ -10,7 +10,7 @@ D = 128; bf16) it
   2. times PyTorch's cuDNN and FlashAttention-2 SDPA (dense) first, so that
      the clock never takes the baselines, and keeps their outputs;
   3. runs build-gpu/stsa_gpu_bench on those inputs once per attention kernel
-     (--kernels, default sm90-overlap,sm90-pingpong,sm90,sm80: the expected
+     (--kernels, default sm90-pingpong,sm90-overlap,sm90,sm80: the expected
      fastest first, in case time runs out), each in its own process so that a kernel
      that fails or hangs costs only its own rows (the process rewrites its JSON
      after every case, so a timeout keeps what finished): stsa sparse at each kept
@@ -758,7 +758,7 @@ def main():
     parser.add_argument("--densities", type=lambda s: [float(x) for x in s.split(",")],
                         default=[0.1, 0.2, 0.3, 0.5, 1.0])
     parser.add_argument("--kernels", type=lambda s: [k for k in s.split(",") if k],
-                        default=["sm90-overlap", "sm90-pingpong", "sm90", "sm80"],
+                        default=["sm90-pingpong", "sm90-overlap", "sm90", "sm80"],
                         help="stsa attention kernels, one stsa_gpu_bench process and one table row each")
     parser.add_argument("--sample-rows", type=int, default=512)
     parser.add_argument("--deadline-s", type=float, default=420.0)

@@ -146,9 +146,9 @@ class DevicePlan {
 //         other's products.
 //   Sm80: portable path (mma.sync, cp.async); compute capability >= 8.0 with the
 //         shared memory it needs (D = 128: 136 KB per block, as on A100/H100/H200).
-//   Auto: Sm90Overlap on compute capability 9.0 (with the Auto work order, the
-//         fastest measured configuration in 14 of the 15 Wan2.1 cases on an
-//         H200 and within 2% in the other: bench/gpu/RESULTS.md), Sm80 elsewhere.
+//   Auto: Sm90PingPong on compute capability 9.0 (with the Auto work order,
+//         6-17% faster than Sm90Overlap in all 15 Wan2.1 cases of the fourth
+//         H200 run: bench/gpu/RESULTS.md), Sm80 elsewhere.
 enum class CudaKernel : std::uint8_t { Auto, Sm80, Sm90, Sm90Overlap, Sm90PingPong };
 // "auto", "sm80", "sm90", "sm90-overlap", "sm90-pingpong"
 std::string_view to_string(CudaKernel kernel);

@@ -85,8 +85,8 @@ CudaKernel resolve_kernel(CudaKernel requested, const DeviceFacts& f) {
              " has ", f.major, ".", f.minor);
   // sm_90a machine code runs on compute capability 9.0 only (no PTX is shipped for it).
   const bool hopper = f.major == 9 && f.minor == 0;
-  // The fastest correct kernel measured on an H200 (bench/gpu/RESULTS.md, 2026-11-30).
-  if (requested == CudaKernel::Auto) return hopper ? CudaKernel::Sm90Overlap : CudaKernel::Sm80;
+  // The fastest correct kernel measured on an H200 (bench/gpu/RESULTS.md, 2026-12-04).
+  if (requested == CudaKernel::Auto) return hopper ? CudaKernel::Sm90PingPong : CudaKernel::Sm80;
   STSA_CHECK(requested == CudaKernel::Sm80 || hopper, Unsupported, "the ", to_string(requested),
              " kernel needs compute capability 9.0, device ", f.device, " has ", f.major, ".", f.minor);
   return requested;

@@ -985,7 +985,7 @@ TEST(GpuAttentionInput, TheKernelResolvesOnlyWithAGpu) {
     return;
   }
   const CudaKernel automatic = CudaBackend().resolved_kernel();
-  EXPECT_EQ(automatic, is_hopper() ? CudaKernel::Sm90Overlap : CudaKernel::Sm80);
+  EXPECT_EQ(automatic, is_hopper() ? CudaKernel::Sm90PingPong : CudaKernel::Sm80);
   if (!is_hopper()) {
     for (const CudaKernel k : {CudaKernel::Sm90, CudaKernel::Sm90Overlap, CudaKernel::Sm90PingPong}) {
       EXPECT_THROW(CudaBackend(CudaBackendOptions{k}).resolved_kernel(), Unsupported);
