@@ -193,3 +193,38 @@ if live is not None:
 else:
     assert board["unavailable"], board
 print("gpu_clocks and the clock columns: ok")
+
+# Which stsa_gpu_bench processes a shape starts when time runs short: the clock
+# takes the last kernels (the least wanted) first, never an early extra while
+# later ones run. A fake clock; each process "takes" 20 s of it.
+class FakeClock:
+    def __init__(self, left):
+        self.remaining = left
+
+    def left(self):
+        return self.remaining
+
+
+started = []
+
+
+def fake_run(cmd, timeout):
+    started.append((cmd[cmd.index("--kernels") + 1], timeout))
+    fake_clock.remaining -= 20
+    return argparse.Namespace(returncode=0)
+
+
+kernels_in_order = ["default", "extra-1", "extra-2", "extra-3", "extra-4", "extra-5"]
+fake_args = argparse.Namespace(kernels=kernels_in_order, densities=[0.1, 1.0], build="/nonexistent", sample_rows=8)
+real_run, compare.subprocess.run = compare.subprocess.run, fake_run
+try:
+    fake_clock = FakeClock(150.0)  # 1440p: 40 s kept for FlexAttention, a 30 s floor per process
+    shape = {"shape": "1440p", "stsa": {}, "cases": {}, "errors": []}
+    compare.run_stsa("1440p", fake_args, fake_clock, shape, "/nonexistent", 21, 90, 160)
+finally:
+    compare.subprocess.run = real_run
+assert [k for k, _ in started] == kernels_in_order[:5], started
+assert shape["kernels_skipped"] == ["extra-5"], shape
+# No extra one is given more than the time left (less FlexAttention's reserve), nor less than the floor.
+assert all(30 <= t <= left - 40 for (_, t), left in zip(started[1:], (130, 110, 90, 70))), started
+print("compare.py kernels dropped last first: ok")
