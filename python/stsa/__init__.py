@@ -27,11 +27,12 @@ NotImplementedError, ``stsa.ResourceError`` a MemoryError.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import numbers
 from typing import Any, Sequence
 
 from . import _stsa
-from ._stsa import Error, InvalidArgument, IoError, ResourceError, Unsupported, VideoGrid
+from ._stsa import Error, InvalidArgument, IoError, ResourceError, Unsupported
 
 __all__ = [
     "Error", "InvalidArgument", "IoError", "ResourceError", "Unsupported", "VideoGrid", "Policy", "attention",
@@ -40,6 +41,39 @@ __all__ = [
 ]
 
 _DEFAULT_TILE = (128, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoGrid:
+    """Latent frames x token rows x token columns, and text tokens before or after
+    the video. A value (compares, hashes and pickles by its fields) and plain Python,
+    so torch.compile reads it (and guards on it) without a graph break."""
+
+    frames: int
+    height: int
+    width: int
+    text: int = 0
+    text_placement: str = "after"
+
+    def __post_init__(self):
+        for name in ("frames", "height", "width", "text"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise InvalidArgument(f"VideoGrid {name} must be an integer, got {value!r}")
+        if not isinstance(self.text_placement, str):
+            raise InvalidArgument(f"VideoGrid text_placement must be 'before' or 'after', got {self.text_placement!r}")
+        self._native()  # the library checks the values (stsa.InvalidArgument)
+
+    @property
+    def video_tokens(self) -> int:
+        return self.frames * self.height * self.width
+
+    @property
+    def tokens(self) -> int:
+        return self.video_tokens + self.text
+
+    def _native(self):
+        return _stsa.VideoGrid(self.frames, self.height, self.width, self.text, self.text_placement)
 
 
 def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: float = 0.25, *, anchor: bool = True,
@@ -58,8 +92,17 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     ``return_lse`` or ``lse`` is given. ``backend``: "cpu" or "reference" for host
     arrays, "cuda" for CUDA arrays (None: where the arrays are); ``stream``: the
     cudaStream_t of a GPU call (None: torch's current stream, else the default).
+    Under torch.compile (torch tensors, a VideoGrid, no ``out``, ``lse`` or
+    ``stream``) the call is one operator in the compiled graph,
+    ``torch.ops.stsa.attention``, not a graph break.
     """
     masks = [mask] if isinstance(mask, str) else list(mask)
+    if out is None and lse is None and stream is None and _traced(q):
+        from ._torch_op import traced_attention
+
+        out, lse = traced_attention(q, k, v, _video_grid(grid), masks, density, anchor, layout, scale, _tile(tile),
+                                    align, backend)
+        return (out, lse) if return_lse else out
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
     with _device_of(q):
         _stsa.attention(**_arrays(q, k, v, out, lse), **_where(q, grid, scale, backend, stream, tile, align, layout),
@@ -200,7 +243,11 @@ def token_order(grid, order: str = "spatial-major"):
 
 def model_presets() -> list[dict[str, Any]]:
     """The models stsa has shapes and starting policies for."""
-    return _stsa.model_presets()
+    presets = _stsa.model_presets()
+    for preset in presets:
+        native = preset["grid"]
+        preset["grid"] = VideoGrid(native.frames, native.height, native.width, native.text, native.text_placement)
+    return presets
 
 
 def model_preset(name: str) -> dict[str, Any]:
@@ -221,12 +268,17 @@ def clear_plan_cache() -> None:
     _stsa.clear_plan_cache()
 
 
-def _grid(grid) -> VideoGrid:
+def _video_grid(grid) -> VideoGrid:
     if isinstance(grid, VideoGrid):
         return grid
     if isinstance(grid, (tuple, list)) and len(grid) == 3:
         return VideoGrid(*grid)
     raise InvalidArgument(f"grid must be a stsa.VideoGrid or (frames, height, width), got {grid!r}")
+
+
+def _grid(grid):
+    """The module's grid for a VideoGrid or (frames, height, width)."""
+    return _video_grid(grid)._native()
 
 
 def _tile(tile) -> tuple[int, int]:
@@ -317,6 +369,16 @@ def _router(density, spatial_density, temporal_density, frames_density, try_fram
     return {"samples": int(samples), "spatial_density": _or(spatial_density, density),
             "temporal_density": _or(temporal_density, density), "frames_density": _or(frames_density, density),
             "try_frames": try_frames, "max_rel_l2": max_rel_l2, "anchor": anchor, "seed": int(seed)}
+
+
+def _traced(array) -> bool:
+    """Whether torch.compile is tracing this call: then it goes through the operator
+    torch.ops.stsa.attention (_torch_op.py) and stays in the compiled graph."""
+    if _framework(array) != "torch":
+        return False
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 def _framework(array) -> str:

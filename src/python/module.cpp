@@ -191,11 +191,6 @@ void register_errors(nb::module_& m) {
   });
 }
 
-// VideoGrid(...)'s arguments for `g`.
-nb::tuple grid_arguments(const VideoGrid& g) {
-  return nb::make_tuple(g.frames, g.height, g.width, g.text_tokens, std::string(to_string(g.text_placement)));
-}
-
 // The tensor arguments every attention entry point takes, in this order.
 #define STSA_TENSOR_ARGS "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "bf16_bits"_a
 
@@ -208,6 +203,7 @@ NB_MODULE(_stsa, m) {
   m.doc() = "stsa's extension module; use the stsa package, which wraps it.";
   register_errors(m);
 
+  // The library's grid, validated on construction; stsa.VideoGrid (Python) is the value users hold.
   nb::class_<VideoGrid>(m, "VideoGrid", "Latent frames x token rows x token columns, and text tokens before or after.")
       .def(
           "__init__",
@@ -225,17 +221,7 @@ NB_MODULE(_stsa, m) {
       .def_ro("height", &VideoGrid::height)
       .def_ro("width", &VideoGrid::width)
       .def_ro("text", &VideoGrid::text_tokens)
-      .def_prop_ro("text_placement", [](const VideoGrid& g) { return std::string(to_string(g.text_placement)); })
-      .def_prop_ro("tokens", &VideoGrid::tokens)
-      .def_prop_ro("video_tokens", &VideoGrid::video_tokens)
-      // A value: equal grids compare and hash equal, and pickle (multiprocessing, data loaders) by their arguments.
-      .def("__eq__", [](const VideoGrid& a, const VideoGrid& b) { return a == b; }, nb::is_operator())
-      .def("__hash__", [](const VideoGrid& g) { return nb::hash(grid_arguments(g)); })
-      .def("__reduce__", [](const VideoGrid& g) { return nb::make_tuple(nb::type<VideoGrid>(), grid_arguments(g)); })
-      .def("__repr__", [](const VideoGrid& g) {
-        return detail::concat("VideoGrid(frames=", g.frames, ", height=", g.height, ", width=", g.width,
-                              ", text=", g.text_tokens, ", text_placement='", to_string(g.text_placement), "')");
-      });
+      .def_prop_ro("text_placement", [](const VideoGrid& g) { return std::string(to_string(g.text_placement)); });
 
   m.def(
       "attention",

@@ -70,7 +70,13 @@ def test_bad_grids(qkv):
         stsa.VideoGrid(3, 4, 4, text=2, text_placement="middle")
     with pytest.raises(stsa.InvalidArgument, match="grid must be"):
         stsa.attention(*qkv, "21x45x80")
+    for bad in ((3.0, 4, 4), (3, True, 4), (3, 4, "4")):
+        with pytest.raises(stsa.InvalidArgument, match="must be an integer"):
+            stsa.VideoGrid(*bad)
+    with pytest.raises(stsa.InvalidArgument, match="text_placement"):
+        stsa.VideoGrid(3, 4, 4, text_placement=None)
     assert stsa.VideoGrid(3, 4, 4, 2) == GRID and "text=2" in repr(GRID)
+    assert (GRID.tokens, GRID.video_tokens) == (50, 48) and stsa.VideoGrid(np.int64(3), 4, 4).tokens == 48
 
 
 def test_grids_are_values():

@@ -134,3 +134,62 @@ def test_cuda_refusals(rng):
     with pytest.raises(stsa.InvalidArgument):
         stsa.attention(q, k, v, grid, mask="causal", out=out)
     assert torch.all(out == 7.0)
+
+
+def compiled_graph_ops(fn, *args):
+    """fn compiled whole (fullgraph: a graph break raises) through AOT autograd, which
+    runs the operator's fake implementation; returns its outputs and the graph's ops."""
+    ops = []
+
+    def backend(gm, example_inputs):
+        ops.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, backend=backend)(*args), ops
+
+
+@pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
+def test_compiled_attention_is_one_operator(layout, rng):
+    grid = stsa.VideoGrid(9, 4, 6, text=5, text_placement="before")
+    routes = ["temporal", "spatial"]
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    if layout == "bhnd":
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+
+    def layer(q, k, v):
+        out, lse = stsa.attention(q, k, v, grid, routes, 0.5, layout=layout, return_lse=True)
+        return out * 2, lse
+
+    (out, lse), ops = compiled_graph_ops(layer, q, k, v)
+    assert ops.count("stsa.attention") == 1, ops
+    eager_out, eager_lse = layer(q, k, v)
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+    heads_first = out.transpose(1, 2) if layout == "bhnd" else out
+    inputs = [x.transpose(1, 2) if layout == "bhnd" else x for x in (q, k, v)]
+    check(heads_first / 2, *inputs, masks_for(grid, routes, 0.5))
+
+
+def test_the_operator_passes_torch_opcheck(rng):
+    import stsa._torch_op  # noqa: F401  (registers torch.ops.stsa.attention)
+
+    grid = stsa.VideoGrid(9, 4, 6, text=3)
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.bfloat16)
+    torch.library.opcheck(torch.ops.stsa.attention.default,
+                          (q, k, v, [9, 4, 6, 3], False, "temporal,spatial", 0.5, True, None, "bnhd", [128, 128],
+                           "exact", ""))
+
+
+def test_compiled_attention_on_the_gpu(rng):
+    require_gpu()
+    grid = stsa.VideoGrid(10, 9, 7, text=11)
+    routes = ["temporal", "dense", "spatial", "frames"]
+    q, k, v = random_qkv(rng, grid, 4, 128, torch.bfloat16, "cuda")
+
+    def layer(q, k, v):
+        return stsa.attention(q, k, v, grid, routes, 0.5) + 1
+
+    out, ops = compiled_graph_ops(layer, q, k, v)
+    assert ops.count("stsa.attention") == 1 and out.device == q.device, ops
+    assert torch.equal(out, layer(q, k, v))
+    check(out - 1, q, k, v, masks_for(grid, routes, 0.5))
