@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The parsers and the plan builder run fast (thousands of inputs a second); the attention
 # call runs the fp64 reference on every input, so it gets the longest share.
-seconds="${STSA_FUZZ_SECONDS:-30}"
-attention_seconds="${STSA_FUZZ_ATTENTION_SECONDS:-45}"
+seconds="${STSA_FUZZ_SECONDS:-20}"
+attention_seconds="${STSA_FUZZ_ATTENTION_SECONDS:-40}"
 dir=build-fuzz
 CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTSA_FUZZ=ON -DSTSA_TESTS=OFF \
   -DSTSA_CUDA=OFF -DSTSA_MPI=OFF -DSTSA_SANITIZE=address,undefined >/dev/null
