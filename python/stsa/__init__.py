@@ -398,7 +398,7 @@ def _outputs(q, out, lse, return_lse: bool, layout: str):
     shape = _check_rank(q)
     if layout not in ("bnhd", "bhnd"):
         raise InvalidArgument(f"layout must be 'bnhd' or 'bhnd', got '{layout}'")
-    batch, tokens, heads = (shape[0], shape[1], shape[2]) if layout == "bnhd" else (shape[0], shape[2], shape[1])
+    batch, tokens, heads = _batch_tokens_heads(shape, layout)
     if out is None:
         out = _empty_like(q, shape, None)
     elif not _writable(out):
@@ -409,6 +409,10 @@ def _outputs(q, out, lse, return_lse: bool, layout: str):
     elif lse is not None and not _writable(lse):
         raise InvalidArgument("lse is read-only")
     return out, lse, want_lse
+
+
+def _batch_tokens_heads(shape, layout: str) -> tuple:
+    return (shape[0], shape[1], shape[2]) if layout == "bnhd" else (shape[0], shape[2], shape[1])
 
 
 def _writable(array) -> bool:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from . import VideoGrid, attention
+from . import VideoGrid, _batch_tokens_heads, attention
 
 
 # Not captured into CUDA graphs (torch.compile's "reduce-overhead" keeps it out): a
@@ -29,8 +29,7 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: list[i
 @attention_op.register_fake
 def _(q, k, v, grid, text_before, masks, density, anchor, scale, layout, tile, align, backend):
     # As stsa.attention allocates them: out like q (contiguous), lse [B, H, N] float32.
-    batch, tokens, heads = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bnhd" else (q.shape[0], q.shape[2],
-                                                                                           q.shape[1])
+    batch, tokens, heads = _batch_tokens_heads(q.shape, layout)
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty((batch, heads, tokens), dtype=torch.float32, device=q.device))
 
