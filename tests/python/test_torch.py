@@ -170,6 +170,20 @@ def test_compiled_attention_is_one_operator(layout, rng):
     check(heads_first / 2, *inputs, masks_for(grid, routes, 0.5))
 
 
+def test_a_compiled_call_follows_its_grid_and_batch(rng):
+    """The trace reads the grid's fields and guards on them: another grid (here two
+    fewer text tokens) recompiles instead of reusing the first one's constants, and
+    dynamic shapes take any batch."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, g: stsa.attention(q, k, v, g, "spatial", 0.5), fullgraph=True,
+                             dynamic=True, backend="aot_eager")
+    for grid, batch in ((stsa.VideoGrid(9, 4, 6, text=5), 1), (stsa.VideoGrid(9, 4, 6, text=3), 2),
+                        (stsa.VideoGrid(9, 4, 6, text=5), 3)):
+        q, k, v = (torch.from_numpy(rng.standard_normal((batch, grid.tokens, 2, 64)).astype(np.float32))
+                   for _ in range(3))
+        assert torch.equal(compiled(q, k, v, grid), stsa.attention(q, k, v, grid, "spatial", 0.5))
+
+
 def test_the_operator_passes_torch_opcheck(rng):
     import stsa._torch_op  # noqa: F401  (registers torch.ops.stsa.attention)
 
