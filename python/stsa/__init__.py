@@ -97,6 +97,7 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     ``torch.ops.stsa.attention``, not a graph break.
     """
     masks = [mask] if isinstance(mask, str) else list(mask)
+    _refuse_autograd(q, k, v)
     if out is None and lse is None and stream is None and _traced(q):
         from ._torch_op import traced_attention
 
@@ -128,6 +129,7 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     """
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
+    _refuse_autograd(q, k, v)
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
     with _device_of(q):
         info = _stsa.routed_attention(**_arrays(q, k, v, out, lse),
@@ -201,6 +203,7 @@ class Policy:
                   return_lse: bool = False, scale: float | None = None, backend: str | None = None,
                   stream: int | None = None, tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
         """One layer's self-attention at one step; returns ``(out, info)`` or ``(out, lse, info)``."""
+        _refuse_autograd(q, k, v)
         out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
         with _device_of(q):
             info = self._policy.attention(**_arrays(q, k, v, out, lse),
@@ -379,6 +382,18 @@ def _traced(array) -> bool:
     import torch
 
     return torch.compiler.is_compiling()
+
+
+def _refuse_autograd(q, k, v) -> None:
+    """stsa computes no gradients: an output detached from tensors that need them would
+    train the rest of the model as if attention were a constant, without a word."""
+    if _framework(q) != "torch":
+        return
+    import torch
+
+    if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+        raise Unsupported("stsa computes no gradients: call it under torch.no_grad() or torch.inference_mode(), "
+                          "or pass tensors that do not require grad (.detach())")
 
 
 def _framework(array) -> str:

@@ -60,6 +60,30 @@ def test_head_major_view_of_a_tensor():
     assert torch.equal(out.transpose(1, 2), same)
 
 
+def test_tensors_that_need_gradients_are_refused(rng):
+    """No backward pass: an output silently cut off from the graph would train the
+    model around a constant. Under no_grad (inference) the same tensors run."""
+    grid = stsa.VideoGrid(4, 4, 4)
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    k.requires_grad_(True)
+    calls = {
+        "attention": lambda: stsa.attention(q, k, v, grid),
+        "routed_attention": lambda: stsa.routed_attention(q, k, v, grid, samples=8),
+        "Policy.attention": lambda: stsa.Policy().attention(q, k, v, grid, step=0, layer=0),
+        # Not fullgraph: torch.compile would wrap the refusal in its own exception type.
+        "compiled": lambda: torch.compile(lambda *x: stsa.attention(*x, grid), backend="aot_eager")(q, k, v),
+    }
+    for name, call in calls.items():
+        torch._dynamo.reset()
+        with pytest.raises(stsa.Unsupported, match="no gradients"):
+            call()
+        with torch.no_grad():
+            out = call()
+        assert isinstance(out, (torch.Tensor, tuple)), name
+    with torch.no_grad():
+        assert torch.equal(stsa.attention(q, k, v, grid), stsa.attention(q, k.detach(), v, grid))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_cuda_tensors(dtype, head_dim, rng):
