@@ -1,0 +1,201 @@
+"""stsa inside a diffusers Wan transformer: every block's self-attention runs through a
+``stsa.Policy`` (dense warm-up, heads routed online, decisions reused), nothing else changes.
+
+    import stsa.diffusers
+    sparse = stsa.diffusers.enable(pipe.transformer, "wan2.1-720p")   # a preset name or a stsa.Policy
+    video = pipe(prompt, height=720, width=1280, num_frames=81).frames[0]
+    print(sparse.summary())                                           # routes taken, stsa's time
+    sparse.disable()                                                  # the model's own processors back
+
+The latent grid of each forward comes from the transformer's input ([B, C, F, H, W] over its
+patch size); the step from its timestep: a lower timestep than the last forward's is the
+next step, an equal one the same step (the unconditional pass of classifier-free guidance),
+a higher one a new generation (step 0). Layer i is ``transformer.blocks[i]``. Cross-attention
+is left as it was. Needs torch and a diffusers ``WanTransformer3DModel`` (Wan2.1 and Wan2.2
+text-to-video and image-to-video; diffusers 0.35 or later) whose self-attention still has
+diffusers' own processor.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import torch
+
+from . import InvalidArgument, Policy, Unsupported, VideoGrid
+
+__all__ = ["enable", "SparseTransformer", "CallRecord"]
+
+# The processor whose computation _SelfAttention reproduces up to the attention call
+# (diffusers >= 0.35; tested with 0.42.1). Another one (a user's own, or an older
+# diffusers' WanAttnProcessor2_0 with its complex rotary tables) computes something
+# else and is not replaced.
+_REPLACED_PROCESSOR = "WanAttnProcessor"
+
+
+def enable(transformer, policy: str | Policy, *, backend: str | None = None,
+           tile: int | tuple[int, int] = (128, 128), align: str = "exact",
+           max_records: int = 100_000) -> "SparseTransformer":
+    """Runs the self-attention of every block of ``transformer`` through ``policy`` (a
+    ``stsa.Policy`` or a preset name, ``stsa.model_presets()``) until ``disable()``.
+    ``backend``, ``tile`` and ``align`` as in ``stsa.attention``; the latest
+    ``max_records`` calls are kept (a long-running server's memory stays bounded)."""
+    return SparseTransformer(transformer, policy, backend=backend, tile=tile, align=align, max_records=max_records)
+
+
+@dataclasses.dataclass(frozen=True)
+class CallRecord:
+    """One self-attention call: where it was, what each head ran and what it cost."""
+
+    step: int
+    layer: int
+    grid: VideoGrid
+    routes: tuple[str, ...]  # per head: "dense", "spatial", "temporal" or "frames"
+    routing_ms: float        # the router, for the heads routed in this call (0 when reused or dense)
+    attention_ms: float      # stsa's attention, permutation included
+
+
+class SparseTransformer:
+    """What ``enable`` returns: the installed processors and hook, the step count and
+    a record of every call. A context manager (``with stsa.diffusers.enable(...):``)."""
+
+    def __init__(self, transformer, policy: str | Policy, *, backend: str | None, tile, align: str,
+                 max_records: int):
+        self.policy = Policy.from_preset(policy) if isinstance(policy, str) else policy
+        if not isinstance(self.policy, Policy):
+            raise InvalidArgument(f"policy must be a stsa.Policy or a preset name, got {type(policy).__name__}")
+        self.transformer = transformer
+        if not isinstance(max_records, int) or max_records < 0:
+            raise InvalidArgument(f"max_records must be a non-negative integer, got {max_records!r}")
+        self.records: collections.deque[CallRecord] = collections.deque(maxlen=max_records)
+        self.last_info: dict[int, dict[str, Any]] = {}  # per layer, the latest call's info from stsa
+        self.step = 0
+        self.grid: VideoGrid | None = None
+        self._options = {"backend": backend, "tile": tile, "align": align}
+        self._last_timestep: float | None = None
+        self._patch = _patch_size(transformer)
+        attentions = _self_attentions(transformer)
+        self._originals = [attn.processor for attn in attentions]
+        self._hook = transformer.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+        for layer, attn in enumerate(attentions):
+            attn.set_processor(_SelfAttention(self, layer))
+        self._attentions = attentions
+
+    def disable(self) -> None:
+        """Puts the model's own processors back and removes the hook; the records stay."""
+        if self._hook is None:
+            return
+        self._hook.remove()
+        self._hook = None
+        for attn, original in zip(self._attentions, self._originals):
+            attn.set_processor(original)
+
+    def __enter__(self) -> "SparseTransformer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disable()
+
+    def reset(self) -> None:
+        """Starts a new generation at the next forward (step 0), whatever its timestep."""
+        self._last_timestep = None
+
+    def summary(self) -> dict[str, Any]:
+        """Totals over the records kept: calls, head-calls per route, stsa's routing and attention ms."""
+        routes: dict[str, int] = {}
+        for record in self.records:
+            for route in record.routes:
+                routes[route] = routes.get(route, 0) + 1
+        return {"calls": len(self.records), "head_routes": routes,
+                "routing_ms": sum(r.routing_ms for r in self.records),
+                "attention_ms": sum(r.attention_ms for r in self.records)}
+
+    def _before_forward(self, module, args, kwargs) -> None:
+        hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        timestep = kwargs["timestep"] if "timestep" in kwargs else args[1]
+        if hidden_states.dim() != 5:
+            raise InvalidArgument(f"the transformer's input must be [B, C, F, H, W], got {tuple(hidden_states.shape)}")
+        frames, height, width = (size // patch for size, patch in zip(hidden_states.shape[2:], self._patch))
+        self.grid = VideoGrid(frames, height, width)
+        # One host read per forward: the step is what the policy is keyed by.
+        now = float(torch.as_tensor(timestep).max())
+        if self._last_timestep is None or now > self._last_timestep:
+            self.step = 0
+        elif now < self._last_timestep:
+            self.step += 1
+        self._last_timestep = now
+
+    def _attend(self, layer: int, q, k, v):
+        """q, k, v [B, N, H, D] of one layer's self-attention -> its output, recorded."""
+        if self.grid is None or self.grid.tokens != q.shape[1]:
+            raise Unsupported(f"layer {layer}: {q.shape[1]} query tokens, but the transformer's input makes "
+                              f"{'none' if self.grid is None else self.grid.tokens} (the self-attention was called "
+                              "outside the transformer's forward, or the tokens are split across devices)")
+        out, info = self.policy.attention(q, k, v, self.grid, step=self.step, layer=layer, **self._options)
+        self.records.append(CallRecord(self.step, layer, self.grid, tuple(info["routes"]), info["routing_ms"],
+                                       info["permutation_ms"] + info["attention_ms"]))
+        self.last_info[layer] = info
+        return out
+
+
+class _SelfAttention:
+    """diffusers' Wan self-attention (projections, QK RMS norm, rotary embedding, output
+    projection) with stsa in place of its attention call."""
+
+    _attention_backend = None  # set by diffusers' set_attention_backend; stsa is the backend here
+    _parallel_config = None    # set by diffusers' context parallelism, which splits the tokens: refused
+
+    def __init__(self, owner: SparseTransformer, layer: int):
+        self.owner = owner
+        self.layer = layer
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        if encoder_hidden_states is not None or attention_mask is not None:
+            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only, without an attention mask")
+        if self._parallel_config is not None:
+            raise Unsupported("stsa's processor does not run under diffusers' context parallelism "
+                              "(stsa's own Ulysses runs over MPI)")
+        if attn.fused_projections:
+            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        else:
+            query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+        if rotary_emb is not None:
+            if not (isinstance(rotary_emb, (tuple, list)) and len(rotary_emb) == 2):
+                raise Unsupported("the rotary embedding is not diffusers' (cos, sin) tables: another diffusers version")
+            query, key = _rotate(query, *rotary_emb), _rotate(key, *rotary_emb)
+        out = self.owner._attend(self.layer, query, key, value)
+        out = out.flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+def _rotate(x, cos, sin):
+    """Wan's rotary embedding: channel pairs (2i, 2i+1) rotated by the position's angle,
+    computed in the tables' precision (fp32) and stored in x's."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2).type_as(x)
+
+
+def _patch_size(transformer) -> tuple[int, int, int]:
+    patch = getattr(getattr(transformer, "config", None), "patch_size", None)
+    if patch is None or len(patch) != 3:
+        raise InvalidArgument(f"{type(transformer).__name__} has no 3-D config.patch_size: not a Wan video transformer")
+    return tuple(int(p) for p in patch)
+
+
+def _self_attentions(transformer) -> list:
+    blocks = getattr(transformer, "blocks", None)
+    attentions = [getattr(block, "attn1", None) for block in blocks] if blocks is not None else []
+    if not attentions or any(attn is None for attn in attentions):
+        raise InvalidArgument(f"{type(transformer).__name__} has no blocks[i].attn1: not a Wan video transformer")
+    for layer, attn in enumerate(attentions):
+        name = type(attn.processor).__name__
+        if name != _REPLACED_PROCESSOR:
+            raise InvalidArgument(f"blocks[{layer}].attn1 runs {name}; stsa replaces diffusers' own "
+                                  f"{_REPLACED_PROCESSOR} (diffusers >= 0.35) only: disable what installed the "
+                                  "other one first")
+    return attentions

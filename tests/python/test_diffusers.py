@@ -1,0 +1,186 @@
+"""stsa.diffusers on a small randomly initialised diffusers WanTransformer3DModel, where
+torch and diffusers are installed (CI's venv has neither; the test skips there). The
+model's own processor is the yardstick for everything but the attention (projections,
+QK norm, rotary embedding, output projection); the fp64 reference, with each head's
+mask evaluated from what the call reports it ran, is the yardstick for the attention."""
+
+import numpy as np
+import pytest
+
+import reference
+import stsa
+
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+
+import stsa.diffusers  # noqa: E402  (needs torch)
+
+from diffusers.models.transformers import transformer_wan  # noqa: E402
+from torch_helpers import check, require_gpu  # noqa: E402
+
+diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; tiny_wan mends it
+
+# Latents [B, C, F, H, W] = [1, 4, 5, 8, 12], patches 1 x 2 x 2: 5 frames of 4 x 6 tokens,
+# 120 in all, not a multiple of the 128-token tile; 2 heads of 64.
+LATENT_SHAPE = (1, 4, 5, 8, 12)
+GRID = stsa.VideoGrid(5, 4, 6)
+TEXT_TOKENS, TEXT_DIM = 7, 32
+ALL_SPARSE = {"max_rel_l2": 1e9}  # no head kept dense for its error: every routed head sparse
+
+
+def tiny_wan(device="cpu", dtype=torch.float32, layers=2):
+    torch.manual_seed(0)
+    model = diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
+                                            in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
+                                            ffn_dim=64, num_layers=layers, rope_max_seq_len=64)
+    model.to(device=device, dtype=dtype)
+    for name, parameter in model.named_parameters():  # as from_pretrained(torch_dtype=...) leaves them
+        if any(keep in name.split(".") for keep in model._keep_in_fp32_modules):
+            parameter.data = parameter.data.float()
+    return model.eval()
+
+
+def inputs(rng, timestep, device="cpu", dtype=torch.float32):
+    latents = torch.from_numpy(rng.standard_normal(LATENT_SHAPE).astype(np.float32))
+    text = torch.from_numpy(rng.standard_normal((1, TEXT_TOKENS, TEXT_DIM)).astype(np.float32))
+    return {"hidden_states": latents.to(device, dtype), "timestep": torch.tensor([timestep], device=device),
+            "encoder_hidden_states": text.to(device, dtype)}
+
+
+def forward(model, x):
+    with torch.no_grad():
+        return model(**x).sample
+
+
+def relative_l2(a, b):
+    return float(torch.linalg.vector_norm((a - b).double()) / torch.linalg.vector_norm(b.double()))
+
+
+DEVICES = [pytest.param("cpu", torch.float32, id="cpu-fp32"), pytest.param("cpu", torch.bfloat16, id="cpu-bf16"),
+           pytest.param("cuda", torch.bfloat16, id="cuda-bf16")]
+
+
+def on(device):
+    if device == "cuda":
+        require_gpu()
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES)
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_dense_policy_gives_the_models_own_output(device, dtype, fused, rng):
+    on(device)
+    model = tiny_wan(device, dtype)
+    if fused:
+        model.fuse_qkv_projections()
+        assert all(block.attn1.fused_projections for block in model.blocks)
+    x = inputs(rng, 999, device, dtype)
+    own = forward(model, x)
+    with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1)) as sparse:
+        ours = forward(model, x)
+    # bf16: the two kernels round differently (unit roundoff 3.9e-3; 2.4e-3 measured).
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
+    assert relative_l2(ours, own) < tolerance
+    assert [(r.step, r.layer, r.grid, r.routes) for r in sparse.records] == [
+        (0, 0, GRID, ("dense",) * 2), (0, 1, GRID, ("dense",) * 2)]
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES)
+def test_routed_layers_match_the_reference_on_the_models_own_qkv(device, dtype, rng, monkeypatch):
+    """Each layer's q, k, v as the model's own processor makes them from the same input;
+    the attention stsa returned against the fp64 reference with the masks it reports."""
+    on(device)
+    model = tiny_wan(device, dtype)
+    sparse = stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE))
+    layer_inputs, attended = {}, {}
+    for layer, block in enumerate(model.blocks):
+        block.attn1.register_forward_pre_hook(lambda _, args, layer=layer: layer_inputs.setdefault(layer, args))
+    attend = sparse._attend
+    monkeypatch.setattr(sparse, "_attend", lambda layer, q, k, v: attended.setdefault(layer, (q, k, v, attend(
+        layer, q, k, v)))[3])
+    forward(model, inputs(rng, 999, device, dtype))
+    sparse.disable()
+
+    stock = {}
+    monkeypatch.setattr(transformer_wan, "dispatch_attention_fn",
+                        lambda q, k, v, **_: stock.setdefault("qkv", (q, k, v))[0])
+    routes = set()
+    for layer, block in enumerate(model.blocks):
+        hidden_states, _, _, rotary = layer_inputs[layer]
+        stock.clear()
+        with torch.no_grad():
+            transformer_wan.WanAttnProcessor()(block.attn1, hidden_states, None, None, rotary)
+        q, k, v, out = attended[layer]
+        for ours, theirs in zip((q, k, v), stock["qkv"]):
+            assert torch.equal(ours, theirs)
+        heads = sparse.last_info[layer]["heads"]
+        routes.update(h["route"] for h in heads)
+        check(out, q, k, v, reference.head_masks(GRID, heads))
+    assert routes - {"dense"}, "every head ran dense: the test would not see a sparse mask"
+
+
+def test_steps_follow_the_timestep_and_guidance_reuses_the_decision(rng):
+    """A lower timestep is the next step, an equal one (the unconditional pass) the same
+    step, which reuses the conditional pass's decisions; a higher one starts over."""
+    model = tiny_wan(layers=1)
+    sparse = stsa.diffusers.enable(model, stsa.Policy(dense_steps=1, density=0.4, **ALL_SPARSE))
+    for timestep in (999, 999, 700, 700, 400, 999):
+        forward(model, inputs(rng, timestep))
+    records = sparse.records
+    assert [r.step for r in records] == [0, 0, 1, 1, 2, 0]
+    assert records[0].routes == records[1].routes == ("dense", "dense")
+    assert "dense" not in records[2].routes + records[4].routes
+    assert records[2].routing_ms > 0 and records[3].routing_ms == 0 and records[3].routes == records[2].routes
+    assert records[5].routes == ("dense", "dense")
+    summary = sparse.summary()
+    assert summary["calls"] == 6 and sum(summary["head_routes"].values()) == 12
+    assert summary["routing_ms"] == sum(r.routing_ms for r in records) > 0
+    sparse.reset()
+    forward(model, inputs(rng, 10))
+    assert sparse.records[-1].step == 0
+    sparse.disable()
+    bounded = stsa.diffusers.enable(model, stsa.Policy(), max_records=2)
+    for timestep in (999, 700, 400):
+        forward(model, inputs(rng, timestep))
+    assert [r.step for r in bounded.records] == [1, 2]
+
+
+def test_disable_gives_the_model_back(rng):
+    model = tiny_wan()
+    processors = [block.attn1.processor for block in model.blocks]
+    cross = [block.attn2.processor for block in model.blocks]
+    x = inputs(rng, 500)
+    own = forward(model, x)
+    with stsa.diffusers.enable(model, "wan2.1-1.3b-480p"):
+        assert all(isinstance(b.attn1.processor, stsa.diffusers._SelfAttention) for b in model.blocks)
+        assert [block.attn2.processor for block in model.blocks] == cross  # cross-attention untouched
+        assert not torch.equal(forward(model, x), own)  # the preset's policy runs sparse after its warm-up
+    assert [block.attn1.processor for block in model.blocks] == processors
+    assert torch.equal(forward(model, x), own)
+
+
+def test_refusals(rng):
+    with pytest.raises(stsa.InvalidArgument, match="not a Wan video transformer"):
+        stsa.diffusers.enable(torch.nn.Linear(2, 2), stsa.Policy())
+    model = tiny_wan(layers=1)
+    with pytest.raises(stsa.InvalidArgument, match="unknown model preset"):
+        stsa.diffusers.enable(model, "wan9")
+    with pytest.raises(stsa.InvalidArgument, match="policy must be"):
+        stsa.diffusers.enable(model, 0.25)
+    with pytest.raises(stsa.InvalidArgument, match="max_records"):
+        stsa.diffusers.enable(model, stsa.Policy(), max_records=-1)
+    sparse = stsa.diffusers.enable(model, stsa.Policy())
+    with pytest.raises(stsa.InvalidArgument, match="disable what installed the other one"):
+        stsa.diffusers.enable(model, stsa.Policy())
+    x = inputs(rng, 999)
+    with pytest.raises(stsa.Unsupported, match="no gradients"):
+        model(**x)  # grad enabled: stsa has no backward pass
+    hidden = torch.zeros(1, 10, 128)
+    with torch.no_grad(), pytest.raises(stsa.Unsupported, match="10 query tokens"):
+        model.blocks[0].attn1(hidden, None, None, None)  # a token count the transformer's input does not make
+    with torch.no_grad(), pytest.raises(stsa.Unsupported, match="without an attention mask"):
+        model.blocks[0].attn1(hidden, None, torch.ones(1, 10, 10, dtype=torch.bool), None)
+    old_rotary = torch.ones(1, 1, 10, 32, dtype=torch.complex64)  # diffusers < 0.35 passed one complex table
+    with torch.no_grad(), pytest.raises(stsa.Unsupported, match="rotary embedding"):
+        model.blocks[0].attn1(hidden, None, None, old_rotary)
+    sparse.disable()
+    assert torch.equal(forward(model, x), forward(model, x))
