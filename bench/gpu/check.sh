@@ -25,7 +25,8 @@
 #      the fp64 reference) and `stsa route --backend cuda` (against the CPU
 #      backend on the same heads; its figures go to check.log), the Python package with torch
 #      tensors on the GPU and NumPy arrays on this host's CPU (tests/python; nanobind and pytest from
-#      build-gpu-deps/python),
+#      build-gpu-deps/python, diffusers from build-gpu-diffusers: bench/gpu/carried.py), one whole
+#      Wan2.1-1.3B forward with its own attention and with stsa.diffusers (bench/gpu/wan_forward.py),
 #      Nsight Compute (when ncu is there) on one sparse
 #      call (STSA_CHECK_PROFILE_SHAPE, 45x80 = 720p; STSA_CHECK_PROFILE_DENSITY,
 #      0.5) of the first kernel and of each of its variants in the table (e.g.
@@ -353,7 +354,8 @@ fi
 # The Python package on this machine: its whole suite (tests/python), NumPy arrays
 # on this host's CPU and torch tensors on the CPU and CUDA backends against the
 # fp64 NumPy reference (test_torch.py: routing, gather, fused scatter and attention
-# on the GPU, on a side stream too). Its exports first: a module exporting more
+# on the GPU, on a side stream too; test_diffusers.py: stsa in a Wan transformer on
+# the GPU, where build-gpu-diffusers/ was carried). Its exports first: a module exporting more
 # than PyInit__stsa crashed here once (src/python/CMakeLists.txt).
 if [ -z "$PYTHON_TARGET" ]; then
   echo "python_tests skipped: the Python package was not configured (see above)"
@@ -365,10 +367,21 @@ elif [ $(( HARD_S - $(elapsed) )) -ge 40 ]; then
   MODULE="$(ls "$BUILD"/python/stsa/_stsa*.so)"
   LIBSTDCXX="$(ldd "$MODULE" | awk '/libstdc\+\+/ { print $3; exit }')"
   echo "module: $(nm -D --defined-only "$MODULE" | wc -l) exported symbol(s); libstdc++: ${LIBSTDCXX:-linked statically}"
-  # build-gpu-deps/python after site-packages: an installed pytest wins, and torch's imports never see ours.
+  [ -d "$ROOT/build-gpu-diffusers" ] || echo "no build-gpu-diffusers/ carried: test_diffusers.py will skip"
   run_step python_tests timeout $(( HARD_S - $(elapsed) - 10 )) env PYTHONPATH="$BUILD/python" \
-    PYTHONDONTWRITEBYTECODE=1 python3 -c "import sys; sys.path.append('$DEPS/python'); import pytest; \
-    sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rs', '$ROOT/tests/python']))"
+    PYTHONDONTWRITEBYTECODE=1 python3 "$ROOT/bench/gpu/carried.py" -m pytest -q -p no:cacheprovider -rs \
+    "$ROOT/tests/python"
+  # One whole Wan2.1-1.3B forward at 480p (random weights), the model's own attention
+  # against stsa.diffusers, and one video's time from it; its JSON into this log (the
+  # device tool returns 8 files).
+  if [ -d "$ROOT/build-gpu-diffusers" ] && [ $(( HARD_S - $(elapsed) )) -ge 70 ]; then
+    run_step wan_forward timeout $(( HARD_S - $(elapsed) - 10 )) env PYTHONPATH="$BUILD/python" \
+      PYTHONDONTWRITEBYTECODE=1 python3 "$ROOT/bench/gpu/carried.py" "$ROOT/bench/gpu/wan_forward.py" \
+      --presets wan2.1-1.3b-480p --repeats 2 --out "$BUILD"
+    cat "$BUILD/wan_forward.json" 2> /dev/null || true
+  else
+    echo "wan_forward skipped: no build-gpu-diffusers/ or $(elapsed) s used"
+  fi
 else
   echo "python_tests skipped: $(elapsed) s used"
 fi

@@ -7,9 +7,17 @@
 # tests need (nanobind, pytest and its imports; pip, so this needs the network)
 # into build-gpu-deps/python. Name it in the device tool's `carry`; check.sh uses
 # it when present. About 16 MB.
+#
+# Also diffusers and what it imports (for tests/python/test_diffusers.py: stsa in a
+# Wan transformer on the GPU) into build-gpu-diffusers/, carried on its own so that
+# ab.sh's carry stays small: pure-Python wheels kept zipped (Python imports from
+# them), compiled ones (Pillow, safetensors, PyYAML, charset-normalizer) unpacked
+# for the GPU image's CPython (STSA_GPU_PYTHON, 3.12 there), without NumPy (the
+# image has it) and hf_xet (downloads only). About 34 MB.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DEPS="$ROOT/build-gpu-deps"
+DIFFUSERS="$ROOT/build-gpu-diffusers"
 LIB=/usr/lib/x86_64-linux-gnu
 rm -rf "$DEPS"
 mkdir -p "$DEPS/src" "$DEPS/prefix/include" "$DEPS/prefix/lib" "$DEPS/prefix/share/cmake"
@@ -27,3 +35,17 @@ python3 -m pip download -q --only-binary :all: --python-version 3.10 --implement
 for wheel in "$DEPS"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$DEPS/python"; done
 rm -rf "$DEPS/wheels"
 du -sh "$DEPS"
+
+rm -rf "$DIFFUSERS"
+python3 -m pip download -q --only-binary :all: --python-version "${STSA_GPU_PYTHON:-3.12}" \
+  --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any -d "$DIFFUSERS/wheels" diffusers
+mkdir -p "$DIFFUSERS/zips" "$DIFFUSERS/python"
+for wheel in "$DIFFUSERS"/wheels/*.whl; do
+  case "$(basename "$wheel")" in
+    numpy-* | hf_xet-*) ;;
+    *-none-any.whl) mv "$wheel" "$DIFFUSERS/zips/" ;;
+    *) python3 -m zipfile -e "$wheel" "$DIFFUSERS/python" ;;
+  esac
+done
+rm -rf "$DIFFUSERS/wheels"
+du -sh "$DIFFUSERS"
