@@ -201,6 +201,9 @@ NB_MODULE(_stsa, m) {
   using namespace stsa;
   using namespace stsa::python;
   m.doc() = "stsa's extension module; use the stsa package, which wraps it.";
+  // A Policy that torch.compile's caches (or any module-level object) still hold at
+  // interpreter exit is not a leak, but nanobind would print "leaked instances" for it.
+  nb::set_leak_warnings(false);
   register_errors(m);
 
   // The library's grid, validated on construction; stsa.VideoGrid (Python) is the value users hold.
