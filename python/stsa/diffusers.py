@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
+import weakref
 from typing import Any
 
 import torch
@@ -76,9 +78,14 @@ class SparseTransformer:
         self._options = {"backend": backend, "tile": tile, "align": align}
         self._last_timestep: float | None = None
         self._patch = _patch_size(transformer)
+        self._id = next(_ids)
+        _owners[self._id] = self
         attentions = _self_attentions(transformer)
         self._originals = [attn.processor for attn in attentions]
-        self._hook = transformer.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+        # Read on the host once per forward (the step is the timestep's value): under a
+        # whole-model torch.compile this is the one graph break, taken on purpose.
+        self._hook = transformer.register_forward_pre_hook(torch.compiler.disable(self._before_forward),
+                                                           with_kwargs=True)
         for layer, attn in enumerate(attentions):
             attn.set_processor(_SelfAttention(self, layer))
         self._attentions = attentions
@@ -150,6 +157,7 @@ class _SelfAttention:
     def __init__(self, owner: SparseTransformer, layer: int):
         self.owner = owner
         self.layer = layer
+        self._layer_tensor = torch.tensor(layer)  # what the compiled path reads (see _attention_op)
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
         if encoder_hidden_states is not None or attention_mask is not None:
@@ -167,9 +175,33 @@ class _SelfAttention:
             if not (isinstance(rotary_emb, (tuple, list)) and len(rotary_emb) == 2):
                 raise Unsupported("the rotary embedding is not diffusers' (cos, sin) tables: another diffusers version")
             query, key = _rotate(query, *rotary_emb), _rotate(key, *rotary_emb)
-        out = self.owner._attend(self.layer, query, key, value)
+        if torch.compiler.is_compiling():  # one opaque operator in the compiled block, not a graph break
+            out = torch.ops.stsa.diffusers_attention(query, key, value, self.owner._id, self._layer_tensor)
+        else:
+            out = self.owner._attend(self.layer, query, key, value)
         out = out.flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
+
+
+# The compiled path's operator finds its SparseTransformer by number (an operator takes
+# tensors and plain values); a disabled, dropped one is gone from here too.
+_ids = itertools.count()
+_owners: "weakref.WeakValueDictionary[int, SparseTransformer]" = weakref.WeakValueDictionary()
+
+
+# The layer number reaches the operator as a 0-d tensor, an input of the compiled graph:
+# as an int it would be a constant, and regional compilation (diffusers'
+# compile_repeated_blocks) would compile the block once per layer, past torch.compile's
+# recompile limit.
+# Not captured into CUDA graphs: a GPU call reads its timing events back on the host.
+@torch.library.custom_op("stsa::diffusers_attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int, layer: torch.Tensor) -> torch.Tensor:
+    return _owners[owner]._attend(int(layer), q, k, v)
+
+
+@_attention_op.register_fake
+def _(q, k, v, owner, layer):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)  # as stsa.attention allocates it
 
 
 def _rotate(x, cos, sin):

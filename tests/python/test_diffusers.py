@@ -184,3 +184,57 @@ def test_refusals(rng):
         model.blocks[0].attn1(hidden, None, None, old_rotary)
     sparse.disable()
     assert torch.equal(forward(model, x), forward(model, x))
+
+
+def test_regional_compilation_holds_stsa_as_one_operator(rng):
+    """diffusers' compile_repeated_blocks(fullgraph=True; a graph break would raise): the
+    block compiles once for every layer and step (the layer reaches the operator as a
+    tensor, the step is read when it runs), stsa one operator in it, and the compiled
+    model returns the eager one's bytes and makes the same decisions."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        ops = [str(node.target) for node in gm.graph.nodes if node.op == "call_function"]
+        graphs.append(ops.count("stsa.diffusers_attention"))
+        return torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    model = tiny_wan(layers=3)
+    steps = [inputs(rng, timestep) for timestep in (999, 999, 500, 500)]
+    runs = []
+    for compiled in (False, True):
+        if compiled:
+            model.compile_repeated_blocks(fullgraph=True, backend=backend)
+        with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1, density=0.4, **ALL_SPARSE)) as sparse:
+            outputs = [forward(model, x) for x in steps]
+        runs.append((outputs, [(r.step, r.layer, r.routes) for r in sparse.records]))
+    torch._dynamo.reset()
+    (eager, eager_records), (compiled, compiled_records) = runs
+    assert graphs == [1]
+    assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
+    assert compiled_records == eager_records and "spatial" in str(eager_records[-1])
+
+
+def test_a_whole_model_compile_breaks_at_the_step_hook_only(rng):
+    """torch.compile of the whole transformer: the hook that reads the timestep is left out
+    (torch.compiler.disable), everything else compiles, the eager bytes come back."""
+    torch._dynamo.reset()
+    model = tiny_wan(layers=2)
+    steps = [inputs(rng, timestep) for timestep in (999, 500)]
+    policy = {"dense_steps": 1, "density": 0.4, **ALL_SPARSE}
+    with stsa.diffusers.enable(model, stsa.Policy(**policy)):
+        eager = [forward(model, x) for x in steps]
+    compiled_model = torch.compile(model, backend="aot_eager")
+    with stsa.diffusers.enable(model, stsa.Policy(**policy)) as sparse:
+        compiled = [forward(compiled_model, x) for x in steps]
+    torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
+    assert [r.step for r in sparse.records] == [0, 0, 1, 1]
+
+
+def test_the_operator_passes_torch_opcheck(rng):
+    model = tiny_wan(layers=1)
+    sparse = stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE))
+    forward(model, inputs(rng, 999))  # the grid, from a forward
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, GRID.tokens, 2, 64)).astype(np.float32)) for _ in range(3))
+    torch.library.opcheck(torch.ops.stsa.diffusers_attention.default, (q, k, v, sparse._id, torch.tensor(0)))
