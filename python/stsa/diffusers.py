@@ -1,4 +1,4 @@
-"""stsa inside a diffusers Wan transformer: every block's self-attention runs through a
+"""stsa inside a diffusers video transformer: every block's self-attention runs through a
 ``stsa.Policy`` (dense warm-up, heads routed online, decisions reused), nothing else changes.
 
     import stsa.diffusers
@@ -7,19 +7,21 @@
     print(sparse.summary())                                           # routes taken, stsa's time
     sparse.disable()                                                  # the model's own processors back
 
-The latent grid of each forward comes from the transformer's input ([B, C, F, H, W] over its
-patch size); the step from its timestep: a lower timestep than the last forward's is the
+Models: ``WanTransformer3DModel`` (Wan2.1 and Wan2.2, text- and image-to-video; text joins
+by cross-attention, left as it was) and ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and
+1.5; joint attention, the text tokens before the video's), from diffusers 0.35 or later,
+whose self-attention still has diffusers' own processor. The latent grid of each forward
+comes from the transformer's input (over its patch size, and the text's length for
+CogVideoX); the step from its timestep: a lower timestep than the last forward's is the
 next step, an equal one the same step (the unconditional pass of classifier-free guidance),
-a higher one a new generation (step 0). Layer i is ``transformer.blocks[i]``. Cross-attention
-is left as it was. Needs torch and a diffusers ``WanTransformer3DModel`` (Wan2.1 and Wan2.2
-text-to-video and image-to-video; diffusers 0.35 or later) whose self-attention still has
-diffusers' own processor.
+a higher one a new generation (step 0). Layer i is the model's i-th block.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import itertools
 import weakref
 from typing import Any
@@ -29,12 +31,6 @@ import torch
 from . import InvalidArgument, Policy, Unsupported, VideoGrid
 
 __all__ = ["enable", "SparseTransformer", "CallRecord"]
-
-# The processor whose computation _SelfAttention reproduces up to the attention call
-# (diffusers >= 0.35; tested with 0.42.1). Another one (a user's own, or an older
-# diffusers' WanAttnProcessor2_0 with its complex rotary tables) computes something
-# else and is not replaced.
-_REPLACED_PROCESSOR = "WanAttnProcessor"
 
 
 def enable(transformer, policy: str | Policy, *, backend: str | None = None,
@@ -68,26 +64,27 @@ class SparseTransformer:
         self.policy = Policy.from_preset(policy) if isinstance(policy, str) else policy
         if not isinstance(self.policy, Policy):
             raise InvalidArgument(f"policy must be a stsa.Policy or a preset name, got {type(policy).__name__}")
-        self.transformer = transformer
         if not isinstance(max_records, int) or max_records < 0:
             raise InvalidArgument(f"max_records must be a non-negative integer, got {max_records!r}")
+        self._family = _family_of(transformer)
+        attentions = self._family.self_attentions(transformer)
+        self.transformer = transformer
         self.records: collections.deque[CallRecord] = collections.deque(maxlen=max_records)
         self.last_info: dict[int, dict[str, Any]] = {}  # per layer, the latest call's info from stsa
         self.step = 0
         self.grid: VideoGrid | None = None
         self._options = {"backend": backend, "tile": tile, "align": align}
         self._last_timestep: float | None = None
-        self._patch = _patch_size(transformer)
+        self._signature = inspect.signature(transformer.forward)
         self._id = next(_ids)
         _owners[self._id] = self
-        attentions = _self_attentions(transformer)
         self._originals = [attn.processor for attn in attentions]
         # Read on the host once per forward (the step is the timestep's value): under a
         # whole-model torch.compile this is the one graph break, taken on purpose.
         self._hook = transformer.register_forward_pre_hook(torch.compiler.disable(self._before_forward),
                                                            with_kwargs=True)
         for layer, attn in enumerate(attentions):
-            attn.set_processor(_SelfAttention(self, layer))
+            attn.set_processor(self._family.processor(self, layer))
         self._attentions = attentions
 
     def disable(self) -> None:
@@ -120,27 +117,26 @@ class SparseTransformer:
                 "attention_ms": sum(r.attention_ms for r in self.records)}
 
     def _before_forward(self, module, args, kwargs) -> None:
-        hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        timestep = kwargs["timestep"] if "timestep" in kwargs else args[1]
-        if hidden_states.dim() != 5:
-            raise InvalidArgument(f"the transformer's input must be [B, C, F, H, W], got {tuple(hidden_states.shape)}")
-        frames, height, width = (size // patch for size, patch in zip(hidden_states.shape[2:], self._patch))
-        self.grid = VideoGrid(frames, height, width)
+        bound = self._signature.bind(*args, **kwargs).arguments
+        self.grid = self._family.grid(module, bound["hidden_states"], bound.get("encoder_hidden_states"))
         # One host read per forward: the step is what the policy is keyed by.
-        now = float(torch.as_tensor(timestep).max())
+        now = float(torch.as_tensor(bound["timestep"]).max())
         if self._last_timestep is None or now > self._last_timestep:
             self.step = 0
         elif now < self._last_timestep:
             self.step += 1
         self._last_timestep = now
 
-    def _attend(self, layer: int, q, k, v):
-        """q, k, v [B, N, H, D] of one layer's self-attention -> its output, recorded."""
-        if self.grid is None or self.grid.tokens != q.shape[1]:
-            raise Unsupported(f"layer {layer}: {q.shape[1]} query tokens, but the transformer's input makes "
+    def _attend(self, layer: int, q, k, v, layout: str):
+        """q, k, v ([B, N, H, D] or, with layout "bhnd", [B, H, N, D]) of one layer's
+        self-attention -> its output, recorded."""
+        tokens = q.shape[1] if layout == "bnhd" else q.shape[2]
+        if self.grid is None or self.grid.tokens != tokens:
+            raise Unsupported(f"layer {layer}: {tokens} query tokens, but the transformer's input makes "
                               f"{'none' if self.grid is None else self.grid.tokens} (the self-attention was called "
                               "outside the transformer's forward, or the tokens are split across devices)")
-        out, info = self.policy.attention(q, k, v, self.grid, step=self.step, layer=layer, **self._options)
+        out, info = self.policy.attention(q, k, v, self.grid, step=self.step, layer=layer, layout=layout,
+                                          **self._options)
         self.records.append(CallRecord(self.step, layer, self.grid, tuple(info["routes"]), info["routing_ms"],
                                        info["permutation_ms"] + info["attention_ms"]))
         self.last_info[layer] = info
@@ -148,9 +144,10 @@ class SparseTransformer:
 
 
 class _SelfAttention:
-    """diffusers' Wan self-attention (projections, QK RMS norm, rotary embedding, output
-    projection) with stsa in place of its attention call."""
+    """A model's self-attention processor with stsa in place of its attention call; the
+    subclasses reproduce each model's own processor around it."""
 
+    layout = "bnhd"            # how the subclass hands q, k, v over
     _attention_backend = None  # set by diffusers' set_attention_backend; stsa is the backend here
     _parallel_config = None    # set by diffusers' context parallelism, which splits the tokens: refused
 
@@ -159,28 +156,70 @@ class _SelfAttention:
         self.layer = layer
         self._layer_tensor = torch.tensor(layer)  # what the compiled path reads (see _attention_op)
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
-        if encoder_hidden_states is not None or attention_mask is not None:
-            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only, without an attention mask")
+    def _refuse(self, attention_mask) -> None:
+        if attention_mask is not None:
+            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention without an attention mask")
         if self._parallel_config is not None:
             raise Unsupported("stsa's processor does not run under diffusers' context parallelism "
                               "(stsa's own Ulysses runs over MPI)")
-        if attn.fused_projections:
-            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
-        else:
-            query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+
+    def _attention(self, query, key, value):
+        if torch.compiler.is_compiling():  # one opaque operator in the compiled block, not a graph break
+            return torch.ops.stsa.diffusers_attention(query, key, value, self.owner._id, self._layer_tensor,
+                                                      self.layout)
+        return self.owner._attend(self.layer, query, key, value, self.layout)
+
+
+def _projections(attn, hidden_states):
+    if attn.fused_projections:
+        return attn.to_qkv(hidden_states).chunk(3, dim=-1)
+    return attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+
+
+class _WanSelfAttention(_SelfAttention):
+    """diffusers' Wan self-attention (projections, QK RMS norm across heads, rotary
+    embedding on every token, output projection)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        if encoder_hidden_states is not None:
+            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
+        self._refuse(attention_mask)
+        query, key, value = _projections(attn, hidden_states)
         query, key = attn.norm_q(query), attn.norm_k(key)
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
         if rotary_emb is not None:
             if not (isinstance(rotary_emb, (tuple, list)) and len(rotary_emb) == 2):
                 raise Unsupported("the rotary embedding is not diffusers' (cos, sin) tables: another diffusers version")
             query, key = _rotate(query, *rotary_emb), _rotate(key, *rotary_emb)
-        if torch.compiler.is_compiling():  # one opaque operator in the compiled block, not a graph break
-            out = torch.ops.stsa.diffusers_attention(query, key, value, self.owner._id, self._layer_tensor)
-        else:
-            out = self.owner._attend(self.layer, query, key, value)
-        out = out.flatten(2, 3).type_as(query)
+        out = self._attention(query, key, value).flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
+
+
+class _CogVideoXSelfAttention(_SelfAttention):
+    """diffusers' CogVideoX joint attention: the text tokens before the video's in one
+    sequence (the grid's text, placed before), QK LayerNorm per head, the rotary
+    embedding on the video tokens only; returns the video's and the text's outputs."""
+
+    layout = "bhnd"
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        self._refuse(attention_mask)
+        text = encoder_hidden_states.size(1)
+        joint = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        query, key, value = (x.unflatten(2, (attn.heads, -1)).transpose(1, 2) for x in _projections(attn, joint))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        if image_rotary_emb is not None:
+            query, key = (torch.cat([x[:, :, :text], apply_rotary_emb(x[:, :, text:], image_rotary_emb)], dim=2)
+                          for x in (query, key))
+        out = self._attention(query, key, value).transpose(1, 2).flatten(2, 3)
+        out = attn.to_out[1](attn.to_out[0](out))
+        text_out, video_out = out.split([text, out.size(1) - text], dim=1)
+        return video_out, text_out
 
 
 # The compiled path's operator finds its SparseTransformer by number (an operator takes
@@ -192,15 +231,15 @@ _owners: "weakref.WeakValueDictionary[int, SparseTransformer]" = weakref.WeakVal
 # The layer number reaches the operator as a 0-d tensor, an input of the compiled graph:
 # as an int it would be a constant, and regional compilation (diffusers'
 # compile_repeated_blocks) would compile the block once per layer, past torch.compile's
-# recompile limit.
-# Not captured into CUDA graphs: a GPU call reads its timing events back on the host.
+# recompile limit. Not captured into CUDA graphs: a GPU call reads its timing events back.
 @torch.library.custom_op("stsa::diffusers_attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int, layer: torch.Tensor) -> torch.Tensor:
-    return _owners[owner]._attend(int(layer), q, k, v)
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int, layer: torch.Tensor,
+                  layout: str) -> torch.Tensor:
+    return _owners[owner]._attend(int(layer), q, k, v, layout)
 
 
 @_attention_op.register_fake
-def _(q, k, v, owner, layer):
+def _(q, k, v, owner, layer, layout):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)  # as stsa.attention allocates it
 
 
@@ -212,22 +251,57 @@ def _rotate(x, cos, sin):
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2).type_as(x)
 
 
-def _patch_size(transformer) -> tuple[int, int, int]:
-    patch = getattr(getattr(transformer, "config", None), "patch_size", None)
-    if patch is None or len(patch) != 3:
-        raise InvalidArgument(f"{type(transformer).__name__} has no 3-D config.patch_size: not a Wan video transformer")
-    return tuple(int(p) for p in patch)
+def _latents(hidden_states, axes: str):
+    if hidden_states.dim() != 5:
+        raise InvalidArgument(f"the transformer's input must be [{axes}], got {tuple(hidden_states.shape)}")
+    return hidden_states.shape
 
 
-def _self_attentions(transformer) -> list:
-    blocks = getattr(transformer, "blocks", None)
-    attentions = [getattr(block, "attn1", None) for block in blocks] if blocks is not None else []
-    if not attentions or any(attn is None for attn in attentions):
-        raise InvalidArgument(f"{type(transformer).__name__} has no blocks[i].attn1: not a Wan video transformer")
-    for layer, attn in enumerate(attentions):
-        name = type(attn.processor).__name__
-        if name != _REPLACED_PROCESSOR:
-            raise InvalidArgument(f"blocks[{layer}].attn1 runs {name}; stsa replaces diffusers' own "
-                                  f"{_REPLACED_PROCESSOR} (diffusers >= 0.35) only: disable what installed the "
-                                  "other one first")
-    return attentions
+def _wan_grid(transformer, hidden_states, encoder_hidden_states) -> VideoGrid:
+    _, _, frames, height, width = _latents(hidden_states, "B, C, F, H, W")
+    patch_t, patch_h, patch_w = transformer.config.patch_size
+    return VideoGrid(frames // patch_t, height // patch_h, width // patch_w)  # text joins by cross-attention
+
+
+def _cogvideox_grid(transformer, hidden_states, encoder_hidden_states) -> VideoGrid:
+    _, frames, _, height, width = _latents(hidden_states, "B, F, C, H, W")
+    patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t or 1
+    return VideoGrid(-(-frames // patch_t), height // patch, width // patch, text=encoder_hidden_states.shape[1],
+                     text_placement="before")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Family:
+    """What stsa.diffusers knows of one transformer class."""
+
+    blocks: str                   # the attribute holding the blocks, each with its self-attention in .attn1
+    replaced: tuple[str, ...]     # the processors whose computation `processor` reproduces (diffusers' own)
+    processor: type
+    grid: Any                     # (transformer, hidden_states, encoder_hidden_states) -> VideoGrid
+
+    def self_attentions(self, transformer) -> list:
+        attentions = [block.attn1 for block in getattr(transformer, self.blocks)]
+        for layer, attn in enumerate(attentions):
+            name = type(attn.processor).__name__
+            if name not in self.replaced:
+                raise InvalidArgument(f"{self.blocks}[{layer}].attn1 runs {name}; stsa replaces diffusers' own "
+                                      f"{' or '.join(self.replaced)} (diffusers >= 0.35) only: disable what "
+                                      "installed the other one first")
+        return attentions
+
+
+# Processors are matched by name: another one (a user's own, or an older diffusers'
+# with another rotary embedding) computes something else and is not replaced.
+_FAMILIES = {
+    "WanTransformer3DModel": _Family("blocks", ("WanAttnProcessor",), _WanSelfAttention, _wan_grid),
+    "CogVideoXTransformer3DModel": _Family("transformer_blocks",
+                                           ("CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"),
+                                           _CogVideoXSelfAttention, _cogvideox_grid),
+}
+
+
+def _family_of(transformer) -> _Family:
+    name = type(transformer).__name__
+    if name not in _FAMILIES:
+        raise InvalidArgument(f"{name} is not a transformer stsa.diffusers knows ({', '.join(_FAMILIES)})")
+    return _FAMILIES[name]

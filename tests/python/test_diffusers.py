@@ -1,8 +1,12 @@
-"""stsa.diffusers on a small randomly initialised diffusers WanTransformer3DModel, where
-torch and diffusers are installed (CI's venv has neither; the test skips there). The
-model's own processor is the yardstick for everything but the attention (projections,
-QK norm, rotary embedding, output projection); the fp64 reference, with each head's
-mask evaluated from what the call reports it ran, is the yardstick for the attention."""
+"""stsa.diffusers on small randomly initialised diffusers transformers (Wan and
+CogVideoX), where torch and diffusers are installed (CI's venv has neither; the test
+skips there). The model's own processor is the yardstick for everything but the
+attention (projections, QK norm, rotary embedding, output projection); the fp64
+reference, with each head's mask evaluated from what the call reports it ran, is the
+yardstick for the attention."""
+
+import dataclasses
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -15,36 +19,85 @@ diffusers = pytest.importorskip("diffusers")
 
 import stsa.diffusers  # noqa: E402  (needs torch)
 
+from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import transformer_wan  # noqa: E402
 from torch_helpers import check, require_gpu  # noqa: E402
 
-diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; tiny_wan mends it
+diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; cast() mends it
 
-# Latents [B, C, F, H, W] = [1, 4, 5, 8, 12], patches 1 x 2 x 2: 5 frames of 4 x 6 tokens,
-# 120 in all, not a multiple of the 128-token tile; 2 heads of 64.
-LATENT_SHAPE = (1, 4, 5, 8, 12)
-GRID = stsa.VideoGrid(5, 4, 6)
 TEXT_TOKENS, TEXT_DIM = 7, 32
 ALL_SPARSE = {"max_rel_l2": 1e9}  # no head kept dense for its error: every routed head sparse
 
 
-def tiny_wan(device="cpu", dtype=torch.float32, layers=2):
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A tiny model of one family and what the tests need to know of it: 5 frames of
+    4 x 6 tokens (120, not a multiple of the 128-token tile; CogVideoX adds 7 text
+    tokens before them), 2 heads of 64."""
+
+    name: str
+    build: Callable[[int], Any]      # layers -> model (fp32, CPU)
+    latent_shape: tuple
+    grid: stsa.VideoGrid
+    blocks: str                      # the attribute holding the blocks
+    layout: str                      # how the model's processor hands q, k, v to its attention
+    stock: Callable[[], Any]         # the model's own processor
+    stock_attention: tuple           # (module, name) of the attention function the stock processor calls
+    extra_inputs: Callable[[Any], dict] = lambda device: {}
+
+
+def _tiny_wan(layers):
+    return diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
+                                           in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64,
+                                           num_layers=layers, rope_max_seq_len=64)
+
+
+def _tiny_cogvideox(layers):  # CogVideoX 1.5's shape: 2 latent frames a patch, rotary embedding
+    return diffusers.CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=64, in_channels=4,
+                                                 out_channels=4, time_embed_dim=32, text_embed_dim=TEXT_DIM,
+                                                 num_layers=layers, sample_width=12, sample_height=8,
+                                                 patch_size=2, patch_size_t=2, max_text_seq_length=TEXT_TOKENS,
+                                                 use_rotary_positional_embeddings=True)
+
+
+def _cogvideox_rotary(device):
+    """The pipeline computes CogVideoX's rotary tables ([video tokens, D] cos and sin);
+    any tables do for comparing two processors."""
+    generator = torch.Generator().manual_seed(3)
+    return {"image_rotary_emb": tuple(torch.randn(120, 64, generator=generator).to(device) for _ in range(2))}
+
+
+WAN = Model("wan", _tiny_wan, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), "blocks", "bnhd",
+            transformer_wan.WanAttnProcessor, (transformer_wan, "dispatch_attention_fn"))
+COGVIDEOX = Model("cogvideox", _tiny_cogvideox, (1, 10, 4, 8, 12),
+                  stsa.VideoGrid(5, 4, 6, text=TEXT_TOKENS, text_placement="before"), "transformer_blocks", "bhnd",
+                  attention_processor.CogVideoXAttnProcessor2_0,
+                  (attention_processor.F, "scaled_dot_product_attention"), _cogvideox_rotary)
+MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox")]
+
+
+def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
     torch.manual_seed(0)
-    model = diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
-                                            in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
-                                            ffn_dim=64, num_layers=layers, rope_max_seq_len=64)
-    model.to(device=device, dtype=dtype)
+    model = spec.build(layers).to(device=device, dtype=dtype)
     for name, parameter in model.named_parameters():  # as from_pretrained(torch_dtype=...) leaves them
-        if any(keep in name.split(".") for keep in model._keep_in_fp32_modules):
+        if any(keep in name.split(".") for keep in getattr(model, "_keep_in_fp32_modules", None) or ()):
             parameter.data = parameter.data.float()
     return model.eval()
 
 
-def inputs(rng, timestep, device="cpu", dtype=torch.float32):
-    latents = torch.from_numpy(rng.standard_normal(LATENT_SHAPE).astype(np.float32))
+def tiny_wan(device="cpu", dtype=torch.float32, layers=2):
+    return tiny(WAN, device, dtype, layers)
+
+
+def inputs(rng, timestep, device="cpu", dtype=torch.float32, spec=WAN):
+    latents = torch.from_numpy(rng.standard_normal(spec.latent_shape).astype(np.float32))
     text = torch.from_numpy(rng.standard_normal((1, TEXT_TOKENS, TEXT_DIM)).astype(np.float32))
     return {"hidden_states": latents.to(device, dtype), "timestep": torch.tensor([timestep], device=device),
-            "encoder_hidden_states": text.to(device, dtype)}
+            "encoder_hidden_states": text.to(device, dtype), **spec.extra_inputs(device)}
+
+
+def blocks(model, spec=WAN):
+    return getattr(model, spec.blocks)
 
 
 def forward(model, x):
@@ -65,15 +118,16 @@ def on(device):
         require_gpu()
 
 
+@pytest.mark.parametrize("spec", MODELS)
 @pytest.mark.parametrize("device,dtype", DEVICES)
 @pytest.mark.parametrize("fused", [False, True])
-def test_a_dense_policy_gives_the_models_own_output(device, dtype, fused, rng):
+def test_a_dense_policy_gives_the_models_own_output(spec, device, dtype, fused, rng):
     on(device)
-    model = tiny_wan(device, dtype)
+    model = tiny(spec, device, dtype)
     if fused:
         model.fuse_qkv_projections()
-        assert all(block.attn1.fused_projections for block in model.blocks)
-    x = inputs(rng, 999, device, dtype)
+        assert all(block.attn1.fused_projections for block in blocks(model, spec))
+    x = inputs(rng, 999, device, dtype, spec)
     own = forward(model, x)
     with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1)) as sparse:
         ours = forward(model, x)
@@ -81,40 +135,47 @@ def test_a_dense_policy_gives_the_models_own_output(device, dtype, fused, rng):
     tolerance = 1e-6 if dtype == torch.float32 else 1e-2
     assert relative_l2(ours, own) < tolerance
     assert [(r.step, r.layer, r.grid, r.routes) for r in sparse.records] == [
-        (0, 0, GRID, ("dense",) * 2), (0, 1, GRID, ("dense",) * 2)]
+        (0, 0, spec.grid, ("dense",) * 2), (0, 1, spec.grid, ("dense",) * 2)]
 
 
+@pytest.mark.parametrize("spec", MODELS)
 @pytest.mark.parametrize("device,dtype", DEVICES)
-def test_routed_layers_match_the_reference_on_the_models_own_qkv(device, dtype, rng, monkeypatch):
+def test_routed_layers_match_the_reference_on_the_models_own_qkv(spec, device, dtype, rng, monkeypatch):
     """Each layer's q, k, v as the model's own processor makes them from the same input;
     the attention stsa returned against the fp64 reference with the masks it reports."""
     on(device)
-    model = tiny_wan(device, dtype)
+    model = tiny(spec, device, dtype)
     sparse = stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE))
     layer_inputs, attended = {}, {}
-    for layer, block in enumerate(model.blocks):
-        block.attn1.register_forward_pre_hook(lambda _, args, layer=layer: layer_inputs.setdefault(layer, args))
+    for layer, block in enumerate(blocks(model, spec)):
+        block.attn1.register_forward_pre_hook(
+            lambda _, args, kwargs, layer=layer: layer_inputs.setdefault(layer, (args, kwargs)), with_kwargs=True)
     attend = sparse._attend
-    monkeypatch.setattr(sparse, "_attend", lambda layer, q, k, v: attended.setdefault(layer, (q, k, v, attend(
-        layer, q, k, v)))[3])
-    forward(model, inputs(rng, 999, device, dtype))
+
+    def attend_and_keep(layer, q, k, v, layout):
+        assert layout == spec.layout
+        return attended.setdefault(layer, (q, k, v, attend(layer, q, k, v, layout)))[3]
+
+    monkeypatch.setattr(sparse, "_attend", attend_and_keep)
+    forward(model, inputs(rng, 999, device, dtype, spec))
     sparse.disable()
 
     stock = {}
-    monkeypatch.setattr(transformer_wan, "dispatch_attention_fn",
-                        lambda q, k, v, **_: stock.setdefault("qkv", (q, k, v))[0])
+    monkeypatch.setattr(*spec.stock_attention, lambda q, k, v, **_: stock.setdefault("qkv", (q, k, v))[0])
     routes = set()
-    for layer, block in enumerate(model.blocks):
-        hidden_states, _, _, rotary = layer_inputs[layer]
+    for layer, block in enumerate(blocks(model, spec)):
+        args, kwargs = layer_inputs[layer]
         stock.clear()
         with torch.no_grad():
-            transformer_wan.WanAttnProcessor()(block.attn1, hidden_states, None, None, rotary)
+            spec.stock()(block.attn1, *args, **kwargs)
         q, k, v, out = attended[layer]
         for ours, theirs in zip((q, k, v), stock["qkv"]):
             assert torch.equal(ours, theirs)
         heads = sparse.last_info[layer]["heads"]
         routes.update(h["route"] for h in heads)
-        check(out, q, k, v, reference.head_masks(GRID, heads))
+        if spec.layout == "bhnd":
+            q, k, v, out = (x.transpose(1, 2) for x in (q, k, v, out))
+        check(out, q, k, v, reference.head_masks(spec.grid, heads))
     assert routes - {"dense"}, "every head ran dense: the test would not see a sparse mask"
 
 
@@ -159,7 +220,7 @@ def test_disable_gives_the_model_back(rng):
 
 
 def test_refusals(rng):
-    with pytest.raises(stsa.InvalidArgument, match="not a Wan video transformer"):
+    with pytest.raises(stsa.InvalidArgument, match="not a transformer stsa.diffusers knows"):
         stsa.diffusers.enable(torch.nn.Linear(2, 2), stsa.Policy())
     model = tiny_wan(layers=1)
     with pytest.raises(stsa.InvalidArgument, match="unknown model preset"):
@@ -212,15 +273,17 @@ def test_regional_compilation_holds_stsa_as_one_operator(rng):
     (eager, eager_records), (compiled, compiled_records) = runs
     assert graphs == [1]
     assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
-    assert compiled_records == eager_records and "spatial" in str(eager_records[-1])
+    assert compiled_records == eager_records
+    assert {route for record in eager_records for route in record[2]} - {"dense"}  # sparse steps were compiled
 
 
-def test_a_whole_model_compile_breaks_at_the_step_hook_only(rng):
+@pytest.mark.parametrize("spec", MODELS)
+def test_a_whole_model_compile_breaks_at_the_step_hook_only(spec, rng):
     """torch.compile of the whole transformer: the hook that reads the timestep is left out
     (torch.compiler.disable), everything else compiles, the eager bytes come back."""
     torch._dynamo.reset()
-    model = tiny_wan(layers=2)
-    steps = [inputs(rng, timestep) for timestep in (999, 500)]
+    model = tiny(spec)
+    steps = [inputs(rng, timestep, spec=spec) for timestep in (999, 500)]
     policy = {"dense_steps": 1, "density": 0.4, **ALL_SPARSE}
     with stsa.diffusers.enable(model, stsa.Policy(**policy)):
         eager = [forward(model, x) for x in steps]
@@ -236,5 +299,6 @@ def test_the_operator_passes_torch_opcheck(rng):
     model = tiny_wan(layers=1)
     sparse = stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE))
     forward(model, inputs(rng, 999))  # the grid, from a forward
-    q, k, v = (torch.from_numpy(rng.standard_normal((1, GRID.tokens, 2, 64)).astype(np.float32)) for _ in range(3))
-    torch.library.opcheck(torch.ops.stsa.diffusers_attention.default, (q, k, v, sparse._id, torch.tensor(0)))
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, WAN.grid.tokens, 2, 64)).astype(np.float32))
+               for _ in range(3))
+    torch.library.opcheck(torch.ops.stsa.diffusers_attention.default, (q, k, v, sparse._id, torch.tensor(0), "bnhd"))
