@@ -8,11 +8,12 @@
     sparse.disable()                                                  # the model's own processors back
 
 Models: ``WanTransformer3DModel`` (Wan2.1 and Wan2.2, text- and image-to-video; text joins
-by cross-attention, left as it was) and ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and
-1.5; joint attention, the text tokens before the video's), from diffusers 0.35 or later,
-whose self-attention still has diffusers' own processor. The latent grid of each forward
-comes from the transformer's input (over its patch size, and the text's length for
-CogVideoX); the step from its timestep: a lower timestep than the last forward's is the
+by cross-attention, left as it was), ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5;
+joint attention, the text tokens before the video's) and ``HunyuanVideoTransformer3DModel``
+(joint attention, the prompt after the video, padded: each sample runs with the prompt
+tokens its mask keeps), from diffusers 0.35 or later, whose self-attention still has
+diffusers' own processor. The latent grid of each forward comes from the transformer's
+input (over its patch size, and the prompt's length); the step from its timestep: a lower timestep than the last forward's is the
 next step, an equal one the same step (the unconditional pass of classifier-free guidance),
 a higher one a new generation (step 0). Layer i is the model's i-th block.
 """
@@ -73,6 +74,7 @@ class SparseTransformer:
         self.last_info: dict[int, dict[str, Any]] = {}  # per layer, the latest call's info from stsa
         self.step = 0
         self.grid: VideoGrid | None = None
+        self.text_counts: list[int] | None = None
         self._options = {"backend": backend, "tile": tile, "align": align}
         self._last_timestep: float | None = None
         self._signature = inspect.signature(transformer.forward)
@@ -118,7 +120,9 @@ class SparseTransformer:
 
     def _before_forward(self, module, args, kwargs) -> None:
         bound = self._signature.bind(*args, **kwargs).arguments
-        self.grid = self._family.grid(module, bound["hidden_states"], bound.get("encoder_hidden_states"))
+        self.grid = self._family.grid(module, bound)
+        # Per sample, the prompt tokens its mask keeps (HunyuanVideo pads every prompt to one length).
+        self.text_counts = self._family.text_counts(bound)
         # One host read per forward: the step is what the policy is keyed by.
         now = float(torch.as_tensor(bound["timestep"]).max())
         if self._last_timestep is None or now > self._last_timestep:
@@ -130,16 +134,40 @@ class SparseTransformer:
     def _attend(self, layer: int, q, k, v, layout: str):
         """q, k, v ([B, N, H, D] or, with layout "bhnd", [B, H, N, D]) of one layer's
         self-attention -> its output, recorded."""
+        if self.text_counts is None:
+            return self._run(layer, q, k, v, layout, self.grid)
+        return self._run_padded_text(layer, q, k, v)
+
+    def _run(self, layer: int, q, k, v, layout: str, grid: VideoGrid | None, out=None):
         tokens = q.shape[1] if layout == "bnhd" else q.shape[2]
-        if self.grid is None or self.grid.tokens != tokens:
+        if grid is None or grid.tokens != tokens:
             raise Unsupported(f"layer {layer}: {tokens} query tokens, but the transformer's input makes "
-                              f"{'none' if self.grid is None else self.grid.tokens} (the self-attention was called "
+                              f"{'none' if grid is None else grid.tokens} (the self-attention was called "
                               "outside the transformer's forward, or the tokens are split across devices)")
-        out, info = self.policy.attention(q, k, v, self.grid, step=self.step, layer=layer, layout=layout,
+        out, info = self.policy.attention(q, k, v, grid, step=self.step, layer=layer, layout=layout, out=out,
                                           **self._options)
-        self.records.append(CallRecord(self.step, layer, self.grid, tuple(info["routes"]), info["routing_ms"],
+        self.records.append(CallRecord(self.step, layer, grid, tuple(info["routes"]), info["routing_ms"],
                                        info["permutation_ms"] + info["attention_ms"]))
         self.last_info[layer] = info
+        return out
+
+    def _run_padded_text(self, layer: int, q, k, v):
+        """[B, N, H, D], the video then a prompt padded to one length: per sample, the video
+        and the prompt tokens its mask keeps through stsa; the padding's query rows see
+        those same keys (the model's mask hides the padding as keys only), densely."""
+        if len(self.text_counts) != q.shape[0]:
+            raise Unsupported(f"layer {layer}: a batch of {q.shape[0]}, but the forward's prompt mask has "
+                              f"{len(self.text_counts)} rows")
+        out = torch.empty_like(q)
+        for sample, text in enumerate(self.text_counts):
+            grid = dataclasses.replace(self.grid, text=text)
+            kept = slice(0, grid.tokens)
+            one = slice(sample, sample + 1)
+            self._run(layer, q[one, kept], k[one, kept], v[one, kept], "bnhd", grid, out=out[one, kept])
+            if grid.tokens < q.shape[1]:
+                padding = torch.nn.functional.scaled_dot_product_attention(
+                    *(x[one].transpose(1, 2) for x in (q[:, grid.tokens:], k[:, kept], v[:, kept])))
+                out[one, grid.tokens:] = padding.transpose(1, 2)
         return out
 
 
@@ -156,7 +184,7 @@ class _SelfAttention:
         self.layer = layer
         self._layer_tensor = torch.tensor(layer)  # what the compiled path reads (see _attention_op)
 
-    def _refuse(self, attention_mask) -> None:
+    def _check_call(self, attention_mask=None) -> None:
         if attention_mask is not None:
             raise Unsupported(f"layer {self.layer}: stsa replaces self-attention without an attention mask")
         if self._parallel_config is not None:
@@ -183,7 +211,7 @@ class _WanSelfAttention(_SelfAttention):
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
         if encoder_hidden_states is not None:
             raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
-        self._refuse(attention_mask)
+        self._check_call(attention_mask)
         query, key, value = _projections(attn, hidden_states)
         query, key = attn.norm_q(query), attn.norm_k(key)
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
@@ -205,7 +233,7 @@ class _CogVideoXSelfAttention(_SelfAttention):
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.embeddings import apply_rotary_emb
 
-        self._refuse(attention_mask)
+        self._check_call(attention_mask)
         text = encoder_hidden_states.size(1)
         joint = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         query, key, value = (x.unflatten(2, (attn.heads, -1)).transpose(1, 2) for x in _projections(attn, joint))
@@ -219,6 +247,49 @@ class _CogVideoXSelfAttention(_SelfAttention):
         out = self._attention(query, key, value).transpose(1, 2).flatten(2, 3)
         out = attn.to_out[1](attn.to_out[0](out))
         text_out, video_out = out.split([text, out.size(1) - text], dim=1)
+        return video_out, text_out
+
+
+class _HunyuanVideoSelfAttention(_SelfAttention):
+    """diffusers' HunyuanVideo joint attention, in its dual-stream blocks (the prompt with
+    projections and QK RMS norms of its own) and single-stream ones (one projection for
+    both): the video's tokens then the prompt's, the rotary embedding on the video's. The
+    model's attention mask, which hides each prompt's padding as keys, is applied from
+    the forward's encoder_attention_mask (SparseTransformer._run_padded_text)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        if encoder_hidden_states is None:
+            raise Unsupported(f"layer {self.layer}: HunyuanVideo's attention without the prompt's tokens")
+        self._check_call()  # the mask there is the model's padding mask, applied as described above
+        text = encoder_hidden_states.shape[1]
+        dual_stream = attn.add_q_proj is not None
+        states = hidden_states if dual_stream else torch.cat([hidden_states, encoder_hidden_states], dim=1)
+        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in _projections(attn, states))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        if image_rotary_emb is not None:
+            video = query.shape[1] if dual_stream else query.shape[1] - text
+            query, key = (torch.cat([apply_rotary_emb(x[:, :video], image_rotary_emb, sequence_dim=1), x[:, video:]],
+                                    dim=1) for x in (query, key))
+        if dual_stream:
+            prompt = [x.unflatten(2, (attn.heads, -1)) for x in (attn.add_q_proj(encoder_hidden_states),
+                                                                  attn.add_k_proj(encoder_hidden_states),
+                                                                  attn.add_v_proj(encoder_hidden_states))]
+            if attn.norm_added_q is not None:
+                prompt[0] = attn.norm_added_q(prompt[0])
+            if attn.norm_added_k is not None:
+                prompt[1] = attn.norm_added_k(prompt[1])
+            query, key, value = (torch.cat([x, p], dim=1) for x, p in zip((query, key, value), prompt))
+        out = self._attention(query, key, value).flatten(2, 3).to(query.dtype)
+        video_out, text_out = out[:, :-text], out[:, -text:]
+        if getattr(attn, "to_out", None) is not None:
+            video_out = attn.to_out[1](attn.to_out[0](video_out))
+        if getattr(attn, "to_add_out", None) is not None:
+            text_out = attn.to_add_out(text_out)
         return video_out, text_out
 
 
@@ -257,46 +328,64 @@ def _latents(hidden_states, axes: str):
     return hidden_states.shape
 
 
-def _wan_grid(transformer, hidden_states, encoder_hidden_states) -> VideoGrid:
-    _, _, frames, height, width = _latents(hidden_states, "B, C, F, H, W")
+def _wan_grid(transformer, inputs) -> VideoGrid:
+    _, _, frames, height, width = _latents(inputs["hidden_states"], "B, C, F, H, W")
     patch_t, patch_h, patch_w = transformer.config.patch_size
     return VideoGrid(frames // patch_t, height // patch_h, width // patch_w)  # text joins by cross-attention
 
 
-def _cogvideox_grid(transformer, hidden_states, encoder_hidden_states) -> VideoGrid:
-    _, frames, _, height, width = _latents(hidden_states, "B, F, C, H, W")
+def _cogvideox_grid(transformer, inputs) -> VideoGrid:
+    _, frames, _, height, width = _latents(inputs["hidden_states"], "B, F, C, H, W")
     patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t or 1
-    return VideoGrid(-(-frames // patch_t), height // patch, width // patch, text=encoder_hidden_states.shape[1],
-                     text_placement="before")
+    return VideoGrid(-(-frames // patch_t), height // patch, width // patch,
+                     text=inputs["encoder_hidden_states"].shape[1], text_placement="before")
+
+
+def _hunyuan_grid(transformer, inputs) -> VideoGrid:
+    """The video's grid; each sample's prompt tokens come from _hunyuan_text_counts."""
+    _, _, frames, height, width = _latents(inputs["hidden_states"], "B, C, F, H, W")
+    patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
+    return VideoGrid(frames // patch_t, height // patch, width // patch, text_placement="after")
+
+
+def _hunyuan_text_counts(inputs) -> list[int]:
+    # As the model builds its attention mask: the first sum(mask) prompt tokens are kept.
+    return [int(n) for n in inputs["encoder_attention_mask"].sum(dim=1).tolist()]
 
 
 @dataclasses.dataclass(frozen=True)
 class _Family:
     """What stsa.diffusers knows of one transformer class."""
 
-    blocks: str                   # the attribute holding the blocks, each with its self-attention in .attn1
+    blocks: tuple[str, ...]       # the attributes holding the blocks, in the order they run
+    attention: str                # each block's self-attention module
     replaced: tuple[str, ...]     # the processors whose computation `processor` reproduces (diffusers' own)
     processor: type
-    grid: Any                     # (transformer, hidden_states, encoder_hidden_states) -> VideoGrid
+    grid: Any                     # (transformer, the forward's arguments by name) -> VideoGrid
+    text_counts: Any = lambda inputs: None  # (arguments) -> per sample, the prompt tokens kept; None: all
 
     def self_attentions(self, transformer) -> list:
-        attentions = [block.attn1 for block in getattr(transformer, self.blocks)]
-        for layer, attn in enumerate(attentions):
-            name = type(attn.processor).__name__
-            if name not in self.replaced:
-                raise InvalidArgument(f"{self.blocks}[{layer}].attn1 runs {name}; stsa replaces diffusers' own "
+        attentions = [(f"{name}[{i}].{self.attention}", getattr(block, self.attention))
+                      for name in self.blocks for i, block in enumerate(getattr(transformer, name))]
+        for where, attn in attentions:
+            processor = type(attn.processor).__name__
+            if processor not in self.replaced:
+                raise InvalidArgument(f"{where} runs {processor}; stsa replaces diffusers' own "
                                       f"{' or '.join(self.replaced)} (diffusers >= 0.35) only: disable what "
                                       "installed the other one first")
-        return attentions
+        return [attn for _, attn in attentions]
 
 
 # Processors are matched by name: another one (a user's own, or an older diffusers'
 # with another rotary embedding) computes something else and is not replaced.
 _FAMILIES = {
-    "WanTransformer3DModel": _Family("blocks", ("WanAttnProcessor",), _WanSelfAttention, _wan_grid),
-    "CogVideoXTransformer3DModel": _Family("transformer_blocks",
+    "WanTransformer3DModel": _Family(("blocks",), "attn1", ("WanAttnProcessor",), _WanSelfAttention, _wan_grid),
+    "CogVideoXTransformer3DModel": _Family(("transformer_blocks",), "attn1",
                                            ("CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"),
                                            _CogVideoXSelfAttention, _cogvideox_grid),
+    "HunyuanVideoTransformer3DModel": _Family(("transformer_blocks", "single_transformer_blocks"), "attn",
+                                              ("HunyuanVideoAttnProcessor2_0",), _HunyuanVideoSelfAttention,
+                                              _hunyuan_grid, _hunyuan_text_counts),
 }
 
 
