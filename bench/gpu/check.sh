@@ -354,8 +354,8 @@ fi
 # The Python package on this machine: its whole suite (tests/python), NumPy arrays
 # on this host's CPU and torch tensors on the CPU and CUDA backends against the
 # fp64 NumPy reference (test_torch.py: routing, gather, fused scatter and attention
-# on the GPU, on a side stream too; test_diffusers.py: stsa in a Wan transformer on
-# the GPU, where build-gpu-diffusers/ was carried). Its exports first: a module exporting more
+# on the GPU, on a side stream too; test_diffusers.py: stsa in diffusers' Wan,
+# CogVideoX and HunyuanVideo transformers, where build-gpu-diffusers/ was carried). Its exports first: a module exporting more
 # than PyInit__stsa crashed here once (src/python/CMakeLists.txt).
 if [ -z "$PYTHON_TARGET" ]; then
   echo "python_tests skipped: the Python package was not configured (see above)"

@@ -8,12 +8,12 @@
 # into build-gpu-deps/python. Name it in the device tool's `carry`; check.sh uses
 # it when present. About 16 MB.
 #
-# Also diffusers and what it imports (for tests/python/test_diffusers.py: stsa in a
-# Wan transformer on the GPU) into build-gpu-diffusers/, carried on its own so that
+# Also diffusers and what it imports (for tests/python/test_diffusers.py, stsa in
+# diffusers' video transformers, and bench/gpu/wan_forward.py) into build-gpu-diffusers/, carried on its own so that
 # ab.sh's carry stays small: pure-Python wheels kept zipped (Python imports from
 # them), compiled ones (Pillow, safetensors, PyYAML, charset-normalizer) unpacked
 # for the GPU image's CPython (STSA_GPU_PYTHON, 3.12 there), without NumPy (the
-# image has it) and hf_xet (downloads only). About 34 MB.
+# image has it) and hf_xet (downloads only). About 37 MB.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DEPS="$ROOT/build-gpu-deps"
