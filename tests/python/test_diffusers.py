@@ -23,7 +23,7 @@ from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import transformer_hunyuan_video, transformer_wan  # noqa: E402
 from torch_helpers import check, require_gpu  # noqa: E402
 
-diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; cast() mends it
+diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; tiny() mends it
 
 TEXT_TOKENS, TEXT_DIM = 7, 32
 ALL_SPARSE = {"max_rel_l2": 1e9}  # no head kept dense for its error: every routed head sparse
@@ -63,8 +63,8 @@ def _tiny_cogvideox(layers):  # CogVideoX 1.5's shape: 2 latent frames a patch, 
 
 
 def _cogvideox_rotary(device, dtype):
-    """The pipeline computes CogVideoX's rotary tables ([video tokens, D] cos and sin);
-    any tables do for comparing two processors."""
+    """The pipeline computes CogVideoX's rotary tables ([video tokens, D] cos and sin, fp32
+    whatever the model's dtype); any tables do for comparing two processors."""
     generator = torch.Generator().manual_seed(3)
     return {"image_rotary_emb": tuple(torch.randn(120, 64, generator=generator).to(device) for _ in range(2))}
 
