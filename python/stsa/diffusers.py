@@ -8,7 +8,7 @@
     sparse.disable()                                                  # the model's own processors back
 
 Models: ``WanTransformer3DModel`` (Wan2.1 and Wan2.2, text- and image-to-video; text joins
-by cross-attention, left as it was), ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5;
+by cross-attention, left as it was) and ``WanVACETransformer3DModel``, ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5;
 joint attention, the text tokens before the video's) and ``HunyuanVideoTransformer3DModel``
 (joint attention, the prompt after the video, padded: each sample runs with the prompt
 tokens its mask keeps), from diffusers 0.35 or later, whose self-attention still has
@@ -380,6 +380,9 @@ class _Family:
 # with another rotary embedding) computes something else and is not replaced.
 _FAMILIES = {
     "WanTransformer3DModel": _Family(("blocks",), "attn1", ("WanAttnProcessor",), _WanSelfAttention, _wan_grid),
+    # Wan VACE: its control blocks (on the control video's tokens, padded to the video's) run first.
+    "WanVACETransformer3DModel": _Family(("vace_blocks", "blocks"), "attn1", ("WanAttnProcessor",),
+                                         _WanSelfAttention, _wan_grid),
     "CogVideoXTransformer3DModel": _Family(("transformer_blocks",), "attn1",
                                            ("CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"),
                                            _CogVideoXSelfAttention, _cogvideox_grid),

@@ -98,7 +98,24 @@ HUNYUAN = Model("hunyuan", _tiny_hunyuan, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4,
                 ("transformer_blocks", "single_transformer_blocks"), "bnhd",
                 transformer_hunyuan_video.HunyuanVideoAttnProcessor2_0,
                 (transformer_hunyuan_video, "dispatch_attention_fn"), _hunyuan_inputs, fuses=False)
-MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan")]
+
+
+def _tiny_wan_vace(layers):  # a control block for the first layer
+    return diffusers.WanVACETransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
+                                               in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
+                                               ffn_dim=64, num_layers=layers, rope_max_seq_len=64, vace_layers=[0],
+                                               vace_in_channels=8)
+
+
+def _vace_control(device, dtype):
+    generator = torch.Generator().manual_seed(5)
+    return {"control_hidden_states": torch.randn(1, 8, 5, 8, 12, generator=generator).to(device, dtype)}
+
+
+WAN_VACE = Model("wan-vace", _tiny_wan_vace, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("vace_blocks", "blocks"),
+                 "bnhd", transformer_wan.WanAttnProcessor, (transformer_wan, "dispatch_attention_fn"), _vace_control)
+MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
+          pytest.param(WAN_VACE, id="wan-vace")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
@@ -173,7 +190,7 @@ def test_a_dense_policy_gives_the_models_own_output(spec, device, dtype, fused, 
     tolerance = 1e-6 if dtype == torch.float32 else 1e-2
     assert relative_l2(ours, own) < tolerance
     assert [(r.step, r.layer, r.grid, r.routes) for r in sparse.records] == [
-        (0, 0, spec.grid, ("dense",) * 2), (0, 1, spec.grid, ("dense",) * 2)]
+        (0, layer, spec.grid, ("dense",) * 2) for layer in range(len(attentions(model, spec)))]
 
 
 @pytest.mark.parametrize("spec", MODELS)
@@ -347,7 +364,8 @@ def test_a_whole_model_compile_breaks_at_the_step_hook_only(spec, rng):
         compiled = [forward(compiled_model, x) for x in steps]
     torch._dynamo.reset()
     assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
-    assert [r.step for r in sparse.records] == [0, 0, 1, 1]
+    layers = len(attentions(model, spec))
+    assert [(r.step, r.layer) for r in sparse.records] == [(step, layer) for step in (0, 1) for layer in range(layers)]
 
 
 def test_the_operator_passes_torch_opcheck(rng):
