@@ -19,6 +19,9 @@ the outputs are written); ``backend`` names another ("reference": fp64 loops).
     policy = stsa.Policy.from_preset("wan2.1-480p")                  # warm-up, reuse, densities
     o, info = policy.attention(q, k, v, grid, step=step, layer=layer)
 
+A diffusers video transformer (Wan, CogVideoX, HunyuanVideo) takes stsa without other
+changes: ``stsa.diffusers.enable(pipe.transformer, "wan2.1-720p")``.
+
 Errors are ``stsa.Error`` subclasses that are also the built-in kind:
 ``stsa.InvalidArgument`` is a ValueError, ``stsa.Unsupported`` a
 NotImplementedError, ``stsa.ResourceError`` a MemoryError.
