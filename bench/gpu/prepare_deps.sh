@@ -13,7 +13,8 @@
 # ab.sh's carry stays small: pure-Python wheels kept zipped (Python imports from
 # them), compiled ones (Pillow, safetensors, PyYAML, charset-normalizer) unpacked
 # for the GPU image's CPython (STSA_GPU_PYTHON, 3.12 there), without NumPy (the
-# image has it) and hf_xet (downloads only). About 37 MB.
+# image has it), hf_xet (downloads only) and regex (tokenizers only): 34 MB, so
+# that both folders and the working tree stay under the device tool's 64 MiB.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DEPS="$ROOT/build-gpu-deps"
@@ -42,7 +43,7 @@ python3 -m pip download -q --only-binary :all: --python-version "${STSA_GPU_PYTH
 mkdir -p "$DIFFUSERS/zips" "$DIFFUSERS/python"
 for wheel in "$DIFFUSERS"/wheels/*.whl; do
   case "$(basename "$wheel")" in
-    numpy-* | hf_xet-*) ;;
+    numpy-* | hf_xet-* | regex-*) ;;
     *-none-any.whl) mv "$wheel" "$DIFFUSERS/zips/" ;;
     *) python3 -m zipfile -e "$wheel" "$DIFFUSERS/python" ;;
   esac
