@@ -316,7 +316,7 @@ TEST(CpuBackend, InfiniteScoresFollowTheirRules) {
         EXPECT_NEAR(one_call.lse.at(0, 0, rows[r]), ref_lse[r], 1e-5 * (1 + std::abs(ref_lse[r]))) << "row " << rows[r];
         for (std::int64_t d = 0; d < 64; ++d) {
           const double want = ref_o[r * 64 + std::size_t(d)];
-          const double rounding = dtype == DType::BF16 ? 0x1p-8 : 0.0;
+          const double rounding = dtype == DType::BF16 ? unit_roundoff(DType::BF16) : 0.0;
           EXPECT_NEAR(one_call.o.load(0, rows[r], 0, d), want, 1e-5 + rounding * std::abs(want))
               << "row " << rows[r] << " channel " << d;
         }

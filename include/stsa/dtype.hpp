@@ -11,6 +11,8 @@ namespace stsa {
 enum class DType : std::uint8_t { F32, BF16, F16 };
 
 constexpr std::size_t element_size(DType t) { return t == DType::F32 ? 4 : 2; }
+// Round-off of one element relative to its magnitude (half an ulp of 1): what storing a value costs.
+constexpr double unit_roundoff(DType t) { return t == DType::F32 ? 0x1p-24 : t == DType::BF16 ? 0x1p-8 : 0x1p-11; }
 std::string_view to_string(DType t);
 DType parse_dtype(std::string_view name);  // "fp32"/"f32"/"float32", "bf16", "fp16"/"f16"; throws InvalidArgument
 

@@ -274,14 +274,7 @@ const stsa::Backend& cpu_backend(stsa::Isa isa, int threads) {
 }
 
 float out_rounding(stsa::DType dtype) {
-  switch (dtype) {
-    case stsa::DType::BF16:
-      return 1.f / 256;
-    case stsa::DType::F16:
-      return 1.f / 2048;
-    default:
-      return 0.f;
-  }
+  return dtype == stsa::DType::F32 ? 0.f : float(stsa::unit_roundoff(dtype));
 }
 
 // Marks the bytes of element (b, n, h, d) of `view` inside `buffer` as written.

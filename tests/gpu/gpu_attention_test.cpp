@@ -346,7 +346,7 @@ TEST_P(GpuAttention, AgreesWithTheCpuBackend) {
   make_cpu_backend()->run(cpu.call());
   // Both are within their bounds of the reference; against each other they differ
   // by at most the GPU's P rounding (fp16: 2^-11 relative) times the largest |v|.
-  expect_outputs_agree(gpu, cpu, 4 * 0x1p-11 * gpu_testing::max_abs(gpu.v.view()));
+  expect_outputs_agree(gpu, cpu, 4 * unit_roundoff(DType::F16) * gpu_testing::max_abs(gpu.v.view()));
 }
 
 // A temporal head stored frame-major: gather into spatial-major order on the
@@ -737,7 +737,7 @@ TEST_P(GpuAttention, AgreesWithTheSm80Kernel) {
   CudaBackend(CudaBackendOptions{CudaKernel::Sm80}).run(on_portable.call);
   on_hopper.download_into(hopper);
   on_portable.download_into(portable);
-  expect_outputs_agree(hopper, portable, 4 * 0x1p-8 * gpu_testing::max_abs(hopper.v.view()));
+  expect_outputs_agree(hopper, portable, 4 * unit_roundoff(DType::BF16) * gpu_testing::max_abs(hopper.v.view()));
 }
 
 // What compute-sanitizer runs (bench/gpu/check.sh): one small mixed call and

@@ -53,7 +53,7 @@ void expect_same_report(const RoutingReport& gpu, const RoutingReport& cpu, doub
   // cases. The bounds below leave ~45x headroom over that and still catch a
   // dropped ragged key tile or a missing accumulator rescale, which a
   // worst-case bound (up to 5x the MSE itself at 9,463 keys) let through.
-  const double u_v = gpu_testing::unit_roundoff(dtype) * std::max(1.0, max_abs_v);
+  const double u_v = unit_roundoff(dtype) * std::max(1.0, max_abs_v);
   for (std::size_t h = 0; h < cpu.heads.size(); ++h) {
     const HeadRoute& g = gpu.heads[h];
     const HeadRoute& c = cpu.heads[h];

@@ -106,15 +106,6 @@ inline void expect_same_output_and_no_lse(const DeviceProblem& with_lse, const D
       << "an LSE was written though none was asked for";
 }
 
-inline double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::F32: return 0x1p-24;
-    case DType::BF16: return 0x1p-8;
-    case DType::F16: return 0x1p-11;
-  }
-  return 0;
-}
-
 inline double max_abs(const TensorView& t) {
   double m = 0;
   for (std::int64_t b = 0; b < t.batch(); ++b)

@@ -17,16 +17,6 @@ constexpr float kLseSentinel = -12345.678f;
 
 std::uint16_t nan_bits(DType t) { return t == DType::BF16 ? 0x7fc0 : 0x7e00; }
 
-// Round-off of one element of `dtype` relative to its magnitude.
-double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::F32: return 0x1p-24;
-    case DType::BF16: return 0x1p-8;
-    case DType::F16: return 0x1p-11;
-  }
-  return 0;
-}
-
 // What a straightforward same-precision implementation computes: fp32 scores,
 // max, exp and sums over the allowed keys, output rounded to o's dtype.
 void naive_row(const AttentionCall& call, std::int64_t b, std::int64_t h, std::int64_t i,
