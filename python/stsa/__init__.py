@@ -20,7 +20,8 @@ the outputs are written); ``backend`` names another ("reference": fp64 loops).
     o, info = policy.attention(q, k, v, grid, step=step, layer=layer)
 
 A diffusers video transformer (Wan, CogVideoX, HunyuanVideo) takes stsa without other
-changes: ``stsa.diffusers.enable(pipe.transformer, "wan2.1-720p")``.
+changes: ``import stsa.diffusers`` (needs torch and diffusers), then
+``stsa.diffusers.enable(pipe.transformer, "wan2.1-720p")``.
 
 Errors are ``stsa.Error`` subclasses that are also the built-in kind:
 ``stsa.InvalidArgument`` is a ValueError, ``stsa.Unsupported`` a
