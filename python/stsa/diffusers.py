@@ -285,7 +285,7 @@ class _HunyuanVideoSelfAttention(_SelfAttention):
                 prompt[1] = attn.norm_added_k(prompt[1])
             query, key, value = (torch.cat([x, p], dim=1) for x, p in zip((query, key, value), prompt))
         out = self._attention(query, key, value).flatten(2, 3).to(query.dtype)
-        video_out, text_out = out[:, :-text], out[:, -text:]
+        video_out, text_out = out.split([out.shape[1] - text, text], dim=1)
         if getattr(attn, "to_out", None) is not None:
             video_out = attn.to_out[1](attn.to_out[0](video_out))
         if getattr(attn, "to_add_out", None) is not None:
