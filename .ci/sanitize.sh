@@ -9,13 +9,20 @@ common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEB
 
 export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-cmake -S . -B build-asan "${common[@]}" -DSTSA_SANITIZE=address,undefined >/dev/null
+# The Python module too, with the interpreter bootstrap made, where it has nanobind and
+# the tests' packages (bootstrap leaves them out without the network).
+python_module=()
+if build/python-env/bin/python -c "import nanobind, pytest, numpy, ml_dtypes" 2>/dev/null; then
+  python_module=(-DSTSA_PYTHON=ON "-DPython_EXECUTABLE=$PWD/build/python-env/bin/python")
+fi
+cmake -S . -B build-asan "${common[@]}" -DSTSA_SANITIZE=address,undefined "${python_module[@]}" >/dev/null
 cmake --build build-asan -j "$jobs"
 # OpenMPI's own allocations (some in plugins it unloads, so no suppression can name
-# them) are reported as leaks: the tests that start MPI (dist, and the CLI tests that
-# run `bench --dist`) keep every ASan/UBSan check but leak detection.
-ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 ctest --test-dir build-asan --output-on-failure -j "$jobs" -L "dist|cli"
-ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE "dist|cli"
+# them) and CPython's (kept until exit) are reported as leaks: the tests that start
+# MPI (dist, and the CLI tests that run `bench --dist`) and the Python tests keep
+# every ASan/UBSan check but leak detection.
+ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 ctest --test-dir build-asan --output-on-failure -j "$jobs" -L "dist|cli|python"
+ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE "dist|cli|python"
 
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 cmake -S . -B build-tsan "${common[@]}" -DSTSA_SANITIZE=thread -DSTSA_MPI=OFF >/dev/null
