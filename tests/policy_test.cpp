@@ -91,6 +91,14 @@ TEST(ModelPresets, HaveTheDocumentedShapes) {
   EXPECT_EQ(model_preset("wan2.1-720p").grid.video_tokens(), 75600);
   EXPECT_EQ(model_preset("wan2.1-720p").heads, 40);
   EXPECT_EQ(model_preset("wan2.1-1.3b-480p").heads, 12);
+  const ModelPreset& a14b = model_preset("wan2.2-a14b-720p");
+  EXPECT_EQ(a14b.grid.video_tokens(), 75600);
+  EXPECT_EQ(a14b.heads * a14b.layers, 40 * 40);
+  EXPECT_EQ(a14b.steps, 40);
+  EXPECT_EQ(model_preset("wan2.2-a14b-480p").grid.video_tokens(), 32760);
+  const ModelPreset& ti2v = model_preset("wan2.2-5b-720p");
+  EXPECT_EQ(ti2v.grid.video_tokens(), 27280);  // (121 - 1) / 4 + 1 frames of 704/32 x 1280/32
+  EXPECT_EQ(ti2v.heads * ti2v.head_dim, 3072);
   const ModelPreset& hunyuan = model_preset("hunyuan-720p");
   EXPECT_EQ(hunyuan.grid.video_tokens(), 118800);
   EXPECT_EQ(hunyuan.grid.text_tokens, 256);

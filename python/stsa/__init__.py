@@ -174,6 +174,17 @@ class Policy:
         self._policy = _stsa.Policy(dense_steps=dense_steps, dense_layers=dense_layers, reuse_steps=reuse_steps,
                                     **_router(density, spatial_density, temporal_density, frames_density, try_frames,
                                               samples, seed, max_rel_l2, anchor))
+        self._settings = {"dense_steps": dense_steps, "dense_layers": dense_layers, "reuse_steps": reuse_steps,
+                          "density": density, "spatial_density": spatial_density,
+                          "temporal_density": temporal_density, "frames_density": frames_density,
+                          "try_frames": try_frames, "samples": samples, "seed": seed, "max_rel_l2": max_rel_l2,
+                          "anchor": anchor}
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The arguments this policy was made with: ``Policy(**p.settings)`` is another
+        policy with the same settings and no decisions (one per model, say)."""
+        return dict(self._settings)
 
     @classmethod
     def from_preset(cls, name: str) -> "Policy":

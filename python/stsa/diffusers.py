@@ -2,7 +2,7 @@
 ``stsa.Policy`` (dense warm-up, heads routed online, decisions reused), nothing else changes.
 
     import stsa.diffusers
-    sparse = stsa.diffusers.enable(pipe.transformer, "wan2.1-720p")   # a preset name or a stsa.Policy
+    sparse = stsa.diffusers.enable(pipe, "wan2.1-720p")               # a preset name or a stsa.Policy
     video = pipe(prompt, height=720, width=1280, num_frames=81).frames[0]
     print(sparse.summary())                                           # routes taken, stsa's time
     sparse.disable()                                                  # the model's own processors back
@@ -15,7 +15,10 @@ tokens its mask keeps), from diffusers 0.35 or later, whose self-attention still
 diffusers' own processor. The latent grid of each forward comes from the transformer's
 input (over its patch size, and the prompt's length); the step from its timestep: a lower timestep than the last forward's is the
 next step, an equal one the same step (the unconditional pass of classifier-free guidance),
-a higher one a new generation (step 0). Layer i is the model's i-th block.
+a higher one a new generation (step 0, decisions forgotten). Layer i is the model's i-th
+block. Given a pipeline, every transformer it holds takes stsa, with one step count across
+them: Wan2.2 A14B's two experts (``transformer`` for the high-noise steps, ``transformer_2``
+for the rest) share the pipeline's steps, each with a policy of its own.
 """
 
 from __future__ import annotations
@@ -31,17 +34,27 @@ import torch
 
 from . import InvalidArgument, Policy, Unsupported, VideoGrid
 
-__all__ = ["enable", "SparseTransformer", "CallRecord"]
+__all__ = ["enable", "SparseTransformer", "SparsePipeline", "CallRecord"]
+
+# A pipeline's transformers, in the order its denoising loop uses them (Wan2.2 A14B:
+# high-noise expert, then low-noise expert; either may be absent).
+_PIPELINE_TRANSFORMERS = ("transformer", "transformer_2")
 
 
-def enable(transformer, policy: str | Policy, *, backend: str | None = None,
-           tile: int | tuple[int, int] = (128, 128), align: str = "exact",
-           max_records: int = 100_000) -> "SparseTransformer":
-    """Runs the self-attention of every block of ``transformer`` through ``policy`` (a
+def enable(model, policy: str | Policy, *, backend: str | None = None, tile: int | tuple[int, int] = (128, 128),
+           align: str = "exact", max_records: int = 100_000) -> "SparseTransformer | SparsePipeline":
+    """Runs the self-attention of every block of ``model`` through ``policy`` (a
     ``stsa.Policy`` or a preset name, ``stsa.model_presets()``) until ``disable()``.
-    ``backend``, ``tile`` and ``align`` as in ``stsa.attention``; the latest
-    ``max_records`` calls are kept (a long-running server's memory stays bounded)."""
-    return SparseTransformer(transformer, policy, backend=backend, tile=tile, align=align, max_records=max_records)
+
+    ``model``: a transformer (returns a ``SparseTransformer``) or a pipeline (returns a
+    ``SparsePipeline``: its ``transformer`` and, where it has one, ``transformer_2``,
+    counting the pipeline's steps together). ``backend``, ``tile`` and ``align`` as in
+    ``stsa.attention``; the latest ``max_records`` calls are kept (a long-running
+    server's memory stays bounded)."""
+    options = {"backend": backend, "tile": tile, "align": align, "max_records": max_records}
+    if type(model).__name__ not in _FAMILIES and any(hasattr(model, name) for name in _PIPELINE_TRANSFORMERS):
+        return SparsePipeline(model, policy, **options)
+    return SparseTransformer(model, policy, **options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +67,38 @@ class CallRecord:
     routes: tuple[str, ...]  # per head: "dense", "spatial", "temporal" or "frames"
     routing_ms: float        # the router, for the heads routed in this call (0 when reused or dense)
     attention_ms: float      # stsa's attention, permutation included
+    model: str = "transformer"  # which of a pipeline's transformers ("transformer_2": Wan2.2's low-noise expert)
+
+
+def _summary(records) -> dict[str, Any]:
+    routes: dict[str, int] = {}
+    for record in records:
+        for route in record.routes:
+            routes[route] = routes.get(route, 0) + 1
+    return {"calls": len(records), "head_routes": routes, "routing_ms": sum(r.routing_ms for r in records),
+            "attention_ms": sum(r.attention_ms for r in records)}
+
+
+class _StepClock:
+    """The denoising step, read from the timesteps of the forwards of one or more
+    transformers: lower than the last is the next step, equal the same step, higher
+    (or the first after reset()) a new generation."""
+
+    def __init__(self):
+        self.step = 0
+        self.generation = 0
+        self._last_timestep: float | None = None
+
+    def observe(self, timestep: float) -> None:
+        if self._last_timestep is None or timestep > self._last_timestep:
+            self.step = 0
+            self.generation += 1
+        elif timestep < self._last_timestep:
+            self.step += 1
+        self._last_timestep = timestep
+
+    def reset(self) -> None:
+        self._last_timestep = None
 
 
 class SparseTransformer:
@@ -61,22 +106,20 @@ class SparseTransformer:
     a record of every call. A context manager (``with stsa.diffusers.enable(...):``)."""
 
     def __init__(self, transformer, policy: str | Policy, *, backend: str | None, tile, align: str,
-                 max_records: int):
-        self.policy = Policy.from_preset(policy) if isinstance(policy, str) else policy
-        if not isinstance(self.policy, Policy):
-            raise InvalidArgument(f"policy must be a stsa.Policy or a preset name, got {type(policy).__name__}")
-        if not isinstance(max_records, int) or max_records < 0:
-            raise InvalidArgument(f"max_records must be a non-negative integer, got {max_records!r}")
+                 max_records: int, name: str = "transformer", clock: _StepClock | None = None,
+                 records: collections.deque | None = None):
+        self.policy = _policy(policy)
         self._family = _family_of(transformer)
         attentions = self._family.self_attentions(transformer)
         self.transformer = transformer
-        self.records: collections.deque[CallRecord] = collections.deque(maxlen=max_records)
+        self.name = name
+        self.records: collections.deque[CallRecord] = _records(max_records) if records is None else records
         self.last_info: dict[int, dict[str, Any]] = {}  # per layer, the latest call's info from stsa
-        self.step = 0
         self.grid: VideoGrid | None = None
         self.text_counts: list[int] | None = None
         self._options = {"backend": backend, "tile": tile, "align": align}
-        self._last_timestep: float | None = None
+        self._clock = _StepClock() if clock is None else clock  # a pipeline's transformers share one
+        self._generation = self._clock.generation  # the generation the policy's decisions belong to
         self._signature = inspect.signature(transformer.forward)
         self._id = next(_ids)
         _owners[self._id] = self
@@ -104,19 +147,18 @@ class SparseTransformer:
     def __exit__(self, *exc) -> None:
         self.disable()
 
+    @property
+    def step(self) -> int:
+        """The denoising step of the latest forward."""
+        return self._clock.step
+
     def reset(self) -> None:
         """Starts a new generation at the next forward (step 0), whatever its timestep."""
-        self._last_timestep = None
+        self._clock.reset()
 
     def summary(self) -> dict[str, Any]:
         """Totals over the records kept: calls, head-calls per route, stsa's routing and attention ms."""
-        routes: dict[str, int] = {}
-        for record in self.records:
-            for route in record.routes:
-                routes[route] = routes.get(route, 0) + 1
-        return {"calls": len(self.records), "head_routes": routes,
-                "routing_ms": sum(r.routing_ms for r in self.records),
-                "attention_ms": sum(r.attention_ms for r in self.records)}
+        return _summary(self.records)
 
     def _before_forward(self, module, args, kwargs) -> None:
         bound = self._signature.bind(*args, **kwargs).arguments
@@ -124,12 +166,12 @@ class SparseTransformer:
         # Per sample, the prompt tokens its mask keeps (HunyuanVideo pads every prompt to one length).
         self.text_counts = self._family.text_counts(bound)
         # One host read per forward: the step is what the policy is keyed by.
-        now = float(torch.as_tensor(bound["timestep"]).max())
-        if self._last_timestep is None or now > self._last_timestep:
-            self.step = 0
-        elif now < self._last_timestep:
-            self.step += 1
-        self._last_timestep = now
+        self._clock.observe(float(torch.as_tensor(bound["timestep"]).max()))
+        if self._generation != self._clock.generation:
+            # A new video (another prompt, another seed): its heads are routed afresh, not
+            # given a decision made for the last one that a long reuse would still hold.
+            self._generation = self._clock.generation
+            self.policy.clear()
 
     def _attend(self, layer: int, q, k, v, layout: str):
         """q, k, v ([B, N, H, D] or, with layout "bhnd", [B, H, N, D]) of one layer's
@@ -147,7 +189,7 @@ class SparseTransformer:
         out, info = self.policy.attention(q, k, v, grid, step=self.step, layer=layer, layout=layout, out=out,
                                           **self._options)
         self.records.append(CallRecord(self.step, layer, grid, tuple(info["routes"]), info["routing_ms"],
-                                       info["permutation_ms"] + info["attention_ms"]))
+                                       info["permutation_ms"] + info["attention_ms"], self.name))
         self.last_info[layer] = info
         return out
 
@@ -169,6 +211,71 @@ class SparseTransformer:
                     *(x[one].transpose(1, 2) for x in (q[:, grid.tokens:], k[:, kept], v[:, kept])))
                 out[one, grid.tokens:] = padding.transpose(1, 2)
         return out
+
+
+class SparsePipeline:
+    """What ``enable`` returns for a pipeline: a ``SparseTransformer`` for each transformer
+    it holds (``parts``, by attribute name), one step count across them (Wan2.2 A14B's
+    low-noise expert takes over at the pipeline's step, not at its own step 0, so the
+    warm-up and reuse count the pipeline's steps) and one record of calls. A decision is
+    about one model's heads, so each transformer has a policy of its own: the one given
+    (or the preset's) for the first, one with its settings for the others. A context manager."""
+
+    def __init__(self, pipeline, policy: str | Policy, *, backend: str | None, tile, align: str, max_records: int):
+        names = [name for name in _PIPELINE_TRANSFORMERS if getattr(pipeline, name, None) is not None]
+        if not names:
+            raise InvalidArgument(f"{type(pipeline).__name__} holds no transformer (its {' and '.join(_PIPELINE_TRANSFORMERS)} "
+                                  "are None)")
+        first = _policy(policy)
+        self.records: collections.deque[CallRecord] = _records(max_records)
+        self._clock = _StepClock()
+        self.parts: dict[str, SparseTransformer] = {}
+        try:
+            for name in names:
+                own = first if not self.parts else Policy(**first.settings)
+                self.parts[name] = SparseTransformer(getattr(pipeline, name), own, backend=backend, tile=tile,
+                                                     align=align, max_records=max_records, name=name,
+                                                     clock=self._clock, records=self.records)
+        except BaseException:
+            self.disable()  # the transformers enabled before the one refused get their own processors back
+            raise
+
+    @property
+    def step(self) -> int:
+        """The pipeline's denoising step, as of the latest forward of any of its transformers."""
+        return self._clock.step
+
+    def disable(self) -> None:
+        """Puts every transformer's own processors back; the records stay."""
+        for part in self.parts.values():
+            part.disable()
+
+    def __enter__(self) -> "SparsePipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disable()
+
+    def reset(self) -> None:
+        """Starts a new generation at the next forward (step 0), whatever its timestep."""
+        self._clock.reset()
+
+    def summary(self) -> dict[str, Any]:
+        """Totals over the records kept, all transformers together (``CallRecord.model`` tells them apart)."""
+        return _summary(self.records)
+
+
+def _policy(policy) -> Policy:
+    policy = Policy.from_preset(policy) if isinstance(policy, str) else policy
+    if not isinstance(policy, Policy):
+        raise InvalidArgument(f"policy must be a stsa.Policy or a preset name, got {type(policy).__name__}")
+    return policy
+
+
+def _records(max_records) -> collections.deque:
+    if not isinstance(max_records, int) or isinstance(max_records, bool) or max_records < 0:
+        raise InvalidArgument(f"max_records must be a non-negative integer, got {max_records!r}")
+    return collections.deque(maxlen=max_records)
 
 
 class _SelfAttention:

@@ -1,6 +1,6 @@
 // Shapes from the models' published configs (see docs/routing.md): tokens after
-// the VAE (8x spatial, 4x temporal compression, first frame kept) and 1x2x2
-// patches. The policies are starting points in line with Sparse VideoGen's
+// the VAE (8x spatial, 4x temporal compression, first frame kept; Wan2.2-TI2V-5B's
+// VAE compresses 16x spatially) and 1x2x2 patches. The policies are starting points in line with Sparse VideoGen's
 // settings (dense warm-up for about the first quarter of the steps and the first
 // layer, kept density 0.25), not values tuned on generated videos.
 #include <string>
@@ -40,6 +40,18 @@ const std::vector<ModelPreset>& model_presets() {
            VideoGrid{21, 45, 80, 0, TextPlacement::After}, 40, 128, 40, 50, 12),
       make("wan2.1-1.3b-480p", "Wan2.1-T2V-1.3B, 480x832, 81 frames: 21 x 30 x 52 tokens, 12 heads, 30 layers",
            VideoGrid{21, 30, 52, 0, TextPlacement::After}, 12, 128, 30, 50, 12),
+      make("wan2.2-a14b-480p",
+           "Wan2.2-T2V/I2V-A14B, 480x832, 81 frames: 21 x 30 x 52 tokens; two experts (high-noise, low-noise) "
+           "of Wan2.1-14B's shape, 40 steps",
+           VideoGrid{21, 30, 52, 0, TextPlacement::After}, 40, 128, 40, 40, 10),
+      make("wan2.2-a14b-720p",
+           "Wan2.2-T2V/I2V-A14B, 720x1280, 81 frames: 21 x 45 x 80 tokens; two experts (high-noise, low-noise) "
+           "of Wan2.1-14B's shape, 40 steps",
+           VideoGrid{21, 45, 80, 0, TextPlacement::After}, 40, 128, 40, 40, 10),
+      make("wan2.2-5b-720p",
+           "Wan2.2-TI2V-5B, 704x1280, 121 frames: 31 x 22 x 40 tokens (its VAE compresses 16x spatially), "
+           "24 heads, 30 layers",
+           VideoGrid{31, 22, 40, 0, TextPlacement::After}, 24, 128, 30, 50, 12),
       make("hunyuan-720p",
            "HunyuanVideo, 720x1280, 129 frames: 33 x 45 x 80 tokens + 256 text tokens after the video (joint "
            "attention); 20 double-stream + 40 single-stream blocks",

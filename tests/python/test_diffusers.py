@@ -6,6 +6,7 @@ reference, with each head's mask evaluated from what the call reports it ran, is
 yardstick for the attention."""
 
 import dataclasses
+import types
 from typing import Any, Callable
 
 import numpy as np
@@ -272,6 +273,101 @@ def test_steps_follow_the_timestep_and_guidance_reuses_the_decision(rng):
     for timestep in (999, 700, 400):
         forward(model, inputs(rng, timestep))
     assert [r.step for r in bounded.records] == [1, 2]
+
+
+def test_a_new_generation_routes_afresh_however_long_the_reuse(rng):
+    model = tiny_wan(layers=1)
+    sparse = stsa.diffusers.enable(model, stsa.Policy(reuse_steps=100, density=0.4, **ALL_SPARSE))
+    for timestep in (999, 700, 999):
+        forward(model, inputs(rng, timestep))
+    first, reused, next_video = sparse.records
+    assert (first.step, reused.step, next_video.step) == (0, 1, 0)
+    assert first.routing_ms > 0 and reused.routing_ms == 0 and next_video.routing_ms > 0
+
+
+def _two_experts():
+    """Wan2.2 A14B's shape in small: two Wan transformers, the second with other weights."""
+    torch.manual_seed(1)
+    return tiny_wan(layers=1), tiny_wan(layers=2)
+
+
+def test_a_pipelines_experts_count_its_steps_together(rng):
+    """As WanPipeline runs Wan2.2 A14B: `transformer` while the timestep is at or above the
+    boundary, `transformer_2` below it, each step twice (guidance)."""
+    high, low = _two_experts()
+    pipe = types.SimpleNamespace(transformer=high, transformer_2=low, vae=None)
+    policy = stsa.Policy(dense_steps=2, density=0.4, **ALL_SPARSE)
+    sparse = stsa.diffusers.enable(pipe, policy)
+    assert isinstance(sparse, stsa.diffusers.SparsePipeline) and list(sparse.parts) == ["transformer", "transformer_2"]
+    assert sparse.parts["transformer"].policy is policy
+    low_policy = sparse.parts["transformer_2"].policy
+    assert low_policy is not policy and low_policy.settings == policy.settings
+    for timestep, expert in ((999, high), (999, high), (900, high), (900, high), (700, low), (700, low), (400, low)):
+        forward(expert, inputs(rng, timestep))
+    assert sparse.step == 3
+    records = [(r.model, r.step, r.layer) for r in sparse.records]
+    assert records == [("transformer", 0, 0)] * 2 + [("transformer", 1, 0)] * 2 + [
+        ("transformer_2", 2, 0), ("transformer_2", 2, 1)] * 2 + [("transformer_2", 3, 0), ("transformer_2", 3, 1)]
+    routed = list(sparse.records)[4:]  # the low-noise expert starts past the warm-up
+    assert all("dense" not in r.routes for r in routed) and routed[0].routing_ms > 0
+    assert routed[2].routing_ms == 0  # the guidance pass reuses step 2's decision
+    assert sparse.summary()["calls"] == 10 and low_policy.cached_count == 2 * 2 and policy.cached_count == 0
+    forward(high, inputs(rng, 999))  # the next video
+    assert sparse.records[-1].step == 0 and sparse.records[-1].routes == ("dense", "dense")
+    forward(low, inputs(rng, 700))
+    assert low_policy.cached_count == 0  # step 1 dense: forgotten, not reused
+    sparse.reset()
+    forward(low, inputs(rng, 10))
+    assert sparse.step == 0
+    own = [block.attn1.processor for block in (*high.blocks, *low.blocks)]
+    assert all(isinstance(p, stsa.diffusers._SelfAttention) for p in own)
+    sparse.disable()
+    assert not any(isinstance(block.attn1.processor, stsa.diffusers._SelfAttention)
+                   for block in (*high.blocks, *low.blocks))
+
+
+def test_a_pipeline_with_one_transformer_and_refusals():
+    model = tiny_wan(layers=1)
+    with stsa.diffusers.enable(types.SimpleNamespace(transformer=model, transformer_2=None), "wan2.1-480p") as sparse:
+        assert list(sparse.parts) == ["transformer"]
+        assert sparse.parts["transformer"].policy.settings == stsa.Policy.from_preset("wan2.1-480p").settings
+    with pytest.raises(stsa.InvalidArgument, match="holds no transformer"):
+        stsa.diffusers.enable(types.SimpleNamespace(transformer=None), stsa.Policy())
+    # The second transformer refused: the first gets its own processors back.
+    with pytest.raises(stsa.InvalidArgument, match="not a transformer stsa.diffusers knows"):
+        stsa.diffusers.enable(types.SimpleNamespace(transformer=model, transformer_2=torch.nn.Linear(2, 2)),
+                              stsa.Policy())
+    assert not isinstance(model.blocks[0].attn1.processor, stsa.diffusers._SelfAttention)
+
+
+def test_wan_pipeline_with_two_experts(rng):
+    """diffusers' own WanPipeline (Wan2.2 A14B's, boundary_ratio 0.875) on two tiny experts:
+    a dense policy gives the pipeline's own latents, and the experts share its steps."""
+    pytest.importorskip("transformers")  # WanPipeline is a placeholder without it
+    high, low = _two_experts()
+    vae = diffusers.AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                                     temperal_downsample=[False, True, True])
+    scheduler = diffusers.UniPCMultistepScheduler(flow_shift=12.0, use_flow_sigmas=True,
+                                                  prediction_type="flow_prediction")
+    pipe = diffusers.WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=high,
+                                 transformer_2=low, boundary_ratio=0.875)
+    pipe.set_progress_bar_config(disable=True)
+    prompts = {name: torch.from_numpy(rng.standard_normal((1, TEXT_TOKENS, TEXT_DIM)).astype(np.float32))
+               for name in ("prompt_embeds", "negative_prompt_embeds")}
+
+    def generate():
+        with torch.no_grad():
+            return pipe(**prompts, height=64, width=96, num_frames=17, num_inference_steps=6, guidance_scale=5.0,
+                        output_type="latent", generator=torch.Generator().manual_seed(2)).frames
+
+    own = generate()
+    with stsa.diffusers.enable(pipe, stsa.Policy(dense_steps=6)) as sparse:
+        ours = generate()
+    assert relative_l2(ours, own) < 1e-5
+    steps = {name: sorted({r.step for r in sparse.records if r.model == name}) for name in sparse.parts}
+    assert steps["transformer"] and steps["transformer_2"]  # both experts ran, each its own share of the 6 steps
+    assert steps["transformer"] + steps["transformer_2"] == list(range(6))
+    assert len(sparse.records) == 6 * 2 * 2 - len(steps["transformer"]) * 2  # 1 layer high, 2 low; guidance
 
 
 def test_disable_gives_the_model_back(rng):

@@ -81,6 +81,22 @@ def test_policy_warm_up_routing_and_reuse(rng):
     assert policy.cached_count == 0
 
 
+def test_a_policy_made_from_anothers_settings_decides_alike_and_holds_its_own_decisions(rng):
+    grid = stsa.VideoGrid(9, 6, 6)
+    q, k, v = structured_heads(rng, grid, 64, ["temporal", "spatial"])
+    policy = stsa.Policy(dense_steps=2, dense_layers=1, reuse_steps=3, density=0.4, temporal_density=0.3,
+                         samples=32, seed=7, max_rel_l2=0.9, try_frames=True, anchor=False)
+    twin = stsa.Policy(**policy.settings)
+    assert twin.settings == policy.settings and twin.settings["temporal_density"] == 0.3
+    policy.settings["dense_steps"] = 0  # a copy: the policy's own stays
+    assert policy.settings["dense_steps"] == 2
+    _, ours = policy.attention(q, k, v, grid, step=2, layer=1)
+    assert twin.cached_count == 0
+    _, theirs = twin.attention(q, k, v, grid, step=2, layer=1)
+    assert ours["heads"] == theirs["heads"]
+    assert stsa.Policy.from_preset("wan2.2-a14b-720p").settings["dense_steps"] == 10
+
+
 def test_presets():
     names = [p["name"] for p in stsa.model_presets()]
     assert "wan2.1-720p" in names and "hunyuan-720p" in names and "cogvideox1.5" in names
