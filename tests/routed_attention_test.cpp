@@ -279,6 +279,26 @@ TEST(RoutedAttention, AnUntimedExecutorPreparesBothCallsBeforeAnyStep) {
   EXPECT_TRUE(run_routed(host, backend("cpu"), plans, routed_call(q), given.decisions).timed);
 }
 
+// RoutedOptions::timed off: a timing executor is never asked to mark or wait, and
+// the call still computes what it should.
+TEST(RoutedAttention, AnUntimedCallNeverMarksTheExecutorsTimeline) {
+  const VideoLayout layout{{4, 5, 7, 9, TextPlacement::After}, 2, 5, 64};
+  const testing::CyclingDecisions given = testing::cycling_decisions(layout);
+  testing::Problem p = testing::make_problem(layout, DType::BF16, given.reference_masks, testing::fresh_seed());
+  PlanCache plans;
+  RoutedOptions options;
+  options.timed = false;
+  options.fuse_scatter = false;  // the scatter pass too
+  LoggingHostExecutor executor;
+  const RoutedResult r = run_routed(executor, backend("cpu"), plans, routed_call(p), given.decisions, options);
+  EXPECT_EQ(executor.log, (std::vector<std::string>{"attend", "gather", "attend", "scatter"}));
+  EXPECT_FALSE(r.timed);
+  EXPECT_EQ(r.attention_ms, 0.0);
+  EXPECT_EQ(r.permutation_ms, 0.0);
+  const testing::Comparison cmp = testing::compare_with_reference(p);
+  EXPECT_TRUE(cmp.ok()) << cmp.failure;
+}
+
 TEST(RoutedAttention, RejectsMismatchedDecisionsAndTensors) {
   const VideoLayout layout{{3, 4, 4, 0, TextPlacement::After}, 1, 2, 64};
   testing::Problem p = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), 1);

@@ -4,11 +4,12 @@ initialised at a preset's shape, bf16) with its own attention and with stsa.diff
 and what that makes of one video: the end-to-end figure the attention-only table
 (compare.py) extrapolates to.
 
-Four timings per preset, each the median of --repeats forwards after one warm-up:
+Five timings per preset, each the median of --repeats forwards after one warm-up:
   own      diffusers' processor (PyTorch SDPA: cuDNN or FlashAttention on an H100/H200);
   dense    stsa in the policy's dense warm-up (every head dense);
   routed   stsa at a sparse step that routes every head (the conditional pass);
-  reused   stsa at the same step again (the unconditional pass: decisions reused).
+  reused   stsa at the same step again (the unconditional pass: decisions reused);
+  reused untimed  the same, enabled with timed=False: no layer waits for the device.
 One video = the preset's steps x 2 passes (classifier-free guidance): its dense_steps
 as "dense", then per step one "routed" and one "reused" forward (reuse_steps = 1).
 Random weights make random attention, which no mask approximates: the router would keep
@@ -111,12 +112,11 @@ def run_preset(name: str, args, device, dtype) -> dict:
     with stsa.diffusers.enable(model, stsa.Policy(**{**policy, "dense_steps": 1})) as sparse:
         row["dense_ms"] = median_ms(measure, forward("dense"), args.repeats, sparse.reset)
     with stsa.diffusers.enable(model, stsa.Policy(**{**policy, "dense_steps": 0})) as sparse:
-        def new_generation():
-            sparse.reset()
-            sparse.policy.clear()
-        row["routed_ms"] = median_ms(measure, forward("routed"), args.repeats, new_generation)
+        row["routed_ms"] = median_ms(measure, forward("routed"), args.repeats, sparse.reset)  # a new generation each
         row["reused_ms"] = median_ms(measure, forward("reused"), args.repeats)
         summary = sparse.summary()
+    with stsa.diffusers.enable(model, stsa.Policy(**{**policy, "dense_steps": 0}), timed=False):
+        row["reused_untimed_ms"] = median_ms(measure, forward("reused_untimed"), args.repeats)  # warm-up routes
     calls = max(summary["calls"], 1)
     row["head_routes"] = summary["head_routes"]
     row["stsa_attention_ms_per_forward"] = summary["attention_ms"] / calls * layers
@@ -148,13 +148,14 @@ def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = []
-    print(f"{'preset':<18} {'tokens':>7} {'own ms':>9} {'dense':>9} {'routed':>9} {'reused':>9} "
+    print(f"{'preset':<18} {'tokens':>7} {'own ms':>9} {'dense':>9} {'routed':>9} {'reused':>9} {'untimed':>9} "
           f"{'video own s':>12} {'stsa s':>9} {'speedup':>8}  routes")
     for name in args.presets.split(","):
         row = run_preset(name, args, device, dtype)
         rows.append(row)
         print(f"{name:<18} {row['tokens']:>7} {row['own_ms']:>9.1f} {row['dense_ms']:>9.1f} {row['routed_ms']:>9.1f} "
-              f"{row['reused_ms']:>9.1f} {row['video_own_s']:>12.1f} {row['video_stsa_s']:>9.1f} "
+              f"{row['reused_ms']:>9.1f} {row['reused_untimed_ms']:>9.1f} {row['video_own_s']:>12.1f} "
+              f"{row['video_stsa_s']:>9.1f} "
               f"{row['video_speedup']:>7.2f}x  {row['head_routes']}", flush=True)
         with open(os.path.join(args.out, "wan_forward.json"), "w") as f:
             json.dump(rows, f, indent=1)

@@ -65,6 +65,11 @@ struct RoutedOptions {
   // Where the executor offers it (the CPU and CUDA backends do): the packed call stores the temporal
   // heads' O and LSE in place, instead of a packed output and a scatter pass.
   bool fuse_scatter = true;
+  // false: the steps are not timed (RoutedResult::timed false), and an asynchronous executor's
+  // call returns once every step is enqueued, without waiting for them: a GPU caller's next
+  // work queues behind them instead of the host waiting (routing, where the call routes,
+  // still waits for its decisions).
+  bool timed = true;
 };
 
 struct RoutedResult {
@@ -76,7 +81,7 @@ struct RoutedResult {
   double permutation_bytes = 0;       // read + written by those passes
   double attention_ms = 0;            // both backend calls
   bool scatter_fused = false;         // the packed call stored O and LSE in place
-  bool timed = true;                  // false when the call was recorded (a CUDA graph capture), not run: no times
+  bool timed = true;                  // false: no times (RoutedOptions::timed off, or a CUDA graph capture)
   double kept_tile_flops = 0;         // what the backend's tiles compute (all heads, all batch entries)
 
   double permutation_gbps() const { return permutation_ms > 0 ? permutation_bytes / permutation_ms / 1e6 : 0.0; }
@@ -95,8 +100,8 @@ struct PackedHeads {
 // calling thread (HostRoutedExecutor), or device memory on a CUDA stream
 // (cuda_routing.hpp). Steps may be enqueued asynchronously; mark() records a
 // point on the executor's timeline and elapsed_ms() waits until both points
-// were reached. run_routed() reads its times last, so it returns with every
-// step complete. It allocates and prepares both backend calls before it
+// were reached. run_routed() reads its times last, so a timed call returns with
+// every step complete (an untimed one, RoutedOptions::timed off, once enqueued). It allocates and prepares both backend calls before it
 // enqueues the first step, so that an executor that records (a CUDA graph
 // capture) refuses before anything is recorded.
 class RoutedExecutor {

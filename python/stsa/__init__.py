@@ -9,8 +9,10 @@ they are and writes ``out`` (allocated like ``q`` in its own framework when not
 given). Accumulation is fp32; ``lse`` is the natural-log sum of exp per row,
 [B, H, N] float32. Host arrays run on the CPU backend, CUDA arrays on the CUDA
 backend (bf16 or fp16, head dims 64 and 128; routing, permutation and attention
-all on the GPU, enqueued on torch's current stream or ``stream``, returning when
-the outputs are written); ``backend`` names another ("reference": fp64 loops).
+all on the GPU, enqueued on torch's current stream or ``stream``: ``attention``
+returns once enqueued, as torch's own operators do; a routed call waits for its
+routing decisions, and for its outputs when it times itself, ``timed=True``);
+``backend`` names another ("reference": fp64 loops).
 
     import stsa
     grid = stsa.VideoGrid(frames=21, height=30, width=52)          # Wan2.1 480p latents
@@ -120,7 +122,7 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
                      try_frames: bool = False, samples: int = 64, seed: int = 1, max_rel_l2: float = 0.5,
                      anchor: bool = True, layout: str = "bnhd", out=None, lse=None, return_lse: bool = False,
                      scale: float | None = None, backend: str | None = None, stream: int | None = None,
-                     tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
+                     tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact", timed: bool = True):
     """Routes every head online, then runs each with its mask.
 
     For each head, ``samples`` query rows spread over all frames get their exact
@@ -129,7 +131,9 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     lowest MSE wins, unless even its relative L2 error exceeds ``max_rel_l2``,
     which keeps the head dense. Returns ``(out, info)`` or ``(out, lse, info)``;
     ``info`` has each head's route, mask and candidates' errors, and the
-    routing, permutation and attention times in ms.
+    routing, permutation and attention times in ms. ``timed=False``: no permutation
+    and attention times (None), and a GPU call returns once its work is enqueued
+    instead of waiting to time it (it still waits for its routing decisions).
     """
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
@@ -137,7 +141,8 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
     with _device_of(q):
         info = _stsa.routed_attention(**_arrays(q, k, v, out, lse),
-                                      **_where(q, grid, scale, backend, stream, tile, align, layout), **router)
+                                      **_where(q, grid, scale, backend, stream, tile, align, layout), **router,
+                                      timed=_flag("timed", timed))
     return (out, lse, info) if want_lse else (out, info)
 
 
@@ -216,14 +221,18 @@ class Policy:
 
     def attention(self, q, k, v, grid, step: int, layer: int, *, layout: str = "bnhd", out=None, lse=None,
                   return_lse: bool = False, scale: float | None = None, backend: str | None = None,
-                  stream: int | None = None, tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact"):
-        """One layer's self-attention at one step; returns ``(out, info)`` or ``(out, lse, info)``."""
+                  stream: int | None = None, tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact",
+                  timed: bool = True):
+        """One layer's self-attention at one step; returns ``(out, info)`` or ``(out, lse, info)``.
+        ``timed=False``: no permutation and attention times (None), and a GPU call that
+        routes no head (dense, or decisions reused) returns once enqueued, never waiting
+        for the device, so a model's next layers queue behind it."""
         _refuse_autograd(q, k, v)
         out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
         with _device_of(q):
             info = self._policy.attention(**_arrays(q, k, v, out, lse),
                                           **_where(q, grid, scale, backend, stream, tile, align, layout), step=step,
-                                          layer=layer)
+                                          layer=layer, timed=_flag("timed", timed))
         return (out, lse, info) if want_lse else (out, info)
 
 
@@ -307,6 +316,12 @@ def _tile(tile) -> tuple[int, int]:
             and all(1 <= t <= 2**31 - 1 for t in tile)):
         return int(tile[0]), int(tile[1])
     raise InvalidArgument(f"tile must be (rows, columns) or one int, positive integers, got {tile!r}")
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def _or(value, default):

@@ -13,7 +13,8 @@ from . import VideoGrid, _batch_tokens_heads, attention
 
 
 # Not captured into CUDA graphs (torch.compile's "reduce-overhead" keeps it out): a
-# GPU call reads its timing events back on the host, which a capture refuses.
+# GPU call allocates its scratch and uploads a new plan as it runs, which a capture
+# refuses (the C++ API records calls with a CudaRoutedWorkspace made beforehand).
 @torch.library.custom_op("stsa::attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: list[int], text_before: bool, masks: str,
                  density: float, anchor: bool, scale: Optional[float], layout: str, tile: list[int], align: str,

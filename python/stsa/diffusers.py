@@ -8,14 +8,15 @@
     sparse.disable()                                                  # the model's own processors back
 
 Models: ``WanTransformer3DModel`` (Wan2.1 and Wan2.2, text- and image-to-video; text joins
-by cross-attention, left as it was) and ``WanVACETransformer3DModel``, ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5;
-joint attention, the text tokens before the video's) and ``HunyuanVideoTransformer3DModel``
-(joint attention, the prompt after the video, padded: each sample runs with the prompt
-tokens its mask keeps), from diffusers 0.35 or later, whose self-attention still has
-diffusers' own processor. The latent grid of each forward comes from the transformer's
-input (over its patch size, and the prompt's length); the step from its timestep: a lower timestep than the last forward's is the
-next step, an equal one the same step (the unconditional pass of classifier-free guidance),
-a higher one a new generation (step 0, decisions forgotten). Layer i is the model's i-th
+by cross-attention, left as it was) and ``WanVACETransformer3DModel``,
+``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5; joint attention, the text tokens
+before the video's) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
+after the video, padded: each sample runs with the prompt tokens its mask keeps), from
+diffusers 0.35 or later, whose self-attention still has diffusers' own processor. The
+latent grid of each forward comes from the transformer's input (over its patch size, and
+the prompt's length); the step from its timestep: a lower timestep than the last
+forward's is the next step, an equal one the same step (the unconditional pass of
+classifier-free guidance), a higher one a new generation (step 0, decisions forgotten). Layer i is the model's i-th
 block. Given a pipeline, every transformer it holds takes stsa, with one step count across
 them: Wan2.2 A14B's two experts (``transformer`` for the high-noise steps, ``transformer_2``
 for the rest) share the pipeline's steps, each with a policy of its own.
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from . import InvalidArgument, Policy, Unsupported, VideoGrid
+from . import InvalidArgument, Policy, Unsupported, VideoGrid, _flag
 
 __all__ = ["enable", "SparseTransformer", "SparsePipeline", "CallRecord"]
 
@@ -42,16 +43,20 @@ _PIPELINE_TRANSFORMERS = ("transformer", "transformer_2")
 
 
 def enable(model, policy: str | Policy, *, backend: str | None = None, tile: int | tuple[int, int] = (128, 128),
-           align: str = "exact", max_records: int = 100_000) -> "SparseTransformer | SparsePipeline":
+           align: str = "exact", timed: bool = True,
+           max_records: int = 100_000) -> "SparseTransformer | SparsePipeline":
     """Runs the self-attention of every block of ``model`` through ``policy`` (a
     ``stsa.Policy`` or a preset name, ``stsa.model_presets()``) until ``disable()``.
 
     ``model``: a transformer (returns a ``SparseTransformer``) or a pipeline (returns a
     ``SparsePipeline``: its ``transformer`` and, where it has one, ``transformer_2``,
     counting the pipeline's steps together). ``backend``, ``tile`` and ``align`` as in
-    ``stsa.attention``; the latest ``max_records`` calls are kept (a long-running
-    server's memory stays bounded)."""
-    options = {"backend": backend, "tile": tile, "align": align, "max_records": max_records}
+    ``stsa.attention``; ``timed`` as in ``Policy.attention`` (False: the records have no
+    attention times, and on a GPU the layers that route nothing never wait for the
+    device); the latest ``max_records`` calls are kept (a long-running server's memory
+    stays bounded)."""
+    options = {"backend": backend, "tile": tile, "align": align, "timed": _flag("timed", timed),
+               "max_records": max_records}
     if type(model).__name__ not in _FAMILIES and any(hasattr(model, name) for name in _PIPELINE_TRANSFORMERS):
         return SparsePipeline(model, policy, **options)
     return SparseTransformer(model, policy, **options)
@@ -66,7 +71,7 @@ class CallRecord:
     grid: VideoGrid
     routes: tuple[str, ...]  # per head: "dense", "spatial", "temporal" or "frames"
     routing_ms: float        # the router, for the heads routed in this call (0 when reused or dense)
-    attention_ms: float      # stsa's attention, permutation included
+    attention_ms: float | None  # stsa's attention, permutation included (None: enabled with timed=False)
     model: str = "transformer"  # which of a pipeline's transformers ("transformer_2": Wan2.2's low-noise expert)
 
 
@@ -75,8 +80,9 @@ def _summary(records) -> dict[str, Any]:
     for record in records:
         for route in record.routes:
             routes[route] = routes.get(route, 0) + 1
+    timed = [r.attention_ms for r in records if r.attention_ms is not None]
     return {"calls": len(records), "head_routes": routes, "routing_ms": sum(r.routing_ms for r in records),
-            "attention_ms": sum(r.attention_ms for r in records)}
+            "attention_ms": sum(timed) if timed else None}
 
 
 class _StepClock:
@@ -105,7 +111,7 @@ class SparseTransformer:
     """What ``enable`` returns: the installed processors and hook, the step count and
     a record of every call. A context manager (``with stsa.diffusers.enable(...):``)."""
 
-    def __init__(self, transformer, policy: str | Policy, *, backend: str | None, tile, align: str,
+    def __init__(self, transformer, policy: str | Policy, *, backend: str | None, tile, align: str, timed: bool,
                  max_records: int, name: str = "transformer", clock: _StepClock | None = None,
                  records: collections.deque | None = None):
         self.policy = _policy(policy)
@@ -117,7 +123,7 @@ class SparseTransformer:
         self.last_info: dict[int, dict[str, Any]] = {}  # per layer, the latest call's info from stsa
         self.grid: VideoGrid | None = None
         self.text_counts: list[int] | None = None
-        self._options = {"backend": backend, "tile": tile, "align": align}
+        self._options = {"backend": backend, "tile": tile, "align": align, "timed": timed}
         self._clock = _StepClock() if clock is None else clock  # a pipeline's transformers share one
         self._generation = self._clock.generation  # the generation the policy's decisions belong to
         self._signature = inspect.signature(transformer.forward)
@@ -188,8 +194,9 @@ class SparseTransformer:
                               "outside the transformer's forward, or the tokens are split across devices)")
         out, info = self.policy.attention(q, k, v, grid, step=self.step, layer=layer, layout=layout, out=out,
                                           **self._options)
+        attention_ms = None if info["attention_ms"] is None else info["permutation_ms"] + info["attention_ms"]
         self.records.append(CallRecord(self.step, layer, grid, tuple(info["routes"]), info["routing_ms"],
-                                       info["permutation_ms"] + info["attention_ms"], self.name))
+                                       attention_ms, self.name))
         self.last_info[layer] = info
         return out
 
@@ -221,11 +228,12 @@ class SparsePipeline:
     about one model's heads, so each transformer has a policy of its own: the one given
     (or the preset's) for the first, one with its settings for the others. A context manager."""
 
-    def __init__(self, pipeline, policy: str | Policy, *, backend: str | None, tile, align: str, max_records: int):
+    def __init__(self, pipeline, policy: str | Policy, *, backend: str | None, tile, align: str, timed: bool,
+                 max_records: int):
         names = [name for name in _PIPELINE_TRANSFORMERS if getattr(pipeline, name, None) is not None]
         if not names:
-            raise InvalidArgument(f"{type(pipeline).__name__} holds no transformer (its {' and '.join(_PIPELINE_TRANSFORMERS)} "
-                                  "are None)")
+            raise InvalidArgument(f"{type(pipeline).__name__} holds no transformer (its "
+                                  f"{' and '.join(_PIPELINE_TRANSFORMERS)} are None)")
         first = _policy(policy)
         self.records: collections.deque[CallRecord] = _records(max_records)
         self._clock = _StepClock()
@@ -234,7 +242,7 @@ class SparsePipeline:
             for name in names:
                 own = first if not self.parts else Policy(**first.settings)
                 self.parts[name] = SparseTransformer(getattr(pipeline, name), own, backend=backend, tile=tile,
-                                                     align=align, max_records=max_records, name=name,
+                                                     align=align, timed=timed, max_records=max_records, name=name,
                                                      clock=self._clock, records=self.records)
         except BaseException:
             self.disable()  # the transformers enabled before the one refused get their own processors back
@@ -409,7 +417,8 @@ _owners: "weakref.WeakValueDictionary[int, SparseTransformer]" = weakref.WeakVal
 # The layer number reaches the operator as a 0-d tensor, an input of the compiled graph:
 # as an int it would be a constant, and regional compilation (diffusers'
 # compile_repeated_blocks) would compile the block once per layer, past torch.compile's
-# recompile limit. Not captured into CUDA graphs: a GPU call reads its timing events back.
+# recompile limit. Not captured into CUDA graphs: a routed GPU call reads its decisions
+# back on the host, which a capture refuses.
 @torch.library.custom_op("stsa::diffusers_attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int, layer: torch.Tensor,
                   layout: str) -> torch.Tensor:

@@ -91,10 +91,11 @@ TileShape tile_shape(std::int32_t tile_q, std::int32_t tile_k) {
   return tile;
 }
 
-RoutedOptions routed_options(std::int32_t tile_q, std::int32_t tile_k, const std::string& align) {
+RoutedOptions routed_options(std::int32_t tile_q, std::int32_t tile_k, const std::string& align, bool timed) {
   RoutedOptions options;
   options.tile = tile_shape(tile_q, tile_k);
   options.alignment = parse_alignment(align);
+  options.timed = timed;
   return options;
 }
 
@@ -134,7 +135,8 @@ nb::dict attention(const Tensors& t, const VideoGrid& grid, const std::vector<st
                    bool anchor, float scale, const Target& target, std::int32_t tile_q, std::int32_t tile_k,
                    const std::string& align, const std::string& layout) {
   const RoutedCall call = routed_call(t, grid, layout, scale);
-  const RoutedOptions options = routed_options(tile_q, tile_k, align);
+  // Nobody reads this call's times: untimed, a GPU call returns once enqueued, as torch's own ops do.
+  const RoutedOptions options = routed_options(tile_q, tile_k, align, /*timed=*/false);
   const std::int64_t heads = call.layout.heads;
   STSA_CHECK(masks.size() == 1 || std::int64_t(masks.size()) == heads, InvalidArgument,
              "mask must name one mask for every head or one per head (", heads, "), got ", masks.size());
@@ -149,9 +151,9 @@ nb::dict attention(const Tensors& t, const VideoGrid& grid, const std::vector<st
 
 nb::dict routed_attention(const Tensors& t, const VideoGrid& grid, const RouterOptions& router, float scale,
                           const Target& target, std::int32_t tile_q, std::int32_t tile_k, const std::string& align,
-                          const std::string& layout) {
+                          const std::string& layout, bool timed) {
   const RoutedCall call = routed_call(t, grid, layout, scale);
-  const RoutedOptions options = routed_options(tile_q, tile_k, align);
+  const RoutedOptions options = routed_options(tile_q, tile_k, align, timed);
   return result_dict(without_gil([&] { return run_routing(target, plan_cache(), call, Router(router), options); }));
 }
 
@@ -245,16 +247,16 @@ NB_MODULE(_stsa, m) {
          const std::vector<std::string>& bf16_bits, const VideoGrid& grid, int samples, double spatial_density,
          double temporal_density, double frames_density, bool try_frames, double max_rel_l2, bool anchor,
          std::uint64_t seed, float scale, const std::string& backend, std::uintptr_t stream, std::int32_t tile_q,
-         std::int32_t tile_k, const std::string& align, const std::string& layout) {
+         std::int32_t tile_k, const std::string& align, const std::string& layout, bool timed) {
         const RouterOptions router = router_options(samples, spatial_density, temporal_density, frames_density,
                                                     try_frames, max_rel_l2, anchor, seed);
         const Tensors t{q, k, v, out, lse, bf16_bits};
         return routed_attention(t, grid, router, scale, target_for(backend, call_placement(t), stream), tile_q, tile_k,
-                                align, layout);
+                                align, layout, timed);
       },
       STSA_TENSOR_ARGS, "grid"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a, "frames_density"_a,
       "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a, "scale"_a, "backend"_a, "stream"_a, "tile_q"_a, "tile_k"_a,
-      "align"_a, "layout"_a);
+      "align"_a, "layout"_a, "timed"_a);
 
   m.def(
       "route",
@@ -313,16 +315,16 @@ NB_MODULE(_stsa, m) {
           [](Policy& policy, InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
              const std::vector<std::string>& bf16_bits, const VideoGrid& grid, std::int64_t step, std::int64_t layer,
              float scale, const std::string& backend, std::uintptr_t stream, std::int32_t tile_q, std::int32_t tile_k,
-             const std::string& align, const std::string& layout) {
+             const std::string& align, const std::string& layout, bool timed) {
             const Tensors t{q, k, v, out, lse, bf16_bits};
             const Target target = target_for(backend, call_placement(t), stream);
             const RoutedCall call = routed_call(t, grid, layout, scale);
-            const RoutedOptions options = routed_options(tile_q, tile_k, align);
+            const RoutedOptions options = routed_options(tile_q, tile_k, align, timed);
             return result_dict(
                 without_gil([&] { return run_policy(target, plan_cache(), policy, call, step, layer, options); }));
           },
           STSA_TENSOR_ARGS, "grid"_a, "step"_a, "layer"_a, "scale"_a, "backend"_a, "stream"_a, "tile_q"_a, "tile_k"_a,
-          "align"_a, "layout"_a);
+          "align"_a, "layout"_a, "timed"_a);
 
   // A plan's statistics, or (lists) the plan itself as arrays.
   m.def(

@@ -54,8 +54,9 @@ nb::dict result_dict(const RoutedResult& r) {
   put_heads(d, r.heads);
   d["temporal_heads"] = r.temporal;
   d["routing_ms"] = r.routing_ms;
-  d["permutation_ms"] = r.permutation_ms;
-  d["attention_ms"] = r.attention_ms;
+  // Untimed (a call made with timed=False): no times rather than zeros that read as free.
+  d["permutation_ms"] = r.timed ? nb::object(nb::float_(r.permutation_ms)) : nb::none();
+  d["attention_ms"] = r.timed ? nb::object(nb::float_(r.attention_ms)) : nb::none();
   d["kept_tile_flops"] = r.kept_tile_flops;
   d["scatter_fused"] = r.scatter_fused;
   return d;

@@ -55,7 +55,7 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
   validate(direct, /*require_plans=*/false);
 
   const auto count = std::int64_t(result.temporal.size());
-  const bool timed = executor.timed();
+  const bool timed = options.timed && executor.timed();
   result.timed = timed;
   const auto mark = [&] { return timed ? executor.mark() : -1; };
   const auto elapsed_ms = [&](int from, int to) { return timed ? executor.elapsed_ms(from, to) : 0.0; };

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench/cuda/event_stopwatch.hpp"
 #include "gpu/gpu_support.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/cuda_routing.hpp"
@@ -630,6 +631,41 @@ TEST(GpuRoutedAttention, RepeatedCallsReuseTheScratchPool) {
   gpu_testing::expect_matches_reference(p);
   cuda_release_scratch();
   EXPECT_LT(cuda_scratch_bytes(), held);
+}
+
+// RoutedOptions::timed off: the call returns once its steps are enqueued. The
+// stream is held behind the stopwatch's host gate while the call is made; a call
+// that waited for the device would hold the host until the gate gave up, which
+// host_waits() counts (the timed call, for contrast, does). Warmed up first, so no
+// plan or schedule upload (which waits by design) happens in the calls watched.
+TEST(GpuRoutedAttention, AnUntimedCallReturnsWithoutWaitingForTheDevice) {
+  STSA_REQUIRE_GPU();
+  const VideoLayout layout{{5, 7, 9, 13, TextPlacement::Before}, 2, 5, 128};
+  const testing::CyclingDecisions given = testing::cycling_decisions(layout);  // temporal heads: gather + scatter
+  testing::Problem p = testing::make_problem(layout, DType::BF16, given.reference_masks, testing::fresh_seed());
+  gpu_testing::DeviceProblem d(p);
+  const NonBlockingStream stream;
+  const CudaBackend backend;
+  PlanCache plans;
+  cuda_run_routed(backend, plans, routed_call(d.call), given.decisions, {}, stream.get());
+  for (const bool timed : {false, true}) {
+    SCOPED_TRACE(timed ? "timed" : "untimed");
+    d.o.poison();
+    d.lse.poison();
+    RoutedOptions options;
+    options.timed = timed;
+    bench::CudaEventStopwatch watch(static_cast<cudaStream_t>(stream.get()));
+    watch.start();
+    const RoutedResult r = cuda_run_routed(backend, plans, routed_call(d.call), given.decisions, options, stream.get());
+    watch.stop_ms();
+    EXPECT_EQ(watch.host_waits(), timed ? 1 : 0);
+    EXPECT_EQ(r.timed, timed);
+    EXPECT_EQ(r.attention_ms > 0.0, timed);
+    ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.get())), cudaSuccess);
+    EXPECT_TRUE(d.o.guards_intact() && d.lse.guards_intact());
+    d.download_into(p);
+    gpu_testing::expect_matches_reference(p);
+  }
 }
 
 // The serving loop's call on the GPU: the dense warm-up, then routed (decisions

@@ -275,6 +275,17 @@ def test_steps_follow_the_timestep_and_guidance_reuses_the_decision(rng):
     assert [r.step for r in bounded.records] == [1, 2]
 
 
+def test_untimed_records_have_no_attention_times(rng):
+    model = tiny_wan(layers=1)
+    with stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE), timed=False) as sparse:
+        forward(model, inputs(rng, 999))
+    (record,) = sparse.records
+    assert record.attention_ms is None and record.routing_ms > 0 and "dense" not in record.routes
+    assert sparse.summary()["attention_ms"] is None
+    with pytest.raises(stsa.InvalidArgument, match="timed must be True or False"):
+        stsa.diffusers.enable(model, stsa.Policy(), timed=None)
+
+
 def test_a_new_generation_routes_afresh_however_long_the_reuse(rng):
     model = tiny_wan(layers=1)
     sparse = stsa.diffusers.enable(model, stsa.Policy(reuse_steps=100, density=0.4, **ALL_SPARSE))

@@ -125,6 +125,10 @@ def test_bad_router_and_policy_options(qkv):
         stsa.Policy(reuse_steps=0)
     with pytest.raises(stsa.InvalidArgument):
         stsa.Policy().attention(*qkv, GRID, step=-1, layer=0)
+    with pytest.raises(stsa.InvalidArgument, match="timed must be True or False"):
+        stsa.routed_attention(*qkv, GRID, timed="no")
+    with pytest.raises(stsa.InvalidArgument, match="timed must be True or False"):
+        stsa.Policy().attention(*qkv, GRID, step=0, layer=0, timed=0)
 
 
 def test_refused_calls_write_nothing(qkv):

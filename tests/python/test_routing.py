@@ -81,6 +81,23 @@ def test_policy_warm_up_routing_and_reuse(rng):
     assert policy.cached_count == 0
 
 
+def test_an_untimed_call_reports_no_times_and_computes_the_same(rng):
+    grid = stsa.VideoGrid(9, 6, 6, text=3)
+    kinds = ["temporal", "spatial"]
+    q, k, v = structured_heads(rng, grid, 64, kinds)
+    timed_out, timed = stsa.routed_attention(q, k, v, grid, density=0.4)
+    out, info = stsa.routed_attention(q, k, v, grid, density=0.4, timed=False)
+    assert info["routes"] == timed["routes"] == kinds and info["routing_ms"] > 0  # routing is timed regardless
+    assert info["attention_ms"] is None and info["permutation_ms"] is None
+    assert timed["attention_ms"] > 0 and timed["permutation_ms"] > 0
+    assert np.array_equal(out, timed_out)
+    policy = stsa.Policy(density=0.4, reuse_steps=2)
+    policy.attention(q, k, v, grid, step=0, layer=0)
+    out, info = policy.attention(q, k, v, grid, step=1, layer=0, timed=False)  # reused: nothing routed
+    assert info["routes"] == kinds and info["routing_ms"] == 0 and info["attention_ms"] is None
+    reference.check(out, q, k, v, reference.head_masks(grid, info["heads"]))
+
+
 def test_a_policy_made_from_anothers_settings_decides_alike_and_holds_its_own_decisions(rng):
     grid = stsa.VideoGrid(9, 6, 6)
     q, k, v = structured_heads(rng, grid, 64, ["temporal", "spatial"])

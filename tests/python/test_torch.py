@@ -122,6 +122,32 @@ def test_cuda_routing_and_policy_on_a_side_stream(rng):
     check(out, q, k, v, reference.head_masks(grid, info["heads"]))
 
 
+def test_untimed_cuda_calls_return_without_waiting_for_the_device(rng):
+    """stsa.attention, and Policy.attention with timed=False at a step that routes nothing,
+    return while the stream is still busy with earlier work (a spin kernel of about
+    0.25 s); a timed call waits for its outputs. Warmed up first: a plan's first upload
+    waits by design."""
+    require_gpu()
+    grid = stsa.VideoGrid(9, 6, 6, text=4)
+    kinds = ["spatial", "temporal"]
+    arrays = structured_heads(rng, grid, 64, kinds)
+    q, k, v = (torch.from_numpy(a).to(device="cuda", dtype=torch.bfloat16) for a in arrays)
+    policy = stsa.Policy(density=0.4, reuse_steps=10)
+    _, routed = policy.attention(q, k, v, grid, step=0, layer=0)  # decisions held for the calls below
+    reused = reference.head_masks(grid, routed["heads"])
+    calls = {"attention": (lambda: stsa.attention(q, k, v, grid, kinds, 0.4), masks_for(grid, kinds, 0.4)),
+             "reused, untimed": (lambda: policy.attention(q, k, v, grid, step=1, layer=0, timed=False)[0], reused),
+             "reused, timed": (lambda: policy.attention(q, k, v, grid, step=1, layer=0)[0], reused)}
+    for name, (call, masks) in calls.items():
+        call()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(500_000_000)  # cycles
+        out = call()
+        busy = not torch.cuda.current_stream().query()
+        assert busy == (name != "reused, timed"), name
+        check(out, q, k, v, masks)
+
+
 def test_cuda_refusals(rng):
     require_gpu()
     grid = stsa.VideoGrid(2, 4, 4)
