@@ -9,6 +9,8 @@
 
 Models: ``WanTransformer3DModel`` (Wan2.1 and Wan2.2, text- and image-to-video; text joins
 by cross-attention, left as it was) and ``WanVACETransformer3DModel``,
+``SkyReelsV2Transformer3DModel`` (Wan's self-attention), ``LTXVideoTransformer3DModel``
+(packed tokens; the grid from the forward's num_frames, height and width),
 ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5; joint attention, the text tokens
 before the video's) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
 after the video, padded: each sample runs with the prompt tokens its mask keeps), from
@@ -338,6 +340,25 @@ class _WanSelfAttention(_SelfAttention):
         return attn.to_out[1](attn.to_out[0](out))
 
 
+class _LTXSelfAttention(_SelfAttention):
+    """diffusers' LTX-Video self-attention (projections, QK RMS norm across heads and the
+    rotary embedding on the flat [B, N, H D] rows, output projection)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        from diffusers.models.transformers.transformer_ltx import apply_rotary_emb
+
+        if encoder_hidden_states is not None:
+            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
+        self._check_call(attention_mask)
+        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        if image_rotary_emb is not None:
+            query, key = apply_rotary_emb(query, image_rotary_emb), apply_rotary_emb(key, image_rotary_emb)
+        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+        out = self._attention(query, key, value).flatten(2, 3).to(query.dtype)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
 class _CogVideoXSelfAttention(_SelfAttention):
     """diffusers' CogVideoX joint attention: the text tokens before the video's in one
     sequence (the grid's text, placed before), QK LayerNorm per head, the rotary
@@ -457,6 +478,16 @@ def _cogvideox_grid(transformer, inputs) -> VideoGrid:
                      text=inputs["encoder_hidden_states"].shape[1], text_placement="before")
 
 
+def _ltx_grid(transformer, inputs) -> VideoGrid:
+    """LTX-Video's tokens come packed ([B, N, C]); the forward's num_frames, height and width
+    are their grid (the rotary embedding's, frame-major)."""
+    sizes = [inputs.get(name) for name in ("num_frames", "height", "width")]
+    if any(size is None for size in sizes):
+        raise InvalidArgument("LTX-Video's forward was called without num_frames, height and width: stsa reads the "
+                              "latent grid from them")
+    return VideoGrid(*(int(size) for size in sizes))
+
+
 def _hunyuan_grid(transformer, inputs) -> VideoGrid:
     """The video's grid; each sample's prompt tokens come from _hunyuan_text_counts."""
     _, _, frames, height, width = _latents(inputs["hidden_states"], "B, C, F, H, W")
@@ -499,6 +530,11 @@ _FAMILIES = {
     # Wan VACE: its control blocks (on the control video's tokens, padded to the video's) run first.
     "WanVACETransformer3DModel": _Family(("vace_blocks", "blocks"), "attn1", ("WanAttnProcessor",),
                                          _WanSelfAttention, _wan_grid),
+    # SkyReels-V2: Wan's self-attention under another name (its diffusion forcing's causal mask is refused).
+    "SkyReelsV2Transformer3DModel": _Family(("blocks",), "attn1", ("SkyReelsV2AttnProcessor",), _WanSelfAttention,
+                                            _wan_grid),
+    "LTXVideoTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("LTXVideoAttnProcessor",),
+                                          _LTXSelfAttention, _ltx_grid),
     "CogVideoXTransformer3DModel": _Family(("transformer_blocks",), "attn1",
                                            ("CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"),
                                            _CogVideoXSelfAttention, _cogvideox_grid),

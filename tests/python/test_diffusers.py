@@ -21,7 +21,8 @@ diffusers = pytest.importorskip("diffusers")
 import stsa.diffusers  # noqa: E402  (needs torch)
 
 from diffusers.models import attention_processor  # noqa: E402
-from diffusers.models.transformers import transformer_hunyuan_video, transformer_wan  # noqa: E402
+from diffusers.models.transformers import (  # noqa: E402
+    transformer_hunyuan_video, transformer_ltx, transformer_skyreels_v2, transformer_wan)
 from torch_helpers import check, require_gpu  # noqa: E402
 
 diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; tiny() mends it
@@ -115,8 +116,33 @@ def _vace_control(device, dtype):
 
 WAN_VACE = Model("wan-vace", _tiny_wan_vace, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("vace_blocks", "blocks"),
                  "bnhd", transformer_wan.WanAttnProcessor, (transformer_wan, "dispatch_attention_fn"), _vace_control)
+def _tiny_skyreels_v2(layers):
+    return diffusers.SkyReelsV2Transformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
+                                                  in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
+                                                  ffn_dim=64, num_layers=layers, rope_max_seq_len=64)
+
+
+SKYREELS_V2 = Model("skyreels-v2", _tiny_skyreels_v2, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
+                    transformer_skyreels_v2.SkyReelsV2AttnProcessor,
+                    (transformer_skyreels_v2, "dispatch_attention_fn"))
+def _tiny_ltx(layers):  # patch size 1: the latents come packed, [B, N, C]
+    return diffusers.LTXVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                                attention_head_dim=64, cross_attention_dim=128, num_layers=layers,
+                                                caption_channels=TEXT_DIM)
+
+
+def _ltx_inputs(device, dtype):
+    """The prompt's mask and the latent grid, which LTX-Video's forward takes as numbers."""
+    return {"encoder_attention_mask": torch.ones(1, TEXT_TOKENS, device=device), "num_frames": 5, "height": 4,
+            "width": 6}
+
+
+LTX = Model("ltx", _tiny_ltx, (1, 120, 4), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bnhd",
+            transformer_ltx.LTXVideoAttnProcessor, (transformer_ltx, "dispatch_attention_fn"), _ltx_inputs,
+            fuses=False)
 MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
-          pytest.param(WAN_VACE, id="wan-vace")]
+          pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
+          pytest.param(LTX, id="ltx")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
@@ -423,7 +449,18 @@ def test_refusals(rng):
     assert torch.equal(forward(model, x), forward(model, x))
 
 
-@pytest.mark.parametrize("spec", [pytest.param(WAN, id="wan"), pytest.param(HUNYUAN, id="hunyuan")])
+def test_ltx_without_its_grid_is_refused(rng):
+    """LTX-Video's tokens come packed: the grid is the forward's num_frames, height and width
+    (LTX's conditioning pipeline passes token coordinates instead, for tokens no grid makes)."""
+    model = tiny(LTX, layers=1)
+    x = inputs(rng, 999, spec=LTX)
+    del x["num_frames"]
+    with stsa.diffusers.enable(model, stsa.Policy()), pytest.raises(stsa.InvalidArgument, match="num_frames"):
+        forward(model, x)
+
+
+@pytest.mark.parametrize("spec", [pytest.param(WAN, id="wan"), pytest.param(HUNYUAN, id="hunyuan"),
+                                  pytest.param(SKYREELS_V2, id="skyreels-v2"), pytest.param(LTX, id="ltx")])
 def test_regional_compilation_holds_stsa_as_one_operator(spec, rng):
     """diffusers' compile_repeated_blocks(fullgraph=True; a graph break would raise): each
     kind of block compiles once for every layer and step (the layer reaches the operator as a
