@@ -13,7 +13,8 @@ by cross-attention, left as it was) and ``WanVACETransformer3DModel``,
 (packed tokens; the grid from the forward's num_frames, height and width),
 ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5; joint attention, the text tokens
 before the video's) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
-after the video, padded: each sample runs with the prompt tokens its mask keeps), from
+after the video, padded: each sample runs with the prompt tokens its mask keeps) and
+``HunyuanVideo15Transformer3DModel`` (likewise; the padding hidden both ways), from
 diffusers 0.35 or later, whose self-attention still has diffusers' own processor. The
 latent grid of each forward comes from the transformer's input (over its patch size, and
 the prompt's length); the step from its timestep: a lower timestep than the last
@@ -31,7 +32,7 @@ import dataclasses
 import inspect
 import itertools
 import weakref
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -128,6 +129,8 @@ class SparseTransformer:
         self._options = {"backend": backend, "tile": tile, "align": align, "timed": timed}
         self._clock = _StepClock() if clock is None else clock  # a pipeline's transformers share one
         self._generation = self._clock.generation  # the generation the policy's decisions belong to
+        self._forwards = 0  # forwards begun; the prompt counts read from a layer's mask hold for one
+        self._mask_counts: tuple[int, list[int]] | None = None  # (forward, per sample, the prompt tokens kept)
         self._signature = inspect.signature(transformer.forward)
         self._id = next(_ids)
         _owners[self._id] = self
@@ -169,6 +172,7 @@ class SparseTransformer:
         return _summary(self.records)
 
     def _before_forward(self, module, args, kwargs) -> None:
+        self._forwards += 1
         bound = self._signature.bind(*args, **kwargs).arguments
         self.grid = self._family.grid(module, bound)
         # Per sample, the prompt tokens its mask keeps (HunyuanVideo pads every prompt to one length).
@@ -181,12 +185,30 @@ class SparseTransformer:
             self._generation = self._clock.generation
             self.policy.clear()
 
-    def _attend(self, layer: int, q, k, v, layout: str):
+    def _attend(self, layer: int, q, k, v, layout: str, prompt_mask=None):
         """q, k, v ([B, N, H, D] or, with layout "bhnd", [B, H, N, D]) of one layer's
-        self-attention -> its output, recorded."""
+        self-attention -> its output, recorded. ``prompt_mask`` [B, T]: which of the
+        prompt's T tokens (after the video's) are kept, as the layer was given it."""
+        if prompt_mask is not None:
+            return self._run_padded_text(layer, q, k, v, self._prompt_counts(prompt_mask), padding_sees_keys=False)
         if self.text_counts is None:
             return self._run(layer, q, k, v, layout, self.grid)
-        return self._run_padded_text(layer, q, k, v)
+        return self._run_padded_text(layer, q, k, v, self.text_counts, padding_sees_keys=True)
+
+    def _prompt_counts(self, mask) -> list[int]:
+        """Per sample, the prompt tokens a layer's mask keeps: read on the host once per
+        forward (every layer of one forward gets the same mask), and refused unless the
+        kept tokens come first, which is what lets stsa drop the rest."""
+        if self._mask_counts is not None and self._mask_counts[0] == self._forwards:
+            return self._mask_counts[1]
+        rows = mask.detach().to("cpu", torch.bool)
+        counts = rows.sum(dim=1).tolist()
+        for row, count in zip(rows, counts):
+            if not bool(row[:count].all()):
+                raise Unsupported("the prompt's attention mask keeps tokens after padding: stsa takes the kept "
+                                  "tokens first, then the padding")
+        self._mask_counts = (self._forwards, counts)
+        return counts
 
     def _run(self, layer: int, q, k, v, layout: str, grid: VideoGrid | None, out=None):
         tokens = q.shape[1] if layout == "bnhd" else q.shape[2]
@@ -202,20 +224,24 @@ class SparseTransformer:
         self.last_info[layer] = info
         return out
 
-    def _run_padded_text(self, layer: int, q, k, v):
+    def _run_padded_text(self, layer: int, q, k, v, text_counts: list[int], padding_sees_keys: bool):
         """[B, N, H, D], the video then a prompt padded to one length: per sample, the video
-        and the prompt tokens its mask keeps through stsa; the padding's query rows see
-        those same keys (the model's mask hides the padding as keys only), densely."""
-        if len(self.text_counts) != q.shape[0]:
-            raise Unsupported(f"layer {layer}: a batch of {q.shape[0]}, but the forward's prompt mask has "
-                              f"{len(self.text_counts)} rows")
+        and the prompt tokens its mask keeps through stsa. The padding's query rows see
+        those same keys, densely, where the model's mask hides the padding as keys only
+        (HunyuanVideo); where it hides the padding both ways (HunyuanVideo 1.5) they see
+        nothing and are zero, as PyTorch's attention leaves a row with no key."""
+        if len(text_counts) != q.shape[0]:
+            raise Unsupported(f"layer {layer}: a batch of {q.shape[0]}, but the prompt mask has "
+                              f"{len(text_counts)} rows")
         out = torch.empty_like(q)
-        for sample, text in enumerate(self.text_counts):
+        for sample, text in enumerate(text_counts):
             grid = dataclasses.replace(self.grid, text=text)
             kept = slice(0, grid.tokens)
             one = slice(sample, sample + 1)
             self._run(layer, q[one, kept], k[one, kept], v[one, kept], "bnhd", grid, out=out[one, kept])
-            if grid.tokens < q.shape[1]:
+            if grid.tokens < q.shape[1] and not padding_sees_keys:
+                out[one, grid.tokens:] = 0
+            elif grid.tokens < q.shape[1]:
                 padding = torch.nn.functional.scaled_dot_product_attention(
                     *(x[one].transpose(1, 2) for x in (q[:, grid.tokens:], k[:, kept], v[:, kept])))
                 out[one, grid.tokens:] = padding.transpose(1, 2)
@@ -308,11 +334,11 @@ class _SelfAttention:
             raise Unsupported("stsa's processor does not run under diffusers' context parallelism "
                               "(stsa's own Ulysses runs over MPI)")
 
-    def _attention(self, query, key, value):
+    def _attention(self, query, key, value, prompt_mask=None):
         if torch.compiler.is_compiling():  # one opaque operator in the compiled block, not a graph break
             return torch.ops.stsa.diffusers_attention(query, key, value, self.owner._id, self._layer_tensor,
-                                                      self.layout)
-        return self.owner._attend(self.layer, query, key, value, self.layout)
+                                                      self.layout, prompt_mask)
+        return self.owner._attend(self.layer, query, key, value, self.layout, prompt_mask)
 
 
 def _projections(attn, hidden_states):
@@ -429,6 +455,42 @@ class _HunyuanVideoSelfAttention(_SelfAttention):
         return video_out, text_out
 
 
+class _HunyuanVideo15SelfAttention(_SelfAttention):
+    """diffusers' HunyuanVideo 1.5 joint attention: the video's tokens (QK RMS norm per
+    head, the rotary embedding) then the prompt's (projections and norms of their own;
+    its image, ByT5 and LLM tokens, the kept ones first). The model's mask hides the
+    padding as keys and as queries: the layer's mask goes to SparseTransformer._attend."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        if encoder_hidden_states is None or attention_mask is None:
+            raise Unsupported(f"layer {self.layer}: HunyuanVideo 1.5's attention without the prompt's tokens and mask")
+        self._check_call()  # the mask is the prompt's padding, handled as described above
+        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (attn.to_q(hidden_states),
+                                                                        attn.to_k(hidden_states),
+                                                                        attn.to_v(hidden_states)))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        if image_rotary_emb is not None:
+            query, key = (apply_rotary_emb(x, image_rotary_emb, sequence_dim=1) for x in (query, key))
+        prompt = [x.unflatten(2, (attn.heads, -1)) for x in (attn.add_q_proj(encoder_hidden_states),
+                                                              attn.add_k_proj(encoder_hidden_states),
+                                                              attn.add_v_proj(encoder_hidden_states))]
+        if attn.norm_added_q is not None:
+            prompt[0] = attn.norm_added_q(prompt[0])
+        if attn.norm_added_k is not None:
+            prompt[1] = attn.norm_added_k(prompt[1])
+        query, key, value = (torch.cat([x, p], dim=1) for x, p in zip((query, key, value), prompt))
+        out = self._attention(query, key, value, attention_mask).flatten(2, 3).to(query.dtype)
+        text = encoder_hidden_states.shape[1]
+        video_out, text_out = out.split([out.shape[1] - text, text], dim=1)
+        if getattr(attn, "to_out", None) is not None:
+            video_out = attn.to_out[1](attn.to_out[0](video_out))
+        if getattr(attn, "to_add_out", None) is not None:
+            text_out = attn.to_add_out(text_out)
+        return video_out, text_out
+
+
 # The compiled path's operator finds its SparseTransformer by number (an operator takes
 # tensors and plain values); a disabled, dropped one is gone from here too.
 _ids = itertools.count()
@@ -442,12 +504,12 @@ _owners: "weakref.WeakValueDictionary[int, SparseTransformer]" = weakref.WeakVal
 # back on the host, which a capture refuses.
 @torch.library.custom_op("stsa::diffusers_attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int, layer: torch.Tensor,
-                  layout: str) -> torch.Tensor:
-    return _owners[owner]._attend(int(layer), q, k, v, layout)
+                  layout: str, prompt_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    return _owners[owner]._attend(int(layer), q, k, v, layout, prompt_mask)
 
 
 @_attention_op.register_fake
-def _(q, k, v, owner, layer, layout):
+def _(q, k, v, owner, layer, layout, prompt_mask):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)  # as stsa.attention allocates it
 
 
@@ -489,7 +551,8 @@ def _ltx_grid(transformer, inputs) -> VideoGrid:
 
 
 def _hunyuan_grid(transformer, inputs) -> VideoGrid:
-    """The video's grid; each sample's prompt tokens come from _hunyuan_text_counts."""
+    """The video's grid (HunyuanVideo 1.0 and 1.5); each sample's prompt tokens come from
+    the forward's mask (_hunyuan_text_counts) or, in 1.5, the one its layers get."""
     _, _, frames, height, width = _latents(inputs["hidden_states"], "B, C, F, H, W")
     patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
     return VideoGrid(frames // patch_t, height // patch, width // patch, text_placement="after")
@@ -541,6 +604,8 @@ _FAMILIES = {
     "HunyuanVideoTransformer3DModel": _Family(("transformer_blocks", "single_transformer_blocks"), "attn",
                                               ("HunyuanVideoAttnProcessor2_0",), _HunyuanVideoSelfAttention,
                                               _hunyuan_grid, _hunyuan_text_counts),
+    "HunyuanVideo15Transformer3DModel": _Family(("transformer_blocks",), "attn", ("HunyuanVideo15AttnProcessor2_0",),
+                                                _HunyuanVideo15SelfAttention, _hunyuan_grid),
 }
 
 

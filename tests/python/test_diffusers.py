@@ -22,7 +22,7 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 
 from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import (  # noqa: E402
-    transformer_hunyuan_video, transformer_ltx, transformer_skyreels_v2, transformer_wan)
+    transformer_hunyuan_video, transformer_hunyuan_video15, transformer_ltx, transformer_skyreels_v2, transformer_wan)
 from torch_helpers import check, require_gpu  # noqa: E402
 
 diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; tiny() mends it
@@ -48,6 +48,8 @@ class Model:
     stock_attention: tuple           # (module, name) of the attention function the stock processor calls
     extra_inputs: Callable[[Any, Any], dict] = lambda device, dtype: {}  # the forward's other arguments
     fuses: bool = True               # whether fuse_qkv_projections() fuses its self-attention
+    padding_sees_keys: bool = True   # a padded prompt token's query row sees the kept keys (else nothing)
+    timestep_dtype: Any = None       # what the pipeline casts the timestep to (None: fp32; "model": the model's)
 
 
 def _tiny_wan(layers):
@@ -140,9 +142,34 @@ def _ltx_inputs(device, dtype):
 LTX = Model("ltx", _tiny_ltx, (1, 120, 4), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bnhd",
             transformer_ltx.LTXVideoAttnProcessor, (transformer_ltx, "dispatch_attention_fn"), _ltx_inputs,
             fuses=False)
+def _tiny_hunyuan15(layers):
+    return diffusers.HunyuanVideo15Transformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                                      attention_head_dim=64, num_layers=layers, num_refiner_layers=1,
+                                                      mlp_ratio=2.0, patch_size=2, patch_size_t=1,
+                                                      text_embed_dim=TEXT_DIM, text_embed_2_dim=16,
+                                                      image_embed_dim=16, rope_axes_dim=(16, 24, 24))
+
+
+def _hunyuan15_inputs(device, dtype, kept=((5, 2),), image=False):
+    """Per sample, the LLM prompt's and the ByT5 prompt's kept tokens (of 7 and 4), and 3
+    image tokens, kept where ``image`` (image-to-video), else zero and dropped: the model
+    puts the kept ones first (image, ByT5, LLM), the prompt 14 tokens in all."""
+    generator = torch.Generator().manual_seed(6)
+    images = torch.randn(len(kept), 3, 16, generator=generator) if image else torch.zeros(len(kept), 3, 16)
+    return {"encoder_attention_mask": torch.tensor([[1] * n + [0] * (TEXT_TOKENS - n) for n, _ in kept],
+                                                   device=device),
+            "encoder_hidden_states_2": torch.randn(len(kept), 4, 16, generator=generator).to(device, dtype),
+            "encoder_attention_mask_2": torch.tensor([[1] * n + [0] * (4 - n) for _, n in kept], device=device),
+            "image_embeds": images.to(device, dtype)}
+
+
+HUNYUAN15 = Model("hunyuan15", _tiny_hunyuan15, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=7),
+                  ("transformer_blocks",), "bnhd", transformer_hunyuan_video15.HunyuanVideo15AttnProcessor2_0,
+                  (transformer_hunyuan_video15, "dispatch_attention_fn"), _hunyuan15_inputs, fuses=False,
+                  padding_sees_keys=False, timestep_dtype="model")
 MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
           pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
-          pytest.param(LTX, id="ltx")]
+          pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
@@ -161,7 +188,9 @@ def tiny_wan(device="cpu", dtype=torch.float32, layers=2):
 def inputs(rng, timestep, device="cpu", dtype=torch.float32, spec=WAN):
     latents = torch.from_numpy(rng.standard_normal(spec.latent_shape).astype(np.float32))
     text = torch.from_numpy(rng.standard_normal((1, TEXT_TOKENS, TEXT_DIM)).astype(np.float32))
-    return {"hidden_states": latents.to(device, dtype), "timestep": torch.tensor([timestep], device=device),
+    timestep = torch.tensor([float(timestep)], device=device,
+                            dtype=dtype if spec.timestep_dtype == "model" else torch.float32)
+    return {"hidden_states": latents.to(device, dtype), "timestep": timestep,
             "encoder_hidden_states": text.to(device, dtype), **spec.extra_inputs(device, dtype)}
 
 
@@ -170,13 +199,14 @@ def attentions(model, spec=WAN):
     return [getattr(block, "attn1", None) or block.attn for name in spec.blocks for block in getattr(model, name)]
 
 
-def padded(mask, tokens):
+def padded(mask, tokens, sees_keys=True):
     """A head's [n, n] mask within `tokens` positions, the rest a prompt's padding, which
-    the model's mask hides as keys only: its query rows see the n kept keys."""
+    the model's mask hides as keys (its query rows see the n kept keys) or both ways
+    (they see nothing)."""
     kept = mask.shape[0]
     full = np.zeros((tokens, tokens), dtype=bool)
     full[:kept, :kept] = mask
-    full[kept:, :kept] = True
+    full[kept:, :kept] = sees_keys
     return full
 
 
@@ -234,9 +264,9 @@ def test_routed_layers_match_the_reference_on_the_models_own_qkv(spec, device, d
             lambda _, args, kwargs, layer=layer: layer_inputs.setdefault(layer, (args, kwargs)), with_kwargs=True)
     attend = sparse._attend
 
-    def attend_and_keep(layer, q, k, v, layout):
+    def attend_and_keep(layer, q, k, v, layout, prompt_mask=None):
         assert layout == spec.layout
-        return attended.setdefault(layer, (q, k, v, attend(layer, q, k, v, layout)))[3]
+        return attended.setdefault(layer, (q, k, v, attend(layer, q, k, v, layout, prompt_mask)))[3]
 
     monkeypatch.setattr(sparse, "_attend", attend_and_keep)
     forward(model, inputs(rng, 999, device, dtype, spec))
@@ -257,7 +287,8 @@ def test_routed_layers_match_the_reference_on_the_models_own_qkv(spec, device, d
         routes.update(h["route"] for h in heads)
         if spec.layout == "bhnd":
             q, k, v, out = (x.transpose(1, 2) for x in (q, k, v, out))
-        check(out, q, k, v, [padded(mask, q.shape[1]) for mask in reference.head_masks(spec.grid, heads)])
+        check(out, q, k, v, [padded(mask, q.shape[1], spec.padding_sees_keys)
+                             for mask in reference.head_masks(spec.grid, heads)])
     assert routes - {"dense"}, "every head ran dense: the test would not see a sparse mask"
 
 
@@ -273,6 +304,33 @@ def test_hunyuan_prompts_of_different_lengths_in_one_batch(rng):
         ours = forward(model, x)
     assert relative_l2(ours, own) < 1e-6
     assert [(r.layer, r.grid.text) for r in sparse.records] == [(0, 3), (0, 7), (1, 3), (1, 7)]
+
+
+def test_hunyuan15_prompts_of_different_lengths_and_an_image(rng):
+    """HunyuanVideo 1.5 (image-to-video: its 3 image tokens kept) with a batch of two whose
+    prompts keep 3 + 4 + 5 and 3 + 1 + 7 tokens, then text-to-video (the image tokens
+    dropped): each sample runs with its own grid, read anew each forward, the padding's
+    rows left at zero, and a dense policy gives the model's own output."""
+    model = tiny(HUNYUAN15)
+    one, two = (inputs(rng, 999, spec=HUNYUAN15) for _ in range(2))
+    x = {name: torch.cat([one[name], two[name]]) for name in ("hidden_states", "timestep", "encoder_hidden_states")}
+    x.update(_hunyuan15_inputs("cpu", torch.float32, kept=((5, 4), (7, 1)), image=True))
+    own = forward(model, x)
+    with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1)) as sparse:
+        ours = forward(model, x)
+        x.update(_hunyuan15_inputs("cpu", torch.float32, kept=((5, 4), (7, 1))))  # next: no image, 3 tokens fewer
+        text_only = forward(model, x)
+    assert relative_l2(ours, own) < 1e-6 and relative_l2(text_only, forward(model, x)) < 1e-6
+    assert [(r.layer, r.grid.text) for r in sparse.records] == [(0, 12), (0, 11), (1, 12), (1, 11),
+                                                                 (0, 9), (0, 8), (1, 9), (1, 8)]
+
+
+def test_hunyuan15_refuses_a_mask_with_kept_tokens_after_padding(rng):
+    model = tiny(HUNYUAN15, layers=1)
+    stsa.diffusers.enable(model, stsa.Policy())
+    video, prompt = torch.zeros(1, 120, 128), torch.zeros(1, 3, 128)
+    with torch.no_grad(), pytest.raises(stsa.Unsupported, match="kept tokens first"):
+        model.transformer_blocks[0].attn(video, prompt, attention_mask=torch.tensor([[True, False, True]]))
 
 
 def test_steps_follow_the_timestep_and_guidance_reuses_the_decision(rng):
@@ -460,7 +518,8 @@ def test_ltx_without_its_grid_is_refused(rng):
 
 
 @pytest.mark.parametrize("spec", [pytest.param(WAN, id="wan"), pytest.param(HUNYUAN, id="hunyuan"),
-                                  pytest.param(SKYREELS_V2, id="skyreels-v2"), pytest.param(LTX, id="ltx")])
+                                  pytest.param(SKYREELS_V2, id="skyreels-v2"), pytest.param(LTX, id="ltx"),
+                                  pytest.param(HUNYUAN15, id="hunyuan15")])
 def test_regional_compilation_holds_stsa_as_one_operator(spec, rng):
     """diffusers' compile_repeated_blocks(fullgraph=True; a graph break would raise): each
     kind of block compiles once for every layer and step (the layer reaches the operator as a
@@ -518,4 +577,4 @@ def test_the_operator_passes_torch_opcheck(rng):
     forward(model, inputs(rng, 999))  # the grid, from a forward
     q, k, v = (torch.from_numpy(rng.standard_normal((1, WAN.grid.tokens, 2, 64)).astype(np.float32))
                for _ in range(3))
-    torch.library.opcheck(torch.ops.stsa.diffusers_attention.default, (q, k, v, sparse._id, torch.tensor(0), "bnhd"))
+    torch.library.opcheck(torch.ops.stsa.diffusers_attention.default, (q, k, v, sparse._id, torch.tensor(0), "bnhd", None))
