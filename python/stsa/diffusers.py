@@ -438,21 +438,8 @@ class _HunyuanVideoSelfAttention(_SelfAttention):
             query, key = (torch.cat([apply_rotary_emb(x[:, :video], image_rotary_emb, sequence_dim=1), x[:, video:]],
                                     dim=1) for x in (query, key))
         if dual_stream:
-            prompt = [x.unflatten(2, (attn.heads, -1)) for x in (attn.add_q_proj(encoder_hidden_states),
-                                                                  attn.add_k_proj(encoder_hidden_states),
-                                                                  attn.add_v_proj(encoder_hidden_states))]
-            if attn.norm_added_q is not None:
-                prompt[0] = attn.norm_added_q(prompt[0])
-            if attn.norm_added_k is not None:
-                prompt[1] = attn.norm_added_k(prompt[1])
-            query, key, value = (torch.cat([x, p], dim=1) for x, p in zip((query, key, value), prompt))
-        out = self._attention(query, key, value).flatten(2, 3).to(query.dtype)
-        video_out, text_out = out.split([out.shape[1] - text, text], dim=1)
-        if getattr(attn, "to_out", None) is not None:
-            video_out = attn.to_out[1](attn.to_out[0](video_out))
-        if getattr(attn, "to_add_out", None) is not None:
-            text_out = attn.to_add_out(text_out)
-        return video_out, text_out
+            query, key, value = _with_prompt(attn, (query, key, value), encoder_hidden_states)
+        return _joint_outputs(attn, self._attention(query, key, value).flatten(2, 3).to(query.dtype), text)
 
 
 class _HunyuanVideo15SelfAttention(_SelfAttention):
@@ -473,22 +460,32 @@ class _HunyuanVideo15SelfAttention(_SelfAttention):
         query, key = attn.norm_q(query), attn.norm_k(key)
         if image_rotary_emb is not None:
             query, key = (apply_rotary_emb(x, image_rotary_emb, sequence_dim=1) for x in (query, key))
-        prompt = [x.unflatten(2, (attn.heads, -1)) for x in (attn.add_q_proj(encoder_hidden_states),
-                                                              attn.add_k_proj(encoder_hidden_states),
-                                                              attn.add_v_proj(encoder_hidden_states))]
-        if attn.norm_added_q is not None:
-            prompt[0] = attn.norm_added_q(prompt[0])
-        if attn.norm_added_k is not None:
-            prompt[1] = attn.norm_added_k(prompt[1])
-        query, key, value = (torch.cat([x, p], dim=1) for x, p in zip((query, key, value), prompt))
+        query, key, value = _with_prompt(attn, (query, key, value), encoder_hidden_states)
         out = self._attention(query, key, value, attention_mask).flatten(2, 3).to(query.dtype)
-        text = encoder_hidden_states.shape[1]
-        video_out, text_out = out.split([out.shape[1] - text, text], dim=1)
-        if getattr(attn, "to_out", None) is not None:
-            video_out = attn.to_out[1](attn.to_out[0](video_out))
-        if getattr(attn, "to_add_out", None) is not None:
-            text_out = attn.to_add_out(text_out)
-        return video_out, text_out
+        return _joint_outputs(attn, out, encoder_hidden_states.shape[1])
+
+
+def _with_prompt(attn, video_qkv, encoder_hidden_states):
+    """HunyuanVideo's dual-stream joint attention: the prompt's q, k, v (projections and
+    QK norms of their own) after the video's."""
+    prompt = [x.unflatten(2, (attn.heads, -1)) for x in (attn.add_q_proj(encoder_hidden_states),
+                                                          attn.add_k_proj(encoder_hidden_states),
+                                                          attn.add_v_proj(encoder_hidden_states))]
+    if attn.norm_added_q is not None:
+        prompt[0] = attn.norm_added_q(prompt[0])
+    if attn.norm_added_k is not None:
+        prompt[1] = attn.norm_added_k(prompt[1])
+    return tuple(torch.cat([x, p], dim=1) for x, p in zip(video_qkv, prompt))
+
+
+def _joint_outputs(attn, out, text: int):
+    """[B, N, H D], the video's rows then the prompt's ``text``: each through its output projection."""
+    video_out, text_out = out.split([out.shape[1] - text, text], dim=1)
+    if getattr(attn, "to_out", None) is not None:
+        video_out = attn.to_out[1](attn.to_out[0](video_out))
+    if getattr(attn, "to_add_out", None) is not None:
+        text_out = attn.to_add_out(text_out)
+    return video_out, text_out
 
 
 # The compiled path's operator finds its SparseTransformer by number (an operator takes
