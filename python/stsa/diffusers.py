@@ -320,7 +320,7 @@ class _SelfAttention:
 
     layout = "bnhd"            # how the subclass hands q, k, v over
     _attention_backend = None  # set by diffusers' set_attention_backend; stsa is the backend here
-    _parallel_config = None    # set by diffusers' context parallelism, which splits the tokens: refused
+    _parallel_config = None    # set by diffusers' context parallelism (enable_parallelism): see _ulysses
 
     def __init__(self, owner: SparseTransformer, layer: int):
         self.owner = owner
@@ -330,15 +330,69 @@ class _SelfAttention:
     def _check_call(self, attention_mask=None) -> None:
         if attention_mask is not None:
             raise Unsupported(f"layer {self.layer}: stsa replaces self-attention without an attention mask")
-        if self._parallel_config is not None:
-            raise Unsupported("stsa's processor does not run under diffusers' context parallelism "
-                              "(stsa's own Ulysses runs over MPI)")
 
     def _attention(self, query, key, value, prompt_mask=None):
+        ulysses = self._ulysses(prompt_mask)
+        if ulysses is not None:  # this rank's share of the tokens, every head -> every token, its share of the heads
+            query, key, value = (_tokens_for_heads(x, *ulysses) for x in (query, key, value))
         if torch.compiler.is_compiling():  # one opaque operator in the compiled block, not a graph break
-            return torch.ops.stsa.diffusers_attention(query, key, value, self.owner._id, self._layer_tensor,
-                                                      self.layout, prompt_mask)
-        return self.owner._attend(self.layer, query, key, value, self.layout, prompt_mask)
+            out = torch.ops.stsa.diffusers_attention(query, key, value, self.owner._id, self._layer_tensor,
+                                                     self.layout, prompt_mask)
+        else:
+            out = self.owner._attend(self.layer, query, key, value, self.layout, prompt_mask)
+        return out if ulysses is None else _heads_for_tokens(out, *ulysses)
+
+    def _ulysses(self, prompt_mask):
+        """(group, ranks) under diffusers' Ulysses context parallelism, else None. Each rank
+        holds a contiguous share of the video's frame-major tokens; an all-to-all gives it
+        every token of H / ranks heads, which stsa routes, permutes and attends locally
+        (the permutation needs no more communication), and another gives the shares back.
+        The model's own enable_parallelism sets _parallel_config on the processors it finds;
+        enabled before stsa, the transformer holds it."""
+        config = self._parallel_config or getattr(self.owner.transformer, "_parallel_config", None)
+        context = getattr(config, "context_parallel_config", None)
+        if context is None:
+            return None
+        if context.ring_degree != 1 or context.ulysses_anything:
+            raise Unsupported("stsa runs under diffusers' Ulysses context parallelism only (ring_degree 1, "
+                              "ulysses_anything off): ring attention splits the keys, which a mask over "
+                              "the whole sequence needs")
+        if self.layout != "bnhd" or prompt_mask is not None or self.owner.text_counts is not None or (
+                self.owner.grid is not None and self.owner.grid.text):
+            raise Unsupported("stsa runs under diffusers' context parallelism on video-only self-attention "
+                              "(Wan, SkyReels-V2, LTX-Video), not on a joint sequence with a prompt")
+        mesh = getattr(context, "_ulysses_mesh", None)
+        if mesh is None:
+            raise Unsupported("this diffusers' context parallel config has no Ulysses mesh stsa knows "
+                              "(tested with diffusers 0.42)")
+        return mesh.get_group(), context.ulysses_degree
+
+
+def _all_to_all(x, group):
+    """Chunk r of x's first axis to rank r; chunk r of the result from rank r."""
+    import torch.distributed._functional_collectives as collectives  # traceable by torch.compile
+
+    out = collectives.all_to_all_single(x.contiguous().flatten(), None, None, group)
+    if isinstance(out, collectives.AsyncCollectiveTensor):
+        out = out.wait()
+    return out.view(x.shape)
+
+
+def _tokens_for_heads(x, group, ranks: int):
+    """[B, N / ranks, H, D], this rank's tokens -> [B, N, H / ranks, D], every rank's tokens
+    (in rank order: the frame-major sequence) of this rank's heads."""
+    batch, tokens, heads, dim = x.shape
+    if heads % ranks:
+        raise Unsupported(f"{heads} heads do not split over {ranks} Ulysses ranks")
+    sent = x.unflatten(2, (ranks, heads // ranks)).permute(2, 0, 1, 3, 4)  # [ranks, B, N / ranks, H / ranks, D]
+    return _all_to_all(sent, group).permute(1, 0, 2, 3, 4).reshape(batch, ranks * tokens, heads // ranks, dim)
+
+
+def _heads_for_tokens(x, group, ranks: int):
+    """The inverse: [B, N, H / ranks, D] -> [B, N / ranks, H, D]."""
+    batch, tokens, heads, dim = x.shape
+    sent = x.unflatten(1, (ranks, tokens // ranks)).permute(1, 0, 2, 3, 4)  # [ranks, B, N / ranks, H / ranks, D]
+    return _all_to_all(sent, group).permute(1, 2, 0, 3, 4).reshape(batch, tokens // ranks, ranks * heads, dim)
 
 
 def _projections(attn, hidden_states):

@@ -6,6 +6,8 @@ reference, with each head's mask evaluated from what the call reports it ran, is
 yardstick for the attention."""
 
 import dataclasses
+import os
+import socket
 import types
 from typing import Any, Callable
 
@@ -465,6 +467,80 @@ def test_wan_pipeline_with_two_experts(rng):
     assert len(sparse.records) == 6 * 2 * 2 - len(steps["transformer"]) * 2  # 1 layer high, 2 low; guidance
 
 
+def _ulysses_rank(rank: int, ranks: int, port: int) -> None:
+    """One rank of test_ulysses_context_parallelism (a process of its own, gloo on the CPU)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=ranks)
+    try:
+        torch.accelerator.device_count = lambda: 1  # enable_parallelism asks for an accelerator; the CPU serves
+        rng = np.random.default_rng(7)
+        x = inputs(rng, 999)
+        # A timestep per token, as Wan2.2-TI2V passes it: diffusers 0.42's plan splits a 1-D one with a
+        # warning its logger cannot give (logger.warning_once), a bug of its own.
+        x["timestep"] = torch.full((1, WAN.grid.tokens), 999.0)
+        def four_heads():  # two a rank, so a rank's share is more than one head
+            torch.manual_seed(0)
+            return diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=64,
+                                                   in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
+                                                   ffn_dim=64, num_layers=2, rope_max_seq_len=64).eval()
+
+        single = {}
+        model = four_heads()
+        with torch.no_grad():
+            single["own"] = model(**x, return_dict=False)[0]
+        for name, policy in (("dense", stsa.Policy(dense_steps=1)), ("routed", stsa.Policy(density=0.4, **ALL_SPARSE))):
+            with stsa.diffusers.enable(model, policy) as sparse, torch.no_grad():
+                single[name] = (model(**x, return_dict=False)[0], [r.routes for r in sparse.records])
+        heads = slice(2 * rank, 2 * rank + 2)  # 4 heads over 2 ranks: rank r attends to heads 2r and 2r + 1
+        config = diffusers.ContextParallelConfig(ulysses_degree=ranks)
+        for stsa_first in (True, False):
+            model = four_heads()
+            for name, policy in (("dense", stsa.Policy(dense_steps=1)),
+                                 ("routed", stsa.Policy(density=0.4, **ALL_SPARSE))):
+                if stsa_first:
+                    sparse = stsa.diffusers.enable(model, policy)
+                    if name == "dense":
+                        model.enable_parallelism(config=config)
+                else:
+                    if name == "dense":
+                        model.enable_parallelism(config=config)
+                    sparse = stsa.diffusers.enable(model, policy)
+                with torch.no_grad():
+                    out = model(**x, return_dict=False)[0]
+                sparse.disable()
+                reference_out, reference_routes = single[name]
+                assert relative_l2(out, reference_out) < 1e-6, (name, stsa_first)
+                assert [r.routes for r in sparse.records] == [routes[heads] for routes in reference_routes]
+                assert [r.grid for r in sparse.records] == [WAN.grid] * 2
+            assert relative_l2(out, single["own"]) > 1e-3  # the routed pass ran sparse
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_ulysses_context_parallelism():
+    """diffusers' Ulysses context parallelism (enable_parallelism, 2 ranks over gloo) with
+    stsa enabled before it or after: each rank gets every token of its share of the heads
+    (an all-to-all), routes and attends them, and gives the tokens back; the output equals
+    one process's, dense and routed, and each rank's routes are its heads' routes there."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch without torch.distributed")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torch.multiprocessing.spawn(_ulysses_rank, args=(2, port), nprocs=2)
+
+
+def test_ring_attention_is_refused(rng):
+    model = tiny_wan(layers=1)
+    sparse = stsa.diffusers.enable(model, stsa.Policy())
+    ring = types.SimpleNamespace(context_parallel_config=types.SimpleNamespace(ring_degree=2, ulysses_degree=1,
+                                                                               ulysses_anything=False))
+    model.blocks[0].attn1.processor._parallel_config = ring
+    with torch.no_grad(), pytest.raises(stsa.Unsupported, match="Ulysses context parallelism only"):
+        forward(model, inputs(rng, 999))
+    sparse.disable()
+
+
 def test_disable_gives_the_model_back(rng):
     model = tiny_wan()
     processors = [block.attn1.processor for block in model.blocks]
@@ -577,4 +653,5 @@ def test_the_operator_passes_torch_opcheck(rng):
     forward(model, inputs(rng, 999))  # the grid, from a forward
     q, k, v = (torch.from_numpy(rng.standard_normal((1, WAN.grid.tokens, 2, 64)).astype(np.float32))
                for _ in range(3))
-    torch.library.opcheck(torch.ops.stsa.diffusers_attention.default, (q, k, v, sparse._id, torch.tensor(0), "bnhd", None))
+    torch.library.opcheck(torch.ops.stsa.diffusers_attention.default,
+                          (q, k, v, sparse._id, torch.tensor(0), "bnhd", None))
