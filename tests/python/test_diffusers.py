@@ -25,11 +25,11 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import (  # noqa: E402
     transformer_hunyuan_video, transformer_hunyuan_video15, transformer_ltx, transformer_skyreels_v2, transformer_wan)
+from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
 from torch_helpers import check, require_gpu  # noqa: E402
 
 diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; tiny() mends it
 
-TEXT_TOKENS, TEXT_DIM = 7, 32
 ALL_SPARSE = {"max_rel_l2": 1e9}  # no head kept dense for its error: every routed head sparse
 
 
@@ -441,14 +441,7 @@ def test_wan_pipeline_with_two_experts(rng):
     """diffusers' own WanPipeline (Wan2.2 A14B's, boundary_ratio 0.875) on two tiny experts:
     a dense policy gives the pipeline's own latents, and the experts share its steps."""
     pytest.importorskip("transformers")  # WanPipeline is a placeholder without it
-    high, low = _two_experts()
-    vae = diffusers.AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                                     temperal_downsample=[False, True, True])
-    scheduler = diffusers.UniPCMultistepScheduler(flow_shift=12.0, use_flow_sigmas=True,
-                                                  prediction_type="flow_prediction")
-    pipe = diffusers.WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=high,
-                                 transformer_2=low, boundary_ratio=0.875)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = wan_pipeline(*_two_experts(), boundary_ratio=0.875)
     prompts = {name: torch.from_numpy(rng.standard_normal((1, TEXT_TOKENS, TEXT_DIM)).astype(np.float32))
                for name in ("prompt_embeds", "negative_prompt_embeds")}
 

@@ -1,0 +1,208 @@
+"""One video generated twice by a diffusers pipeline, with the model's own attention and
+with stsa, from the same seed: the time each took and how far stsa's video is from the
+dense one (PSNR, SSIM). What a user runs on their own GPU and weights before serving with
+a policy.
+
+    python -m stsa.evaluate --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers --policy wan2.1-1.3b-480p \\
+        --prompt "a cat surfing" --height 480 --width 832 --frames 81 --out results/
+
+or from Python, on a pipeline already loaded:
+
+    import stsa.evaluate
+    result, dense, sparse = stsa.evaluate.evaluate(pipe, "wan2.1-1.3b-480p", prompt="a cat surfing",
+                                                   height=480, width=832, num_frames=81)
+    print(result.speedup, result.psnr_db, result.ssim)
+
+Needs torch and diffusers (``pip install ".[diffusers]"``), and the pipeline's own
+dependencies (transformers for its text encoder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import Error, InvalidArgument, Policy, model_preset
+from .quality import frame_psnr, psnr, ssim
+
+__all__ = ["Evaluation", "evaluate", "main"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """Dense against stsa on one video."""
+
+    dense_s: float                # the pipeline with the model's own attention, seconds
+    stsa_s: float                 # the same with stsa.diffusers
+    psnr_db: float                # stsa's video against the dense one, the whole video
+    worst_frame_psnr_db: float
+    ssim: float
+    frames: int
+    summary: dict[str, Any]       # stsa.diffusers' summary(): calls, head-calls per route, stsa's ms
+
+    @property
+    def speedup(self) -> float:
+        return self.dense_s / self.stsa_s
+
+
+def evaluate(pipe, policy: str | Policy, *, seed: int = 0, warmup: bool = True, timed: bool = False,
+             **call) -> tuple[Evaluation, np.ndarray, np.ndarray]:
+    """Generates with ``pipe(**call)`` (prompt, size, frames, steps, guidance: the pipeline's
+    own arguments) twice from ``seed``, dense then through ``policy``; returns the
+    evaluation and both videos ([F, H, W, C] in [0, 1]). ``warmup``: a 2-step generation of
+    each first, so neither time holds one-time work (kernel selection, stsa's plans).
+    ``timed``: stsa's per-call times in the summary (a GPU call then waits for its work)."""
+    import torch
+
+    from . import diffusers as stsa_diffusers
+
+    policy = Policy.from_preset(policy) if isinstance(policy, str) else policy
+    if not isinstance(policy, Policy):
+        raise InvalidArgument(f"policy must be a stsa.Policy or a preset name, got {type(policy).__name__}")
+
+    def generate(steps=None):
+        generator = torch.Generator("cpu").manual_seed(seed)  # the same noise for both, whatever the device
+        arguments = {**call, "generator": generator, "output_type": "np"}
+        if steps is not None:
+            arguments["num_inference_steps"] = steps
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            frames = pipe(**arguments).frames[0]
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return np.asarray(frames, dtype=np.float32), time.perf_counter() - start
+
+    if warmup:
+        generate(steps=2)
+        # Sparse from the first step, so its plans are built before the timed run.
+        with stsa_diffusers.enable(pipe, Policy(**{**policy.settings, "dense_steps": 0})):
+            generate(steps=2)
+    dense, dense_s = generate()
+    with stsa_diffusers.enable(pipe, policy, timed=timed) as sparse:
+        ours, stsa_s = generate()
+    result = Evaluation(dense_s=dense_s, stsa_s=stsa_s, psnr_db=psnr(dense, ours),
+                        worst_frame_psnr_db=min(frame_psnr(dense, ours)), ssim=ssim(dense, ours),
+                        frames=int(dense.shape[0]), summary=sparse.summary())
+    return result, dense, ours
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit status 2, as the stsa CLI
+        raise _Refused(message)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _arguments(argv) -> argparse.Namespace:
+    parser = _Parser(prog="python -m stsa.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a diffusers pipeline: a Hub id or a local folder")
+    parser.add_argument("--policy", required=True, help="a stsa preset name (stsa.model_presets())")
+    parser.add_argument("--prompt", default="A cat walks on the grass, realistic style.")
+    parser.add_argument("--negative-prompt", default=None)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--width", type=int, default=832)
+    parser.add_argument("--frames", type=int, default=81)
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the preset's)")
+    parser.add_argument("--guidance", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--no-warmup", action="store_true", help="time the first generation of each")
+    parser.add_argument("--out", default=None, help="a folder for evaluation.json (and, with --save-videos, both "
+                                                    "videos); never overwrites a file")
+    parser.add_argument("--save-videos", action="store_true")
+    args = parser.parse_args(argv)
+    for name in ("height", "width", "frames", "steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be at least 1, got {value}")
+    if args.save_videos and args.out is None:
+        parser.error("--save-videos needs --out")
+    return args
+
+
+def _load(args):
+    import diffusers
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    return diffusers.DiffusionPipeline.from_pretrained(args.model, torch_dtype=dtype).to(args.device)
+
+
+def _outputs(folder: str, names: Sequence[str]) -> dict[str, str]:
+    """The files to write in ``folder`` (made if missing); refused if any exists already."""
+    os.makedirs(folder, exist_ok=True)
+    paths = {name: os.path.join(folder, name) for name in names}
+    taken = [path for path in paths.values() if os.path.exists(path)]
+    if taken:
+        raise _Refused(f"{taken[0]} exists: stsa.evaluate never overwrites a file (choose another --out)")
+    return paths
+
+
+def _save_video(frames: np.ndarray, paths: dict[str, str], name: str) -> str:
+    """An MP4 where diffusers can write one (imageio or OpenCV installed), else the frames (.npy)."""
+    try:
+        from diffusers.utils import export_to_video
+
+        export_to_video(list(frames), paths[f"{name}.mp4"], fps=16)
+        return paths[f"{name}.mp4"]
+    except Exception:  # noqa: BLE001 (no video writer: keep the frames as an array)
+        np.save(paths[f"{name}.npy"], frames)
+        return paths[f"{name}.npy"]
+
+
+def _json_value(value):
+    """JSON has no infinity: a PSNR of two equal videos is written as the string "inf"."""
+    if isinstance(value, float) and np.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {key: _json_value(item) for key, item in value.items()}
+    return value
+
+
+def main(argv: Sequence[str] | None = None, load=_load) -> int:
+    """The command line; ``load`` (args -> pipeline) is for tests."""
+    try:
+        args = _arguments(argv)
+        steps = args.steps or model_preset(args.policy)["steps"]  # an unknown preset is refused before loading
+        videos = [f"{name}.{kind}" for name in ("dense", "stsa") for kind in ("mp4", "npy")]
+        paths = _outputs(args.out, ["evaluation.json"] + (videos if args.save_videos else [])) if args.out else {}
+        pipe = load(args)
+        call = {"prompt": args.prompt, "height": args.height, "width": args.width, "num_frames": args.frames,
+                "num_inference_steps": steps, "guidance_scale": args.guidance}
+        if args.negative_prompt is not None:
+            call["negative_prompt"] = args.negative_prompt
+        result, dense, ours = evaluate(pipe, args.policy, seed=args.seed, warmup=not args.no_warmup, **call)
+    except (_Refused, Error, ImportError, OSError, ValueError, TypeError) as error:
+        print(f"stsa.evaluate: {error}", file=sys.stderr)
+        return 2
+    routes = result.summary["head_routes"]
+    head_calls = max(sum(routes.values()), 1)
+    print(f"{'frames':>6} {'dense s':>9} {'stsa s':>9} {'speedup':>8} {'PSNR dB':>8} {'worst frame':>11} "
+          f"{'SSIM':>6}  routes")
+    print(f"{result.frames:>6} {result.dense_s:>9.2f} {result.stsa_s:>9.2f} {result.speedup:>7.2f}x "
+          f"{result.psnr_db:>8.2f} {result.worst_frame_psnr_db:>11.2f} {result.ssim:>6.4f}  "
+          + ", ".join(f"{route} {count / head_calls:.0%}" for route, count in sorted(routes.items())))
+    if paths:
+        record = {"model": args.model, "policy": args.policy, "settings": Policy.from_preset(args.policy).settings,
+                  "call": call, "seed": args.seed, **dataclasses.asdict(result), "speedup": result.speedup}
+        if args.save_videos:
+            record["videos"] = [_save_video(dense, paths, "dense"), _save_video(ours, paths, "stsa")]
+        with open(paths["evaluation.json"], "x") as f:
+            json.dump(_json_value(record), f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

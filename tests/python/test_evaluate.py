@@ -1,0 +1,108 @@
+"""stsa.evaluate: dense against stsa on one generated video. The command line's refusals
+run everywhere (before anything is loaded); the generations need torch, diffusers and
+transformers (a diffusers WanPipeline around a tiny random transformer)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import stsa
+import stsa.evaluate
+
+ALL_SPARSE = {"max_rel_l2": 1e9}  # no head kept dense for its error: every routed head sparse
+
+
+def never_loaded(args):
+    raise AssertionError("the pipeline was loaded for a command line that should have been refused")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--policy", "wan2.1-480p"], "--model"),
+    (["--model", "m", "--policy", "sora"], "unknown model preset 'sora'"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--height", "0"], "--height must be at least 1"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--steps", "-2"], "--steps must be at least 1"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--save-videos"], "--save-videos needs --out"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--dtype", "fp64"], "invalid choice"),
+])
+def test_bad_command_lines_exit_2_with_one_line(argv, message, capsys):
+    assert stsa.evaluate.main(argv, load=never_loaded) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("stsa.evaluate: ") and message in err
+
+
+def test_an_existing_output_is_never_overwritten(tmp_path, capsys):
+    (tmp_path / "evaluation.json").write_text("mine")
+    argv = ["--model", "m", "--policy", "wan2.1-480p", "--out", str(tmp_path)]
+    assert stsa.evaluate.main(argv, load=never_loaded) == 2
+    assert "exists" in capsys.readouterr().err and (tmp_path / "evaluation.json").read_text() == "mine"
+
+
+def _pipeline():
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    pytest.importorskip("transformers")  # diffusers' WanPipeline is a placeholder without it
+    from diffusers_helpers import TEXT_DIM, wan_pipeline
+
+    torch.manual_seed(0)
+    transformer = diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
+                                                  in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
+                                                  ffn_dim=64, num_layers=2, rope_max_seq_len=64).eval()
+    return wan_pipeline(transformer)
+
+
+def _prompts():
+    import torch
+    from diffusers_helpers import TEXT_DIM, TEXT_TOKENS
+
+    generator = torch.Generator().manual_seed(3)
+    return {name: torch.randn(1, TEXT_TOKENS, TEXT_DIM, generator=generator)
+            for name in ("prompt_embeds", "negative_prompt_embeds")}
+
+
+CALL = {"height": 64, "width": 96, "num_frames": 17, "num_inference_steps": 4, "guidance_scale": 5.0}
+
+
+def test_a_dense_policy_gives_the_dense_video_and_a_sparse_one_differs():
+    pipe = _pipeline()
+    same, dense, ours = stsa.evaluate.evaluate(pipe, stsa.Policy(dense_steps=4), **_prompts(), **CALL)
+    assert dense.shape == ours.shape == (17, 64, 96, 3) and same.frames == 17
+    assert same.psnr_db > 60 and same.ssim > 0.9999  # the same attention, rounded differently at most
+    assert same.summary["head_routes"] == {"dense": 4 * 2 * 2 * 2}  # steps x guidance x layers x heads
+    assert same.dense_s > 0 and same.stsa_s > 0 and same.speedup == same.dense_s / same.stsa_s
+    sparse, dense_again, ours = stsa.evaluate.evaluate(pipe, stsa.Policy(density=0.25, **ALL_SPARSE), warmup=False,
+                                                       **_prompts(), **CALL)
+    assert np.array_equal(dense_again, dense)  # the seed fixes the dense video
+    assert set(sparse.summary["head_routes"]) - {"dense"}
+    assert sparse.psnr_db == pytest.approx(stsa.quality.psnr(dense, ours)) and sparse.psnr_db < same.psnr_db
+    assert sparse.worst_frame_psnr_db <= sparse.psnr_db + 1e-9 and sparse.ssim < 1
+
+
+class _PromptEmbedding:
+    """The tiny pipeline behind the command line's text prompt: embeddings in its place
+    (the pipeline has no text encoder), the rest passed on."""
+
+    def __init__(self, pipe):
+        self.pipe, self.transformer, self.transformer_2 = pipe, pipe.transformer, None
+        self.seen = {}
+
+    def __call__(self, prompt, **call):
+        self.seen = {"prompt": prompt, **call}
+        return self.pipe(**_prompts(), **call)
+
+
+def test_the_command_line_writes_its_record_and_videos(tmp_path, capsys):
+    pipe = _PromptEmbedding(_pipeline())
+    out = tmp_path / "run"
+    argv = ["--model", "tiny", "--policy", "wan2.1-1.3b-480p", "--height", "64", "--width", "96", "--frames", "17",
+            "--steps", "3", "--out", str(out), "--save-videos", "--no-warmup"]
+    assert stsa.evaluate.main(argv, load=lambda args: pipe) == 0
+    assert pipe.seen["num_inference_steps"] == 3 and pipe.seen["height"] == 64
+    record = json.loads((out / "evaluation.json").read_text())
+    assert record["policy"] == "wan2.1-1.3b-480p" and record["settings"]["dense_steps"] == 12
+    assert record["psnr_db"] == "inf" or record["psnr_db"] > 60  # 3 steps, all in the preset's warm-up
+    assert all(os.path.exists(path) for path in record["videos"]) and len(record["videos"]) == 2
+    assert "speedup" in capsys.readouterr().out
+    assert stsa.evaluate.main(argv, load=lambda args: pipe) == 2  # the same --out again: refused, nothing lost
+    assert json.loads((out / "evaluation.json").read_text()) == record
