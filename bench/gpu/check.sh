@@ -354,8 +354,9 @@ fi
 # The Python package on this machine: its whole suite (tests/python), NumPy arrays
 # on this host's CPU and torch tensors on the CPU and CUDA backends against the
 # fp64 NumPy reference (test_torch.py: routing, gather, fused scatter and attention
-# on the GPU, on a side stream too; test_diffusers.py: stsa in diffusers' Wan,
-# CogVideoX and HunyuanVideo transformers, where build-gpu-diffusers/ was carried). Its exports first: a module exporting more
+# on the GPU, on a side stream too, and calls that do not wait for the device;
+# test_diffusers.py: stsa in diffusers' Wan, SkyReels-V2, LTX-Video, CogVideoX and
+# HunyuanVideo 1.0 / 1.5 transformers, where build-gpu-diffusers/ was carried). Its exports first: a module exporting more
 # than PyInit__stsa crashed here once (src/python/CMakeLists.txt).
 if [ -z "$PYTHON_TARGET" ]; then
   echo "python_tests skipped: the Python package was not configured (see above)"

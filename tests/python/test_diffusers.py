@@ -485,7 +485,9 @@ def _ulysses_rank(rank: int, ranks: int, port: int) -> None:
             with stsa.diffusers.enable(model, policy) as sparse, torch.no_grad():
                 single[name] = (model(**x, return_dict=False)[0], [r.routes for r in sparse.records])
         heads = slice(2 * rank, 2 * rank + 2)  # 4 heads over 2 ranks: rank r attends to heads 2r and 2r + 1
-        config = diffusers.ContextParallelConfig(ulysses_degree=ranks)
+        # A mesh of the CPU's gloo groups, whatever accelerator the host has (the model runs on the CPU).
+        mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (1, ranks), mesh_dim_names=("ring", "ulysses"))
+        config = diffusers.ContextParallelConfig(ulysses_degree=ranks, mesh=mesh)
         for stsa_first in (True, False):
             model = four_heads()
             for name, policy in (("dense", stsa.Policy(dense_steps=1)),
