@@ -19,10 +19,12 @@ diffusers 0.35 or later, whose self-attention still has diffusers' own processor
 latent grid of each forward comes from the transformer's input (over its patch size, and
 the prompt's length); the step from its timestep: a lower timestep than the last
 forward's is the next step, an equal one the same step (the unconditional pass of
-classifier-free guidance), a higher one a new generation (step 0, decisions forgotten). Layer i is the model's i-th
-block. Given a pipeline, every transformer it holds takes stsa, with one step count across
-them: Wan2.2 A14B's two experts (``transformer`` for the high-noise steps, ``transformer_2``
-for the rest) share the pipeline's steps, each with a policy of its own.
+classifier-free guidance), a higher one a new generation (step 0, decisions forgotten).
+Layer i is the model's i-th block. Given a pipeline, every transformer it holds takes
+stsa, with one step count across them: Wan2.2 A14B's two experts (``transformer`` for the
+high-noise steps, ``transformer_2`` for the rest) share the pipeline's steps, each with a
+policy of its own. Under diffusers' Ulysses context parallelism each rank runs its share
+of the heads over every token.
 """
 
 from __future__ import annotations
