@@ -101,9 +101,10 @@ struct PackedHeads {
 // (cuda_routing.hpp). Steps may be enqueued asynchronously; mark() records a
 // point on the executor's timeline and elapsed_ms() waits until both points
 // were reached. run_routed() reads its times last, so a timed call returns with
-// every step complete (an untimed one, RoutedOptions::timed off, once enqueued). It allocates and prepares both backend calls before it
-// enqueues the first step, so that an executor that records (a CUDA graph
-// capture) refuses before anything is recorded.
+// every step complete (an untimed one, RoutedOptions::timed off, once enqueued).
+// It allocates and prepares both backend calls before it enqueues the first
+// step, so that an executor that records (a CUDA graph capture) refuses before
+// anything is recorded.
 class RoutedExecutor {
  public:
   virtual ~RoutedExecutor() = default;
