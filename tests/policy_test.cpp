@@ -99,6 +99,7 @@ TEST(ModelPresets, HaveTheDocumentedShapes) {
   const ModelPreset& ti2v = model_preset("wan2.2-5b-720p");
   EXPECT_EQ(ti2v.grid.video_tokens(), 27280);  // (121 - 1) / 4 + 1 frames of 704/32 x 1280/32
   EXPECT_EQ(ti2v.heads * ti2v.head_dim, 3072);
+  EXPECT_EQ(model_preset("ltx-video").grid.video_tokens(), 7392);  // (161 - 1) / 8 + 1 frames of 512/32 x 704/32
   const ModelPreset& hunyuan = model_preset("hunyuan-720p");
   EXPECT_EQ(hunyuan.grid.video_tokens(), 118800);
   EXPECT_EQ(hunyuan.grid.text_tokens, 256);

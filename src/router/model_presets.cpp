@@ -56,6 +56,10 @@ const std::vector<ModelPreset>& model_presets() {
            "HunyuanVideo, 720x1280, 129 frames: 33 x 45 x 80 tokens + 256 text tokens after the video (joint "
            "attention); 20 double-stream + 40 single-stream blocks",
            VideoGrid{33, 45, 80, 256, TextPlacement::After}, 24, 128, 60, 50, 12),
+      make("ltx-video",
+           "LTX-Video (2B, diffusers' LTXPipeline defaults), 704x512, 161 frames: 21 x 16 x 22 tokens (its VAE "
+           "compresses 32x spatially, 8x in time), 32 heads of 64, 28 layers",
+           VideoGrid{21, 16, 22, 0, TextPlacement::After}, 32, 64, 28, 50, 12),
       make("cogvideox1.5",
            "CogVideoX1.5-5B, 768x1360, 81 frames: 11 x 48 x 85 tokens + 226 text tokens before the video (joint "
            "attention)",
