@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import numbers
+import weakref
 from typing import Any, Sequence
 
 from . import _stsa
@@ -134,10 +136,18 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     routing, permutation and attention times in ms. ``timed=False``: no permutation
     and attention times (None), and a GPU call returns once its work is enqueued
     instead of waiting to time it (it still waits for its routing decisions).
+    Under torch.compile (torch tensors, no ``out``, ``lse`` or ``stream``) the call
+    is one operator, ``torch.ops.stsa.routed_attention``, and ``info`` is None.
     """
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
     _refuse_autograd(q, k, v)
+    if out is None and lse is None and stream is None and _traced(q):
+        from ._torch_op import traced_routed_attention
+
+        out, lse = traced_routed_attention(q, k, v, _video_grid(grid), router, layout, scale, _tile(tile), align,
+                                           backend, _flag("timed", timed))
+        return (out, lse, None) if return_lse else (out, None)
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
     with _device_of(q):
         info = _stsa.routed_attention(**_arrays(q, k, v, out, lse),
@@ -179,6 +189,9 @@ class Policy:
         self._policy = _stsa.Policy(dense_steps=dense_steps, dense_layers=dense_layers, reuse_steps=reuse_steps,
                                     **_router(density, spatial_density, temporal_density, frames_density, try_frames,
                                               samples, seed, max_rel_l2, anchor))
+        self.last_info: dict[str, Any] | None = None  # the latest attention call's info (under torch.compile too)
+        self._id = next(_policy_ids)  # how the compiled path's operator finds this policy
+        _policies[self._id] = self
         self._settings = {"dense_steps": dense_steps, "dense_layers": dense_layers, "reuse_steps": reuse_steps,
                           "density": density, "spatial_density": spatial_density,
                           "temporal_density": temporal_density, "frames_density": frames_density,
@@ -226,14 +239,30 @@ class Policy:
         """One layer's self-attention at one step; returns ``(out, info)`` or ``(out, lse, info)``.
         ``timed=False``: no permutation and attention times (None), and a GPU call that
         routes no head (dense, or decisions reused) returns once enqueued, never waiting
-        for the device, so a model's next layers queue behind it."""
+        for the device, so a model's next layers queue behind it. Under torch.compile
+        (torch tensors, no ``out``, ``lse`` or ``stream``) the call is one operator,
+        ``torch.ops.stsa.policy_attention``, whose ``step`` and ``layer`` are read when it
+        runs; ``info`` is then None and ``last_info`` holds it after the call."""
         _refuse_autograd(q, k, v)
+        if out is None and lse is None and stream is None and _traced(q):
+            from ._torch_op import traced_policy_attention
+
+            out, lse = traced_policy_attention(self._id, q, k, v, _video_grid(grid), step, layer, layout, scale,
+                                               _tile(tile), align, backend, _flag("timed", timed))
+            return (out, lse, None) if return_lse else (out, None)
         out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
         with _device_of(q):
             info = self._policy.attention(**_arrays(q, k, v, out, lse),
                                           **_where(q, grid, scale, backend, stream, tile, align, layout), step=step,
                                           layer=layer, timed=_flag("timed", timed))
+        self.last_info = info
         return (out, lse, info) if want_lse else (out, info)
+
+
+# Every Policy by number, for the compiled path's operator (it takes tensors and plain
+# values); a policy nobody holds is gone from here too.
+_policy_ids = itertools.count()
+_policies: "weakref.WeakValueDictionary[int, Policy]" = weakref.WeakValueDictionary()
 
 
 def plan(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = True,

@@ -1,7 +1,8 @@
-"""stsa.attention as one PyTorch operator, torch.ops.stsa.attention, which is what
-``stsa.attention`` calls while torch.compile traces it: the compiled graph holds
-one opaque call, whose shapes come from the fake implementation below, instead
-of breaking at the extension module. Imported only once torch is (by that path)."""
+"""stsa.attention, stsa.routed_attention and stsa.Policy.attention as PyTorch operators
+(torch.ops.stsa.attention, .routed_attention, .policy_attention), which is what they
+call while torch.compile traces them: the compiled graph holds one opaque call each,
+whose shapes come from the fake implementations below, instead of breaking at the
+extension module. Imported only once torch is (by that path)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import VideoGrid, _batch_tokens_heads, attention
+from . import VideoGrid, _batch_tokens_heads, _policies, attention, routed_attention
 
 
 # Not captured into CUDA graphs (torch.compile's "reduce-overhead" keeps it out): a
@@ -21,23 +22,90 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: list[i
                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of ``stsa.attention``; ``grid`` is (frames, height, width, text), ``masks``
     the mask names joined by commas, ``backend`` "" for where the tensors are."""
-    frames, height, width, text = grid
-    return attention(q, k, v, VideoGrid(frames, height, width, text, "before" if text_before else "after"),
-                     masks.split(","), density, anchor=anchor, layout=layout, scale=scale, tile=(tile[0], tile[1]),
-                     align=align, backend=backend or None, return_lse=True)
+    return attention(q, k, v, _grid(grid, text_before), masks.split(","), density, anchor=anchor, layout=layout,
+                     scale=scale, tile=(tile[0], tile[1]), align=align, backend=backend or None, return_lse=True)
 
 
-@attention_op.register_fake
-def _(q, k, v, grid, text_before, masks, density, anchor, scale, layout, tile, align, backend):
-    # As stsa.attention allocates them: out like q (contiguous), lse [B, H, N] float32.
+def _outputs_like(q, layout):
+    # As the calls allocate them: out like q (contiguous), lse [B, H, N] float32.
     batch, tokens, heads = _batch_tokens_heads(q.shape, layout)
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty((batch, heads, tokens), dtype=torch.float32, device=q.device))
 
 
+@attention_op.register_fake
+def _(q, k, v, grid, text_before, masks, density, anchor, scale, layout, tile, align, backend):
+    return _outputs_like(q, layout)
+
+
+def _grid(grid: list[int], text_before: bool) -> VideoGrid:
+    frames, height, width, text = grid
+    return VideoGrid(frames, height, width, text, "before" if text_before else "after")
+
+
+def _grid_args(grid: VideoGrid) -> tuple[list[int], bool]:
+    return [grid.frames, grid.height, grid.width, grid.text], grid.text_placement == "before"
+
+
+# The router's settings travel as the keyword names and values of stsa._router's dict.
+@torch.library.custom_op("stsa::routed_attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def routed_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: list[int], text_before: bool,
+                        samples: int, densities: list[float], try_frames: bool, max_rel_l2: float, anchor: bool,
+                        seed: int, scale: Optional[float], layout: str, tile: list[int], align: str, backend: str,
+                        timed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of ``stsa.routed_attention``; ``densities`` spatial, temporal, frames."""
+    out, lse, _ = routed_attention(q, k, v, _grid(grid, text_before), spatial_density=densities[0],
+                                   temporal_density=densities[1], frames_density=densities[2], try_frames=try_frames,
+                                   samples=samples, seed=seed, max_rel_l2=max_rel_l2, anchor=anchor, layout=layout,
+                                   scale=scale, tile=(tile[0], tile[1]), align=align, backend=backend or None,
+                                   return_lse=True, timed=timed)
+    return out, lse
+
+
+@routed_attention_op.register_fake
+def _(q, k, v, grid, text_before, samples, densities, try_frames, max_rel_l2, anchor, seed, scale, layout, tile, align,
+      backend, timed):
+    return _outputs_like(q, layout)
+
+
+# The policy by number, its step and layer as ints the compiled graph passes when it runs
+# (each turns dynamic when it first changes: one recompile each, not one per value).
+@torch.library.custom_op("stsa::policy_attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def policy_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: int, grid: list[int],
+                        text_before: bool, step: int, layer: int, scale: Optional[float], layout: str, tile: list[int],
+                        align: str, backend: str, timed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of ``Policy.attention``; its info in the policy's ``last_info``."""
+    out, lse, _ = _policies[policy].attention(q, k, v, _grid(grid, text_before), step, layer, layout=layout,
+                                              scale=scale, tile=(tile[0], tile[1]), align=align,
+                                              backend=backend or None, return_lse=True, timed=timed)
+    return out, lse
+
+
+@policy_attention_op.register_fake
+def _(q, k, v, policy, grid, text_before, step, layer, scale, layout, tile, align, backend, timed):
+    return _outputs_like(q, layout)
+
+
 def traced_attention(q, k, v, grid: VideoGrid, masks: list[str], density, anchor, layout, scale, tile, align, backend):
     """The operator's call for one ``stsa.attention`` call being traced."""
-    return torch.ops.stsa.attention(q, k, v, [grid.frames, grid.height, grid.width, grid.text],
-                                    grid.text_placement == "before", ",".join(masks), float(density), bool(anchor),
+    return torch.ops.stsa.attention(q, k, v, *_grid_args(grid), ",".join(masks), float(density), bool(anchor),
                                     None if scale is None else float(scale), layout, [tile[0], tile[1]], align,
                                     backend or "")
+
+
+def traced_routed_attention(q, k, v, grid: VideoGrid, router: dict, layout, scale, tile, align, backend, timed):
+    """The operator's call for one ``stsa.routed_attention`` call being traced."""
+    densities = [float(router[name]) for name in ("spatial_density", "temporal_density", "frames_density")]
+    return torch.ops.stsa.routed_attention(q, k, v, *_grid_args(grid), router["samples"], densities,
+                                           bool(router["try_frames"]), float(router["max_rel_l2"]),
+                                           bool(router["anchor"]), router["seed"],
+                                           None if scale is None else float(scale), layout, [tile[0], tile[1]], align,
+                                           backend or "", timed)
+
+
+def traced_policy_attention(policy: int, q, k, v, grid: VideoGrid, step, layer, layout, scale, tile, align, backend,
+                            timed):
+    """The operator's call for one ``Policy.attention`` call being traced."""
+    return torch.ops.stsa.policy_attention(q, k, v, policy, *_grid_args(grid), step, layer,
+                                           None if scale is None else float(scale), layout, [tile[0], tile[1]], align,
+                                           backend or "", timed)

@@ -212,14 +212,72 @@ def test_a_compiled_call_follows_its_grid_and_batch(rng):
         assert torch.equal(compiled(q, k, v, grid), stsa.attention(q, k, v, grid, "spatial", 0.5))
 
 
-def test_the_operator_passes_torch_opcheck(rng):
-    import stsa._torch_op  # noqa: F401  (registers torch.ops.stsa.attention)
+def test_the_operators_pass_torch_opcheck(rng):
+    import stsa._torch_op  # noqa: F401  (registers torch.ops.stsa.*)
 
     grid = stsa.VideoGrid(9, 4, 6, text=3)
     q, k, v = random_qkv(rng, grid, 2, 64, torch.bfloat16)
+    where = ("bnhd", [128, 128], "exact", "")
     torch.library.opcheck(torch.ops.stsa.attention.default,
-                          (q, k, v, [9, 4, 6, 3], False, "temporal,spatial", 0.5, True, None, "bnhd", [128, 128],
-                           "exact", ""))
+                          (q, k, v, [9, 4, 6, 3], False, "temporal,spatial", 0.5, True, None, *where))
+    torch.library.opcheck(torch.ops.stsa.routed_attention.default,
+                          (q, k, v, [9, 4, 6, 3], False, 16, [0.5, 0.5, 0.5], False, 0.5, True, 1, None, *where, True))
+    policy = stsa.Policy(density=0.5)
+    torch.library.opcheck(torch.ops.stsa.policy_attention.default,
+                          (q, k, v, policy._id, [9, 4, 6, 3], False, 0, 0, None, *where, False))
+
+
+@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32), ("cuda", torch.bfloat16)])
+def test_a_compiled_policy_is_one_operator_for_every_step_and_layer(device, dtype, rng):
+    """Policy.attention in a compiled block (fullgraph): one operator, the step and layer
+    passed when it runs (one recompile each, when it first changes and turns dynamic, not
+    one per value), the eager decisions and bytes at every step: warm-up, routed, reused."""
+    if device == "cuda":
+        require_gpu()
+    grid = stsa.VideoGrid(9, 6, 6, text=4)
+    kinds = ["temporal", "spatial"]
+    q, k, v = (torch.from_numpy(a).to(device, dtype) for a in structured_heads(rng, grid, 64, kinds))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        ops = [str(node.target) for node in gm.graph.nodes if node.op == "call_function"]
+        graphs.append(ops.count("stsa.policy_attention"))
+        return torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
+
+    def block(policy, q, k, v, step, layer):
+        out, info = policy.attention(q, k, v, grid, step, layer, timed=False)
+        return out * 2, info  # exact in any type
+
+    settings = {"dense_steps": 1, "reuse_steps": 2, "density": 0.4}
+    compiled_policy, eager_policy = stsa.Policy(**settings), stsa.Policy(**settings)
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    for step in range(4):
+        for layer in range(2):
+            out, info = compiled(compiled_policy, q, k, v, step, layer)
+            eager_out, eager_info = block(eager_policy, q, k, v, step, layer)
+            assert info is None and torch.equal(out, eager_out), (step, layer)
+            assert compiled_policy.last_info["heads"] == eager_info["heads"] == eager_policy.last_info["heads"]
+            assert (compiled_policy.last_info["routing_ms"] > 0) == (eager_info["routing_ms"] > 0)
+    assert compiled_policy.last_info["routes"] == kinds  # past the warm-up, routed
+    assert graphs and set(graphs) == {1} and len(graphs) <= 3, graphs
+    check(out / 2, q, k, v, reference.head_masks(grid, compiled_policy.last_info["heads"]))
+
+
+def test_compiled_routed_attention_is_one_operator(rng):
+    grid = stsa.VideoGrid(9, 6, 6, text=4)
+    q, k, v = (torch.from_numpy(a) for a in structured_heads(rng, grid, 64, ["spatial", "temporal"]))
+
+    def layer(q, k, v):
+        out, lse, info = stsa.routed_attention(q, k, v, grid, density=0.4, temporal_density=0.3, samples=32,
+                                               return_lse=True)
+        return out * 2, lse, info
+
+    (out, lse, info), ops = compiled_graph_ops(layer, q, k, v)
+    assert ops.count("stsa.routed_attention") == 1 and info is None, ops
+    eager_out, eager_lse, eager_info = layer(q, k, v)
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+    assert eager_info["routes"] == ["spatial", "temporal"]
 
 
 def test_compiled_attention_on_the_gpu(rng):
@@ -229,9 +287,9 @@ def test_compiled_attention_on_the_gpu(rng):
     q, k, v = random_qkv(rng, grid, 4, 128, torch.bfloat16, "cuda")
 
     def layer(q, k, v):
-        return stsa.attention(q, k, v, grid, routes, 0.5) + 1
+        return stsa.attention(q, k, v, grid, routes, 0.5) * 2  # exact in bf16
 
     out, ops = compiled_graph_ops(layer, q, k, v)
     assert ops.count("stsa.attention") == 1 and out.device == q.device, ops
     assert torch.equal(out, layer(q, k, v))
-    check(out - 1, q, k, v, masks_for(grid, routes, 0.5))
+    check(out / 2, q, k, v, masks_for(grid, routes, 0.5))
