@@ -49,6 +49,15 @@ TEST(Policy, ReusesADecisionForRSteps) {
   VideoGrid other = kGrid;
   other.frames = 6;
   EXPECT_FALSE(p.cached(5, 2, 1, other));  // other grid (resolution changed)
+  // The same video with 9 text tokens (the other guidance pass's prompt): the route, its mask sized to that grid.
+  VideoGrid prompted = kGrid;
+  prompted.text_tokens = 9;
+  const std::optional<HeadRoute> resized = p.cached(5, 2, 1, prompted);
+  ASSERT_TRUE(resized);
+  EXPECT_EQ(resized->route, Route::Temporal);
+  EXPECT_EQ(resized->spec, route_spec(prompted, Route::Temporal, RouterOptions{}));
+  EXPECT_NO_THROW(resized->spec.validate(prompted));
+  EXPECT_FALSE(p.cached(7, 2, 1, prompted));  // expired there too
   EXPECT_EQ(p.cached_count(), 1u);
   p.remember(7, 2, 1, kGrid, decision(Route::Spatial));  // replaces
   EXPECT_EQ(p.cached(8, 2, 1, kGrid)->route, Route::Spatial);

@@ -4,7 +4,7 @@
 // Counts are explicit (not fractions of the schedule): the first `dense_steps`
 // denoising steps and the first `dense_layers` layers of every step run dense.
 // Elsewhere each head is routed; with reuse_steps = R a head's decision, made
-// at step s, is reused for steps s .. s + R - 1 of the same layer and grid.
+// at step s, is reused for steps s .. s + R - 1 of the same layer and video grid.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +47,9 @@ class Policy {
   bool dense(std::int64_t step, std::int64_t layer) const;
 
   // The decision to reuse for (step, layer, head) on `grid`, if one was made at a step s with
-  // s <= step < s + reuse_steps on the same grid. A step below the stored one (a new generation) misses.
+  // s <= step < s + reuse_steps on the same video grid. A step below the stored one (a new
+  // generation) or another video grid misses; the same video with another number of text tokens
+  // (a prompt of another length) gets the stored route with its mask sized to `grid`.
   std::optional<HeadRoute> cached(std::int64_t step, std::int64_t layer, std::int64_t head,
                                   const VideoGrid& grid) const;
   void remember(std::int64_t step, std::int64_t layer, std::int64_t head, const VideoGrid& grid,

@@ -177,8 +177,9 @@ class Policy:
 
     The first ``dense_steps`` steps and the first ``dense_layers`` layers of every
     step run dense; elsewhere each head is routed, and its decision is reused
-    for ``reuse_steps`` steps of the same layer (1: route every step). A step
-    lower than the one a decision was made at (a new generation) routes again.
+    for ``reuse_steps`` steps of the same layer (1: route every step), and by the same
+    video with a prompt of another length. A step lower than the one a decision was
+    made at (a new generation), or another video grid, routes again.
     Router settings as in ``routed_attention``.
     """
 

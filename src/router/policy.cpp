@@ -28,8 +28,14 @@ std::optional<HeadRoute> Policy::cached(std::int64_t step, std::int64_t layer, s
   if (it == decisions_.end()) return std::nullopt;
   const Entry& e = it->second;
   // Written so that step - e.step cannot overflow: both are >= 0.
-  if (!(e.grid == grid) || step < e.step || step - e.step >= options_.reuse_steps) return std::nullopt;
-  return e.decision;
+  if (step < e.step || step - e.step >= options_.reuse_steps) return std::nullopt;
+  if (e.grid == grid) return e.decision;
+  // The same video with a prompt of another length (classifier-free guidance's two passes
+  // through a joint-attention model): the route holds, its mask sized to this grid.
+  if (e.grid.frames != grid.frames || e.grid.height != grid.height || e.grid.width != grid.width) return std::nullopt;
+  HeadRoute resized = e.decision;
+  resized.spec = route_spec(grid, resized.route, options_.router);
+  return resized;
 }
 
 void Policy::remember(std::int64_t step, std::int64_t layer, std::int64_t head, const VideoGrid& grid,

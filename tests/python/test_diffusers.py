@@ -327,6 +327,22 @@ def test_hunyuan15_prompts_of_different_lengths_and_an_image(rng):
                                                                  (0, 9), (0, 8), (1, 9), (1, 8)]
 
 
+def test_the_guidance_pass_with_a_shorter_prompt_reuses_the_decisions(rng):
+    """HunyuanVideo 1.5 runs the unconditional pass as its own forward, its (negative)
+    prompt keeping fewer tokens: the same video, another grid, the same step. The heads
+    keep the conditional pass's routes, their masks sized to that grid: no routing."""
+    model = tiny(HUNYUAN15, layers=1)
+    sparse = stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE))
+    conditional = inputs(rng, 999, spec=HUNYUAN15)
+    unconditional = {**conditional, **_hunyuan15_inputs("cpu", torch.float32, kept=((2, 1),))}
+    forward(model, conditional)
+    forward(model, unconditional)
+    first, second = sparse.records
+    assert (first.grid.text, second.grid.text) == (7, 3)
+    assert first.routing_ms > 0 and second.routing_ms == 0 and second.routes == first.routes
+    assert "dense" not in second.routes
+
+
 def test_hunyuan15_refuses_a_mask_with_kept_tokens_after_padding(rng):
     model = tiny(HUNYUAN15, layers=1)
     stsa.diffusers.enable(model, stsa.Policy())
