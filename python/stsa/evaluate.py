@@ -108,6 +108,9 @@ def _arguments(argv) -> argparse.Namespace:
     parser = _Parser(prog="python -m stsa.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a diffusers pipeline: a Hub id or a local folder")
     parser.add_argument("--policy", required=True, help="a stsa preset name (stsa.model_presets())")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a policy setting changed from the preset's, e.g. dense_steps=8, density=0.3 "
+                             "(stsa.Policy's arguments; repeat for more)")
     parser.add_argument("--prompt", default="A cat walks on the grass, realistic style.")
     parser.add_argument("--negative-prompt", default=None)
     parser.add_argument("--height", type=int, default=480)
@@ -130,6 +133,29 @@ def _arguments(argv) -> argparse.Namespace:
     if args.save_videos and args.out is None:
         parser.error("--save-videos needs --out")
     return args
+
+
+def _policy(args) -> Policy:
+    """The preset's policy with the --set changes."""
+    settings = Policy.from_preset(args.policy).settings
+    for change in args.set:
+        name, _, text = change.partition("=")
+        if name not in settings or not text:
+            raise _Refused(f"--set {change}: expected NAME=VALUE with NAME one of {', '.join(settings)}")
+        settings[name] = _setting_value(change, text)
+    return Policy(**settings)  # values out of range: stsa.InvalidArgument, naming them
+
+
+def _setting_value(change: str, text: str):
+    constants = {"True": True, "False": False, "None": None}
+    if text in constants:
+        return constants[text]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    raise _Refused(f"--set {change}: {text!r} is not a number, True, False or None")
 
 
 def _load(args):
@@ -176,6 +202,7 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
     try:
         args = _arguments(argv)
         steps = args.steps or model_preset(args.policy)["steps"]  # an unknown preset is refused before loading
+        policy = _policy(args)
         videos = [f"{name}.{kind}" for name in ("dense", "stsa") for kind in ("mp4", "npy")]
         paths = _outputs(args.out, ["evaluation.json"] + (videos if args.save_videos else [])) if args.out else {}
         pipe = load(args)
@@ -183,7 +210,7 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
                 "num_inference_steps": steps, "guidance_scale": args.guidance}
         if args.negative_prompt is not None:
             call["negative_prompt"] = args.negative_prompt
-        result, dense, ours = evaluate(pipe, args.policy, seed=args.seed, warmup=not args.no_warmup, **call)
+        result, dense, ours = evaluate(pipe, policy, seed=args.seed, warmup=not args.no_warmup, **call)
     except (_Refused, Error, ImportError, OSError, ValueError, TypeError) as error:
         print(f"stsa.evaluate: {error}", file=sys.stderr)
         return 2
@@ -195,7 +222,7 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
           f"{result.psnr_db:>8.2f} {result.worst_frame_psnr_db:>11.2f} {result.ssim:>6.4f}  "
           + ", ".join(f"{route} {count / head_calls:.0%}" for route, count in sorted(routes.items())))
     if paths:
-        record = {"model": args.model, "policy": args.policy, "settings": Policy.from_preset(args.policy).settings,
+        record = {"model": args.model, "policy": args.policy, "settings": policy.settings,
                   "call": call, "seed": args.seed, **dataclasses.asdict(result), "speedup": result.speedup}
         if args.save_videos:
             record["videos"] = [_save_video(dense, paths, "dense"), _save_video(ours, paths, "stsa")]

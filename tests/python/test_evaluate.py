@@ -25,6 +25,9 @@ def never_loaded(args):
     (["--model", "m", "--policy", "wan2.1-480p", "--steps", "-2"], "--steps must be at least 1"),
     (["--model", "m", "--policy", "wan2.1-480p", "--save-videos"], "--save-videos needs --out"),
     (["--model", "m", "--policy", "wan2.1-480p", "--dtype", "fp64"], "invalid choice"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--set", "speed=2"], "NAME one of dense_steps"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--set", "density=high"], "'high' is not a number"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--set", "dense_steps=-1"], "dense steps must be >= 0"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(argv, message, capsys):
     assert stsa.evaluate.main(argv, load=never_loaded) == 2
@@ -96,12 +99,15 @@ def test_the_command_line_writes_its_record_and_videos(tmp_path, capsys):
     pipe = _PromptEmbedding(_pipeline())
     out = tmp_path / "run"
     argv = ["--model", "tiny", "--policy", "wan2.1-1.3b-480p", "--height", "64", "--width", "96", "--frames", "17",
-            "--steps", "3", "--out", str(out), "--save-videos", "--no-warmup"]
+            "--steps", "3", "--set", "dense_steps=1", "--set", "max_rel_l2=1e9", "--out", str(out), "--save-videos",
+            "--no-warmup"]
     assert stsa.evaluate.main(argv, load=lambda args: pipe) == 0
     assert pipe.seen["num_inference_steps"] == 3 and pipe.seen["height"] == 64
     record = json.loads((out / "evaluation.json").read_text())
-    assert record["policy"] == "wan2.1-1.3b-480p" and record["settings"]["dense_steps"] == 12
-    assert record["psnr_db"] == "inf" or record["psnr_db"] > 60  # 3 steps, all in the preset's warm-up
+    assert record["policy"] == "wan2.1-1.3b-480p" and record["settings"]["dense_steps"] == 1
+    assert record["settings"]["density"] == stsa.Policy.from_preset("wan2.1-1.3b-480p").settings["density"]
+    assert record["summary"]["head_routes"].get("dense", 0) < 3 * 2 * 2 * 2  # steps 1 and 2 ran sparse
+    assert 0 < record["psnr_db"] < 200
     assert all(os.path.exists(path) for path in record["videos"]) and len(record["videos"]) == 2
     assert "speedup" in capsys.readouterr().out
     assert stsa.evaluate.main(argv, load=lambda args: pipe) == 2  # the same --out again: refused, nothing lost
