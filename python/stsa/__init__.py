@@ -21,7 +21,7 @@ routing decisions, and for its outputs when it times itself, ``timed=True``);
     policy = stsa.Policy.from_preset("wan2.1-480p")                  # warm-up, reuse, densities
     o, info = policy.attention(q, k, v, grid, step=step, layer=layer)
 
-A diffusers video transformer (Wan, SkyReels-V2, LTX-Video, CogVideoX, HunyuanVideo 1.0/1.5)
+A diffusers video transformer (Wan, SkyReels-V2, LTX-Video, CogVideoX, HunyuanVideo 1.0/1.5, Mochi)
 takes stsa without other changes: ``import stsa.diffusers`` (needs torch and
 diffusers), then ``stsa.diffusers.enable(pipe, "wan2.1-720p")``.
 

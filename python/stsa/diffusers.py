@@ -14,7 +14,8 @@ by cross-attention, left as it was) and ``WanVACETransformer3DModel``,
 ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5; joint attention, the text tokens
 before the video's) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
 after the video, padded: each sample runs with the prompt tokens its mask keeps) and
-``HunyuanVideo15Transformer3DModel`` (likewise; the padding hidden both ways), from
+``HunyuanVideo15Transformer3DModel`` and ``MochiTransformer3DModel`` (likewise; the padding
+hidden both ways), from
 diffusers 0.35 or later, whose self-attention still has diffusers' own processor. The
 latent grid of each forward comes from the transformer's input (over its patch size, and
 the prompt's length); the step from its timestep: a lower timestep than the last
@@ -142,7 +143,7 @@ class SparseTransformer:
         self._hook = transformer.register_forward_pre_hook(torch.compiler.disable(self._before_forward),
                                                            with_kwargs=True)
         for layer, attn in enumerate(attentions):
-            attn.set_processor(self._family.processor(self, layer))
+            _set_processor(attn, self._family.processor(self, layer))
         self._attentions = attentions
 
     def disable(self) -> None:
@@ -152,7 +153,7 @@ class SparseTransformer:
         self._hook.remove()
         self._hook = None
         for attn, original in zip(self._attentions, self._originals):
-            attn.set_processor(original)
+            _set_processor(attn, original)
 
     def __enter__(self) -> "SparseTransformer":
         return self
@@ -301,6 +302,13 @@ class SparsePipeline:
     def summary(self) -> dict[str, Any]:
         """Totals over the records kept, all transformers together (``CallRecord.model`` tells them apart)."""
         return _summary(self.records)
+
+
+def _set_processor(attn, processor) -> None:
+    if hasattr(attn, "set_processor"):
+        attn.set_processor(processor)
+    else:  # an attention class without diffusers' processor mixin (Mochi's)
+        attn.processor = processor
 
 
 def _policy(policy) -> Policy:
@@ -521,6 +529,36 @@ class _HunyuanVideo15SelfAttention(_SelfAttention):
         return _joint_outputs(attn, out, encoder_hidden_states.shape[1])
 
 
+class _MochiSelfAttention(_SelfAttention):
+    """diffusers' Mochi joint attention: the video's tokens (QK RMS norm per head, its
+    rotary embedding on channel pairs in fp32) then the prompt's (projections and norms
+    of their own). The model attends each sample over the video and the prompt tokens its
+    mask keeps, its other rows zero: the layer's mask goes to SparseTransformer._attend."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
+        self._check_call()  # the mask is the prompt's padding, handled as described above
+        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (attn.to_q(hidden_states),
+                                                                        attn.to_k(hidden_states),
+                                                                        attn.to_v(hidden_states)))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        if image_rotary_emb is not None:
+            query, key = _rotate_pairs_in_fp32(query, *image_rotary_emb), _rotate_pairs_in_fp32(key, *image_rotary_emb)
+        query, key, value = _with_prompt(attn, (query, key, value), encoder_hidden_states)
+        out = self._attention(query, key, value, attention_mask).flatten(2, 3).to(query.dtype)
+        return _joint_outputs(attn, out, encoder_hidden_states.shape[1])
+
+
+def _rotate_pairs_in_fp32(x, cos, sin):
+    """Mochi's rotary embedding: channel pairs (2i, 2i+1) rotated in fp32, each half
+    stored in x's type before they are interleaved again."""
+    even, odd = x[..., 0::2].float(), x[..., 1::2].float()
+    return torch.stack([(even * cos - odd * sin).to(x.dtype), (even * sin + odd * cos).to(x.dtype)],
+                       dim=-1).flatten(-2)
+
+
 def _with_prompt(attn, video_qkv, encoder_hidden_states):
     """HunyuanVideo's dual-stream joint attention: the prompt's q, k, v (projections and
     QK norms of their own) after the video's."""
@@ -611,6 +649,13 @@ def _hunyuan_grid(transformer, inputs) -> VideoGrid:
     return VideoGrid(frames // patch_t, height // patch, width // patch, text_placement="after")
 
 
+def _mochi_grid(transformer, inputs) -> VideoGrid:
+    """The video's grid (spatial patches only); each sample's prompt tokens come from the layers' mask."""
+    _, _, frames, height, width = _latents(inputs["hidden_states"], "B, C, F, H, W")
+    patch = transformer.config.patch_size
+    return VideoGrid(frames, height // patch, width // patch, text_placement="after")
+
+
 def _hunyuan_text_counts(inputs) -> list[int]:
     # As the model builds its attention mask: the first sum(mask) prompt tokens are kept.
     return [int(n) for n in inputs["encoder_attention_mask"].sum(dim=1).tolist()]
@@ -659,6 +704,8 @@ _FAMILIES = {
                                               _hunyuan_grid, _hunyuan_text_counts),
     "HunyuanVideo15Transformer3DModel": _Family(("transformer_blocks",), "attn", ("HunyuanVideo15AttnProcessor2_0",),
                                                 _HunyuanVideo15SelfAttention, _hunyuan_grid),
+    "MochiTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("MochiAttnProcessor2_0",),
+                                       _MochiSelfAttention, _mochi_grid),
 }
 
 
