@@ -33,7 +33,7 @@ void run_demo() {
               "   first-frame partners; temporal heads run in spatial-major token order, where the band is contiguous.\n\n");
 
   BenchArgs bench;
-  bench.grid = {13, 16, 16, 0, "after"};
+  bench.grid = {13, 16, 16, 0, "after", ""};
   bench.heads = 4;
   bench.head_dim = 128;
   bench.density = 0.25;
@@ -82,7 +82,7 @@ void run_demo() {
               json_double(routed["rel_l2_err"]), json_double(routed["rel_l2_err_temporal"]),
               json_double(routed["rel_l2_err_first_block_anchor_temporal"]));
   BenchArgs gpu;
-  gpu.grid = {21, 45, 80, 0, "after"};
+  gpu.grid = {21, 45, 80, 0, "after", ""};
   gpu.heads = 12;
   gpu.head_dim = 128;
   gpu.dtype = "bf16";

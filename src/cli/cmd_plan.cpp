@@ -111,7 +111,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--png", args->png, "write a picture of the tile map (refuses to overwrite)");
   cmd->add_flag("--force", args->force, "allow --png to overwrite an existing file");
   cmd->add_flag("--json", args->json, "print one JSON object");
-  cmd->callback([args] {
+  cmd->callback([args, cmd] {
+    apply_preset(*cmd, args->grid, &args->heads, &args->head_dim);
     const nlohmann::json record = plan_record(*args);
     if (args->json) std::printf("%s\n", record.dump().c_str());
     else print_text(record);

@@ -342,7 +342,8 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--eval-rows", args->eval_rows, "rows checked against fp64 dense attention (0: all)")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
-  cmd->callback([args] {
+  cmd->callback([args, cmd] {
+    apply_preset(*cmd, args->grid, &args->heads, &args->head_dim);
     const nlohmann::json record = run_route(*args);
     if (args->json) std::printf("%s\n", record.dump().c_str());
     else print_text(record);

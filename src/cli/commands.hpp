@@ -29,7 +29,7 @@ void run_demo();                        // cmd_demo.cpp: `stsa` with no argument
 
 // Options of `stsa bench`, shared by the single-process and the --dist path.
 struct BenchArgs {
-  GridArgs grid{21, 16, 16, 0, "after"};
+  GridArgs grid{21, 16, 16, 0, "after", ""};
   std::int64_t batch = 1, heads = 8, head_dim = 128;
   std::string mask = "spatial";  // spatial | temporal | frames | dense
   double density = 0.25;

@@ -191,6 +191,23 @@ def main():
         if not plan["mask"].startswith(kind):
             print(f"FAIL --mask {name} gave the mask '{plan['mask']}', expected a {kind} mask")
             failures += 1
+    # --preset: a model's grid, heads and head dim; the shape options given win over it.
+    preset = json.loads(run(binary, ["plan", "--preset", "cogvideox1.5", "--json"]))
+    expected = ("11x48x85 (+226 text before)", 44880 + 226, 48, 64)
+    if (preset["grid"], preset["tokens"], preset["heads"], preset["head_dim"]) != expected:
+        print(f"FAIL plan --preset cogvideox1.5: {preset['grid']}, {preset['tokens']}, {preset['heads']} x "
+              f"{preset['head_dim']}, expected {expected}")
+        failures += 1
+    given = json.loads(run(binary, ["plan", "--preset", "wan2.1-720p", "--frames", "3", "--text", "4",
+                                    "--head-dim", "64", "--json"]))
+    if (given["grid"], given["heads"], given["head_dim"]) != ("3x45x80 (+4 text after)", 40, 64):
+        print(f"FAIL plan --preset with shape options: {given['grid']}, {given['heads']} x {given['head_dim']}")
+        failures += 1
+    route = json.loads(run(binary, ["route", "--synthetic", "--preset", "ltx-video", "--frames", "3", "--heads", "2",
+                                    "--json"]))
+    if route["heads"] != 2 or route["head_dim"] != 64 or route["tokens"] != 3 * 16 * 22:
+        print(f"FAIL route --preset ltx-video: {route['heads']} heads of {route['head_dim']}, {route['tokens']} tokens")
+        failures += 1
     failures += check_inputs_from_files(binary)
     png = os.path.join(tempfile.mkdtemp(), "tiles.png")
     run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", png])
