@@ -111,7 +111,8 @@ def _arguments(argv) -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a policy setting changed from the preset's, e.g. dense_steps=8, density=0.3 "
                              "(stsa.Policy's arguments; repeat for more)")
-    parser.add_argument("--prompt", default="A cat walks on the grass, realistic style.")
+    parser.add_argument("--prompt", action="append", default=[],
+                        help="a prompt (repeat for more: each is generated both ways, then the means)")
     parser.add_argument("--negative-prompt", default=None)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=832)
@@ -194,7 +195,12 @@ def _json_value(value):
         return "inf" if value > 0 else "-inf"
     if isinstance(value, dict):
         return {key: _json_value(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_value(item) for item in value]
     return value
+
+
+_DEFAULT_PROMPT = "A cat walks on the grass, realistic style."
 
 
 def main(argv: Sequence[str] | None = None, load=_load) -> int:
@@ -203,32 +209,56 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
         args = _arguments(argv)
         steps = args.steps or model_preset(args.policy)["steps"]  # an unknown preset is refused before loading
         policy = _policy(args)
-        videos = [f"{name}.{kind}" for name in ("dense", "stsa") for kind in ("mp4", "npy")]
+        prompts = args.prompt or [_DEFAULT_PROMPT]
+        videos = [f"{name}_{i}.{kind}" for i in range(len(prompts)) for name in ("dense", "stsa")
+                  for kind in ("mp4", "npy")]
         paths = _outputs(args.out, ["evaluation.json"] + (videos if args.save_videos else [])) if args.out else {}
         pipe = load(args)
-        call = {"prompt": args.prompt, "height": args.height, "width": args.width, "num_frames": args.frames,
-                "num_inference_steps": steps, "guidance_scale": args.guidance}
+        call = {"height": args.height, "width": args.width, "num_frames": args.frames, "num_inference_steps": steps,
+                "guidance_scale": args.guidance}
         if args.negative_prompt is not None:
             call["negative_prompt"] = args.negative_prompt
-        result, dense, ours = evaluate(pipe, policy, seed=args.seed, warmup=not args.no_warmup, **call)
+        print(f"{'prompt':>6} {'frames':>6} {'dense s':>9} {'stsa s':>9} {'speedup':>8} {'PSNR dB':>8} "
+              f"{'worst frame':>11} {'SSIM':>6}  routes")
+        results = []
+        for i, prompt in enumerate(prompts):  # the warm-up once, before the first
+            result, dense, ours = evaluate(pipe, policy, seed=args.seed, warmup=not args.no_warmup and i == 0,
+                                           prompt=prompt, **call)
+            print(_row(str(i), result), flush=True)
+            entry = {"prompt": prompt, **dataclasses.asdict(result), "speedup": result.speedup}
+            if args.save_videos:
+                entry["videos"] = [_save_video(dense, paths, f"dense_{i}"), _save_video(ours, paths, f"stsa_{i}")]
+            results.append(entry)
     except (_Refused, Error, ImportError, OSError, ValueError, TypeError) as error:
         print(f"stsa.evaluate: {error}", file=sys.stderr)
         return 2
-    routes = result.summary["head_routes"]
-    head_calls = max(sum(routes.values()), 1)
-    print(f"{'frames':>6} {'dense s':>9} {'stsa s':>9} {'speedup':>8} {'PSNR dB':>8} {'worst frame':>11} "
-          f"{'SSIM':>6}  routes")
-    print(f"{result.frames:>6} {result.dense_s:>9.2f} {result.stsa_s:>9.2f} {result.speedup:>7.2f}x "
-          f"{result.psnr_db:>8.2f} {result.worst_frame_psnr_db:>11.2f} {result.ssim:>6.4f}  "
-          + ", ".join(f"{route} {count / head_calls:.0%}" for route, count in sorted(routes.items())))
+    mean = _mean(results)
+    if len(results) > 1:
+        print(f"{'all':>6} {'':>6} {mean['dense_s']:>9.2f} {mean['stsa_s']:>9.2f} {mean['speedup']:>7.2f}x "
+              f"{mean['psnr_db']:>8.2f} {mean['worst_frame_psnr_db']:>11.2f} {mean['ssim']:>6.4f}")
     if paths:
-        record = {"model": args.model, "policy": args.policy, "settings": policy.settings,
-                  "call": call, "seed": args.seed, **dataclasses.asdict(result), "speedup": result.speedup}
-        if args.save_videos:
-            record["videos"] = [_save_video(dense, paths, "dense"), _save_video(ours, paths, "stsa")]
+        record = {"model": args.model, "policy": args.policy, "settings": policy.settings, "call": call,
+                  "seed": args.seed, "prompts": results, "all": mean}
         with open(paths["evaluation.json"], "x") as f:
             json.dump(_json_value(record), f, indent=1, default=str)
     return 0
+
+
+def _row(label: str, result: Evaluation) -> str:
+    routes = result.summary["head_routes"]
+    head_calls = max(sum(routes.values()), 1)
+    return (f"{label:>6} {result.frames:>6} {result.dense_s:>9.2f} {result.stsa_s:>9.2f} {result.speedup:>7.2f}x "
+            f"{result.psnr_db:>8.2f} {result.worst_frame_psnr_db:>11.2f} {result.ssim:>6.4f}  "
+            + ", ".join(f"{route} {count / head_calls:.0%}" for route, count in sorted(routes.items())))
+
+
+def _mean(results: list[dict]) -> dict[str, float]:
+    """Over the prompts: the total times and their ratio, the mean PSNR and SSIM, the worst frame."""
+    dense_s, stsa_s = sum(r["dense_s"] for r in results), sum(r["stsa_s"] for r in results)
+    return {"dense_s": dense_s, "stsa_s": stsa_s, "speedup": dense_s / stsa_s,
+            "psnr_db": float(np.mean([r["psnr_db"] for r in results])),
+            "worst_frame_psnr_db": min(r["worst_frame_psnr_db"] for r in results),
+            "ssim": float(np.mean([r["ssim"] for r in results]))}
 
 
 if __name__ == "__main__":

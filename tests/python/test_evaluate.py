@@ -91,7 +91,8 @@ class _PromptEmbedding:
         self.seen = {}
 
     def __call__(self, prompt, **call):
-        self.seen = {"prompt": prompt, **call}
+        self.seen.setdefault("prompts", []).append(prompt)
+        self.seen.update(call)
         return self.pipe(**_prompts(), **call)
 
 
@@ -100,15 +101,24 @@ def test_the_command_line_writes_its_record_and_videos(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--model", "tiny", "--policy", "wan2.1-1.3b-480p", "--height", "64", "--width", "96", "--frames", "17",
             "--steps", "3", "--set", "dense_steps=1", "--set", "max_rel_l2=1e9", "--out", str(out), "--save-videos",
-            "--no-warmup"]
+            "--no-warmup", "--prompt", "a cat", "--prompt", "a dog"]
     assert stsa.evaluate.main(argv, load=lambda args: pipe) == 0
+    # Each prompt generated twice (dense, stsa); the prompts reach the pipeline, the embeddings are the test's.
+    assert pipe.seen["prompts"] == ["a cat"] * 2 + ["a dog"] * 2
     assert pipe.seen["num_inference_steps"] == 3 and pipe.seen["height"] == 64
     record = json.loads((out / "evaluation.json").read_text())
     assert record["policy"] == "wan2.1-1.3b-480p" and record["settings"]["dense_steps"] == 1
     assert record["settings"]["density"] == stsa.Policy.from_preset("wan2.1-1.3b-480p").settings["density"]
-    assert record["summary"]["head_routes"].get("dense", 0) < 3 * 2 * 2 * 2  # steps 1 and 2 ran sparse
-    assert 0 < record["psnr_db"] < 200
-    assert all(os.path.exists(path) for path in record["videos"]) and len(record["videos"]) == 2
-    assert "speedup" in capsys.readouterr().out
+    first, second = record["prompts"]
+    assert (first["prompt"], second["prompt"]) == ("a cat", "a dog")
+    assert first["summary"]["head_routes"].get("dense", 0) < 3 * 2 * 2 * 2  # steps 1 and 2 ran sparse
+    assert 0 < first["psnr_db"] < 200
+    assert record["all"]["psnr_db"] == pytest.approx((first["psnr_db"] + second["psnr_db"]) / 2)
+    assert record["all"]["speedup"] == pytest.approx((first["dense_s"] + second["dense_s"])
+                                                     / (first["stsa_s"] + second["stsa_s"]))
+    videos = first["videos"] + second["videos"]
+    assert len(set(videos)) == 4 and all(os.path.exists(path) for path in videos)
+    printed = capsys.readouterr().out
+    assert "speedup" in printed and printed.count("\n") == 4  # the header, a row per prompt, the means
     assert stsa.evaluate.main(argv, load=lambda args: pipe) == 2  # the same --out again: refused, nothing lost
     assert json.loads((out / "evaluation.json").read_text()) == record
