@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import Error, InvalidArgument, Policy, model_preset
+from . import Error, Policy, model_preset
 from .quality import frame_psnr, psnr, ssim
 
 __all__ = ["Evaluation", "evaluate", "main"]
@@ -63,9 +63,7 @@ def evaluate(pipe, policy: str | Policy, *, seed: int = 0, warmup: bool = True, 
 
     from . import diffusers as stsa_diffusers
 
-    policy = Policy.from_preset(policy) if isinstance(policy, str) else policy
-    if not isinstance(policy, Policy):
-        raise InvalidArgument(f"policy must be a stsa.Policy or a preset name, got {type(policy).__name__}")
+    policy = stsa_diffusers._policy(policy)  # a preset name or a stsa.Policy, checked as enable() does
 
     def generate(steps=None):
         generator = torch.Generator("cpu").manual_seed(seed)  # the same noise for both, whatever the device

@@ -30,6 +30,15 @@ ModelPreset make(std::string name, std::string description, VideoGrid grid, std:
   return p;
 }
 
+// Wan2.2 A14B at one resolution: two experts (high-noise, low-noise) of Wan2.1-14B's shape, 40 steps.
+ModelPreset wan22_a14b(const std::string& resolution, const std::string& pixels, VideoGrid grid) {
+  return make("wan2.2-a14b-" + resolution,
+              "Wan2.2-T2V/I2V-A14B, " + pixels + ", 81 frames: " + std::to_string(grid.frames) + " x " +
+                  std::to_string(grid.height) + " x " + std::to_string(grid.width) +
+                  " tokens; two experts (high-noise, low-noise) of Wan2.1-14B's shape, 40 steps",
+              grid, 40, 128, 40, 40, 10);
+}
+
 }  // namespace
 
 const std::vector<ModelPreset>& model_presets() {
@@ -40,14 +49,8 @@ const std::vector<ModelPreset>& model_presets() {
            VideoGrid{21, 45, 80, 0, TextPlacement::After}, 40, 128, 40, 50, 12),
       make("wan2.1-1.3b-480p", "Wan2.1-T2V-1.3B, 480x832, 81 frames: 21 x 30 x 52 tokens, 12 heads, 30 layers",
            VideoGrid{21, 30, 52, 0, TextPlacement::After}, 12, 128, 30, 50, 12),
-      make("wan2.2-a14b-480p",
-           "Wan2.2-T2V/I2V-A14B, 480x832, 81 frames: 21 x 30 x 52 tokens; two experts (high-noise, low-noise) "
-           "of Wan2.1-14B's shape, 40 steps",
-           VideoGrid{21, 30, 52, 0, TextPlacement::After}, 40, 128, 40, 40, 10),
-      make("wan2.2-a14b-720p",
-           "Wan2.2-T2V/I2V-A14B, 720x1280, 81 frames: 21 x 45 x 80 tokens; two experts (high-noise, low-noise) "
-           "of Wan2.1-14B's shape, 40 steps",
-           VideoGrid{21, 45, 80, 0, TextPlacement::After}, 40, 128, 40, 40, 10),
+      wan22_a14b("480p", "480x832", VideoGrid{21, 30, 52, 0, TextPlacement::After}),
+      wan22_a14b("720p", "720x1280", VideoGrid{21, 45, 80, 0, TextPlacement::After}),
       make("wan2.2-5b-720p",
            "Wan2.2-TI2V-5B, 704x1280, 121 frames: 31 x 22 x 40 tokens (its VAE compresses 16x spatially), "
            "24 heads, 30 layers",
