@@ -109,6 +109,11 @@ TEST(ModelPresets, HaveTheDocumentedShapes) {
   EXPECT_EQ(ti2v.grid.video_tokens(), 27280);  // (121 - 1) / 4 + 1 frames of 704/32 x 1280/32
   EXPECT_EQ(ti2v.heads * ti2v.head_dim, 3072);
   EXPECT_EQ(model_preset("ltx-video").grid.video_tokens(), 7392);  // (161 - 1) / 8 + 1 frames of 512/32 x 704/32
+  const ModelPreset& ltx2 = model_preset("ltx-2");
+  EXPECT_EQ(ltx2.grid.video_tokens(), 6144);  // (121 - 1) / 8 + 1 frames of 512/32 x 768/32
+  EXPECT_EQ(ltx2.heads * ltx2.head_dim, 4096);
+  EXPECT_EQ(ltx2.layers, 48);
+  EXPECT_EQ(model_preset("ltx-2-1080p").grid.video_tokens(), 32640);  // 16 frames of 1088/32 x 1920/32
   const ModelPreset& hunyuan = model_preset("hunyuan-720p");
   EXPECT_EQ(hunyuan.grid.video_tokens(), 118800);
   EXPECT_EQ(hunyuan.grid.text_tokens, 256);

@@ -9,8 +9,10 @@
 
 Models: ``WanTransformer3DModel`` (Wan2.1 and Wan2.2, text- and image-to-video; text joins
 by cross-attention, left as it was) and ``WanVACETransformer3DModel``,
-``SkyReelsV2Transformer3DModel`` (Wan's self-attention), ``LTXVideoTransformer3DModel``
-(packed tokens; the grid from the forward's num_frames, height and width),
+``SkyReelsV2Transformer3DModel`` and ``ChronoEditTransformer3DModel`` (Wan's self-attention),
+``LTXVideoTransformer3DModel`` and ``LTX2VideoTransformer3DModel`` (packed tokens; the grid from the
+forward's num_frames, height and width; LTX-2's audio stream left as it was),
+``Kandinsky5Transformer3DModel`` (its visual blocks; text by cross-attention),
 ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5; joint attention, the text tokens
 before the video's) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
 after the video, padded: each sample runs with the prompt tokens its mask keeps) and
@@ -551,6 +553,74 @@ class _MochiSelfAttention(_SelfAttention):
         return _joint_outputs(attn, out, encoder_hidden_states.shape[1])
 
 
+class _LTX2SelfAttention(_SelfAttention):
+    """diffusers' LTX-2 video self-attention (its audio stream's is left as it was): QK RMS
+    norm across heads and the rotary embedding (interleaved or split) on the flat rows,
+    per-head output gates where the model has them, and spatio-temporal guidance's
+    perturbation (the samples it marks take the value projection instead of attention;
+    all of them: no attention call at all) as LTX2PerturbedAttnProcessor does it."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None, perturbation_mask=None, all_perturbed=None):
+        from diffusers.models.transformers.transformer_ltx2 import (apply_interleaved_rotary_emb,
+                                                                   apply_split_rotary_emb)
+
+        if encoder_hidden_states is not None or key_rotary_emb is not None:
+            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
+        self._check_call(attention_mask)
+        gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
+        value = attn.to_v(hidden_states)
+        if all_perturbed is None:
+            all_perturbed = perturbation_mask is not None and bool(torch.all(perturbation_mask == 0))
+        if all_perturbed:
+            out = value
+        else:
+            query, key = attn.norm_q(attn.to_q(hidden_states)), attn.norm_k(attn.to_k(hidden_states))
+            if query_rotary_emb is not None:
+                rotate = {"interleaved": apply_interleaved_rotary_emb, "split": apply_split_rotary_emb}.get(
+                    attn.rope_type)
+                if rotate is None:
+                    raise Unsupported(f"LTX-2's rotary embedding of type {attn.rope_type!r} is not one stsa knows")
+                query, key = rotate(query, query_rotary_emb), rotate(key, query_rotary_emb)
+            query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+            out = self._attention(query, key, value).flatten(2, 3).to(query.dtype)
+            if perturbation_mask is not None:
+                out = torch.lerp(value.flatten(2, 3), out, perturbation_mask)
+        if gate_logits is not None:
+            out = (out.unflatten(2, (attn.heads, -1)) * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)).flatten(2, 3)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+class _KandinskySelfAttention(_SelfAttention):
+    """diffusers' Kandinsky 5 self-attention of the visual blocks (its text blocks' and the
+    cross-attention are left as they were): QK RMS norm per head in fp32, the rotary
+    embedding's 2 x 2 rotations rounded to bf16 as the model rounds them."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, rotary_emb=None, sparse_params=None):
+        if encoder_hidden_states is not None:
+            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
+        if sparse_params is not None:
+            raise Unsupported(_KANDINSKY_NABLA)
+        query, key, value = (x.unflatten(-1, (attn.num_heads, -1)) for x in (attn.to_query(hidden_states),
+                                                                             attn.to_key(hidden_states),
+                                                                             attn.to_value(hidden_states)))
+        query = attn.query_norm(query.float()).type_as(query)
+        key = attn.key_norm(key.float()).type_as(key)
+        if rotary_emb is not None:
+            query, key = _rotate_2x2_in_bf16(query, rotary_emb), _rotate_2x2_in_bf16(key, rotary_emb)
+        return attn.out_layer(self._attention(query, key, value).flatten(-2, -1))
+
+
+_KANDINSKY_NABLA = ("Kandinsky 5's own sparse attention (NABLA: the model's attention_type 'nabla', the forward's "
+                    "sparse_params) is on: stsa replaces the dense self-attention of attention_type 'regular'")
+
+
+def _rotate_2x2_in_bf16(x, rope):
+    """Kandinsky 5's rotary embedding: each channel pair times its 2 x 2 rotation in fp32,
+    stored in bf16 (whatever x's type), then in x's type."""
+    pairs = x.reshape(*x.shape[:-1], -1, 1, 2).to(torch.float32)
+    return (rope * pairs).sum(dim=-1).reshape(*x.shape).to(torch.bfloat16).type_as(x)
+
 def _rotate_pairs_in_fp32(x, cos, sin):
     """Mochi's rotary embedding: channel pairs (2i, 2i+1) rotated in fp32, each half
     stored in x's type before they are interleaved again."""
@@ -631,14 +701,36 @@ def _cogvideox_grid(transformer, inputs) -> VideoGrid:
                      text=inputs["encoder_hidden_states"].shape[1], text_placement="before")
 
 
+def _forward_sizes(inputs, model: str) -> list[int]:
+    sizes = [inputs.get(name) for name in ("num_frames", "height", "width")]
+    if any(size is None for size in sizes):
+        raise InvalidArgument(f"{model}'s forward was called without num_frames, height and width: stsa reads the "
+                              "latent grid from them")
+    return [int(size) for size in sizes]
+
+
 def _ltx_grid(transformer, inputs) -> VideoGrid:
     """LTX-Video's tokens come packed ([B, N, C]); the forward's num_frames, height and width
     are their grid (the rotary embedding's, frame-major)."""
-    sizes = [inputs.get(name) for name in ("num_frames", "height", "width")]
-    if any(size is None for size in sizes):
-        raise InvalidArgument("LTX-Video's forward was called without num_frames, height and width: stsa reads the "
-                              "latent grid from them")
-    return VideoGrid(*(int(size) for size in sizes))
+    return VideoGrid(*_forward_sizes(inputs, "LTX-Video"))
+
+
+def _ltx2_grid(transformer, inputs) -> VideoGrid:
+    """LTX-2's video tokens come packed too; its forward's sizes are the latent's, one token a
+    patch (its rotary embedding steps through them by the patch sizes)."""
+    frames, height, width = _forward_sizes(inputs, "LTX-2")
+    patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
+    return VideoGrid(-(-frames // patch_t), -(-height // patch), -(-width // patch))
+
+
+def _kandinsky_grid(transformer, inputs) -> VideoGrid:
+    """Kandinsky 5's latents come as [B, F, H, W, C], its tokens frame-major over its patches
+    (unless its NABLA attention reorders them into 8 x 8 blocks: refused)."""
+    if inputs.get("sparse_params") is not None:
+        raise Unsupported(_KANDINSKY_NABLA)
+    _, frames, height, width, _ = _latents(inputs["hidden_states"], "B, F, H, W, C")
+    patch_t, patch_h, patch_w = transformer.config.patch_size
+    return VideoGrid(frames // patch_t, height // patch_h, width // patch_w)  # text joins by cross-attention
 
 
 def _hunyuan_grid(transformer, inputs) -> VideoGrid:
@@ -694,8 +786,14 @@ _FAMILIES = {
     # SkyReels-V2: Wan's self-attention under another name (its diffusion forcing's causal mask is refused).
     "SkyReelsV2Transformer3DModel": _Family(("blocks",), "attn1", ("SkyReelsV2AttnProcessor",), _WanSelfAttention,
                                             _wan_grid),
+    # ChronoEdit: Wan2.1's image-to-video transformer, its own copy of Wan's processor.
+    "ChronoEditTransformer3DModel": _Family(("blocks",), "attn1", ("WanAttnProcessor",), _WanSelfAttention,
+                                            _wan_grid),
     "LTXVideoTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("LTXVideoAttnProcessor",),
                                           _LTXSelfAttention, _ltx_grid),
+    "LTX2VideoTransformer3DModel": _Family(("transformer_blocks",), "attn1",
+                                           ("LTX2AudioVideoAttnProcessor", "LTX2PerturbedAttnProcessor"),
+                                           _LTX2SelfAttention, _ltx2_grid),
     "CogVideoXTransformer3DModel": _Family(("transformer_blocks",), "attn1",
                                            ("CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"),
                                            _CogVideoXSelfAttention, _cogvideox_grid),
@@ -706,6 +804,8 @@ _FAMILIES = {
                                                 _HunyuanVideo15SelfAttention, _hunyuan_grid),
     "MochiTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("MochiAttnProcessor2_0",),
                                        _MochiSelfAttention, _mochi_grid),
+    "Kandinsky5Transformer3DModel": _Family(("visual_transformer_blocks",), "self_attention",
+                                            ("Kandinsky5AttnProcessor",), _KandinskySelfAttention, _kandinsky_grid),
 }
 
 

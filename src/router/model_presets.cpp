@@ -1,6 +1,7 @@
 // Shapes from the models' published configs (see docs/routing.md): tokens after
 // the VAE (8x spatial, 4x temporal compression, first frame kept; Wan2.2-TI2V-5B's
-// VAE compresses 16x spatially) and 1x2x2 patches. The policies are starting points in line with Sparse VideoGen's
+// VAE compresses 16x spatially, LTX's 32x spatially and 8x in time with 1x1x1
+// patches) and 1x2x2 patches. The policies are starting points in line with Sparse VideoGen's
 // settings (dense warm-up for about the first quarter of the steps and the first
 // layer, kept density 0.25), not values tuned on generated videos.
 #include <string>
@@ -63,6 +64,13 @@ const std::vector<ModelPreset>& model_presets() {
            "LTX-Video (2B, diffusers' LTXPipeline defaults), 704x512, 161 frames: 21 x 16 x 22 tokens (its VAE "
            "compresses 32x spatially, 8x in time), 32 heads of 64, 28 layers",
            VideoGrid{21, 16, 22, 0, TextPlacement::After}, 32, 64, 28, 50, 12),
+      make("ltx-2",
+           "LTX-2 (19B, diffusers' LTX2Pipeline defaults), 768x512, 121 frames: 16 x 16 x 24 video tokens (its VAE "
+           "compresses 32x spatially, 8x in time; the audio stream is left dense), 32 heads of 128, 48 layers, 30 steps",
+           VideoGrid{16, 16, 24, 0, TextPlacement::After}, 32, 128, 48, 30, 8),
+      make("ltx-2-1080p",
+           "LTX-2 (19B), 1920x1088, 121 frames: 16 x 34 x 60 video tokens, 32 heads of 128, 48 layers, 30 steps",
+           VideoGrid{16, 34, 60, 0, TextPlacement::After}, 32, 128, 48, 30, 8),
       make("cogvideox1.5",
            "CogVideoX1.5-5B, 768x1360, 81 frames: 11 x 48 x 85 tokens + 226 text tokens before the video (joint "
            "attention)",

@@ -24,13 +24,16 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 
 from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import (  # noqa: E402
-    transformer_hunyuan_video, transformer_hunyuan_video15, transformer_ltx, transformer_skyreels_v2, transformer_wan)
+    transformer_chronoedit, transformer_hunyuan_video, transformer_hunyuan_video15, transformer_kandinsky,
+    transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
 from torch_helpers import check, require_gpu  # noqa: E402
 
 diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; tiny() mends it
 # Mochi's rotary embedding asks for an fp32 autocast, which the CPU does not have (the model's own warning).
-pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning")
+# Kandinsky 5 normalizes fp32 q, k with a bf16 model's RMS norm weights (its own warning too).
+pytestmark = [pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning"),
+              pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")]
 
 ALL_SPARSE = {"max_rel_l2": 1e9}  # no head kept dense for its error: every routed head sparse
 
@@ -56,6 +59,7 @@ class Model:
     timestep_dtype: Any = None       # what the pipeline casts the timestep to (None: fp32; "model": the model's)
     # Our q, k or v as the model's own attention call takes it (Mochi's: [1, H, N, D] without the padding).
     as_stock: Callable[[Any, Any], Any] = lambda x, spec: x
+    attention: str = "attn1"         # each block's self-attention module
 
 
 def _tiny_wan(layers):
@@ -107,7 +111,7 @@ def _hunyuan_inputs(device, dtype, kept=(5,)):
 HUNYUAN = Model("hunyuan", _tiny_hunyuan, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=5),
                 ("transformer_blocks", "single_transformer_blocks"), "bnhd",
                 transformer_hunyuan_video.HunyuanVideoAttnProcessor2_0,
-                (transformer_hunyuan_video, "dispatch_attention_fn"), _hunyuan_inputs, fuses=False)
+                (transformer_hunyuan_video, "dispatch_attention_fn"), _hunyuan_inputs, fuses=False, attention="attn")
 
 
 def _tiny_wan_vace(layers):  # a control block for the first layer
@@ -172,7 +176,7 @@ def _hunyuan15_inputs(device, dtype, kept=((5, 2),), image=False):
 HUNYUAN15 = Model("hunyuan15", _tiny_hunyuan15, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=7),
                   ("transformer_blocks",), "bnhd", transformer_hunyuan_video15.HunyuanVideo15AttnProcessor2_0,
                   (transformer_hunyuan_video15, "dispatch_attention_fn"), _hunyuan15_inputs, fuses=False,
-                  padding_sees_keys=False, timestep_dtype="model")
+                  padding_sees_keys=False, timestep_dtype="model", attention="attn")
 def _tiny_mochi(layers):
     model = diffusers.MochiTransformer3DModel(patch_size=2, num_attention_heads=2, attention_head_dim=64,
                                               num_layers=layers, pooled_projection_dim=16, in_channels=4,
@@ -193,9 +197,69 @@ MOCHI = Model("mochi", _tiny_mochi, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, te
               (attention_processor.F, "scaled_dot_product_attention"), _mochi_inputs, fuses=False,
               # The model attends one sample at a time over its kept tokens, head-major.
               padding_sees_keys=False, as_stock=lambda x, spec: x[:, :spec.grid.tokens].transpose(1, 2))
+def _tiny_chronoedit(layers):
+    return diffusers.ChronoEditTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
+                                                  in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
+                                                  ffn_dim=64, num_layers=layers, rope_max_seq_len=64)
+
+
+CHRONOEDIT = Model("chronoedit", _tiny_chronoedit, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
+                   transformer_chronoedit.WanAttnProcessor, (transformer_chronoedit, "dispatch_attention_fn"))
+
+
+def _tiny_ltx2(layers, rope_type="interleaved", perturbed_attn=True):
+    """Per-head output gates and the guidance perturbation's processor (LTX-2.3's), an audio
+    stream of 8 tokens."""
+    return diffusers.LTX2VideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                                 attention_head_dim=64, cross_attention_dim=128, audio_in_channels=4,
+                                                 audio_out_channels=4, audio_num_attention_heads=2,
+                                                 audio_attention_head_dim=32, audio_cross_attention_dim=64,
+                                                 num_layers=layers, caption_channels=TEXT_DIM, gated_attn=True,
+                                                 perturbed_attn=perturbed_attn, rope_type=rope_type)
+
+
+def _ltx2_inputs(device, dtype):
+    """The audio stream's latents and prompt, and the video's latent grid as numbers."""
+    generator = torch.Generator().manual_seed(8)
+    return {"audio_hidden_states": torch.randn(1, 8, 4, generator=generator).to(device, dtype),
+            "audio_encoder_hidden_states": torch.randn(1, TEXT_TOKENS, TEXT_DIM, generator=generator).to(device, dtype),
+            "num_frames": 5, "height": 4, "width": 6, "audio_num_frames": 8}
+
+
+LTX2 = Model("ltx2", _tiny_ltx2, (1, 120, 4), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bnhd",
+             transformer_ltx2.LTX2PerturbedAttnProcessor, (transformer_ltx2, "dispatch_attention_fn"), _ltx2_inputs,
+             fuses=False)
+
+
+def _tiny_kandinsky(layers):
+    model = diffusers.Kandinsky5Transformer3DModel(in_visual_dim=4, in_text_dim=TEXT_DIM, in_text_dim2=16, time_dim=32,
+                                                   out_visual_dim=4, patch_size=(1, 2, 2), model_dim=128, ff_dim=64,
+                                                   num_text_blocks=1, num_visual_blocks=layers,
+                                                   axes_dims=(16, 24, 24))
+    with torch.no_grad():  # the modulations start at zero (every attention's gate shut) until trained
+        for name, parameter in model.named_parameters():
+            if "modulation" in name:
+                parameter.normal_(0, 0.5)
+    return model
+
+
+def _kandinsky_inputs(device, dtype):
+    """The pooled prompt and the rotary embedding's positions (the video's and the prompt's)."""
+    generator = torch.Generator().manual_seed(9)
+    return {"pooled_projections": torch.randn(1, 16, generator=generator).to(device, dtype),
+            "visual_rope_pos": tuple(torch.arange(n, device=device) for n in (5, 4, 6)),
+            "text_rope_pos": torch.arange(TEXT_TOKENS, device=device)}
+
+
+KANDINSKY = Model("kandinsky", _tiny_kandinsky, (1, 5, 8, 12, 4), stsa.VideoGrid(5, 4, 6),
+                  ("visual_transformer_blocks",), "bnhd", transformer_kandinsky.Kandinsky5AttnProcessor,
+                  (transformer_kandinsky, "dispatch_attention_fn"), _kandinsky_inputs, fuses=False,
+                  timestep_dtype="model", attention="self_attention")
 MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
           pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
-          pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(MOCHI, id="mochi")]
+          pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(MOCHI, id="mochi"),
+          pytest.param(CHRONOEDIT, id="chronoedit"), pytest.param(LTX2, id="ltx2"),
+          pytest.param(KANDINSKY, id="kandinsky")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
@@ -222,7 +286,7 @@ def inputs(rng, timestep, device="cpu", dtype=torch.float32, spec=WAN):
 
 def attentions(model, spec=WAN):
     """Every block's self-attention module, in the order the layers run."""
-    return [getattr(block, "attn1", None) or block.attn for name in spec.blocks for block in getattr(model, name)]
+    return [getattr(block, spec.attention) for name in spec.blocks for block in getattr(model, name)]
 
 
 def padded(mask, tokens, sees_keys=True):
@@ -338,6 +402,33 @@ def test_prompts_of_different_lengths_in_one_batch(spec, masks, texts, rng):
         ours = forward(model, x)
     assert relative_l2(ours, own) < 1e-6
     assert [(r.layer, r.grid.text) for r in sparse.records] == [(layer, text) for layer in range(2) for text in texts]
+
+
+@pytest.mark.parametrize("rope_type,perturbed_attn", [("interleaved", True), ("split", True), ("split", False)])
+def test_ltx2_guidance_perturbation_gates_and_rotary_types(rope_type, perturbed_attn, rng):
+    """LTX-2 with per-head gates, either rotary type, either processor, in a batch of two: a
+    dense policy gives the model's own output, and so it does in spatio-temporal guidance's
+    pass (block 1 perturbed: the first sample's attention kept, the second's replaced by its
+    value projection; then both replaced, where stsa is not called at all)."""
+    def batch():
+        one, two = (inputs(rng, 999, spec=LTX2) for _ in range(2))
+        return {name: torch.cat([one[name], two[name]]) if isinstance(one[name], torch.Tensor) else one[name]
+                for name in one}
+
+    torch.manual_seed(0)
+    model = _tiny_ltx2(2, rope_type, perturbed_attn).eval()
+    passes = [{}]
+    if perturbed_attn:
+        passes += [{"spatio_temporal_guidance_blocks": [1], "perturbation_mask": torch.tensor(mask)}
+                   for mask in ([1.0, 0.0], [0.0, 0.0])]
+    for guidance in passes:
+        x = {**batch(), **guidance}
+        own = forward(model, x)
+        with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1)) as sparse:
+            ours = forward(model, x)
+        assert relative_l2(ours, own) < 1e-6, guidance
+        all_perturbed = guidance and not any(guidance["perturbation_mask"])
+        assert [r.layer for r in sparse.records] == ([0] if all_perturbed else [0, 1])
 
 
 def test_hunyuan15_prompts_of_different_lengths_and_an_image(rng):
@@ -627,19 +718,33 @@ def test_refusals(rng):
     assert torch.equal(forward(model, x), forward(model, x))
 
 
-def test_ltx_without_its_grid_is_refused(rng):
-    """LTX-Video's tokens come packed: the grid is the forward's num_frames, height and width
-    (LTX's conditioning pipeline passes token coordinates instead, for tokens no grid makes)."""
-    model = tiny(LTX, layers=1)
-    x = inputs(rng, 999, spec=LTX)
+@pytest.mark.parametrize("spec", [pytest.param(LTX, id="ltx"), pytest.param(LTX2, id="ltx2")])
+def test_ltx_without_its_grid_is_refused(spec, rng):
+    """LTX-Video's and LTX-2's tokens come packed: the grid is the forward's num_frames, height
+    and width (LTX's conditioning pipeline passes token coordinates instead, for tokens no
+    grid makes)."""
+    model = tiny(spec, layers=1)
+    x = inputs(rng, 999, spec=spec)
     del x["num_frames"]
     with stsa.diffusers.enable(model, stsa.Policy()), pytest.raises(stsa.InvalidArgument, match="num_frames"):
         forward(model, x)
 
 
+def test_kandinsky_with_its_own_sparse_attention_is_refused(rng):
+    """Kandinsky 5's NABLA attention (sparse_params) reorders the tokens into 8 x 8 blocks
+    and masks them its own way: refused before any layer runs, the model's own output back
+    after disable()."""
+    model = tiny(KANDINSKY, layers=1)
+    x = {**inputs(rng, 999, spec=KANDINSKY), "sparse_params": {"to_fractal": True}}
+    with stsa.diffusers.enable(model, stsa.Policy()) as sparse, pytest.raises(stsa.Unsupported, match="NABLA"):
+        forward(model, x)
+    assert not sparse.records
+
+
 @pytest.mark.parametrize("spec", [pytest.param(WAN, id="wan"), pytest.param(HUNYUAN, id="hunyuan"),
                                   pytest.param(SKYREELS_V2, id="skyreels-v2"), pytest.param(LTX, id="ltx"),
-                                  pytest.param(HUNYUAN15, id="hunyuan15")])
+                                  pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(CHRONOEDIT, id="chronoedit"),
+                                  pytest.param(LTX2, id="ltx2"), pytest.param(KANDINSKY, id="kandinsky")])
 def test_regional_compilation_holds_stsa_as_one_operator(spec, rng):
     """diffusers' compile_repeated_blocks(fullgraph=True; a graph break would raise): each
     kind of block compiles once for every layer and step (the layer reaches the operator as a
