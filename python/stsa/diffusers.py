@@ -13,6 +13,7 @@ by cross-attention, left as it was) and ``WanVACETransformer3DModel``,
 ``LTXVideoTransformer3DModel`` and ``LTX2VideoTransformer3DModel`` (packed tokens; the grid from the
 forward's num_frames, height and width; LTX-2's audio stream left as it was),
 ``Kandinsky5Transformer3DModel`` (its visual blocks; text by cross-attention),
+``CosmosTransformer3DModel`` (Cosmos Predict2 and 2.5, Transfer2.5),
 ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5; joint attention, the text tokens
 before the video's) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
 after the video, padded: each sample runs with the prompt tokens its mask keeps) and
@@ -553,6 +554,26 @@ class _MochiSelfAttention(_SelfAttention):
         return _joint_outputs(attn, out, encoder_hidden_states.shape[1])
 
 
+class _CosmosSelfAttention(_SelfAttention):
+    """diffusers' Cosmos self-attention (Predict2, Predict2.5, Transfer2.5): QK RMS norm per
+    head, the rotary embedding on head-major q, k (their halves as real and imaginary parts)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        if encoder_hidden_states is not None:
+            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
+        self._check_call(attention_mask)
+        query, key, value = (x.unflatten(2, (attn.heads, -1)).transpose(1, 2) for x in (attn.to_q(hidden_states),
+                                                                                        attn.to_k(hidden_states),
+                                                                                        attn.to_v(hidden_states)))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        if image_rotary_emb is not None:
+            query, key = (apply_rotary_emb(x, image_rotary_emb, use_real=True, use_real_unbind_dim=-2)
+                          for x in (query, key))
+        out = self._attention(*(x.transpose(1, 2) for x in (query, key, value))).flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](out))
+
 class _LTX2SelfAttention(_SelfAttention):
     """diffusers' LTX-2 video self-attention (its audio stream's is left as it was): QK RMS
     norm across heads and the rotary embedding (interleaved or split) on the flat rows,
@@ -804,6 +825,9 @@ _FAMILIES = {
                                                 _HunyuanVideo15SelfAttention, _hunyuan_grid),
     "MochiTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("MochiAttnProcessor2_0",),
                                        _MochiSelfAttention, _mochi_grid),
+    # Cosmos: its cross-attention runs the same processor class and is left as it was.
+    "CosmosTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("CosmosAttnProcessor2_0",),
+                                        _CosmosSelfAttention, _wan_grid),
     "Kandinsky5Transformer3DModel": _Family(("visual_transformer_blocks",), "self_attention",
                                             ("Kandinsky5AttnProcessor",), _KandinskySelfAttention, _kandinsky_grid),
 }

@@ -24,7 +24,7 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 
 from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import (  # noqa: E402
-    transformer_chronoedit, transformer_hunyuan_video, transformer_hunyuan_video15, transformer_kandinsky,
+    transformer_chronoedit, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15, transformer_kandinsky,
     transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
 from torch_helpers import check, require_gpu  # noqa: E402
@@ -255,11 +255,20 @@ KANDINSKY = Model("kandinsky", _tiny_kandinsky, (1, 5, 8, 12, 4), stsa.VideoGrid
                   ("visual_transformer_blocks",), "bnhd", transformer_kandinsky.Kandinsky5AttnProcessor,
                   (transformer_kandinsky, "dispatch_attention_fn"), _kandinsky_inputs, fuses=False,
                   timestep_dtype="model", attention="self_attention")
+def _tiny_cosmos(layers):  # the padding mask's channel left out (resizing it needs torchvision)
+    return diffusers.CosmosTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                              attention_head_dim=64, num_layers=layers, mlp_ratio=1.0,
+                                              text_embed_dim=TEXT_DIM, adaln_lora_dim=16, max_size=(8, 16, 16),
+                                              concat_padding_mask=False)
+
+
+COSMOS = Model("cosmos", _tiny_cosmos, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bnhd",
+               transformer_cosmos.CosmosAttnProcessor2_0, (transformer_cosmos, "dispatch_attention_fn"), fuses=False)
 MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
           pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
           pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(MOCHI, id="mochi"),
           pytest.param(CHRONOEDIT, id="chronoedit"), pytest.param(LTX2, id="ltx2"),
-          pytest.param(KANDINSKY, id="kandinsky")]
+          pytest.param(KANDINSKY, id="kandinsky"), pytest.param(COSMOS, id="cosmos")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
