@@ -8,7 +8,7 @@
     sparse.disable()                                                  # the model's own processors back
 
 Models: ``WanTransformer3DModel`` (Wan2.1 and Wan2.2, text- and image-to-video; text joins
-by cross-attention, left as it was) and ``WanVACETransformer3DModel``,
+by cross-attention, left as it was), ``WanVACETransformer3DModel`` and ``WanAnimateTransformer3DModel``,
 ``SkyReelsV2Transformer3DModel`` and ``ChronoEditTransformer3DModel`` (Wan's self-attention),
 ``LTXVideoTransformer3DModel`` and ``LTX2VideoTransformer3DModel`` (packed tokens; the grid from the
 forward's num_frames, height and width; LTX-2's audio stream left as it was),
@@ -806,6 +806,10 @@ _FAMILIES = {
                                          _WanSelfAttention, _wan_grid),
     # SkyReels-V2: Wan's self-attention under another name (its diffusion forcing's causal mask is refused).
     "SkyReelsV2Transformer3DModel": _Family(("blocks",), "attn1", ("SkyReelsV2AttnProcessor",), _WanSelfAttention,
+                                            _wan_grid),
+    # Wan Animate: the reference image's latent frame first, then the video's; its face adapter
+    # (cross-attention to the face's motion, between the blocks) left as it was.
+    "WanAnimateTransformer3DModel": _Family(("blocks",), "attn1", ("WanAttnProcessor",), _WanSelfAttention,
                                             _wan_grid),
     # ChronoEdit: Wan2.1's image-to-video transformer, its own copy of Wan's processor.
     "ChronoEditTransformer3DModel": _Family(("blocks",), "attn1", ("WanAttnProcessor",), _WanSelfAttention,

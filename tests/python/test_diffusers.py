@@ -25,7 +25,7 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import (  # noqa: E402
     transformer_chronoedit, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15, transformer_kandinsky,
-    transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan)
+    transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan, transformer_wan_animate)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
 from torch_helpers import check, require_gpu  # noqa: E402
 
@@ -197,6 +197,30 @@ MOCHI = Model("mochi", _tiny_mochi, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, te
               (attention_processor.F, "scaled_dot_product_attention"), _mochi_inputs, fuses=False,
               # The model attends one sample at a time over its kept tokens, head-major.
               padding_sees_keys=False, as_stock=lambda x, spec: x[:, :spec.grid.tokens].transpose(1, 2))
+def _tiny_wan_animate(layers):  # a face adapter after every block, a motion encoder of 16 x 16 faces
+    return diffusers.WanAnimateTransformer3DModel(num_attention_heads=2, attention_head_dim=64, in_channels=12,
+                                                  latent_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
+                                                  ffn_dim=64, num_layers=layers, image_dim=16, rope_max_seq_len=64,
+                                                  motion_encoder_channel_sizes={"4": 8, "8": 8, "16": 8},
+                                                  motion_encoder_size=16, motion_style_dim=16, motion_dim=4,
+                                                  motion_encoder_dim=16, face_encoder_hidden_dim=32,
+                                                  face_encoder_num_heads=2, inject_face_latents_blocks=1)
+
+
+def _wan_animate_inputs(device, dtype):
+    """The reference image's embedding, the pose latents (one frame fewer than the video's:
+    the first is the reference image's) and the face video."""
+    generator = torch.Generator().manual_seed(10)
+    return {name: torch.randn(*shape, generator=generator).to(device, dtype)
+            for name, shape in (("encoder_hidden_states_image", (1, 3, 16)), ("pose_hidden_states", (1, 4, 4, 8, 12)),
+                                ("face_pixel_values", (1, 3, 13, 16, 16)))}
+
+
+WAN_ANIMATE = Model("wan-animate", _tiny_wan_animate, (1, 12, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
+                    transformer_wan_animate.WanAttnProcessor, (transformer_wan_animate, "dispatch_attention_fn"),
+                    _wan_animate_inputs)
+
+
 def _tiny_chronoedit(layers):
     return diffusers.ChronoEditTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
                                                   in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
@@ -268,7 +292,8 @@ MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), 
           pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
           pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(MOCHI, id="mochi"),
           pytest.param(CHRONOEDIT, id="chronoedit"), pytest.param(LTX2, id="ltx2"),
-          pytest.param(KANDINSKY, id="kandinsky"), pytest.param(COSMOS, id="cosmos")]
+          pytest.param(KANDINSKY, id="kandinsky"), pytest.param(COSMOS, id="cosmos"),
+          pytest.param(WAN_ANIMATE, id="wan-animate")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
@@ -753,7 +778,8 @@ def test_kandinsky_with_its_own_sparse_attention_is_refused(rng):
 @pytest.mark.parametrize("spec", [pytest.param(WAN, id="wan"), pytest.param(HUNYUAN, id="hunyuan"),
                                   pytest.param(SKYREELS_V2, id="skyreels-v2"), pytest.param(LTX, id="ltx"),
                                   pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(CHRONOEDIT, id="chronoedit"),
-                                  pytest.param(LTX2, id="ltx2"), pytest.param(KANDINSKY, id="kandinsky")])
+                                  pytest.param(LTX2, id="ltx2"), pytest.param(KANDINSKY, id="kandinsky"),
+                                  pytest.param(WAN_ANIMATE, id="wan-animate")])
 def test_regional_compilation_holds_stsa_as_one_operator(spec, rng):
     """diffusers' compile_repeated_blocks(fullgraph=True; a graph break would raise): each
     kind of block compiles once for every layer and step (the layer reaches the operator as a
