@@ -710,6 +710,34 @@ def test_ring_attention_is_refused(rng):
     sparse.disable()
 
 
+@pytest.mark.parametrize("cache,calls", [
+    # Pyramid Attention Broadcast: every self-attention reused on every other step (no call to stsa there).
+    pytest.param(lambda state: diffusers.PyramidAttentionBroadcastConfig(
+        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(0, 1000),
+        current_timestep_callback=lambda: state["timestep"]),
+        [(step, layer) for step in (0, 2) for layer in range(3)], id="pyramid-attention-broadcast"),
+    # First Block Cache, a threshold no change reaches: after step 0 only the first block runs.
+    pytest.param(lambda state: diffusers.FirstBlockCacheConfig(threshold=10.0),
+                 [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (3, 0)], id="first-block-cache")])
+def test_diffusers_caches_skip_what_they_skip(cache, calls, rng):
+    """diffusers' caches (enable_cache) and stsa together: what a cache skips never reaches
+    stsa, the rest runs through it; a dense policy gives the cached model's own output."""
+    steps = [inputs(rng, timestep) for timestep in (900, 700, 500, 300)]
+    outputs = []
+    for with_stsa in (False, True):
+        model, state = tiny_wan(layers=3), {}
+        model.enable_cache(cache(state))
+        sparse = stsa.diffusers.enable(model, stsa.Policy(dense_steps=1)) if with_stsa else None
+        outputs.append([])
+        for x in steps:
+            state["timestep"] = float(x["timestep"][0])
+            with model.cache_context("cond"):
+                outputs[-1].append(forward(model, x))
+    own, ours = outputs
+    assert all(relative_l2(a, b) < 1e-6 for a, b in zip(ours, own))
+    assert [(r.step, r.layer) for r in sparse.records] == calls
+
+
 def test_disable_gives_the_model_back(rng):
     model = tiny_wan()
     processors = [block.attn1.processor for block in model.blocks]
