@@ -207,8 +207,16 @@ class Policy:
 
     @classmethod
     def from_preset(cls, name: str) -> "Policy":
-        """The starting policy of a model preset (``model_presets()`` lists them)."""
-        return cls(**model_preset(name)["policy"])
+        """The starting policy of a model preset (``model_presets()`` lists them). One density
+        for every mask kind is its ``density``, which the kinds follow (theirs None), so
+        ``Policy(**{**p.settings, "density": 0.3})`` changes them all."""
+        settings = model_preset(name)["policy"]
+        kinds = {kind: settings.pop(kind) for kind in ("spatial_density", "temporal_density", "frames_density")}
+        if len(set(kinds.values())) == 1:
+            settings["density"] = next(iter(kinds.values()))
+        else:
+            settings.update(kinds)
+        return cls(**settings)
 
     def dense(self, step: int, layer: int) -> bool:
         """Whether (step, layer) is in the dense warm-up."""

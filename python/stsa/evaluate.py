@@ -6,6 +6,9 @@ a policy.
     python -m stsa.evaluate --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers --policy wan2.1-1.3b-480p \\
         --prompt "a cat surfing" --height 480 --width 832 --frames 81 --out results/
 
+``--sweep density=0.1,0.2,0.3`` (any one policy setting) generates the dense video once
+and stsa's once per value: the speed and the error of each, side by side.
+
 or from Python, on a pipeline already loaded:
 
     import stsa.evaluate
@@ -32,7 +35,7 @@ import numpy as np
 from . import Error, Policy, model_preset
 from .quality import frame_psnr, psnr, ssim
 
-__all__ = ["Evaluation", "evaluate", "main"]
+__all__ = ["Evaluation", "evaluate", "evaluate_policies", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +62,20 @@ def evaluate(pipe, policy: str | Policy, *, seed: int = 0, warmup: bool = True, 
     evaluation and both videos ([F, H, W, C] in [0, 1]). ``warmup``: a 2-step generation of
     each first, so neither time holds one-time work (kernel selection, stsa's plans).
     ``timed``: stsa's per-call times in the summary (a GPU call then waits for its work)."""
+    (result,), dense, (ours,) = evaluate_policies(pipe, [policy], seed=seed, warmup=warmup, timed=timed, **call)
+    return result, dense, ours
+
+
+def evaluate_policies(pipe, policies: Sequence[str | Policy], *, seed: int = 0, warmup: bool = True,
+                      timed: bool = False, **call) -> tuple[list[Evaluation], np.ndarray, list[np.ndarray]]:
+    """As ``evaluate``, the dense video generated once and stsa's once per policy: an
+    evaluation and a video per policy, in their order."""
     import torch
 
     from . import diffusers as stsa_diffusers
 
-    policy = stsa_diffusers._policy(policy)  # a preset name or a stsa.Policy, checked as enable() does
+    # Preset names or stsa.Policy objects, checked as enable() does, before anything runs.
+    policies = [stsa_diffusers._policy(policy) for policy in policies]
 
     def generate(steps=None):
         generator = torch.Generator("cpu").manual_seed(seed)  # the same noise for both, whatever the device
@@ -81,16 +93,19 @@ def evaluate(pipe, policy: str | Policy, *, seed: int = 0, warmup: bool = True, 
 
     if warmup:
         generate(steps=2)
-        # Sparse from the first step, so its plans are built before the timed run.
-        with stsa_diffusers.enable(pipe, Policy(**{**policy.settings, "dense_steps": 0})):
-            generate(steps=2)
+        for policy in policies:  # sparse from the first step, so each one's plans are built before its timed run
+            with stsa_diffusers.enable(pipe, Policy(**{**policy.settings, "dense_steps": 0})):
+                generate(steps=2)
     dense, dense_s = generate()
-    with stsa_diffusers.enable(pipe, policy, timed=timed) as sparse:
-        ours, stsa_s = generate()
-    result = Evaluation(dense_s=dense_s, stsa_s=stsa_s, psnr_db=psnr(dense, ours),
-                        worst_frame_psnr_db=min(frame_psnr(dense, ours)), ssim=ssim(dense, ours),
-                        frames=int(dense.shape[0]), summary=sparse.summary())
-    return result, dense, ours
+    results, videos = [], []
+    for policy in policies:
+        with stsa_diffusers.enable(pipe, policy, timed=timed) as sparse:
+            ours, stsa_s = generate()
+        results.append(Evaluation(dense_s=dense_s, stsa_s=stsa_s, psnr_db=psnr(dense, ours),
+                                  worst_frame_psnr_db=min(frame_psnr(dense, ours)), ssim=ssim(dense, ours),
+                                  frames=int(dense.shape[0]), summary=sparse.summary()))
+        videos.append(ours)
+    return results, dense, videos
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,7 +123,11 @@ def _arguments(argv) -> argparse.Namespace:
     parser.add_argument("--policy", required=True, help="a stsa preset name (stsa.model_presets())")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a policy setting changed from the preset's, e.g. dense_steps=8, density=0.3 "
-                             "(stsa.Policy's arguments; repeat for more)")
+                             "(stsa.Policy's arguments; repeat for more; density is every mask kind's "
+                             "but for a kind whose own density is set)")
+    parser.add_argument("--sweep", default=None, metavar="NAME=V1,V2,...",
+                        help="one policy setting at several values, e.g. density=0.1,0.2,0.3: the dense video "
+                             "once, stsa's once per value (after the --set changes)")
     parser.add_argument("--prompt", action="append", default=[],
                         help="a prompt (repeat for more: each is generated both ways, then the means)")
     parser.add_argument("--negative-prompt", default=None)
@@ -134,15 +153,35 @@ def _arguments(argv) -> argparse.Namespace:
     return args
 
 
-def _policy(args) -> Policy:
-    """The preset's policy with the --set changes."""
-    settings = Policy.from_preset(args.policy).settings
+def _changes(args, preset: dict[str, Any]) -> dict[str, Any]:
+    """The --set changes, by name."""
+    changes = {}
     for change in args.set:
-        name, _, text = change.partition("=")
-        if name not in settings or not text:
-            raise _Refused(f"--set {change}: expected NAME=VALUE with NAME one of {', '.join(settings)}")
-        settings[name] = _setting_value(change, text)
-    return Policy(**settings)  # values out of range: stsa.InvalidArgument, naming them
+        name, text = _change(change, "--set", preset)
+        changes[name] = _setting_value(change, text)
+    return changes
+
+
+def _change(change: str, option: str, settings) -> tuple[str, str]:
+    name, _, text = change.partition("=")
+    if name not in settings or not text:
+        raise _Refused(f"{option} {change}: expected NAME=VALUE with NAME one of {', '.join(settings)}")
+    return name, text
+
+
+def _policies(args) -> tuple[str | None, list[Any], list[Policy]]:
+    """(the swept setting's name or None, its values, a policy for each: the preset's with the
+    --set changes and the value; one policy without --sweep). Values out of range:
+    stsa.InvalidArgument, naming them."""
+    preset = Policy.from_preset(args.policy).settings
+    changes = _changes(args, preset)
+    if args.sweep is None:
+        return None, [None], [Policy(**{**preset, **changes})]
+    name, texts = _change(args.sweep, "--sweep", preset)
+    values = [_setting_value(args.sweep, text) for text in texts.split(",")]
+    if len(set(map(repr, values))) != len(values):
+        raise _Refused(f"--sweep {args.sweep}: a value is repeated")
+    return name, values, [Policy(**{**preset, **changes, name: value}) for value in values]
 
 
 def _setting_value(change: str, text: str):
@@ -206,9 +245,10 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
     try:
         args = _arguments(argv)
         steps = args.steps or model_preset(args.policy)["steps"]  # an unknown preset is refused before loading
-        policy = _policy(args)
+        swept, values, policies = _policies(args)
         prompts = args.prompt or [_DEFAULT_PROMPT]
-        videos = [f"{name}_{i}.{kind}" for i in range(len(prompts)) for name in ("dense", "stsa")
+        videos = [f"{name}.{kind}" for i in range(len(prompts))
+                  for name in [f"dense_{i}"] + [_video_name(i, j, swept) for j in range(len(values))]
                   for kind in ("mp4", "npy")]
         paths = _outputs(args.out, ["evaluation.json"] + (videos if args.save_videos else [])) if args.out else {}
         pipe = load(args)
@@ -216,36 +256,55 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
                 "guidance_scale": args.guidance}
         if args.negative_prompt is not None:
             call["negative_prompt"] = args.negative_prompt
-        print(f"{'prompt':>6} {'frames':>6} {'dense s':>9} {'stsa s':>9} {'speedup':>8} {'PSNR dB':>8} "
+        column = f"{swept:>12} " if swept else ""
+        print(f"{'prompt':>6} {column}{'frames':>6} {'dense s':>9} {'stsa s':>9} {'speedup':>8} {'PSNR dB':>8} "
               f"{'worst frame':>11} {'SSIM':>6}  routes")
         results = []
         for i, prompt in enumerate(prompts):  # the warm-up once, before the first
-            result, dense, ours = evaluate(pipe, policy, seed=args.seed, warmup=not args.no_warmup and i == 0,
-                                           prompt=prompt, **call)
-            print(_row(str(i), result), flush=True)
-            entry = {"prompt": prompt, **dataclasses.asdict(result), "speedup": result.speedup}
-            if args.save_videos:
-                entry["videos"] = [_save_video(dense, paths, f"dense_{i}"), _save_video(ours, paths, f"stsa_{i}")]
-            results.append(entry)
+            evaluations, dense, ours = evaluate_policies(pipe, policies, seed=args.seed,
+                                                         warmup=not args.no_warmup and i == 0, prompt=prompt, **call)
+            dense_video = _save_video(dense, paths, f"dense_{i}") if args.save_videos else None
+            for j, (value, result) in enumerate(zip(values, evaluations)):
+                print(_row(str(i), result, value if swept else _NO_COLUMN), flush=True)
+                entry = {"prompt": prompt, **({swept: value} if swept else {}), **dataclasses.asdict(result),
+                         "speedup": result.speedup}
+                if args.save_videos:
+                    entry["videos"] = [dense_video, _save_video(ours[j], paths, _video_name(i, j, swept))]
+                results.append(entry)
     except (_Refused, Error, ImportError, OSError, ValueError, TypeError) as error:
         print(f"stsa.evaluate: {error}", file=sys.stderr)
         return 2
-    mean = _mean(results)
-    if len(results) > 1:
-        print(f"{'all':>6} {'':>6} {mean['dense_s']:>9.2f} {mean['stsa_s']:>9.2f} {mean['speedup']:>7.2f}x "
-              f"{mean['psnr_db']:>8.2f} {mean['worst_frame_psnr_db']:>11.2f} {mean['ssim']:>6.4f}")
+    means = [_mean([r for r in results if not swept or r[swept] == value]) for value in values]
+    if len(prompts) > 1:
+        for value, mean in zip(values, means):
+            print(f"{'all':>6} {f'{value!s:>12} ' if swept else ''}{'':>6} {mean['dense_s']:>9.2f} "
+                  f"{mean['stsa_s']:>9.2f} {mean['speedup']:>7.2f}x {mean['psnr_db']:>8.2f} "
+                  f"{mean['worst_frame_psnr_db']:>11.2f} {mean['ssim']:>6.4f}")
     if paths:
-        record = {"model": args.model, "policy": args.policy, "settings": policy.settings, "call": call,
-                  "seed": args.seed, "prompts": results, "all": mean}
+        record = {"model": args.model, "policy": args.policy, "settings": policies[0].settings, "call": call,
+                  "seed": args.seed, "prompts": results}
+        if swept:  # the settings without the swept one, which each run and mean names
+            record["settings"].pop(swept)
+            record.update(sweep=swept, means=[{swept: value, **mean} for value, mean in zip(values, means)])
+        else:
+            record["all"] = means[0]
         with open(paths["evaluation.json"], "x") as f:
             json.dump(_json_value(record), f, indent=1, default=str)
     return 0
 
 
-def _row(label: str, result: Evaluation) -> str:
+_NO_COLUMN = object()
+
+
+def _video_name(prompt: int, run: int, swept: str | None) -> str:
+    return f"stsa_{prompt}_{run}" if swept else f"stsa_{prompt}"
+
+
+def _row(label: str, result: Evaluation, value=_NO_COLUMN) -> str:
     routes = result.summary["head_routes"]
     head_calls = max(sum(routes.values()), 1)
-    return (f"{label:>6} {result.frames:>6} {result.dense_s:>9.2f} {result.stsa_s:>9.2f} {result.speedup:>7.2f}x "
+    column = "" if value is _NO_COLUMN else f"{value!s:>12} "
+    return (f"{label:>6} {column}{result.frames:>6} {result.dense_s:>9.2f} {result.stsa_s:>9.2f} {result.speedup:>7.2f}x "
             f"{result.psnr_db:>8.2f} {result.worst_frame_psnr_db:>11.2f} {result.ssim:>6.4f}  "
             + ", ".join(f"{route} {count / head_calls:.0%}" for route, count in sorted(routes.items())))
 

@@ -28,11 +28,31 @@ def never_loaded(args):
     (["--model", "m", "--policy", "wan2.1-480p", "--set", "speed=2"], "NAME one of dense_steps"),
     (["--model", "m", "--policy", "wan2.1-480p", "--set", "density=high"], "'high' is not a number"),
     (["--model", "m", "--policy", "wan2.1-480p", "--set", "dense_steps=-1"], "dense steps must be >= 0"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "speed=1,2"], "--sweep speed=1,2: expected NAME=VALUE"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "density="], "expected NAME=VALUE"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "density=0.1,,0.3"], "'' is not a number"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "density=0.1,0.1"], "a value is repeated"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "dense_steps=4,-1"], "dense steps must be >= 0"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(argv, message, capsys):
     assert stsa.evaluate.main(argv, load=never_loaded) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("stsa.evaluate: ") and message in err
+
+
+@pytest.mark.parametrize("changes,densities", [
+    ([], (0.25, 0.25, 0.25, 0.25)),  # the preset's
+    (["--set", "density=0.3"], (0.3, 0.3, 0.3, 0.3)),  # every kind's, which the preset names one by one
+    (["--set", "spatial_density=0.5", "--set", "density=0.3"], (0.3, 0.5, 0.3, 0.3)),
+    (["--set", "temporal_density=0.1"], (0.25, 0.25, 0.1, 0.25)),
+])
+def test_a_changed_density_is_every_kinds_but_one_set_itself(changes, densities):
+    argv = ["--model", "m", "--policy", "wan2.1-480p", *changes]
+    _, _, (policy,) = stsa.evaluate._policies(stsa.evaluate._arguments(argv))
+    settings = policy.settings  # a kind's density None: the policy's density (stsa.Policy's rule)
+    assert [settings["density"]] + [settings["density"] if settings[kind] is None else settings[kind]
+                                    for kind in ("spatial_density", "temporal_density", "frames_density")
+                                    ] == pytest.approx(densities)
 
 
 def test_an_existing_output_is_never_overwritten(tmp_path, capsys):
@@ -122,3 +142,28 @@ def test_the_command_line_writes_its_record_and_videos(tmp_path, capsys):
     assert "speedup" in printed and printed.count("\n") == 4  # the header, a row per prompt, the means
     assert stsa.evaluate.main(argv, load=lambda args: pipe) == 2  # the same --out again: refused, nothing lost
     assert json.loads((out / "evaluation.json").read_text()) == record
+
+
+def test_a_sweep_generates_the_dense_video_once_and_each_value_after(tmp_path, capsys):
+    pipe = _PromptEmbedding(_pipeline())
+    out = tmp_path / "sweep"
+    argv = ["--model", "tiny", "--policy", "wan2.1-1.3b-480p", "--height", "64", "--width", "96", "--frames", "17",
+            "--steps", "3", "--set", "dense_steps=1", "--set", "max_rel_l2=1e9", "--sweep", "density=0.2,0.6",
+            "--out", str(out), "--save-videos", "--no-warmup", "--prompt", "a cat", "--prompt", "a dog"]
+    assert stsa.evaluate.main(argv, load=lambda args: pipe) == 0
+    assert pipe.seen["prompts"] == ["a cat"] * 3 + ["a dog"] * 3  # dense once, then one per value
+    record = json.loads((out / "evaluation.json").read_text())
+    assert record["sweep"] == "density" and "density" not in record["settings"]
+    assert record["settings"]["dense_steps"] == 1 and "all" not in record
+    runs = record["prompts"]
+    assert [(r["prompt"], r["density"]) for r in runs] == [("a cat", 0.2), ("a cat", 0.6), ("a dog", 0.2),
+                                                           ("a dog", 0.6)]
+    assert runs[0]["dense_s"] == runs[1]["dense_s"] and runs[0]["psnr_db"] != runs[1]["psnr_db"]
+    assert runs[0]["videos"][0] == runs[1]["videos"][0] and len({r["videos"][1] for r in runs}) == 4
+    assert all(os.path.exists(path) for r in runs for path in r["videos"])
+    means = record["means"]
+    assert [m["density"] for m in means] == [0.2, 0.6]
+    assert means[1]["psnr_db"] == pytest.approx((runs[1]["psnr_db"] + runs[3]["psnr_db"]) / 2)
+    printed = capsys.readouterr().out.splitlines()
+    assert "density" in printed[0] and len(printed) == 1 + 4 + 2  # the header, a row per run, a mean per value
+    assert [line.split()[1] for line in printed[1:]] == ["0.2", "0.6", "0.2", "0.6", "0.2", "0.6"]

@@ -114,6 +114,21 @@ def test_a_policy_made_from_anothers_settings_decides_alike_and_holds_its_own_de
     assert stsa.Policy.from_preset("wan2.2-a14b-720p").settings["dense_steps"] == 10
 
 
+def test_a_presets_density_is_every_kinds(rng):
+    """A preset's one density for every mask kind is its policy's `density`, the kinds
+    following it: a copy of its settings with another density routes at that density."""
+    settings = stsa.Policy.from_preset("wan2.1-480p").settings
+    assert settings["density"] == 0.25 and settings["spatial_density"] is settings["temporal_density"] is None
+    grid = stsa.VideoGrid(frames=5, height=4, width=6)
+    q, k, v = (rng.standard_normal((1, grid.tokens, 2, 64), dtype=np.float32) for _ in range(3))
+    bands = {}
+    for density in (0.4, 0.6):  # on this grid: bands of 3 and 20 tokens
+        _, info = stsa.Policy(**{**settings, "density": density, "dense_steps": 0, "dense_layers": 0,
+                                 "max_rel_l2": 1e9}).attention(q, k, v, grid, step=0, layer=0)
+        bands[density] = {head["band"] for head in info["heads"]}
+    assert bands == {0.4: {3}, 0.6: {20}}
+
+
 def test_presets():
     names = [p["name"] for p in stsa.model_presets()]
     assert "wan2.1-720p" in names and "hunyuan-720p" in names and "cogvideox1.5" in names
