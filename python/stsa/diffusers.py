@@ -66,6 +66,7 @@ def enable(model, policy: str | Policy, *, backend: str | None = None, tile: int
     stays bounded)."""
     options = {"backend": backend, "tile": tile, "align": align, "timed": _flag("timed", timed),
                "max_records": max_records}
+    model = _uncompiled(model)
     if type(model).__name__ not in _FAMILIES and any(hasattr(model, name) for name in _PIPELINE_TRANSFORMERS):
         return SparsePipeline(model, policy, **options)
     return SparseTransformer(model, policy, **options)
@@ -124,6 +125,7 @@ class SparseTransformer:
                  max_records: int, name: str = "transformer", clock: _StepClock | None = None,
                  records: collections.deque | None = None):
         self.policy = _policy(policy)
+        transformer = _uncompiled(transformer)
         self._family = _family_of(transformer)
         attentions = self._family.self_attentions(transformer)
         self.transformer = transformer
@@ -305,6 +307,12 @@ class SparsePipeline:
     def summary(self) -> dict[str, Any]:
         """Totals over the records kept, all transformers together (``CallRecord.model`` tells them apart)."""
         return _summary(self.records)
+
+
+def _uncompiled(module):
+    """The module a torch.compile wrapper holds (its calls run it, recompiled for stsa's
+    processors), else the module itself."""
+    return module._orig_mod if isinstance(module, torch._dynamo.eval_frame.OptimizedModule) else module
 
 
 def _set_processor(attn, processor) -> None:

@@ -859,6 +859,28 @@ def test_a_whole_model_compile_breaks_at_the_step_hook_only(spec, rng):
     assert [(r.step, r.layer) for r in sparse.records] == [(step, layer) for step in (0, 1) for layer in range(layers)]
 
 
+def test_a_model_compiled_before_stsa_is_enabled(rng):
+    """enable() on what torch.compile returned (the pipeline's transformer replaced by it, as
+    users do): stsa goes into the model the wrapper holds, the compiled calls recompile for
+    it and give the eager bytes; disable() gives the model's own output back."""
+    torch._dynamo.reset()
+    model = tiny_wan()
+    steps = [inputs(rng, timestep) for timestep in (999, 500)]
+    policy = {"dense_steps": 1, "density": 0.4, **ALL_SPARSE}
+    with stsa.diffusers.enable(model, stsa.Policy(**policy)):
+        eager = [forward(model, x) for x in steps]
+    own = forward(model, steps[1])
+    compiled = torch.compile(model, backend="aot_eager")
+    assert torch.equal(forward(compiled, steps[1]), own)  # compiled without stsa first
+    pipe = types.SimpleNamespace(transformer=compiled)
+    with stsa.diffusers.enable(pipe, stsa.Policy(**policy)) as sparse:
+        ours = [forward(compiled, x) for x in steps]
+    assert all(torch.equal(a, b) for a, b in zip(ours, eager))
+    assert [(r.step, r.layer) for r in sparse.records] == [(step, layer) for step in (0, 1) for layer in range(2)]
+    assert torch.equal(forward(compiled, steps[1]), own)
+    torch._dynamo.reset()
+
+
 def test_the_operator_passes_torch_opcheck(rng):
     model = tiny_wan(layers=1)
     sparse = stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE))
