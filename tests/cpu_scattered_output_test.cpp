@@ -1,9 +1,11 @@
-// The CPU backend's scattered output (Backend::run_scattered), on every
-// instruction set this machine has: packed heads (routed attention's temporal
-// heads: q, k, v gathered into spatial-major order) whose O and LSE the kernel
-// stores straight into the full tensors are the bytes of the two-step path
-// (packed output, then scatter_heads), and the heads not listed are never
-// written. Bad scattered outputs are refused before anything is written.
+// The CPU backend's scattered output (Backend::run_scattered) and gathered input
+// (Backend::run_gathered), on every instruction set this machine has: packed
+// heads (routed attention's temporal heads: q, k, v gathered into spatial-major
+// order) whose O and LSE the kernel stores straight into the full tensors, and
+// the same heads read in place from the full q, k, v, are the bytes of the
+// two-step path (packed output, then scatter_heads), and the heads not listed
+// are never written. Bad scattered outputs and gathered inputs are refused
+// before anything is written.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -80,6 +82,7 @@ void expect_scattered_matches_two_step(const Backend& backend, const ScatterCase
   testing::Problem fused = testing::make_problem(c.full, c.in, std::vector<HeadMask>(std::size_t(c.full.heads)),
                                                  testing::fresh_seed(), c.memory, c.out);
   testing::Problem two_step = fused;  // deep copies: the same inputs, O and LSE poisoned with NaN
+  testing::Problem gathered = fused;
   SCOPED_TRACE(fused.label);
   PlanCache cache;
   const PackedCall packed = gather_call(c, fused, cache);
@@ -105,28 +108,38 @@ void expect_scattered_matches_two_step(const Backend& backend, const ScatterCase
 
   backend.run_scattered(packed.call, ScatteredOutput{g, c.order, c.to, c.targets, fused.o.view(),
                                                      c.with_lse ? fused.lse.view() : LseView{}});
+  // The same heads read in place: no packed copies (the call's inputs empty).
+  AttentionCall in_place = packed.call;
+  in_place.q = in_place.k = in_place.v = TensorView{};
+  const AttentionCall sources = gathered.call();
+  backend.run_gathered(in_place, GatheredInput{g, c.to, c.order, c.targets, sources.q, sources.k, sources.v},
+                       ScatteredOutput{g, c.order, c.to, c.targets, gathered.o.view(),
+                                       c.with_lse ? gathered.lse.view() : LseView{}});
 
-  EXPECT_TRUE(fused.o.guards_intact() && fused.lse.guards_intact()) << "guard bytes around O or LSE overwritten";
-  const TensorView a = fused.o.view(), b = two_step.o.view();
-  std::int64_t mismatched_o = 0, written_o = 0, mismatched_lse = 0, written_lse = 0;
-  for (std::int64_t batch = 0; batch < c.full.batch; ++batch)
-    for (std::int64_t n = 0; n < g.tokens(); ++n)
-      for (std::int64_t h = 0; h < c.full.heads; ++h) {
-        for (std::int64_t d = 0; d < c.full.head_dim; ++d) {
-          const float x = a.load(batch, n, h, d), y = b.load(batch, n, h, d);
-          mismatched_o += std::memcmp(&x, &y, sizeof(float)) != 0;
-          written_o += !std::isnan(x);
+  for (testing::Problem* run : {&fused, &gathered}) {
+    SCOPED_TRACE(run == &fused ? "scattered output" : "gathered input");
+    EXPECT_TRUE(run->o.guards_intact() && run->lse.guards_intact()) << "guard bytes around O or LSE overwritten";
+    const TensorView a = run->o.view(), b = two_step.o.view();
+    std::int64_t mismatched_o = 0, written_o = 0, mismatched_lse = 0, written_lse = 0;
+    for (std::int64_t batch = 0; batch < c.full.batch; ++batch)
+      for (std::int64_t n = 0; n < g.tokens(); ++n)
+        for (std::int64_t h = 0; h < c.full.heads; ++h) {
+          for (std::int64_t d = 0; d < c.full.head_dim; ++d) {
+            const float x = a.load(batch, n, h, d), y = b.load(batch, n, h, d);
+            mismatched_o += std::memcmp(&x, &y, sizeof(float)) != 0;
+            written_o += !std::isnan(x);
+          }
+          const float x = run->lse.view().at(batch, h, n), y = two_step.lse.view().at(batch, h, n);
+          mismatched_lse += std::memcmp(&x, &y, sizeof(float)) != 0;
+          written_lse += !std::isnan(x);
         }
-        const float x = fused.lse.view().at(batch, h, n), y = two_step.lse.view().at(batch, h, n);
-        mismatched_lse += std::memcmp(&x, &y, sizeof(float)) != 0;
-        written_lse += !std::isnan(x);
-      }
-  EXPECT_EQ(mismatched_o, 0) << "the scattered output holds other O values than the two-step path";
-  EXPECT_EQ(mismatched_lse, 0);
-  // Exactly the computed listed heads' rows were stored (the others keep the NaN poison).
-  const std::int64_t stored = count - (c.skipped >= 0 ? 1 : 0);
-  EXPECT_EQ(written_o, c.full.batch * stored * g.tokens() * c.full.head_dim);
-  EXPECT_EQ(written_lse, c.with_lse ? c.full.batch * stored * g.tokens() : 0);
+    EXPECT_EQ(mismatched_o, 0) << "other O values than the two-step path";
+    EXPECT_EQ(mismatched_lse, 0);
+    // Exactly the computed listed heads' rows were stored (the others keep the NaN poison).
+    const std::int64_t stored = count - (c.skipped >= 0 ? 1 : 0);
+    EXPECT_EQ(written_o, c.full.batch * stored * g.tokens() * c.full.head_dim);
+    EXPECT_EQ(written_lse, c.with_lse ? c.full.batch * stored * g.tokens() : 0);
+  }
 }
 
 // Two plans among the packed heads, text before and after the video, ragged
@@ -154,7 +167,7 @@ TEST(CpuScatteredOutput, IsTheGatheredCallScatteredOnEveryIsa) {
   for (const Isa isa : testing::isas_of_this_machine()) {
     SCOPED_TRACE(std::string(to_string(isa)));
     const auto backend = make_cpu_backend({isa, 2});
-    ASSERT_TRUE(backend->runs_scattered());
+    ASSERT_TRUE(backend->runs_scattered() && backend->runs_gathered());
     for (const ScatterCase& c : cases) expect_scattered_matches_two_step(*backend, c);
   }
 }
@@ -246,6 +259,79 @@ TEST(CpuScatteredOutput, BadScatteredOutputsAreRefusedBeforeAnythingIsWritten) {
   const Backend& reference = stsa::backend("reference");
   EXPECT_FALSE(reference.runs_scattered());
   EXPECT_THROW(reference.run_scattered(packed.call, out), Unsupported);
+}
+
+// The gathered input's own checks (gathered_call_for_checks), each refused with
+// a message naming it before any output is written (the scattered output's are
+// the test above's); a backend that does not read gathered inputs says so.
+TEST(CpuScatteredOutput, BadGatheredInputsAreRefusedBeforeAnythingIsWritten) {
+  const VideoLayout full{{3, 4, 5, 6, TextPlacement::After}, 1, 3, 64};
+  testing::Problem problem = testing::make_problem(full, DType::F32, std::vector<HeadMask>(3), testing::fresh_seed());
+  PlanCache cache;
+  const ScatterCase c{full, DType::F32, DType::F32, MemoryLayout::BNHD, TokenOrder::SpatialMajor, {2, 0}};
+  const PackedCall packed = gather_call(c, problem, cache);
+  AttentionCall call = packed.call;
+  call.q = call.k = call.v = TensorView{};
+  // Sources of their own, so that the output (the problem's o) overlaps none of them.
+  const testing::Problem sources_problem =
+      testing::make_problem(full, DType::F32, std::vector<HeadMask>(3), testing::fresh_seed());
+  const AttentionCall sources = sources_problem.call();
+  const std::vector<std::int64_t> heads = c.targets, outside = {0, 3}, one = {0};
+  const GatheredInput in{full.grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, heads,
+                         sources.q, sources.k, sources.v};
+  const ScatteredOutput out{full.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, problem.o.view(),
+                            problem.lse.view()};
+  const auto backend = make_cpu_backend({Isa::Auto, 2});
+  const auto expect_invalid = [&](const AttentionCall& the_call, const GatheredInput& the_in,
+                                  const ScatteredOutput& the_out, const std::string& fragment) {
+    try {
+      backend->run_gathered(the_call, the_in, the_out);
+      ADD_FAILURE() << "accepted; expected an error naming '" << fragment << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expect_invalid(packed.call, in, out, "call.q, call.k and call.v must be empty");
+  GatheredInput bad = in;
+  bad.heads = outside;
+  expect_invalid(call, bad, out, "input head 3 out of range");
+  bad.heads = one;
+  expect_invalid(call, bad, out, "1 input heads for 2 heads");
+  bad = in;
+  bad.grid.frames = 2;
+  expect_invalid(call, bad, out, "input grid");
+  bad = in;
+  bad.to = TokenOrder::FrameMajor;  // the heads' plans are spatial-major
+  expect_invalid(call, bad, out, "the input gives frame-major");
+  bad = in;
+  bad.from = TokenOrder(7);
+  expect_invalid(call, bad, out, "not TokenOrder values");
+  bad = in;
+  bad.v.data = nullptr;
+  expect_invalid(call, bad, out, "no input tensor");
+  bad = in;
+  bad.k.shape[3] = 32;
+  expect_invalid(call, bad, out, "gathered k has shape");
+  bad = in;
+  bad.q.stride[2] = full.head_dim / 2;  // the heads overlap each other
+  expect_invalid(call, bad, out, "gathered q has overlapping strides");
+  bad = in;
+  bad.v = problem.o.view();  // V read from the output being written
+  expect_invalid(call, bad, out, "o overlaps an input");
+  for (std::int64_t b = 0; b < full.batch; ++b)
+    for (std::int64_t n = 0; n < full.tokens(); ++n)
+      for (std::int64_t h = 0; h < full.heads; ++h) {
+        ASSERT_TRUE(std::isnan(problem.lse.view().at(b, h, n))) << "LSE written by a refused call";
+        for (std::int64_t d = 0; d < full.head_dim; ++d)
+          ASSERT_TRUE(std::isnan(problem.o.view().load(b, n, h, d))) << "O written by a refused call";
+      }
+  // The valid call runs.
+  backend->run_gathered(call, in, out);
+  EXPECT_FALSE(std::isnan(problem.lse.view().at(0, 2, 0)));
+
+  const Backend& reference = stsa::backend("reference");
+  EXPECT_FALSE(reference.runs_gathered());
+  EXPECT_THROW(reference.run_gathered(call, in, out), Unsupported);
 }
 
 // Overlaps that only the full tensors show (the narrowed views of the call's

@@ -40,8 +40,10 @@ void check_given_decisions(const VideoLayout& layout, DType dtype, std::uint64_t
     for (const auto& d : decisions) temporal += d.route == Route::Temporal;
     EXPECT_EQ(std::int64_t(r.temporal.size()), temporal);
     EXPECT_GT(r.kept_tile_flops, 0.0);
+    // The CPU backend reads and stores the temporal heads in place: no permutation pass.
+    EXPECT_EQ(r.gather_fused, temporal > 0 && backend->runs_gathered() && backend->runs_scattered());
     if (temporal > 0) {
-      EXPECT_GT(r.permutation_bytes, 0.0);
+      EXPECT_EQ(r.permutation_bytes > 0.0, !r.gather_fused);
     }
   }
 }
@@ -118,6 +120,44 @@ class FusingHostExecutor final : public RoutedExecutor {
  private:
   HostRoutedExecutor host_;
 };
+
+// The host executor on the CPU backend reads the temporal heads' Q, K, V in
+// place and stores their O, LSE in place: nothing allocated, no permutation
+// pass, and the same bytes as with the gather as a pass (fuse_gather off) and
+// with both passes (fuse_scatter off).
+TEST(RoutedAttention, AFusedGatherReadsInPlaceAndMatchesThePasses) {
+  const VideoLayout layout{{5, 7, 9, 13, TextPlacement::Before}, 2, 5, 64};
+  const testing::CyclingDecisions given = testing::cycling_decisions(layout);
+  const std::uint64_t seed = testing::fresh_seed();
+  const Backend& cpu = backend("cpu");
+  PlanCache plans;
+  std::vector<testing::Problem> problems;
+  std::vector<RoutedResult> results;
+  for (const int mode : {0, 1, 2}) {  // both fused, the gather as a pass, both as passes
+    RoutedOptions options;
+    options.fuse_gather = mode == 0;
+    options.fuse_scatter = mode < 2;
+    problems.push_back(testing::make_problem(layout, DType::BF16, given.reference_masks, seed));
+    results.push_back(run_routed(cpu, plans, routed_call(problems.back()), given.decisions, options));
+  }
+  ASSERT_FALSE(results[0].temporal.empty());
+  EXPECT_TRUE(results[0].gather_fused && results[0].scatter_fused);
+  EXPECT_EQ(results[0].permutation_bytes, 0.0);
+  EXPECT_TRUE(!results[1].gather_fused && results[1].scatter_fused);
+  EXPECT_TRUE(!results[2].gather_fused && !results[2].scatter_fused);
+  const testing::Comparison cmp = testing::compare_with_reference(problems[0]);
+  EXPECT_TRUE(cmp.ok()) << cmp.failure;
+  for (const int other : {1, 2}) {
+    SCOPED_TRACE(other);
+    const TensorView a = problems[0].o.view(), b = problems[std::size_t(other)].o.view();
+    EXPECT_EQ(std::memcmp(a.data, b.data, std::size_t(a.numel()) * element_size(a.dtype)), 0);
+    const LseView la = problems[0].lse.view(), lb = problems[std::size_t(other)].lse.view();
+    for (std::int64_t batch = 0; batch < layout.batch; ++batch)
+      for (std::int64_t h = 0; h < layout.heads; ++h)
+        for (std::int64_t n = 0; n < layout.tokens(); ++n)
+          ASSERT_EQ(std::memcmp(&la.at(batch, h, n), &lb.at(batch, h, n), sizeof(float)), 0) << h << " " << n;
+  }
+}
 
 // run_routed() with an executor that fuses the scatter: no packed output, no
 // scatter pass, the gather alone counted as permutation, and the same answer
@@ -368,10 +408,19 @@ TEST(RoutedAttention, TimesBytesAndFlopsFollowTheirDefinitions) {
 
   // Fused scatter (the CPU backend stores in place): the gather alone.
   testing::Problem fused = testing::make_problem(layout, DType::BF16, given.reference_masks, testing::fresh_seed());
-  const RoutedResult f = run_routed(backend("cpu"), plans, routed_call(fused), given.decisions);
-  ASSERT_TRUE(f.scatter_fused);
+  RoutedOptions scatter_only;
+  scatter_only.fuse_gather = false;
+  const RoutedResult f = run_routed(backend("cpu"), plans, routed_call(fused), given.decisions, scatter_only);
+  ASSERT_TRUE(f.scatter_fused && !f.gather_fused);
   EXPECT_EQ(f.permutation_bytes, gather);
   EXPECT_EQ(f.kept_tile_flops, flops);
+
+  // Both fused (the CPU backend also reads in place): no permutation pass at all.
+  const RoutedResult g = run_routed(backend("cpu"), plans, routed_call(fused), given.decisions);
+  ASSERT_TRUE(g.scatter_fused && g.gather_fused);
+  EXPECT_EQ(g.permutation_bytes, 0.0);
+  EXPECT_EQ(g.permutation_ms, 0.0);
+  EXPECT_EQ(g.kept_tile_flops, flops);
 }
 
 }  // namespace

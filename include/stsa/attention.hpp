@@ -83,6 +83,28 @@ struct ScatteredOutput {
 // and supports() (what the narrowing hides is what is checked here).
 AttentionCall scattered_call_for_checks(const AttentionCall& call, const ScatteredOutput& out);
 
+// Where a call's Q, K and V come from when the gather of routed attention's
+// temporal heads is part of the attention's loads (Backend::run_gathered): the
+// call's head j reads head heads[j] of q, k and v (the full [B, N, H, D] tensors,
+// tokens in `from` order) with its tokens in `to` order, as gather_heads
+// (permute.hpp) would pack them. No packed copies, no gather pass.
+struct GatheredInput {
+  VideoGrid grid;
+  TokenOrder from = TokenOrder::FrameMajor;
+  TokenOrder to = TokenOrder::SpatialMajor;
+  std::span<const std::int64_t> heads;  // one per head of the call, in [0, q.heads())
+  TensorView q, k, v;
+};
+
+// The checks of a gathered call (on top of scattered_call_for_checks(), which
+// it runs with the full inputs): call.q, call.k and call.v empty, the grid and
+// the orders (the call's heads in `in.to` order), the head map, the full
+// inputs (shapes, dtypes, strides). Returns the call with in.q, in.k and in.v
+// narrowed to its head count in the roles of q, k and v, and out.o and out.lse
+// in those of o and lse, for validate() and supports().
+AttentionCall gathered_call_for_checks(const AttentionCall& call, const GatheredInput& in,
+                                       const ScatteredOutput& out);
+
 struct Support {
   bool ok = true;
   std::string why;  // set when !ok
@@ -100,6 +122,12 @@ class Backend {
   // run() with O and LSE stored where `out` says; call.o and call.lse must be
   // empty. Checked as run() checks a call, plus scattered_call_for_checks().
   virtual void run_scattered(const AttentionCall& call, const ScatteredOutput& out) const;
+  // Whether run_gathered() computes here (else it throws Unsupported).
+  virtual bool runs_gathered() const { return false; }
+  // run_scattered() with Q, K and V read where `in` says; call.q, call.k and
+  // call.v must be empty. Checked as run() checks a call, plus
+  // gathered_call_for_checks().
+  virtual void run_gathered(const AttentionCall& call, const GatheredInput& in, const ScatteredOutput& out) const;
 };
 
 // Registered backends: "reference", "cpu", and "cuda" when built with it.

@@ -65,6 +65,9 @@ struct RoutedOptions {
   // Where the executor offers it (the CPU and CUDA backends do): the packed call stores the temporal
   // heads' O and LSE in place, instead of a packed output and a scatter pass.
   bool fuse_scatter = true;
+  // Where the executor offers it (the CPU backend does) and the scatter is fused: the packed call
+  // reads the temporal heads' Q, K and V in place, instead of packed copies and a gather pass.
+  bool fuse_gather = true;
   // false: the steps are not timed (RoutedResult::timed false), and an asynchronous executor's
   // call returns once every step is enqueued, without waiting for them: a GPU caller's next
   // work queues behind them instead of the host waiting (routing, where the call routes,
@@ -77,10 +80,11 @@ struct RoutedResult {
   std::vector<std::int64_t> temporal; // heads run in spatial-major order
   double routing_ms = 0;              // 0 when decisions were given
   double routing_flops = 0;
-  double permutation_ms = 0;          // gather + scatter (the gather alone when scatter_fused)
+  double permutation_ms = 0;          // gather + scatter (the gather alone when scatter_fused; 0 when both fused)
   double permutation_bytes = 0;       // read + written by those passes
   double attention_ms = 0;            // both backend calls
   bool scatter_fused = false;         // the packed call stored O and LSE in place
+  bool gather_fused = false;          // and read Q, K and V in place (no packed copies)
   bool timed = true;                  // false: no times (RoutedOptions::timed off, or a CUDA graph capture)
   double kept_tile_flops = 0;         // what the backend's tiles compute (all heads, all batch entries)
 
@@ -124,6 +128,16 @@ class RoutedExecutor {
   }
   // The packed call (its o and lse empty) with its output stored as `out` says.
   virtual void attend_scattered(const Backend& backend, const AttentionCall& packed, const ScatteredOutput& out);
+  // Whether attend_gathered() runs on `backend` (the attention also reading
+  // the temporal heads' Q, K and V in place: steps 4 to 6 in one, nothing
+  // allocated). Such an executor's prepare() is not given that call.
+  virtual bool fuses_gather(const Backend& backend) const {
+    (void)backend;
+    return false;
+  }
+  // The packed call (its q, k, v, o and lse empty) reading `in`, storing `out`.
+  virtual void attend_gathered(const Backend& backend, const AttentionCall& packed, const GatheredInput& in,
+                               const ScatteredOutput& out);
   // Each backend call (the direct one, even with no head to compute; then the
   // packed one, with `out` when the scatter is fused), before any step is
   // enqueued: where the executor records rather than runs (a CUDA graph
@@ -153,6 +167,10 @@ class HostRoutedExecutor final : public RoutedExecutor {
   // Where the backend stores a scattered output (Backend::runs_scattered).
   bool fuses_scatter(const Backend& backend) const override;
   void attend_scattered(const Backend& backend, const AttentionCall& packed, const ScatteredOutput& out) override;
+  // Where the backend reads a gathered input (Backend::runs_gathered).
+  bool fuses_gather(const Backend& backend) const override;
+  void attend_gathered(const Backend& backend, const AttentionCall& packed, const GatheredInput& in,
+                       const ScatteredOutput& out) override;
   int mark() override;
   double elapsed_ms(int from, int to) override;
 

@@ -256,6 +256,7 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"permutation_ms", run.permutation_ms},
       {"permutation_gbps", run.permutation_gbps()},
       {"scatter_fused", run.scatter_fused},
+      {"gather_fused", run.gather_fused},
       {"copy_gbps", copy_gbps},
       {"permutation_fraction_of_copy", copy_gbps > 0 ? run.permutation_gbps() / copy_gbps : 0.0},
       {"routing_share", run.attention_ms > 0 ? overhead_ms / run.attention_ms : 0.0},
@@ -291,7 +292,9 @@ void print_text(const nlohmann::json& r) {
               "attention %.2f ms; routing + permutation = %.2f%% of attention\n",
               r["permutation_ms"].get<double>(), r["permutation_gbps"].get<double>(),
               r["permutation_fraction_of_copy"].get<double>(), r["copy_gbps"].get<double>(),
-              r["scatter_fused"].get<bool>() ? "; the gather alone: O and LSE stored in place by the kernel" : "",
+              r["gather_fused"].get<bool>()    ? "; none: the kernel reads Q, K, V and stores O, LSE in place"
+              : r["scatter_fused"].get<bool>() ? "; the gather alone: O and LSE stored in place by the kernel"
+                                               : "",
               r["attention_ms"].get<double>(), 100.0 * r["routing_share"].get<double>());
 }
 

@@ -87,6 +87,46 @@ void Backend::run_scattered(const AttentionCall& call, const ScatteredOutput& ou
   throw Unsupported(detail::concat("the ", name(), " backend does not store a scattered output"));
 }
 
+AttentionCall gathered_call_for_checks(const AttentionCall& call, const GatheredInput& in,
+                                       const ScatteredOutput& out) {
+  STSA_CHECK(call.q.data == nullptr && call.k.data == nullptr && call.v.data == nullptr, InvalidArgument,
+             "gathered input: call.q, call.k and call.v must be empty (the inputs are read from the gathered tensors)");
+  STSA_CHECK(in.q.data != nullptr && in.k.data != nullptr && in.v.data != nullptr, InvalidArgument,
+             "gathered input: no input tensor");
+  call.layout.validate();
+  STSA_CHECK(in.grid == call.layout.grid, InvalidArgument, "gathered input: the input grid ", in.grid.describe(),
+             " is not the call's ", call.layout.grid.describe());
+  STSA_CHECK(is_token_order(in.from) && is_token_order(in.to), InvalidArgument,
+             "gathered input: the token orders are not TokenOrder values");
+  for (std::size_t h = 0; h < call.heads.size(); ++h)
+    STSA_CHECK(!call.heads[h].compute || call.heads[h].order == in.to, InvalidArgument, "gathered input: head ", h,
+               "'s tokens are in ", to_string(call.heads[h].order), " order, the input gives ", to_string(in.to));
+  VideoLayout full = call.layout;
+  full.heads = in.q.heads();
+  validate_tensor("gathered q", in.q, full);
+  validate_tensor("gathered k", in.k, full);
+  validate_tensor("gathered v", in.v, full);
+  const std::int64_t count = call.layout.heads;
+  STSA_CHECK(std::int64_t(in.heads.size()) == count, InvalidArgument, "gathered input: ", in.heads.size(),
+             " input heads for ", count, " heads");
+  for (const std::int64_t h : in.heads)
+    STSA_CHECK(h >= 0 && h < full.heads, InvalidArgument, "gathered input: input head ", h, " out of range [0, ",
+               full.heads, ")");
+  // The scattered output's checks against the whole inputs (overlaps included).
+  AttentionCall whole = call;
+  whole.q = in.q;
+  whole.k = in.k;
+  whole.v = in.v;
+  AttentionCall checked = scattered_call_for_checks(whole, out);
+  for (TensorView* t : {&checked.q, &checked.k, &checked.v}) t->shape[2] = count;
+  return checked;
+}
+
+void Backend::run_gathered(const AttentionCall& call, const GatheredInput& in, const ScatteredOutput& out) const {
+  (void)call, (void)in, (void)out;
+  throw Unsupported(detail::concat("the ", name(), " backend does not read a gathered input"));
+}
+
 void validate_tensor(const char* name, const TensorView& t, const VideoLayout& layout) {
   layout.validate();
   STSA_CHECK(t.data != nullptr, InvalidArgument, name, " is null");

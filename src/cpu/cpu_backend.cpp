@@ -119,41 +119,58 @@ class CpuBackend final : public Backend {
 
   void run(const AttentionCall& call) const override {
     validate(call, /*require_plans=*/true);
-    run_checked(call, RowDestination{call.o, call.lse});
+    run_checked(call, RowSource{call.q, call.k, call.v}, RowDestination{call.o, call.lse});
   }
 
   bool runs_scattered() const override { return true; }
 
   void run_scattered(const AttentionCall& call, const ScatteredOutput& out) const override {
     validate(scattered_call_for_checks(call, out), /*require_plans=*/true);
-    // Where each of the call's token positions lands in the output's order.
-    std::vector<std::int64_t> tokens;
-    if (out.from != out.to) {
-      try {
-        tokens.resize(std::size_t(out.grid.tokens()));
-      } catch (const std::bad_alloc&) {
-        throw ResourceError("cpu backend: out of memory for the scattered output's token map");
-      }
-      for (std::int64_t n = 0; n < out.grid.tokens(); ++n)
-        tokens[std::size_t(n)] = out.grid.position(out.grid.coord(n, out.from), out.to);
-    }
-    run_checked(call, RowDestination{out.o, out.lse, out.heads.data(), tokens.empty() ? nullptr : tokens.data()});
+    const std::vector<std::int64_t> tokens = token_map(out.grid, out.from, out.to, "scattered output");
+    run_checked(call, RowSource{call.q, call.k, call.v},
+                RowDestination{out.o, out.lse, out.heads.data(), tokens.empty() ? nullptr : tokens.data()});
+  }
+
+  bool runs_gathered() const override { return true; }
+
+  void run_gathered(const AttentionCall& call, const GatheredInput& in, const ScatteredOutput& out) const override {
+    const AttentionCall checked = gathered_call_for_checks(call, in, out);
+    validate(checked, /*require_plans=*/true);
+    // The call's row n is source token rows[n]; its output row n lands at token tokens[n].
+    const std::vector<std::int64_t> rows = token_map(in.grid, in.to, in.from, "gathered input");
+    const std::vector<std::int64_t> tokens = token_map(out.grid, out.from, out.to, "scattered output");
+    run_checked(checked, RowSource{in.q, in.k, in.v, in.heads.data(), rows.empty() ? nullptr : rows.data()},
+                RowDestination{out.o, out.lse, out.heads.data(), tokens.empty() ? nullptr : tokens.data()});
   }
 
  private:
-  void run_checked(const AttentionCall& call, const RowDestination& out) const {
+  // Position n in order `from` -> its position in order `to`; empty where the orders agree.
+  static std::vector<std::int64_t> token_map(const VideoGrid& grid, TokenOrder from, TokenOrder to, const char* what) {
+    std::vector<std::int64_t> map;
+    if (from == to) return map;
+    try {
+      map.resize(std::size_t(grid.tokens()));
+    } catch (const std::bad_alloc&) {
+      throw ResourceError(detail::concat("cpu backend: out of memory for the ", what, "'s token map"));
+    }
+    for (std::int64_t n = 0; n < grid.tokens(); ++n) map[std::size_t(n)] = grid.position(grid.coord(n, from), to);
+    return map;
+  }
+
+  // `call` gives the layout, dtypes, heads and scale; its rows are read from `in` and stored to `out`.
+  void run_checked(const AttentionCall& call, const RowSource& in, const RowDestination& out) const {
     const Support support = supports(call);
     if (!support.ok) throw Unsupported(support.why);
     std::lock_guard<std::mutex> lock(mutex_);
     if (!pool_) pool_ = std::make_unique<ThreadPool>(threads_);
     try {
-      compute(call, out);
+      compute(call, in, out);
     } catch (const std::bad_alloc&) {
       throw ResourceError("cpu backend: out of memory for the packed K/V panels or scratch buffers");
     }
   }
 
-  void compute(const AttentionCall& call, const RowDestination& out) const {
+  void compute(const AttentionCall& call, const RowSource& in, const RowDestination& out) const {
     const VideoLayout& layout = call.layout;
     const std::int64_t d = layout.head_dim;
     const bool amx = kernel_isa(isa_.isa, call) == Isa::Amx;
@@ -218,7 +235,7 @@ class CpuBackend final : public Backend {
       }
       panels.resize(floats);
       if (bf16_pairs) pair_panels_.resize(pair_words);
-      run_chunk(call, out, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, amx,
+      run_chunk(call, in, out, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, amx,
                 attend, q_scale, exp_scale, score_scale, scratch);
       first = last;
     }
@@ -226,7 +243,7 @@ class CpuBackend final : public Backend {
 
   // pair_panels: bf16-pair K panels (S = Q K^T from bf16 pairs), and with `amx`
   // the V ones too; nullptr for the fp32 path.
-  void run_chunk(const AttentionCall& call, const RowDestination& out, std::vector<PairWork>& pairs,
+  void run_chunk(const AttentionCall& call, const RowSource& in, const RowDestination& out, std::vector<PairWork>& pairs,
                  std::size_t first, std::size_t last, float* panels, std::uint32_t* pair_panels, bool amx,
                  AttendFn attend, float q_scale, float exp_scale, double score_scale,
                  std::vector<WorkerScratch>& scratch) const {
@@ -259,7 +276,7 @@ class CpuBackend final : public Backend {
       std::uint32_t* kt_pairs = pair_panels ? pair_panels + pw.pair_offset + tile * d / 2 * tile_k : nullptr;
       std::uint32_t* v_pairs = amx ? pair_panels + pw.v_pair_offset + tile * tile_k / 2 * d : nullptr;
       packed[std::size_t(i)] =
-          pack_kv_tile(call.k, call.v, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs, v_pairs);
+          pack_kv_tile(in, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs, v_pairs);
     });
     for (std::size_t i = 0; i < packs.size(); ++i) {
       pairs[packs[i].pair].v_nonfinite |= packed[i].nonfinite;
@@ -287,12 +304,14 @@ class CpuBackend final : public Backend {
       const std::int64_t q0 = std::int64_t(item.q_tile) * tile_q;
       const int rows = int(std::min<std::int64_t>(tile_q, n - q0));
       // Q as fp32 rows, or for the bf16 dot products as its own bf16 pairs.
+      const std::int64_t q_head = in.head(pw.head);
       for (int r = 0; r < rows; ++r) {
-        if (r + kPrefetchRowsAhead < rows) prefetch_row(call.q, pw.batch, q0 + r + kPrefetchRowsAhead, pw.head);
+        if (r + kPrefetchRowsAhead < rows) prefetch_row(in.q, pw.batch, in.token(q0 + r + kPrefetchRowsAhead), q_head);
+        const std::int64_t token = in.token(q0 + r);
         if (pair_panels != nullptr)
-          load_row_pairs(call.q, pw.batch, q0 + r, pw.head, q_scale < 0, w.q_pairs.data() + r * d / 2);
+          load_row_pairs(in.q, pw.batch, token, q_head, q_scale < 0, w.q_pairs.data() + r * d / 2);
         else
-          load_row(call.q, pw.batch, q0 + r, pw.head, q_scale, w.q.data() + r * d);
+          load_row(in.q, pw.batch, token, q_head, q_scale, w.q.data() + r * d);
       }
       if (amx)
         std::fill(w.q_pairs.data() + std::int64_t(rows) * d / 2, w.q_pairs.data() + round_up(rows, kAmxRowPad) * d / 2,

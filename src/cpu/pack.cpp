@@ -59,8 +59,10 @@ void prefetch_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int6
   }
 }
 
-PackedV pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t tile,
-                     int tile_k, float* kt, float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs) {
+PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
+                     float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs) {
+  const TensorView &k = in.k, &v = in.v;
+  const std::int64_t head = in.head(h);
   const std::int64_t d_count = k.head_dim();
   const std::int64_t n0 = tile * tile_k;
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
@@ -68,17 +70,18 @@ PackedV pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, s
   PackedV flags;
   for (std::int64_t c = 0; c < valid; ++c) {
     if (c + kPrefetchRowsAhead < valid) {
-      prefetch_row(k, b, n0 + c + kPrefetchRowsAhead, h);
-      prefetch_row(v, b, n0 + c + kPrefetchRowsAhead, h);
+      prefetch_row(k, b, in.token(n0 + c + kPrefetchRowsAhead), head);
+      prefetch_row(v, b, in.token(n0 + c + kPrefetchRowsAhead), head);
     }
-    load_row(k, b, n0 + c, h, 1.0f, row);
+    const std::int64_t n = in.token(n0 + c);
+    load_row(k, b, n, head, 1.0f, row);
     if (kt_pairs != nullptr) {
       for (std::int64_t i = 0; i < d_count / 2; ++i) kt_pairs[i * tile_k + c] = bf16_pair(row[2 * i], row[2 * i + 1]);
     } else {
       for (std::int64_t d = 0; d < d_count; ++d) kt[d * tile_k + c] = row[d];
     }
     float* vr = v_rows + c * d_count;
-    load_row(v, b, n0 + c, h, 1.0f, vr);
+    load_row(v, b, n, head, 1.0f, vr);
     for (std::int64_t d = 0; d < d_count; ++d) {
       const float a = std::fabs(vr[d]);
       flags.nonfinite |= !(a <= std::numeric_limits<float>::max());

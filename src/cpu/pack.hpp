@@ -35,7 +35,19 @@ inline std::uint32_t bf16_pair(float low, float high) {
   return (l >> 16) | (h & 0xffff0000u);
 }
 
-// Packs key tile `tile` of (b, h): K transposed into kt [head_dim][tile_k] (or,
+// Where a call's rows come from: row n of the call's head h is token tokens[n]
+// (n when null) of head heads[h] (h when null) of q, k and v: a gathered input
+// (GatheredInput) reads routed attention's temporal heads in place.
+struct RowSource {
+  TensorView q, k, v;
+  const std::int64_t* heads = nullptr;
+  const std::int64_t* tokens = nullptr;
+
+  std::int64_t head(std::int64_t h) const { return heads ? heads[h] : h; }
+  std::int64_t token(std::int64_t n) const { return tokens ? tokens[n] : n; }
+};
+
+// Packs key tile `tile` of the call's (b, h) from `in`: K transposed into kt [head_dim][tile_k] (or,
 // when kt_pairs is given, as bf16 pairs of channels into kt_pairs
 // [head_dim / 2][tile_k]; kt is then unused and may be null) and V into v
 // [tile_k][head_dim], and when v_pairs is given also as bf16 pairs of consecutive
@@ -48,9 +60,8 @@ struct PackedV {
 // Far below any V a model makes, and far above where a product with a part of a P
 // that matters (>= 2^-60) would fall under the 2^-126 that bf16 tile products flush.
 inline constexpr float kTinyV = 0x1p-64f;
-PackedV pack_kv_tile(const TensorView& k, const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t tile,
-                     int tile_k, float* kt, float* v_rows, std::uint32_t* kt_pairs = nullptr,
-                     std::uint32_t* v_pairs = nullptr);
+PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
+                     float* v_rows, std::uint32_t* kt_pairs = nullptr, std::uint32_t* v_pairs = nullptr);
 
 // Where finished rows go: row n of the call's head h lands at token tokens[n]
 // (n when null) of head heads[h] (h when null) of o and lse: a scattered

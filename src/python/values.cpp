@@ -59,6 +59,7 @@ nb::dict result_dict(const RoutedResult& r) {
   d["attention_ms"] = r.timed ? nb::object(nb::float_(r.attention_ms)) : nb::none();
   d["kept_tile_flops"] = r.kept_tile_flops;
   d["scatter_fused"] = r.scatter_fused;
+  d["gather_fused"] = r.gather_fused;
   return d;
 }
 

@@ -64,11 +64,12 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
   // buffers and both backend calls are set up (and prepared) before any step
   // is enqueued.
   const bool fused = count > 0 && options.fuse_scatter && executor.fuses_scatter(backend);
+  const bool fused_gather = fused && options.fuse_gather && executor.fuses_gather(backend);
   PackedHeads packed_heads;
   AttentionCall gathered;
   std::optional<ScatteredOutput> scattered;
   if (count > 0) {
-    packed_heads = executor.allocate(call, count, /*with_output=*/!fused);
+    if (!fused_gather) packed_heads = executor.allocate(call, count, /*with_output=*/!fused);
     gathered.layout = VideoLayout{layout.grid, layout.batch, count, layout.head_dim};
     gathered.q = packed_heads.q;
     gathered.k = packed_heads.k;
@@ -88,7 +89,7 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
   // The direct call even with every head temporal (nothing to compute): its
   // checks of o and lse then come before the gather, not at the scatter.
   executor.prepare(backend, direct, nullptr);
-  if (count > 0) executor.prepare(backend, gathered, scattered ? &*scattered : nullptr);
+  if (count > 0 && !fused_gather) executor.prepare(backend, gathered, scattered ? &*scattered : nullptr);
 
   // Times are read after everything was enqueued, so an asynchronous executor never waits in between.
   int direct_start = -1, direct_end = -1;
@@ -102,6 +103,17 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
     return result;
   }
 
+  if (fused_gather) {
+    const int start = mark();
+    executor.attend_gathered(backend, gathered,
+                             GatheredInput{layout.grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor,
+                                           result.temporal, call.q, call.k, call.v},
+                             *scattered);
+    result.attention_ms = elapsed_ms(start, mark());
+    if (count < layout.heads) result.attention_ms += elapsed_ms(direct_start, direct_end);
+    result.scatter_fused = result.gather_fused = true;
+    return result;
+  }
   const int gather_start = mark();
   const TensorView sources[] = {call.q, call.k, call.v};
   const TensorView packed[] = {packed_heads.q, packed_heads.k, packed_heads.v};
@@ -137,6 +149,12 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
 void RoutedExecutor::attend_scattered(const Backend& backend, const AttentionCall& packed, const ScatteredOutput& out) {
   (void)backend, (void)packed, (void)out;
   throw Unsupported("this routed executor does not fuse the scatter into the attention");
+}
+
+void RoutedExecutor::attend_gathered(const Backend& backend, const AttentionCall& packed, const GatheredInput& in,
+                                     const ScatteredOutput& out) {
+  (void)backend, (void)packed, (void)in, (void)out;
+  throw Unsupported("this routed executor does not fuse the gather into the attention");
 }
 
 PackedHeads HostRoutedExecutor::allocate(const RoutedCall& call, std::int64_t count, bool with_output) {
@@ -181,6 +199,13 @@ bool HostRoutedExecutor::fuses_scatter(const Backend& backend) const { return ba
 void HostRoutedExecutor::attend_scattered(const Backend& backend, const AttentionCall& packed,
                                           const ScatteredOutput& out) {
   backend.run_scattered(packed, out);
+}
+
+bool HostRoutedExecutor::fuses_gather(const Backend& backend) const { return backend.runs_gathered(); }
+
+void HostRoutedExecutor::attend_gathered(const Backend& backend, const AttentionCall& packed, const GatheredInput& in,
+                                         const ScatteredOutput& out) {
+  backend.run_gathered(packed, in, out);
 }
 
 int HostRoutedExecutor::mark() {

@@ -134,7 +134,7 @@ def main():
         (["route", "--synthetic", "--dtype", "bf16", "--frames", "13", "--height", "12", "--width", "16", "--heads", "8",
           "--head-dim", "64", "--density", "0.25", "--seed", "1", "--json"],
          ["heads", "accuracy", "decisions", "rel_l2_err", "rel_l2_err_first_block_anchor", "routing_ms",
-          "attention_ms", "device", "routing_device_ms", "scatter_fused"]),
+          "attention_ms", "device", "routing_device_ms", "scatter_fused", "gather_fused"]),
         # bf16: where the CPU has AMX the tile kernel runs, and the rates are fractions of its peak.
         (["bench", "--frames", "3", "--height", "8", "--width", "8", "--heads", "2", "--head-dim", "64",
           "--mask", "spatial", "--density", "0.25", "--dtype", "bf16", "--repeats", "1", "--json"],
@@ -163,13 +163,16 @@ def main():
     if "temporal" not in route["decisions"]:
         print(f"FAIL route: no temporal head to permute ({route['decisions']})")
         failures += 1
-    if route["device"] is not None or route["routing_device_ms"] is not None or route["scatter_fused"] is not True:
-        print("FAIL route on the CPU reports GPU fields or no fused scatter: "
-              f"{route['device']}, {route['routing_device_ms']}, {route['scatter_fused']}")
+    if (route["device"] is not None or route["routing_device_ms"] is not None or route["scatter_fused"] is not True
+            or route["gather_fused"] is not True or route["permutation_ms"] != 0):
+        print("FAIL route on the CPU reports GPU fields or a permutation pass: "
+              f"{route['device']}, {route['routing_device_ms']}, {route['scatter_fused']}, {route['gather_fused']}, "
+              f"{route['permutation_ms']}")
         failures += 1
     # The scatter as a pass of its own: the same output (bit for bit, so the same errors).
     two_step = json.loads(run(binary, checks[3][0] + ["--scatter", "pass"]))
-    if two_step["scatter_fused"] is not False or two_step["rel_l2_err"] != route["rel_l2_err"]:
+    if (two_step["scatter_fused"] is not False or two_step["gather_fused"] is not False
+            or two_step["rel_l2_err"] != route["rel_l2_err"]):
         print(f"FAIL route --scatter pass: fused {two_step['scatter_fused']}, "
               f"rel_l2_err {two_step['rel_l2_err']} vs {route['rel_l2_err']} fused")
         failures += 1

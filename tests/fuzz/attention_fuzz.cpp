@@ -512,6 +512,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     routed_options.alignment = in.one_in(4) ? stsa::Alignment::Round : stsa::Alignment::Exact;
     routed_options.permute_threads = int(in.next(0, 2));
     routed_options.fuse_scatter = in.next(0, 1) == 1;
+    routed_options.fuse_gather = in.next(0, 1) == 1;  // the CPU backend reads Q, K, V in place where both are fused
     stsa::RouterOptions router;
     router.samples = int(in.next(1, 24));
     router.spatial_density = double(in.next(0, 20)) / 20;
