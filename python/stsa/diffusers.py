@@ -582,6 +582,7 @@ class _CosmosSelfAttention(_SelfAttention):
         out = self._attention(*(x.transpose(1, 2) for x in (query, key, value))).flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
 
+
 class _LTX2SelfAttention(_SelfAttention):
     """diffusers' LTX-2 video self-attention (its audio stream's is left as it was): QK RMS
     norm across heads and the rotary embedding (interleaved or split) on the flat rows,
@@ -649,6 +650,7 @@ def _rotate_2x2_in_bf16(x, rope):
     stored in bf16 (whatever x's type), then in x's type."""
     pairs = x.reshape(*x.shape[:-1], -1, 1, 2).to(torch.float32)
     return (rope * pairs).sum(dim=-1).reshape(*x.shape).to(torch.bfloat16).type_as(x)
+
 
 def _rotate_pairs_in_fp32(x, cos, sin):
     """Mochi's rotary embedding: channel pairs (2i, 2i+1) rotated in fp32, each half
