@@ -1,5 +1,5 @@
-// Fuzzes the attention call through the CPU backend: run(), run_scattered(),
-// and routed attention (routed_attention() with a Router, run_routed() with
+// Fuzzes the attention call through the CPU backend: run(), run_scattered()
+// (half of those reading a gathered input, run_gathered()), and routed attention (routed_attention() with a Router, run_routed() with
 // given decisions). Small random layouts, dtypes, memory layouts, padded and
 // strided tensors, masks, tile plans (exact and rounded), skipped heads, scales,
 // router options, instruction sets and thread counts, with at most one planted
@@ -35,6 +35,7 @@
 #include "stsa/attention.hpp"
 #include "stsa/cpu.hpp"
 #include "stsa/error.hpp"
+#include "stsa/permute.hpp"
 #include "stsa/reference.hpp"
 #include "stsa/routed.hpp"
 #include "stsa/router.hpp"
@@ -295,15 +296,15 @@ bool only_marked_changed(const Buffer& buffer, const std::vector<bool>& written)
 // What the inputs came to, printed at exit (libFuzzer ends with exit(), which
 // runs this destructor): a run that compared nothing would show here.
 struct Tally {
-  long ran[3] = {}, ran_non_finite = 0, refused_invalid = 0, refused_unsupported = 0, defects_refused = 0;
-  long compared_elements = 0;
+  long ran[3] = {}, ran_gathered = 0, ran_non_finite = 0, refused_invalid = 0, refused_unsupported = 0;
+  long defects_refused = 0, compared_elements = 0;
   ~Tally() {
     std::fprintf(stderr,
-                 "attention_fuzz: ran %ld direct, %ld scattered and %ld routed calls (%ld with a NaN or infinity in "
-                 "Q, K or V; %ld O elements checked against the reference); refused %ld as invalid (%ld with a "
-                 "planted defect), %ld as unsupported\n",
-                 ran[0], ran[1], ran[2], ran_non_finite, compared_elements, refused_invalid, defects_refused,
-                 refused_unsupported);
+                 "attention_fuzz: ran %ld direct, %ld scattered (%ld of them from a gathered input) and %ld routed "
+                 "calls (%ld with a NaN or infinity in Q, K or V; %ld O elements checked against the reference); "
+                 "refused %ld as invalid (%ld with a planted defect), %ld as unsupported\n",
+                 ran[0], ran[1], ran_gathered, ran[2], ran_non_finite, compared_elements, refused_invalid,
+                 defects_refused, refused_unsupported);
   }
 } tally;
 
@@ -481,6 +482,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   call.v = v.view;
   call.softmax_scale = softmax_scale;
   stsa::ScatteredOutput scatter;
+  // A scattered call that reads a gathered input: its call without q, k, v, and where they come from.
+  bool gathered = false;
+  std::vector<std::int64_t> in_heads;
+  stsa::GatheredInput gather;
+  stsa::AttentionCall in_place;
   stsa::PlanCache plans;
   std::function<void()> run;
   // Filled by a routed call: what its heads ran with.
@@ -505,6 +511,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // Every computed head's tokens must be in the order the scatter reads.
     for (const auto& head : call.heads) must_refuse |= head.compute && head.order != scatter.from;
     run = [&] { backend.run_scattered(call, scatter); };
+    if (in.next(0, 1)) {  // the same heads read in place from q, k, v with their heads and tokens shuffled
+      gathered = true;
+      in_heads.resize(std::size_t(std::max<std::int64_t>(layout.heads, 0)));
+      std::iota(in_heads.begin(), in_heads.end(), 0);
+      std::shuffle(in_heads.begin(), in_heads.end(), rng);
+      if (plant == Plant::ScatterHeads && !in_heads.empty() && in.next(0, 1)) {  // an input head past the end
+        in_heads.back() = layout.heads;
+        must_refuse = true;
+      }
+      gather = {layout.grid, in.next(0, 1) ? stsa::TokenOrder::SpatialMajor : stsa::TokenOrder::FrameMajor,
+                in.next(0, 1) ? stsa::TokenOrder::SpatialMajor : stsa::TokenOrder::FrameMajor, in_heads,
+                q.view, k.view, v.view};
+      for (const auto& head : call.heads) must_refuse |= head.compute && head.order != gather.to;
+      in_place = call;
+      in_place.q = in_place.k = in_place.v = stsa::TensorView{};
+      run = [&] { backend.run_gathered(in_place, gather, scatter); };
+    }
   } else {
     const stsa::RoutedCall routed{layout, q.view, k.view, v.view, o.view, lse.view, softmax_scale};
     const stsa::TileShape tiles[] = {{128, 128}, {64, 64}, {37, 128}, {128, 192}};
@@ -570,6 +593,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   require(!must_refuse, "a defective call ran");
   ++tally.ran[int(mode)];
+  tally.ran_gathered += gathered;
   tally.ran_non_finite += non_finite;
 
   const auto same = [](std::int64_t i) { return i; };
@@ -596,6 +620,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (mode == Mode::Direct) {
     check_outputs(call, predicate, o, lse, same, same);
     return 0;
+  }
+  // A gathered input's reference reads the rows gather_heads packs (the kernel read them in place).
+  stsa::Tensor packed[3];
+  if (gathered) {
+    for (std::size_t i = 0; i < 3; ++i)
+      packed[i] = stsa::Tensor(i == 1 ? k.view.dtype : q.view.dtype, layout.batch, layout.tokens(), layout.heads,
+                               layout.head_dim);
+    const stsa::TensorView sources[] = {q.view, k.view, v.view};
+    const stsa::TensorView packed_views[] = {packed[0].view(), packed[1].view(), packed[2].view()};
+    stsa::gather_heads(layout.grid, gather.from, gather.to, in_heads, sources, packed_views);
+    call.q = packed_views[0];
+    call.k = packed_views[1];
+    call.v = packed_views[2];
   }
   check_outputs(
       call, predicate, o, lse,
