@@ -6,15 +6,16 @@ a policy.
     python -m stsa.evaluate --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers --policy wan2.1-1.3b-480p \\
         --prompt "a cat surfing" --height 480 --width 832 --frames 81 --out results/
 
-``--sweep density=0.1,0.2,0.3`` (any one policy setting) generates the dense video once
-and stsa's once per value: the speed and the error of each, side by side.
-
 or from Python, on a pipeline already loaded:
 
     import stsa.evaluate
     result, dense, sparse = stsa.evaluate.evaluate(pipe, "wan2.1-1.3b-480p", prompt="a cat surfing",
                                                    height=480, width=832, num_frames=81)
     print(result.speedup, result.psnr_db, result.ssim)
+
+``--sweep density=0.1,0.2,0.3`` (any one policy setting; ``evaluate_policies`` from Python)
+generates the dense video once and stsa's once per value: the speed and the error of each,
+side by side.
 
 Needs torch and diffusers (``pip install ".[diffusers]"``), and the pipeline's own
 dependencies (transformers for its text encoder).
