@@ -312,7 +312,8 @@ class SparsePipeline:
 def _uncompiled(module):
     """The module a torch.compile wrapper holds (its calls run it, recompiled for stsa's
     processors), else the module itself."""
-    return module._orig_mod if isinstance(module, torch._dynamo.eval_frame.OptimizedModule) else module
+    wrapped = type(module).__name__ == "OptimizedModule" and isinstance(module, torch.nn.Module)
+    return module._orig_mod if wrapped and hasattr(module, "_orig_mod") else module  # no torch._dynamo import
 
 
 def _set_processor(attn, processor) -> None:
