@@ -172,15 +172,39 @@ TEST(CpuScatteredOutput, IsTheGatheredCallScatteredOnEveryIsa) {
   }
 }
 
+// What the refusal tests start from: a 3-head problem (O and LSE poisoned with
+// NaN) and its heads 2 and 0 packed in `order`.
+struct RefusalCase {
+  explicit RefusalCase(TokenOrder order)
+      : problem(testing::make_problem(full, DType::F32, std::vector<HeadMask>(3), testing::fresh_seed())),
+        c{full, DType::F32, DType::F32, MemoryLayout::BNHD, order, {2, 0}},
+        packed(gather_call(c, problem, cache)) {}
+
+  const VideoLayout full{{3, 4, 5, 6, TextPlacement::After}, 1, 3, 64};
+  testing::Problem problem;
+  PlanCache cache;
+  const ScatterCase c;
+  const PackedCall packed;
+};
+
+// Every O and LSE element still holds its NaN poison.
+void expect_nothing_written(const testing::Problem& problem) {
+  const VideoLayout& full = problem.layout;
+  for (std::int64_t b = 0; b < full.batch; ++b)
+    for (std::int64_t n = 0; n < full.tokens(); ++n)
+      for (std::int64_t h = 0; h < full.heads; ++h) {
+        ASSERT_TRUE(std::isnan(problem.lse.view().at(b, h, n))) << "LSE written by a refused call";
+        for (std::int64_t d = 0; d < full.head_dim; ++d)
+          ASSERT_TRUE(std::isnan(problem.o.view().load(b, n, h, d))) << "O written by a refused call";
+      }
+}
+
 // The backend-neutral checks (scattered_call_for_checks), each refused with a
 // message naming it, before any output is written; and a backend that does
 // not store scattered outputs says so.
 TEST(CpuScatteredOutput, BadScatteredOutputsAreRefusedBeforeAnythingIsWritten) {
-  const VideoLayout full{{3, 4, 5, 6, TextPlacement::After}, 1, 3, 64};
-  testing::Problem problem = testing::make_problem(full, DType::F32, std::vector<HeadMask>(3), testing::fresh_seed());
-  PlanCache cache;
-  const ScatterCase c{full, DType::F32, DType::F32, MemoryLayout::BNHD, TokenOrder::FrameMajor, {2, 0}};
-  const PackedCall packed = gather_call(c, problem, cache);
+  RefusalCase r(TokenOrder::FrameMajor);
+  auto& [full, problem, cache, c, packed] = r;
   const std::vector<std::int64_t> heads = c.targets, twice = {1, 1}, outside = {0, 3}, one = {0},
                                   swapped = {1, 0};
   const ScatteredOutput out{full.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, heads, problem.o.view(),
@@ -245,13 +269,7 @@ TEST(CpuScatteredOutput, BadScatteredOutputsAreRefusedBeforeAnythingIsWritten) {
   bad.heads = std::span<const std::int64_t>(heads).first(1);
   bad.o.stride[2] = full.head_dim / 2;
   expect_invalid(one_head, bad, "scattered o has overlapping strides");
-  for (std::int64_t b = 0; b < full.batch; ++b)
-    for (std::int64_t n = 0; n < full.tokens(); ++n)
-      for (std::int64_t h = 0; h < full.heads; ++h) {
-        ASSERT_TRUE(std::isnan(problem.lse.view().at(b, h, n))) << "LSE written by a refused call";
-        for (std::int64_t d = 0; d < full.head_dim; ++d)
-          ASSERT_TRUE(std::isnan(problem.o.view().load(b, n, h, d))) << "O written by a refused call";
-      }
+  expect_nothing_written(problem);
   // The valid call runs.
   backend->run_scattered(packed.call, out);
   EXPECT_FALSE(std::isnan(problem.lse.view().at(0, 2, 0)));
@@ -265,18 +283,15 @@ TEST(CpuScatteredOutput, BadScatteredOutputsAreRefusedBeforeAnythingIsWritten) {
 // a message naming it before any output is written (the scattered output's are
 // the test above's); a backend that does not read gathered inputs says so.
 TEST(CpuScatteredOutput, BadGatheredInputsAreRefusedBeforeAnythingIsWritten) {
-  const VideoLayout full{{3, 4, 5, 6, TextPlacement::After}, 1, 3, 64};
-  testing::Problem problem = testing::make_problem(full, DType::F32, std::vector<HeadMask>(3), testing::fresh_seed());
-  PlanCache cache;
-  const ScatterCase c{full, DType::F32, DType::F32, MemoryLayout::BNHD, TokenOrder::SpatialMajor, {2, 0}};
-  const PackedCall packed = gather_call(c, problem, cache);
+  RefusalCase r(TokenOrder::SpatialMajor);
+  auto& [full, problem, cache, c, packed] = r;
   AttentionCall call = packed.call;
   call.q = call.k = call.v = TensorView{};
   // Sources of their own, so that the output (the problem's o) overlaps none of them.
   const testing::Problem sources_problem =
       testing::make_problem(full, DType::F32, std::vector<HeadMask>(3), testing::fresh_seed());
   const AttentionCall sources = sources_problem.call();
-  const std::vector<std::int64_t> heads = c.targets, outside = {0, 3}, one = {0};
+  const std::vector<std::int64_t> heads = c.targets, outside = {0, 3}, one = {0}, twice = {2, 2};
   const GatheredInput in{full.grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, heads,
                          sources.q, sources.k, sources.v};
   const ScatteredOutput out{full.grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, problem.o.view(),
@@ -297,12 +312,14 @@ TEST(CpuScatteredOutput, BadGatheredInputsAreRefusedBeforeAnythingIsWritten) {
   expect_invalid(call, bad, out, "input head 3 out of range");
   bad.heads = one;
   expect_invalid(call, bad, out, "1 input heads for 2 heads");
+  bad.heads = twice;
+  expect_invalid(call, bad, out, "input head 2 listed twice");
   bad = in;
   bad.grid.frames = 2;
   expect_invalid(call, bad, out, "input grid");
   bad = in;
   bad.to = TokenOrder::FrameMajor;  // the heads' plans are spatial-major
-  expect_invalid(call, bad, out, "the input gives frame-major");
+  expect_invalid(call, bad, out, "the input says frame-major");
   bad = in;
   bad.from = TokenOrder(7);
   expect_invalid(call, bad, out, "not TokenOrder values");
@@ -318,13 +335,7 @@ TEST(CpuScatteredOutput, BadGatheredInputsAreRefusedBeforeAnythingIsWritten) {
   bad = in;
   bad.v = problem.o.view();  // V read from the output being written
   expect_invalid(call, bad, out, "o overlaps an input");
-  for (std::int64_t b = 0; b < full.batch; ++b)
-    for (std::int64_t n = 0; n < full.tokens(); ++n)
-      for (std::int64_t h = 0; h < full.heads; ++h) {
-        ASSERT_TRUE(std::isnan(problem.lse.view().at(b, h, n))) << "LSE written by a refused call";
-        for (std::int64_t d = 0; d < full.head_dim; ++d)
-          ASSERT_TRUE(std::isnan(problem.o.view().load(b, n, h, d))) << "O written by a refused call";
-      }
+  expect_nothing_written(problem);
   // The valid call runs.
   backend->run_gathered(call, in, out);
   EXPECT_FALSE(std::isnan(problem.lse.view().at(0, 2, 0)));

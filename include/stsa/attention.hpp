@@ -92,14 +92,14 @@ struct GatheredInput {
   VideoGrid grid;
   TokenOrder from = TokenOrder::FrameMajor;
   TokenOrder to = TokenOrder::SpatialMajor;
-  std::span<const std::int64_t> heads;  // one per head of the call, in [0, q.heads())
+  std::span<const std::int64_t> heads;  // one per head of the call: distinct, in [0, q.heads())
   TensorView q, k, v;
 };
 
 // The checks of a gathered call (on top of scattered_call_for_checks(), which
 // it runs with the full inputs): call.q, call.k and call.v empty, the grid and
-// the orders (the call's heads in `in.to` order), the head map, the full
-// inputs (shapes, dtypes, strides). Returns the call with in.q, in.k and in.v
+// the orders (the call's heads in `in.to` order), the head map (each input head
+// once), the full inputs (shapes, dtypes, strides). Returns the call with in.q, in.k and in.v
 // narrowed to its head count in the roles of q, k and v, and out.o and out.lse
 // in those of o and lse, for validate() and supports().
 AttentionCall gathered_call_for_checks(const AttentionCall& call, const GatheredInput& in,

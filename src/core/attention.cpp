@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <vector>
 
 #include "stsa/error.hpp"
 
@@ -32,6 +34,33 @@ void check_distinct_addresses(const char* name, const std::array<std::int64_t, R
 
 bool is_token_order(TokenOrder order) { return order == TokenOrder::FrameMajor || order == TokenOrder::SpatialMajor; }
 
+// What a scattered output and a gathered input (`what`, its tensors' `side`)
+// both check: the grid, the token orders, the call's computed heads in `order`.
+void check_grid_and_orders(const AttentionCall& call, const char* what, const char* side, const VideoGrid& grid,
+                           TokenOrder from, TokenOrder to, TokenOrder order) {
+  STSA_CHECK(grid == call.layout.grid, InvalidArgument, what, ": the ", side, " grid ", grid.describe(),
+             " is not the call's ", call.layout.grid.describe());
+  STSA_CHECK(is_token_order(from) && is_token_order(to), InvalidArgument, what,
+             ": the token orders are not TokenOrder values");
+  for (std::size_t h = 0; h < call.heads.size(); ++h)
+    STSA_CHECK(!call.heads[h].compute || call.heads[h].order == order, InvalidArgument, what, ": head ", h,
+               "'s tokens are in ", to_string(call.heads[h].order), " order, the ", side, " says ", to_string(order));
+}
+
+// And their head maps: one of the `side`'s heads per head of the call, each in [0, limit) and listed once.
+void check_head_map(const char* what, const char* side, std::span<const std::int64_t> heads, std::int64_t count,
+                    std::int64_t limit) {
+  STSA_CHECK(std::int64_t(heads.size()) == count, InvalidArgument, what, ": ", heads.size(), " ", side,
+             " heads for ", count, " heads");
+  for (const std::int64_t h : heads)
+    STSA_CHECK(h >= 0 && h < limit, InvalidArgument, what, ": ", side, " head ", h, " out of range [0, ", limit, ")");
+  std::vector<std::int64_t> sorted(heads.begin(), heads.end());
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  STSA_CHECK(twice == sorted.end(), InvalidArgument, what, ": ", side, " head ", twice == sorted.end() ? 0 : *twice,
+             " listed twice");
+}
+
 }  // namespace
 
 AttentionCall scattered_call_for_checks(const AttentionCall& call, const ScatteredOutput& out) {
@@ -39,14 +68,7 @@ AttentionCall scattered_call_for_checks(const AttentionCall& call, const Scatter
              "scattered output: call.o and call.lse must be empty (the output goes to the scattered tensors)");
   STSA_CHECK(out.o.data != nullptr, InvalidArgument, "scattered output: no output tensor");
   call.layout.validate();
-  STSA_CHECK(out.grid == call.layout.grid, InvalidArgument, "scattered output: the output grid ", out.grid.describe(),
-             " is not the call's ", call.layout.grid.describe());
-  STSA_CHECK(is_token_order(out.from) && is_token_order(out.to), InvalidArgument,
-             "scattered output: the token orders are not TokenOrder values");
-  for (std::size_t h = 0; h < call.heads.size(); ++h)
-    STSA_CHECK(!call.heads[h].compute || call.heads[h].order == out.from, InvalidArgument, "scattered output: head ",
-               h, "'s tokens are in ", to_string(call.heads[h].order), " order, the output says ",
-               to_string(out.from));
+  check_grid_and_orders(call, "scattered output", "output", out.grid, out.from, out.to, out.from);
   // The full output on its own: with one head in the call, the narrowed view
   // below has one head and its head stride would go unchecked.
   VideoLayout full = call.layout;
@@ -54,16 +76,7 @@ AttentionCall scattered_call_for_checks(const AttentionCall& call, const Scatter
   validate_tensor("scattered o", out.o, full);  // validates `full` first (a head count >= 1, sizes that fit)
   if (out.lse.data != nullptr) validate_lse("scattered lse", out.lse, full);
   const std::int64_t count = call.layout.heads;
-  STSA_CHECK(std::int64_t(out.heads.size()) == count, InvalidArgument, "scattered output: ", out.heads.size(),
-             " output heads for ", count, " heads");
-  for (const std::int64_t h : out.heads)
-    STSA_CHECK(h >= 0 && h < out.o.heads(), InvalidArgument, "scattered output: output head ", h,
-               " out of range [0, ", out.o.heads(), ")");
-  std::vector<std::int64_t> sorted(out.heads.begin(), out.heads.end());
-  std::sort(sorted.begin(), sorted.end());
-  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
-  STSA_CHECK(twice == sorted.end(), InvalidArgument, "scattered output: output head ",
-             twice == sorted.end() ? 0 : *twice, " listed twice");
+  check_head_map("scattered output", "output", out.heads, count, out.o.heads());
   for (const TensorView* input : {&call.q, &call.k, &call.v}) {
     STSA_CHECK(!extents_overlap(out.o.byte_extent(), input->byte_extent()), InvalidArgument,
                "scattered output: o overlaps an input tensor");
@@ -94,31 +107,20 @@ AttentionCall gathered_call_for_checks(const AttentionCall& call, const Gathered
   STSA_CHECK(in.q.data != nullptr && in.k.data != nullptr && in.v.data != nullptr, InvalidArgument,
              "gathered input: no input tensor");
   call.layout.validate();
-  STSA_CHECK(in.grid == call.layout.grid, InvalidArgument, "gathered input: the input grid ", in.grid.describe(),
-             " is not the call's ", call.layout.grid.describe());
-  STSA_CHECK(is_token_order(in.from) && is_token_order(in.to), InvalidArgument,
-             "gathered input: the token orders are not TokenOrder values");
-  for (std::size_t h = 0; h < call.heads.size(); ++h)
-    STSA_CHECK(!call.heads[h].compute || call.heads[h].order == in.to, InvalidArgument, "gathered input: head ", h,
-               "'s tokens are in ", to_string(call.heads[h].order), " order, the input gives ", to_string(in.to));
+  check_grid_and_orders(call, "gathered input", "input", in.grid, in.from, in.to, in.to);
   VideoLayout full = call.layout;
   full.heads = in.q.heads();
   validate_tensor("gathered q", in.q, full);
   validate_tensor("gathered k", in.k, full);
   validate_tensor("gathered v", in.v, full);
-  const std::int64_t count = call.layout.heads;
-  STSA_CHECK(std::int64_t(in.heads.size()) == count, InvalidArgument, "gathered input: ", in.heads.size(),
-             " input heads for ", count, " heads");
-  for (const std::int64_t h : in.heads)
-    STSA_CHECK(h >= 0 && h < full.heads, InvalidArgument, "gathered input: input head ", h, " out of range [0, ",
-               full.heads, ")");
+  check_head_map("gathered input", "input", in.heads, call.layout.heads, full.heads);
   // The scattered output's checks against the whole inputs (overlaps included).
   AttentionCall whole = call;
   whole.q = in.q;
   whole.k = in.k;
   whole.v = in.v;
   AttentionCall checked = scattered_call_for_checks(whole, out);
-  for (TensorView* t : {&checked.q, &checked.k, &checked.v}) t->shape[2] = count;
+  for (TensorView* t : {&checked.q, &checked.k, &checked.v}) t->shape[2] = call.layout.heads;
   return checked;
 }
 
