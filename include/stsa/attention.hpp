@@ -98,10 +98,10 @@ struct GatheredInput {
 
 // The checks of a gathered call (on top of scattered_call_for_checks(), which
 // it runs with the full inputs): call.q, call.k and call.v empty, the grid and
-// the orders (the call's heads in `in.to` order), the head map (each input head
-// once), the full inputs (shapes, dtypes, strides). Returns the call with in.q, in.k and in.v
-// narrowed to its head count in the roles of q, k and v, and out.o and out.lse
-// in those of o and lse, for validate() and supports().
+// the orders (the call's heads in `in.to` order), the head map (each input
+// head once), the full inputs (shapes, dtypes, strides). Returns the call with
+// in.q, in.k and in.v narrowed to its head count in the roles of q, k and v,
+// and out.o and out.lse in those of o and lse, for validate() and supports().
 AttentionCall gathered_call_for_checks(const AttentionCall& call, const GatheredInput& in,
                                        const ScatteredOutput& out);
 

@@ -1,6 +1,7 @@
 // Fuzzes the attention call through the CPU backend: run(), run_scattered()
-// (half of those reading a gathered input, run_gathered()), and routed attention (routed_attention() with a Router, run_routed() with
-// given decisions). Small random layouts, dtypes, memory layouts, padded and
+// (half of those reading a gathered input, run_gathered()), and routed
+// attention (routed_attention() with a Router, run_routed() with given
+// decisions). Small random layouts, dtypes, memory layouts, padded and
 // strided tensors, masks, tile plans (exact and rounded), skipped heads, scales,
 // router options, instruction sets and thread counts, with at most one planted
 // defect per input (a wrong shape, a negative or overlapping stride, a
