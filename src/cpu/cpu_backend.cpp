@@ -245,9 +245,8 @@ class CpuBackend final : public Backend {
   // the V ones too; nullptr for the fp32 path.
   void run_chunk(const AttentionCall& call, const RowSource& in, const RowDestination& out,
                  std::vector<PairWork>& pairs, std::size_t first, std::size_t last, float* panels,
-                 std::uint32_t* pair_panels, bool amx,
-                 AttendFn attend, float q_scale, float exp_scale, double score_scale,
-                 std::vector<WorkerScratch>& scratch) const {
+                 std::uint32_t* pair_panels, bool amx, AttendFn attend, float q_scale, float exp_scale,
+                 double score_scale, std::vector<WorkerScratch>& scratch) const {
     const std::int64_t d = call.layout.head_dim;
     const std::int64_t n = call.layout.tokens();
 
