@@ -257,7 +257,8 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
                 "guidance_scale": args.guidance}
         if args.negative_prompt is not None:
             call["negative_prompt"] = args.negative_prompt
-        column = f"{swept:>12} " if swept else ""
+        width = max(12, len(swept or ""))  # the swept setting's column
+        column = f"{swept:>{width}} " if swept else ""
         print(f"{'prompt':>6} {column}{'frames':>6} {'dense s':>9} {'stsa s':>9} {'speedup':>8} {'PSNR dB':>8} "
               f"{'worst frame':>11} {'SSIM':>6}  routes")
         results = []
@@ -266,7 +267,7 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
                                                          warmup=not args.no_warmup and i == 0, prompt=prompt, **call)
             dense_video = _save_video(dense, paths, f"dense_{i}") if args.save_videos else None
             for j, (value, result) in enumerate(zip(values, evaluations)):
-                print(_row(str(i), result, value if swept else _NO_COLUMN), flush=True)
+                print(_row(str(i), result, value if swept else _NO_COLUMN, width), flush=True)
                 entry = {"prompt": prompt, **({swept: value} if swept else {}), **dataclasses.asdict(result),
                          "speedup": result.speedup}
                 if args.save_videos:
@@ -278,7 +279,7 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
     means = [_mean([r for r in results if not swept or r[swept] == value]) for value in values]
     if len(prompts) > 1:
         for value, mean in zip(values, means):
-            print(f"{'all':>6} {f'{value!s:>12} ' if swept else ''}{'':>6} {mean['dense_s']:>9.2f} "
+            print(f"{'all':>6} {f'{value!s:>{width}} ' if swept else ''}{'':>6} {mean['dense_s']:>9.2f} "
                   f"{mean['stsa_s']:>9.2f} {mean['speedup']:>7.2f}x {mean['psnr_db']:>8.2f} "
                   f"{mean['worst_frame_psnr_db']:>11.2f} {mean['ssim']:>6.4f}")
     if paths:
@@ -301,12 +302,12 @@ def _video_name(prompt: int, run: int, swept: str | None) -> str:
     return f"stsa_{prompt}_{run}" if swept else f"stsa_{prompt}"
 
 
-def _row(label: str, result: Evaluation, value=_NO_COLUMN) -> str:
+def _row(label: str, result: Evaluation, value=_NO_COLUMN, width: int = 12) -> str:
     routes = result.summary["head_routes"]
     head_calls = max(sum(routes.values()), 1)
-    column = "" if value is _NO_COLUMN else f"{value!s:>12} "
-    return (f"{label:>6} {column}{result.frames:>6} {result.dense_s:>9.2f} {result.stsa_s:>9.2f} {result.speedup:>7.2f}x "
-            f"{result.psnr_db:>8.2f} {result.worst_frame_psnr_db:>11.2f} {result.ssim:>6.4f}  "
+    column = "" if value is _NO_COLUMN else f"{value!s:>{width}} "
+    return (f"{label:>6} {column}{result.frames:>6} {result.dense_s:>9.2f} {result.stsa_s:>9.2f} "
+            f"{result.speedup:>7.2f}x {result.psnr_db:>8.2f} {result.worst_frame_psnr_db:>11.2f} {result.ssim:>6.4f}  "
             + ", ".join(f"{route} {count / head_calls:.0%}" for route, count in sorted(routes.items())))
 
 

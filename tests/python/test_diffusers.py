@@ -1,5 +1,5 @@
-"""stsa.diffusers on small randomly initialised diffusers transformers (Wan, CogVideoX
-and HunyuanVideo), where torch and diffusers are installed (CI's venv has neither; the test
+"""stsa.diffusers on small randomly initialised diffusers transformers (one of each family
+it knows), where torch and diffusers are installed (CI's venv has neither; the test
 skips there). The model's own processor is the yardstick for everything but the
 attention (projections, QK norm, rotary embedding, output projection); the fp64
 reference, with each head's mask evaluated from what the call reports it ran, is the
@@ -24,8 +24,9 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 
 from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import (  # noqa: E402
-    transformer_chronoedit, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15, transformer_kandinsky,
-    transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan, transformer_wan_animate)
+    transformer_chronoedit, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15,
+    transformer_kandinsky, transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan,
+    transformer_wan_animate)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
 from torch_helpers import check, require_gpu  # noqa: E402
 
@@ -279,6 +280,8 @@ KANDINSKY = Model("kandinsky", _tiny_kandinsky, (1, 5, 8, 12, 4), stsa.VideoGrid
                   ("visual_transformer_blocks",), "bnhd", transformer_kandinsky.Kandinsky5AttnProcessor,
                   (transformer_kandinsky, "dispatch_attention_fn"), _kandinsky_inputs, fuses=False,
                   timestep_dtype="model", attention="self_attention")
+
+
 def _tiny_cosmos(layers):  # the padding mask's channel left out (resizing it needs torchvision)
     return diffusers.CosmosTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
                                               attention_head_dim=64, num_layers=layers, mlp_ratio=1.0,
