@@ -13,8 +13,7 @@ import sys
 gpu = json.load(open(sys.argv[1]))
 cpu = json.load(open(sys.argv[2]))
 keys = ("device", "decisions", "accuracy", "rel_l2_err", "rel_l2_err_temporal", "scatter_fused", "gather_fused",
-        "routing_ms",
-        "routing_device_ms", "permutation_ms", "attention_ms", "routing_share")
+        "routing_ms", "routing_device_ms", "permutation_ms", "attention_ms", "routing_share")
 print("gpu:", {k: gpu.get(k) for k in keys})
 print("cpu:", {k: cpu.get(k) for k in keys})
 
