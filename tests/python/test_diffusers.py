@@ -556,6 +556,21 @@ def test_a_new_generation_routes_afresh_however_long_the_reuse(rng):
     assert first.routing_ms > 0 and reused.routing_ms == 0 and next_video.routing_ms > 0
 
 
+def test_chronoedit_drops_its_reasoning_frames_and_routes_the_new_grid(rng):
+    """ChronoEdit's temporal reasoning: the first steps run 5 latent frames, the rest the 2 of
+    the input and the edit. The steps after the drop route afresh on the new grid, whatever
+    the reuse (a decision is about the grid it was made on), then reuse that."""
+    model = tiny(CHRONOEDIT, layers=1)
+    # 16 sampled rows: the 2-frame grid has 48 tokens (the router refuses more samples than tokens).
+    sparse = stsa.diffusers.enable(model, stsa.Policy(reuse_steps=100, density=0.4, samples=16, **ALL_SPARSE))
+    for timestep, frames in ((999, 5), (800, 5), (600, 2), (400, 2)):
+        x = inputs(rng, timestep, spec=CHRONOEDIT)
+        x["hidden_states"] = x["hidden_states"][:, :, :frames]
+        forward(model, x)
+    grids = [(r.step, r.grid.frames, r.routing_ms > 0) for r in sparse.records]
+    assert grids == [(0, 5, True), (1, 5, False), (2, 2, True), (3, 2, False)]
+
+
 def _two_experts():
     """Wan2.2 A14B's shape in small: two Wan transformers, the second with other weights."""
     torch.manual_seed(1)
