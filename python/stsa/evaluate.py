@@ -132,6 +132,9 @@ def _arguments(argv) -> argparse.Namespace:
     parser.add_argument("--prompt", action="append", default=[],
                         help="a prompt (repeat for more: each is generated both ways, then the means)")
     parser.add_argument("--negative-prompt", default=None)
+    parser.add_argument("--image", default=None, metavar="PATH_OR_URL",
+                        help="the image an image-to-video pipeline starts from (Wan I2V, LTX-2's, ChronoEdit's "
+                             "edit): a file or an http(s) URL, passed as the pipeline's `image`")
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--frames", type=int, default=81)
@@ -151,6 +154,8 @@ def _arguments(argv) -> argparse.Namespace:
             parser.error(f"--{name} must be at least 1, got {value}")
     if args.save_videos and args.out is None:
         parser.error("--save-videos needs --out")
+    if args.image is not None and not args.image.startswith(("http://", "https://")) and not os.path.isfile(args.image):
+        parser.error(f"--image {args.image}: no such file")
     return args
 
 
@@ -205,6 +210,15 @@ def _load(args):
     return diffusers.DiffusionPipeline.from_pretrained(args.model, torch_dtype=dtype).to(args.device)
 
 
+def _image(source: str):
+    """The pipeline's `image`: diffusers' loader (a file or a URL; RGB)."""
+    from diffusers.utils import load_image
+
+    image = load_image(source)
+    image.load()  # decoded now: a file that is no image fails here (OSError), not mid-generation
+    return image
+
+
 def _outputs(folder: str, names: Sequence[str]) -> dict[str, str]:
     """The files to write in ``folder`` (made if missing); refused if any exists already."""
     os.makedirs(folder, exist_ok=True)
@@ -252,11 +266,14 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
                   for name in [f"dense_{i}"] + [_video_name(i, j, swept) for j in range(len(values))]
                   for kind in ("mp4", "npy")]
         paths = _outputs(args.out, ["evaluation.json"] + (videos if args.save_videos else [])) if args.out else {}
+        image = _image(args.image) if args.image is not None else None  # a bad image is refused before the model loads
         pipe = load(args)
         call = {"height": args.height, "width": args.width, "num_frames": args.frames, "num_inference_steps": steps,
                 "guidance_scale": args.guidance}
         if args.negative_prompt is not None:
             call["negative_prompt"] = args.negative_prompt
+        if image is not None:
+            call["image"] = image
         width = max(12, len(swept or ""))  # the swept setting's column
         column = f"{swept:>{width}} " if swept else ""
         print(f"{'prompt':>6} {column}{'frames':>6} {'dense s':>9} {'stsa s':>9} {'speedup':>8} {'PSNR dB':>8} "
@@ -283,8 +300,9 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
                   f"{mean['stsa_s']:>9.2f} {mean['speedup']:>7.2f}x {mean['psnr_db']:>8.2f} "
                   f"{mean['worst_frame_psnr_db']:>11.2f} {mean['ssim']:>6.4f}")
     if paths:
-        record = {"model": args.model, "policy": args.policy, "settings": policies[0].settings, "call": call,
-                  "seed": args.seed, "prompts": results}
+        record = {"model": args.model, "policy": args.policy, "settings": policies[0].settings,
+                  "call": {**call, **({"image": args.image} if image is not None else {})}, "seed": args.seed,
+                  "prompts": results}
         if swept:  # the settings without the swept one, which each run and mean names
             record["settings"].pop(swept)
             record.update(sweep=swept, means=[{swept: value, **mean} for value, mean in zip(values, means)])

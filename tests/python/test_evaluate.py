@@ -28,6 +28,7 @@ def never_loaded(args):
     (["--model", "m", "--policy", "wan2.1-480p", "--set", "speed=2"], "NAME one of dense_steps"),
     (["--model", "m", "--policy", "wan2.1-480p", "--set", "density=high"], "'high' is not a number"),
     (["--model", "m", "--policy", "wan2.1-480p", "--set", "dense_steps=-1"], "dense steps must be >= 0"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--image", "/nonexistent/first.png"], "no such file"),
     (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "speed=1,2"], "--sweep speed=1,2: expected NAME=VALUE"),
     (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "density="], "expected NAME=VALUE"),
     (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "density=0.1,,0.3"], "'' is not a number"),
@@ -167,3 +168,31 @@ def test_a_sweep_generates_the_dense_video_once_and_each_value_after(tmp_path, c
     printed = capsys.readouterr().out.splitlines()
     assert "density" in printed[0] and len(printed) == 1 + 4 + 2  # the header, a row per run, a mean per value
     assert [line.split()[1] for line in printed[1:]] == ["0.2", "0.6", "0.2", "0.6", "0.2", "0.6"]
+
+
+def test_an_image_to_video_run_passes_its_image(tmp_path, capsys):
+    """--image reaches the pipeline as its `image` (RGB, decoded before the model loads); the
+    record names the file. A file that is no image: exit 2, nothing loaded."""
+    from PIL import Image
+
+    pipe = _PromptEmbedding(_pipeline())
+    picture = tmp_path / "first.png"
+    Image.new("RGB", (96, 64), (200, 30, 10)).save(picture)
+    argv = ["--model", "tiny", "--policy", "wan2.1-1.3b-480p", "--height", "64", "--width", "96", "--frames", "17",
+            "--steps", "2", "--no-warmup", "--image", str(picture), "--out", str(tmp_path / "run")]
+    given = {}
+
+    def image_pipe(**call):  # the tiny text-to-video pipeline takes no image: keep it, pass the rest on
+        given["image"] = call.pop("image")
+        return pipe(**call)
+
+    image_pipe.transformer, image_pipe.transformer_2 = pipe.transformer, None
+    assert stsa.evaluate.main(argv, load=lambda args: image_pipe) == 0
+    assert given["image"].size == (96, 64) and given["image"].getpixel((0, 0)) == (200, 30, 10)
+    record = json.loads((tmp_path / "run" / "evaluation.json").read_text())
+    assert record["call"]["image"] == str(picture)
+    (tmp_path / "broken.png").write_text("not an image")
+    argv[argv.index(str(picture))] = str(tmp_path / "broken.png")
+    argv[-1] = str(tmp_path / "again")
+    assert stsa.evaluate.main(argv, load=never_loaded) == 2
+    assert capsys.readouterr().err.startswith("stsa.evaluate: ")
