@@ -173,9 +173,9 @@ def test_a_sweep_generates_the_dense_video_once_and_each_value_after(tmp_path, c
 def test_an_image_to_video_run_passes_its_image(tmp_path, capsys):
     """--image reaches the pipeline as its `image` (RGB, decoded before the model loads); the
     record names the file. A file that is no image: exit 2, nothing loaded."""
-    from PIL import Image
+    pipe = _PromptEmbedding(_pipeline())  # skips where torch, diffusers or transformers are missing
+    from PIL import Image  # diffusers' own dependency
 
-    pipe = _PromptEmbedding(_pipeline())
     picture = tmp_path / "first.png"
     Image.new("RGB", (96, 64), (200, 30, 10)).save(picture)
     argv = ["--model", "tiny", "--policy", "wan2.1-1.3b-480p", "--height", "64", "--width", "96", "--frames", "17",
