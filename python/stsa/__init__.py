@@ -435,7 +435,7 @@ def _router(density, spatial_density, temporal_density, frames_density, try_fram
     """The module's keywords for the router; the densities of each kind default to ``density``."""
     if not isinstance(seed, numbers.Integral) or seed < 0:
         raise InvalidArgument(f"seed must be a non-negative integer, got {seed!r}")
-    if not isinstance(samples, numbers.Integral) or not 1 <= samples <= 2**31 - 1:
+    if not isinstance(samples, numbers.Integral) or not 1 <= int(samples) <= 2**31 - 1:
         raise InvalidArgument(f"samples must be an integer in [1, 2^31 - 1], got {samples!r}")
     return {"samples": int(samples), "spatial_density": _or(spatial_density, density),
             "temporal_density": _or(temporal_density, density), "frames_density": _or(frames_density, density),

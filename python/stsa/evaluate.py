@@ -76,7 +76,7 @@ def evaluate_policies(pipe, policies: Sequence[str | Policy], *, seed: int = 0, 
     from . import diffusers as stsa_diffusers
 
     # Preset names or stsa.Policy objects, checked as enable() does, before anything runs.
-    policies = [stsa_diffusers._policy(policy) for policy in policies]
+    checked: list[Policy] = [stsa_diffusers._policy(policy) for policy in policies]
 
     def generate(steps=None):
         generator = torch.Generator("cpu").manual_seed(seed)  # the same noise for both, whatever the device
@@ -94,12 +94,12 @@ def evaluate_policies(pipe, policies: Sequence[str | Policy], *, seed: int = 0, 
 
     if warmup:
         generate(steps=2)
-        for policy in policies:  # sparse from the first step, so each one's plans are built before its timed run
+        for policy in checked:  # sparse from the first step, so each one's plans are built before its timed run
             with stsa_diffusers.enable(pipe, Policy(**{**policy.settings, "dense_steps": 0})):
                 generate(steps=2)
     dense, dense_s = generate()
     results, videos = [], []
-    for policy in policies:
+    for policy in checked:
         with stsa_diffusers.enable(pipe, policy, timed=timed) as sparse:
             ours, stsa_s = generate()
         results.append(Evaluation(dense_s=dense_s, stsa_s=stsa_s, psnr_db=psnr(dense, ours),
