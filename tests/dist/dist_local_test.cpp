@@ -13,16 +13,10 @@
 namespace stsa::dist {
 namespace {
 
+using namespace stsa::dist_testing;  // the shared problem, shards and comparisons of these tests
 using stsa::testing::compare_with_reference;
 using stsa::testing::fresh_seed;
 using stsa::testing::make_problem;
-using dist_testing::compare_lse;
-using dist_testing::make_layout;
-using dist_testing::compare_tokens;
-using dist_testing::mixed_masks;
-using dist_testing::reference_heads;
-using dist_testing::shard_problem;
-using dist_testing::run_single;
 
 TEST(SequenceShard, CoversEveryTokenOnceInOrder) {
   for (std::int64_t tokens : {0, 1, 3, 7, 10, 105, 576}) {

@@ -16,15 +16,9 @@ namespace {
 
 Communicator* world = nullptr;
 
+using namespace stsa::dist_testing;  // the shared problem, shards and comparisons of these tests
 using stsa::testing::compare_with_reference;
 using stsa::testing::make_problem;
-using dist_testing::compare_lse;
-using dist_testing::make_layout;
-using dist_testing::compare_tokens;
-using dist_testing::mixed_masks;
-using dist_testing::reference_heads;
-using dist_testing::shard_problem;
-using dist_testing::run_single;
 
 // Fresh inputs every run, the same on every rank.
 std::uint64_t shared_seed() {
