@@ -136,10 +136,14 @@ class CpuBackend final : public Backend {
   void run_gathered(const AttentionCall& call, const GatheredInput& in, const ScatteredOutput& out) const override {
     const AttentionCall checked = gathered_call_for_checks(call, in, out);
     validate(checked, /*require_plans=*/true);
-    // The call's row n is source token rows[n]; its output row n lands at token tokens[n].
-    const std::vector<std::int64_t> rows = token_map(in.grid, in.to, in.from, "gathered input");
+    // The call's output row n lands at token tokens[n]; its row n is source token rows[n], the same
+    // map where the output goes back to the inputs' order (routed attention's temporal heads).
     const std::vector<std::int64_t> tokens = token_map(out.grid, out.from, out.to, "scattered output");
-    run_checked(checked, RowSource{in.q, in.k, in.v, in.heads.data(), rows.empty() ? nullptr : rows.data()},
+    const bool same_map = in.to == out.from && in.from == out.to;
+    const std::vector<std::int64_t> rows = same_map ? std::vector<std::int64_t>{}
+                                                    : token_map(in.grid, in.to, in.from, "gathered input");
+    const std::vector<std::int64_t>& row_map = same_map ? tokens : rows;
+    run_checked(checked, RowSource{in.q, in.k, in.v, in.heads.data(), row_map.empty() ? nullptr : row_map.data()},
                 RowDestination{out.o, out.lse, out.heads.data(), tokens.empty() ? nullptr : tokens.data()});
   }
 
