@@ -9,7 +9,8 @@
 
 Models: ``WanTransformer3DModel`` (Wan2.1 and Wan2.2, text- and image-to-video; text joins
 by cross-attention, left as it was), ``WanVACETransformer3DModel`` and ``WanAnimateTransformer3DModel``,
-``SkyReelsV2Transformer3DModel`` and ``ChronoEditTransformer3DModel`` (Wan's self-attention),
+``SkyReelsV2Transformer3DModel``, ``ChronoEditTransformer3DModel`` and ``AnyFlowTransformer3DModel``
+(Wan's self-attention),
 ``LTXVideoTransformer3DModel`` and ``LTX2VideoTransformer3DModel`` (packed tokens; the grid from the
 forward's num_frames, height and width; LTX-2's audio stream left as it was),
 ``Kandinsky5Transformer3DModel`` (its visual blocks; text by cross-attention),
@@ -442,6 +443,26 @@ class _WanSelfAttention(_SelfAttention):
         return attn.to_out[1](attn.to_out[0](out))
 
 
+class _AnyFlowSelfAttention(_SelfAttention):
+    """diffusers' AnyFlow self-attention (Wan2.1's, the rotary embedding as complex fp64
+    frequencies applied to head-major q, k)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        if encoder_hidden_states is not None:
+            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
+        self._check_call(attention_mask)
+        query, key, value = _projections(attn, hidden_states)
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+        if rotary_emb is not None:
+            if not (isinstance(rotary_emb, dict) and rotary_emb.keys() == {"query", "key"}):
+                raise Unsupported("the rotary embedding is not AnyFlow's {query, key} frequencies: another "
+                                  "diffusers version")
+            query, key = _rotate_complex(query, rotary_emb["query"]), _rotate_complex(key, rotary_emb["key"])
+        out = self._attention(query, key, value).flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
 class _LTXSelfAttention(_SelfAttention):
     """diffusers' LTX-Video self-attention (projections, QK RMS norm across heads and the
     rotary embedding on the flat [B, N, H D] rows, output projection)."""
@@ -714,6 +735,13 @@ def _rotate(x, cos, sin):
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2).type_as(x)
 
 
+def _rotate_complex(x, freqs):
+    """AnyFlow's rotary embedding on [B, N, H, D]: channel pairs as complex numbers times the
+    frequencies ([1, H or 1, N, D / 2], head-major, complex fp64 where the device has it)."""
+    pairs = torch.view_as_complex(x.to(freqs.real.dtype).unflatten(3, (-1, 2)))
+    return torch.view_as_real(pairs * freqs.transpose(1, 2)).flatten(3, 4).type_as(x)
+
+
 def _latents(hidden_states, axes: str):
     if hidden_states.dim() != 5:
         raise InvalidArgument(f"the transformer's input must be [{axes}], got {tuple(hidden_states.shape)}")
@@ -722,6 +750,12 @@ def _latents(hidden_states, axes: str):
 
 def _wan_grid(transformer, inputs) -> VideoGrid:
     _, _, frames, height, width = _latents(inputs["hidden_states"], "B, C, F, H, W")
+    patch_t, patch_h, patch_w = transformer.config.patch_size
+    return VideoGrid(frames // patch_t, height // patch_h, width // patch_w)  # text joins by cross-attention
+
+
+def _anyflow_grid(transformer, inputs) -> VideoGrid:
+    _, frames, _, height, width = _latents(inputs["hidden_states"], "B, F, C, H, W")
     patch_t, patch_h, patch_w = transformer.config.patch_size
     return VideoGrid(frames // patch_t, height // patch_h, width // patch_w)  # text joins by cross-attention
 
@@ -825,6 +859,9 @@ _FAMILIES = {
     # ChronoEdit: Wan2.1's image-to-video transformer, its own copy of Wan's processor.
     "ChronoEditTransformer3DModel": _Family(("blocks",), "attn1", ("WanAttnProcessor",), _WanSelfAttention,
                                             _wan_grid),
+    # AnyFlow: Wan2.1's backbone distilled for flow-map sampling (its FAR variant's causal mask is not it).
+    "AnyFlowTransformer3DModel": _Family(("blocks",), "attn1", ("AnyFlowAttnProcessor",), _AnyFlowSelfAttention,
+                                         _anyflow_grid),
     "LTXVideoTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("LTXVideoAttnProcessor",),
                                           _LTXSelfAttention, _ltx_grid),
     "LTX2VideoTransformer3DModel": _Family(("transformer_blocks",), "attn1",

@@ -24,7 +24,7 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 
 from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import (  # noqa: E402
-    transformer_chronoedit, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15,
+    transformer_anyflow, transformer_chronoedit, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15,
     transformer_kandinsky, transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan,
     transformer_wan_animate)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
@@ -58,6 +58,7 @@ class Model:
     fuses: bool = True               # whether fuse_qkv_projections() fuses its self-attention
     padding_sees_keys: bool = True   # a padded prompt token's query row sees the kept keys (else nothing)
     timestep_dtype: Any = None       # what the pipeline casts the timestep to (None: fp32; "model": the model's)
+    timestep_shape: tuple = (1,)     # the forward's timestep ([B], or AnyFlow's one per latent frame)
     # Our q, k or v as the model's own attention call takes it (Mochi's: [1, H, N, D] without the padding).
     as_stock: Callable[[Any, Any], Any] = lambda x, spec: x
     attention: str = "attn1"         # each block's self-attention module
@@ -291,12 +292,28 @@ def _tiny_cosmos(layers):  # the padding mask's channel left out (resizing it ne
 
 COSMOS = Model("cosmos", _tiny_cosmos, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bnhd",
                transformer_cosmos.CosmosAttnProcessor2_0, (transformer_cosmos, "dispatch_attention_fn"), fuses=False)
+
+
+def _tiny_anyflow(layers):
+    return diffusers.AnyFlowTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
+                                               in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
+                                               ffn_dim=64, num_layers=layers, rope_max_seq_len=64)
+
+
+def _anyflow_inputs(device, dtype):
+    """The flow map's target timestep, per latent frame (the forward's `timestep` is its source)."""
+    return {"r_timestep": torch.full((1, 5), 500.0, device=device)}
+
+
+ANYFLOW = Model("anyflow", _tiny_anyflow, (1, 5, 4, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
+                transformer_anyflow.AnyFlowAttnProcessor, (transformer_anyflow, "dispatch_attention_fn"),
+                _anyflow_inputs, fuses=False, timestep_shape=(1, 5))
 MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
           pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
           pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(MOCHI, id="mochi"),
           pytest.param(CHRONOEDIT, id="chronoedit"), pytest.param(LTX2, id="ltx2"),
           pytest.param(KANDINSKY, id="kandinsky"), pytest.param(COSMOS, id="cosmos"),
-          pytest.param(WAN_ANIMATE, id="wan-animate")]
+          pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
@@ -315,8 +332,8 @@ def tiny_wan(device="cpu", dtype=torch.float32, layers=2):
 def inputs(rng, timestep, device="cpu", dtype=torch.float32, spec=WAN):
     latents = torch.from_numpy(rng.standard_normal(spec.latent_shape).astype(np.float32))
     text = torch.from_numpy(rng.standard_normal((1, TEXT_TOKENS, TEXT_DIM)).astype(np.float32))
-    timestep = torch.tensor([float(timestep)], device=device,
-                            dtype=dtype if spec.timestep_dtype == "model" else torch.float32)
+    timestep = torch.full(spec.timestep_shape, float(timestep), device=device,
+                          dtype=dtype if spec.timestep_dtype == "model" else torch.float32)
     return {"hidden_states": latents.to(device, dtype), "timestep": timestep,
             "encoder_hidden_states": text.to(device, dtype), **spec.extra_inputs(device, dtype)}
 
@@ -826,7 +843,7 @@ def test_kandinsky_with_its_own_sparse_attention_is_refused(rng):
                                   pytest.param(SKYREELS_V2, id="skyreels-v2"), pytest.param(LTX, id="ltx"),
                                   pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(CHRONOEDIT, id="chronoedit"),
                                   pytest.param(LTX2, id="ltx2"), pytest.param(KANDINSKY, id="kandinsky"),
-                                  pytest.param(WAN_ANIMATE, id="wan-animate")])
+                                  pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow")])
 def test_regional_compilation_holds_stsa_as_one_operator(spec, rng):
     """diffusers' compile_repeated_blocks(fullgraph=True; a graph break would raise): each
     kind of block compiles once for every layer and step (the layer reaches the operator as a
