@@ -19,7 +19,9 @@ forward's num_frames, height and width; LTX-2's audio stream left as it was),
 before the video's) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
 after the video, padded: each sample runs with the prompt tokens its mask keeps) and
 ``HunyuanVideo15Transformer3DModel`` and ``MochiTransformer3DModel`` (likewise; the padding
-hidden both ways), from
+hidden both ways), ``HunyuanVideoFramepackTransformer3DModel`` and ``HeliosTransformer3DModel``
+(their history, past frames before the video's tokens, goes after them for stsa: global
+tokens, as a prompt's), from
 diffusers 0.35 or later, whose self-attention still has diffusers' own processor. The
 latent grid of each forward comes from the transformer's input (over its patch size, and
 the prompt's length); the step from its timestep: a lower timestep than the last
@@ -194,15 +196,20 @@ class SparseTransformer:
             self._generation = self._clock.generation
             self.policy.clear()
 
-    def _attend(self, layer: int, q, k, v, layout: str, prompt_mask=None):
+    def _attend(self, layer: int, q, k, v, layout: str, prompt_mask=None, history: int = 0):
         """q, k, v ([B, N, H, D] or, with layout "bhnd", [B, H, N, D]) of one layer's
         self-attention -> its output, recorded. ``prompt_mask`` [B, T]: which of the
-        prompt's T tokens (after the video's) are kept, as the layer was given it."""
+        prompt's T tokens (after the video's) are kept, as the layer was given it.
+        ``history``: the model's past frames (Framepack's, Helios's), placed by the processor
+        after the video and before the prompt: global tokens, as the prompt's are."""
         if prompt_mask is not None:
             return self._run_padded_text(layer, q, k, v, self._prompt_counts(prompt_mask), padding_sees_keys=False)
         if self.text_counts is None:
-            return self._run(layer, q, k, v, layout, self.grid)
-        return self._run_padded_text(layer, q, k, v, self.text_counts, padding_sees_keys=True)
+            grid = self.grid
+            if history and grid is not None:
+                grid = dataclasses.replace(grid, text=grid.text + history)
+            return self._run(layer, q, k, v, layout, grid)
+        return self._run_padded_text(layer, q, k, v, [n + history for n in self.text_counts], padding_sees_keys=True)
 
     def _prompt_counts(self, mask) -> list[int]:
         """Per sample, the prompt tokens a layer's mask keeps: read on the host once per
@@ -354,18 +361,18 @@ class _SelfAttention:
         if attention_mask is not None:
             raise Unsupported(f"layer {self.layer}: stsa replaces self-attention without an attention mask")
 
-    def _attention(self, query, key, value, prompt_mask=None):
-        ulysses = self._ulysses(prompt_mask)
+    def _attention(self, query, key, value, prompt_mask=None, history: int = 0):
+        ulysses = self._ulysses(prompt_mask, history)
         if ulysses is not None:  # this rank's share of the tokens, every head -> every token, its share of the heads
             query, key, value = (_tokens_for_heads(x, *ulysses) for x in (query, key, value))
         if torch.compiler.is_compiling():  # one opaque operator in the compiled block, not a graph break
             out = torch.ops.stsa.diffusers_attention(query, key, value, self.owner._id, self._layer_tensor,
-                                                     self.layout, prompt_mask)
+                                                     self.layout, prompt_mask, history)
         else:
-            out = self.owner._attend(self.layer, query, key, value, self.layout, prompt_mask)
+            out = self.owner._attend(self.layer, query, key, value, self.layout, prompt_mask, history)
         return out if ulysses is None else _heads_for_tokens(out, *ulysses)
 
-    def _ulysses(self, prompt_mask):
+    def _ulysses(self, prompt_mask, history: int):
         """(group, ranks) under diffusers' Ulysses context parallelism, else None. Each rank
         holds a contiguous share of the video's frame-major tokens; an all-to-all gives it
         every token of H / ranks heads, which stsa routes, permutes and attends locally
@@ -380,10 +387,11 @@ class _SelfAttention:
             raise Unsupported("stsa runs under diffusers' Ulysses context parallelism only (ring_degree 1, "
                               "ulysses_anything off): ring attention splits the keys, which a mask over "
                               "the whole sequence needs")
-        if self.layout != "bnhd" or prompt_mask is not None or self.owner.text_counts is not None or (
+        if self.layout != "bnhd" or prompt_mask is not None or self.owner.text_counts is not None or history or (
                 self.owner.grid is not None and self.owner.grid.text):
             raise Unsupported("stsa runs under diffusers' context parallelism on video-only self-attention "
-                              "(Wan, SkyReels-V2, LTX-Video), not on a joint sequence with a prompt")
+                              "(Wan, SkyReels-V2, LTX-Video), not on a joint sequence with a prompt or "
+                              "history frames")
         mesh = getattr(context, "_ulysses_mesh", None)
         if mesh is None:
             raise Unsupported("this diffusers' context parallel config has no Ulysses mesh stsa knows "
@@ -514,7 +522,9 @@ class _HunyuanVideoSelfAttention(_SelfAttention):
     projections and QK RMS norms of its own) and single-stream ones (one projection for
     both): the video's tokens then the prompt's, the rotary embedding on the video's. The
     model's attention mask, which hides each prompt's padding as keys, is applied from
-    the forward's encoder_attention_mask (SparseTransformer._run_padded_text)."""
+    the forward's encoder_attention_mask (SparseTransformer._run_padded_text). Framepack's
+    history tokens (before the video's, the rotary embedding on them too) go after the
+    video's for stsa, and their outputs back before."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.embeddings import apply_rotary_emb
@@ -536,7 +546,14 @@ class _HunyuanVideoSelfAttention(_SelfAttention):
                                     dim=1) for x in (query, key))
         if dual_stream:
             query, key, value = _with_prompt(attn, (query, key, value), encoder_hidden_states)
-        return _joint_outputs(attn, self._attention(query, key, value).flatten(2, 3).to(query.dtype), text)
+        video = self.owner.grid.video_tokens if self.owner.grid is not None else hidden_states.shape[1]
+        history = hidden_states.shape[1] - video
+        if history < 0:
+            raise Unsupported(f"layer {self.layer}: {hidden_states.shape[1]} video tokens, but the transformer's "
+                              f"input makes {video}")
+        query, key, value = (_history_after_video(x, history, video) for x in (query, key, value))
+        out = self._attention(query, key, value, history=history).flatten(2, 3).to(query.dtype)
+        return _joint_outputs(attn, _history_before_video(out, history, video), text)
 
 
 class _HunyuanVideo15SelfAttention(_SelfAttention):
@@ -602,6 +619,38 @@ class _CosmosSelfAttention(_SelfAttention):
             query, key = (apply_rotary_emb(x, image_rotary_emb, use_real=True, use_real_unbind_dim=-2)
                           for x in (query, key))
         out = self._attention(*(x.transpose(1, 2) for x in (query, key, value))).flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+class _HeliosSelfAttention(_SelfAttention):
+    """diffusers' Helios self-attention: Wan's (QK RMS norm across heads, its rotary
+    embedding) over the history's tokens then the video's, the history's keys amplified
+    where the model learnt to; stsa takes the history after the video (global tokens), and
+    its outputs go back before."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None,
+                 original_context_length=None):
+        if encoder_hidden_states is not None or attn.is_cross_attention:
+            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
+        self._check_call(attention_mask)
+        query, key, value = _projections(attn, hidden_states)
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+        if rotary_emb is not None:
+            cos, sin = rotary_emb.unsqueeze(-2).chunk(2, dim=-1)
+            query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
+        video = hidden_states.shape[1] if original_context_length is None else original_context_length
+        history = hidden_states.shape[1] - video
+        if attn.is_amplify_history and history > 0:
+            scale = 1.0 + torch.sigmoid(attn.history_key_scale) * (attn.max_scale - 1.0)
+            if attn.history_scale_mode == "per_head":
+                scale = scale.view(1, 1, -1, 1)
+            # In the keys' dtype: diffusers keeps the scales in fp32, and its own processor's keys
+            # turn fp32 in a bf16 model, which its attention call then refuses.
+            key = torch.cat([(key[:, :history] * scale).type_as(key), key[:, history:]], dim=1)
+        query, key, value = (_history_after_video(x, history, video) for x in (query, key, value))
+        out = self._attention(query, key, value, history=history).flatten(2, 3).type_as(query)
+        out = _history_before_video(out, history, video)
         return attn.to_out[1](attn.to_out[0](out))
 
 
@@ -682,6 +731,22 @@ def _rotate_pairs_in_fp32(x, cos, sin):
                        dim=-1).flatten(-2)
 
 
+def _history_after_video(x, history: int, video: int):
+    """[B, N, ...] of a model that puts its history tokens (past frames) before the video's:
+    the video's, then the history's, then the rest (the prompt), the order of stsa's grid,
+    which keeps the history global. A copy; none without history."""
+    if not history:
+        return x
+    return torch.cat([x[:, history:history + video], x[:, :history], x[:, history + video:]], dim=1)
+
+
+def _history_before_video(x, history: int, video: int):
+    """The inverse of _history_after_video."""
+    if not history:
+        return x
+    return torch.cat([x[:, video:video + history], x[:, :video], x[:, video + history:]], dim=1)
+
+
 def _with_prompt(attn, video_qkv, encoder_hidden_states):
     """HunyuanVideo's dual-stream joint attention: the prompt's q, k, v (projections and
     QK norms of their own) after the video's."""
@@ -718,12 +783,12 @@ _owners: "weakref.WeakValueDictionary[int, SparseTransformer]" = weakref.WeakVal
 # back on the host, which a capture refuses.
 @torch.library.custom_op("stsa::diffusers_attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int, layer: torch.Tensor,
-                  layout: str, prompt_mask: Optional[torch.Tensor]) -> torch.Tensor:
-    return _owners[owner]._attend(int(layer), q, k, v, layout, prompt_mask)
+                  layout: str, prompt_mask: Optional[torch.Tensor], history: int) -> torch.Tensor:
+    return _owners[owner]._attend(int(layer), q, k, v, layout, prompt_mask, history)
 
 
 @_attention_op.register_fake
-def _(q, k, v, owner, layer, layout, prompt_mask):
+def _(q, k, v, owner, layer, layout, prompt_mask, history):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)  # as stsa.attention allocates it
 
 
@@ -819,6 +884,11 @@ def _hunyuan_text_counts(inputs) -> list[int]:
     return [int(n) for n in inputs["encoder_attention_mask"].sum(dim=1).tolist()]
 
 
+def _framepack_text_counts(inputs) -> list[int]:
+    # Framepack puts the image's tokens (one per image embedding, all kept) before the prompt's.
+    return [inputs["image_embeds"].shape[1] + n for n in _hunyuan_text_counts(inputs)]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Family:
     """What stsa.diffusers knows of one transformer class."""
@@ -873,6 +943,10 @@ _FAMILIES = {
     "HunyuanVideoTransformer3DModel": _Family(("transformer_blocks", "single_transformer_blocks"), "attn",
                                               ("HunyuanVideoAttnProcessor2_0",), _HunyuanVideoSelfAttention,
                                               _hunyuan_grid, _hunyuan_text_counts),
+    # Framepack: HunyuanVideo's blocks over the history's tokens, then the video's, then the image's and the prompt's.
+    "HunyuanVideoFramepackTransformer3DModel": _Family(("transformer_blocks", "single_transformer_blocks"), "attn",
+                                                       ("HunyuanVideoAttnProcessor2_0",), _HunyuanVideoSelfAttention,
+                                                       _hunyuan_grid, _framepack_text_counts),
     "HunyuanVideo15Transformer3DModel": _Family(("transformer_blocks",), "attn", ("HunyuanVideo15AttnProcessor2_0",),
                                                 _HunyuanVideo15SelfAttention, _hunyuan_grid),
     "MochiTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("MochiAttnProcessor2_0",),
@@ -880,6 +954,10 @@ _FAMILIES = {
     # Cosmos: its cross-attention runs the same processor class and is left as it was.
     "CosmosTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("CosmosAttnProcessor2_0",),
                                         _CosmosSelfAttention, _wan_grid),
+    # Helios: Wan's blocks over the history's tokens then the video's; its cross-attention, the
+    # same processor class, left as it was.
+    "HeliosTransformer3DModel": _Family(("blocks",), "attn1", ("HeliosAttnProcessor",), _HeliosSelfAttention,
+                                        _wan_grid),
     "Kandinsky5Transformer3DModel": _Family(("visual_transformer_blocks",), "self_attention",
                                             ("Kandinsky5AttnProcessor",), _KandinskySelfAttention, _kandinsky_grid),
 }

@@ -24,7 +24,7 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 
 from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import (  # noqa: E402
-    transformer_anyflow, transformer_chronoedit, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15,
+    transformer_anyflow, transformer_chronoedit, transformer_helios, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15,
     transformer_kandinsky, transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan,
     transformer_wan_animate)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
@@ -308,12 +308,87 @@ def _anyflow_inputs(device, dtype):
 ANYFLOW = Model("anyflow", _tiny_anyflow, (1, 5, 4, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
                 transformer_anyflow.AnyFlowAttnProcessor, (transformer_anyflow, "dispatch_attention_fn"),
                 _anyflow_inputs, fuses=False, timestep_shape=(1, 5))
+
+
+def _tiny_framepack(layers):  # HunyuanVideo's blocks, the history's and the image's embedders
+    return diffusers.HunyuanVideoFramepackTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=64, num_layers=(layers + 1) // 2,
+        num_single_layers=layers // 2, num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1,
+        text_embed_dim=TEXT_DIM, pooled_projection_dim=16, rope_axes_dim=(16, 24, 24), has_image_proj=True,
+        image_proj_dim=16, has_clean_x_embedder=True)
+
+
+def _history(device, dtype, samples, names, seed, indices_shape):
+    """Framepack's and Helios's history, before the video's tokens: 2 latent frames at full
+    resolution (48 tokens), 2 at half (6) and 4 at a quarter (2, padded): 56 tokens, and
+    each one's frame indices (the video's, 8 to 12, follow them)."""
+    generator = torch.Generator().manual_seed(seed)
+    x, first = {}, 0
+    for (latents, indices), frames in zip(names, (2, 2, 4)):
+        x[latents] = torch.randn(samples, 4, frames, 8, 12, generator=generator).to(device, dtype)
+        x[indices] = torch.arange(first, first + frames, device=device).view(indices_shape)
+        first += frames
+    return x
+
+
+HISTORY_TOKENS = 56
+
+
+def _framepack_inputs(device, dtype, kept=(5,)):
+    """As HunyuanVideo's, the image's 3 embeddings, the history and the video's frame indices."""
+    generator = torch.Generator().manual_seed(11)
+    names = (("latents_clean", "indices_latents_clean"), ("latents_history_2x", "indices_latents_history_2x"),
+             ("latents_history_4x", "indices_latents_history_4x"))
+    return {**_hunyuan_inputs(device, dtype, kept), **_history(device, dtype, len(kept), names, 11, (-1,)),
+            "image_embeds": torch.randn(len(kept), 3, 16, generator=generator).to(device, dtype),
+            "indices_latents": torch.arange(8, 13, device=device)}
+
+
+def _history_first(x, spec):
+    """stsa's order (the video's tokens, the history's, then the rest) -> the model's."""
+    video = spec.grid.video_tokens
+    return torch.cat([x[:, video:video + HISTORY_TOKENS], x[:, :video], x[:, video + HISTORY_TOKENS:]], dim=1)
+
+
+FRAMEPACK = Model("framepack", _tiny_framepack, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=HISTORY_TOKENS + 3 + 5),
+                  ("transformer_blocks", "single_transformer_blocks"), "bnhd",
+                  transformer_hunyuan_video.HunyuanVideoAttnProcessor2_0,
+                  (transformer_hunyuan_video, "dispatch_attention_fn"), _framepack_inputs, fuses=False,
+                  as_stock=_history_first, attention="attn")
+
+
+def _tiny_helios(layers, scale_in_fp32=False):
+    """The history's keys amplified per head, by scales in the model's dtype: diffusers keeps
+    them in fp32 (from_pretrained), which makes its own processor's keys fp32 in a bf16
+    model and its attention call fail (test_helios_keeps_a_bf16_models_keys_bf16)."""
+    model = diffusers.HeliosTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
+                                               in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
+                                               ffn_dim=64, num_layers=layers, rope_dim=(16, 24, 24),
+                                               is_amplify_history=True)
+    if not scale_in_fp32:
+        model._keep_in_fp32_modules = [m for m in model._keep_in_fp32_modules if m != "history_key_scale"]
+    with torch.no_grad():  # the scales start equal until trained
+        for block in model.blocks:
+            block.attn1.history_key_scale.normal_(0, 1)
+    return model
+
+
+def _helios_inputs(device, dtype):
+    names = tuple((f"latents_history_{n}", f"indices_latents_history_{n}") for n in ("short", "mid", "long"))
+    return {**_history(device, dtype, 1, names, 12, (1, -1)),
+            "indices_hidden_states": torch.arange(8, 13, device=device).unsqueeze(0)}
+
+
+HELIOS = Model("helios", _tiny_helios, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=HISTORY_TOKENS), ("blocks",),
+               "bnhd", transformer_helios.HeliosAttnProcessor, (transformer_helios, "dispatch_attention_fn"),
+               _helios_inputs, as_stock=_history_first)
 MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
           pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
           pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(MOCHI, id="mochi"),
           pytest.param(CHRONOEDIT, id="chronoedit"), pytest.param(LTX2, id="ltx2"),
           pytest.param(KANDINSKY, id="kandinsky"), pytest.param(COSMOS, id="cosmos"),
-          pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow")]
+          pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow"),
+          pytest.param(FRAMEPACK, id="framepack"), pytest.param(HELIOS, id="helios")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
@@ -408,9 +483,9 @@ def test_routed_layers_match_the_reference_on_the_models_own_qkv(spec, device, d
             lambda _, args, kwargs, layer=layer: layer_inputs.setdefault(layer, (args, kwargs)), with_kwargs=True)
     attend = sparse._attend
 
-    def attend_and_keep(layer, q, k, v, layout, prompt_mask=None):
+    def attend_and_keep(layer, q, k, v, layout, prompt_mask=None, history=0):
         assert layout == spec.layout
-        return attended.setdefault(layer, (q, k, v, attend(layer, q, k, v, layout, prompt_mask)))[3]
+        return attended.setdefault(layer, (q, k, v, attend(layer, q, k, v, layout, prompt_mask, history)))[3]
 
     monkeypatch.setattr(sparse, "_attend", attend_and_keep)
     forward(model, inputs(rng, 999, device, dtype, spec))
@@ -444,11 +519,13 @@ def _batch_of_two(rng, spec):
 
 @pytest.mark.parametrize("spec,masks,texts", [
     pytest.param(HUNYUAN, lambda: _hunyuan_inputs("cpu", torch.float32, kept=(3, 7)), (3, 7), id="hunyuan"),
-    pytest.param(MOCHI, lambda: _mochi_inputs("cpu", torch.float32, kept=(5, 2)), (5, 2), id="mochi")])
+    pytest.param(MOCHI, lambda: _mochi_inputs("cpu", torch.float32, kept=(5, 2)), (5, 2), id="mochi"),
+    pytest.param(FRAMEPACK, lambda: _framepack_inputs("cpu", torch.float32, kept=(3, 7)),
+                 (HISTORY_TOKENS + 3 + 3, HISTORY_TOKENS + 3 + 7), id="framepack")])
 def test_prompts_of_different_lengths_in_one_batch(spec, masks, texts, rng):
-    """Each sample runs with its own grid (the prompt tokens its mask keeps), the padding's
-    rows seeing the kept keys (HunyuanVideo) or nothing (Mochi: zero): a dense policy gives
-    the model's own output."""
+    """Each sample runs with its own grid (the prompt tokens its mask keeps; Framepack's
+    history and image tokens too), the padding's rows seeing the kept keys (HunyuanVideo,
+    Framepack) or nothing (Mochi: zero): a dense policy gives the model's own output."""
     model = tiny(spec)
     x = {**_batch_of_two(rng, spec), **masks()}
     own = forward(model, x)
@@ -839,11 +916,28 @@ def test_kandinsky_with_its_own_sparse_attention_is_refused(rng):
     assert not sparse.records
 
 
+def test_helios_keeps_a_bf16_models_keys_bf16(rng):
+    """A bf16 Helios with its history's key scales in fp32, as from_pretrained leaves them:
+    stsa's keys stay bf16 (diffusers' own processor makes them fp32 and its attention call
+    refuses them), and the output is what diffusers gives with the scales rounded to bf16."""
+    spec = dataclasses.replace(HELIOS, build=lambda layers: _tiny_helios(layers, scale_in_fp32=True))
+    model = tiny(spec, dtype=torch.bfloat16)
+    assert model.blocks[0].attn1.history_key_scale.dtype == torch.float32
+    x = inputs(rng, 999, dtype=torch.bfloat16, spec=spec)
+    with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1)):
+        ours = forward(model, x)
+    for block in model.blocks:
+        block.attn1.history_key_scale.data = block.attn1.history_key_scale.data.bfloat16()
+    assert ours.dtype == torch.bfloat16
+    assert relative_l2(ours, forward(model, x)) < 1e-2
+
+
 @pytest.mark.parametrize("spec", [pytest.param(WAN, id="wan"), pytest.param(HUNYUAN, id="hunyuan"),
                                   pytest.param(SKYREELS_V2, id="skyreels-v2"), pytest.param(LTX, id="ltx"),
                                   pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(CHRONOEDIT, id="chronoedit"),
                                   pytest.param(LTX2, id="ltx2"), pytest.param(KANDINSKY, id="kandinsky"),
-                                  pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow")])
+                                  pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow"),
+                                  pytest.param(HELIOS, id="helios")])
 def test_regional_compilation_holds_stsa_as_one_operator(spec, rng):
     """diffusers' compile_repeated_blocks(fullgraph=True; a graph break would raise): each
     kind of block compiles once for every layer and step (the layer reaches the operator as a
@@ -924,4 +1018,4 @@ def test_the_operator_passes_torch_opcheck(rng):
     q, k, v = (torch.from_numpy(rng.standard_normal((1, WAN.grid.tokens, 2, 64)).astype(np.float32))
                for _ in range(3))
     torch.library.opcheck(torch.ops.stsa.diffusers_attention.default,
-                          (q, k, v, sparse._id, torch.tensor(0), "bnhd", None))
+                          (q, k, v, sparse._id, torch.tensor(0), "bnhd", None, 0))
