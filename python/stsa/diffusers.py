@@ -67,8 +67,8 @@ def enable(model, policy: str | Policy, *, backend: str | None = None, tile: int
     attention times, and on a GPU the layers that route nothing never wait for the
     device); the latest ``max_records`` calls are kept (a long-running server's memory
     stays bounded)."""
-    options = {"backend": backend, "tile": tile, "align": align, "timed": _flag("timed", timed),
-               "max_records": max_records}
+    options: dict[str, Any] = {"backend": backend, "tile": tile, "align": align, "timed": _flag("timed", timed),
+                               "max_records": max_records}
     model = _uncompiled(model)
     if type(model).__name__ not in _FAMILIES and any(hasattr(model, name) for name in _PIPELINE_TRANSFORMERS):
         return SparsePipeline(model, policy, **options)
@@ -229,9 +229,7 @@ class SparseTransformer:
     def _run(self, layer: int, q, k, v, layout: str, grid: VideoGrid | None, out=None):
         tokens = q.shape[1] if layout == "bnhd" else q.shape[2]
         if grid is None or grid.tokens != tokens:
-            raise Unsupported(f"layer {layer}: {tokens} query tokens, but the transformer's input makes "
-                              f"{'none' if grid is None else grid.tokens} (the self-attention was called "
-                              "outside the transformer's forward, or the tokens are split across devices)")
+            raise _grid_mismatch(layer, tokens, grid)
         out, info = self.policy.attention(q, k, v, grid, step=self.step, layer=layer, layout=layout, out=out,
                                           **self._options)
         attention_ms = None if info["attention_ms"] is None else info["permutation_ms"] + info["attention_ms"]
@@ -246,6 +244,8 @@ class SparseTransformer:
         those same keys, densely, where the model's mask hides the padding as keys only
         (HunyuanVideo); where it hides the padding both ways (HunyuanVideo 1.5) they see
         nothing and are zero, as PyTorch's attention leaves a row with no key."""
+        if self.grid is None:
+            raise _grid_mismatch(layer, q.shape[1], None)
         if len(text_counts) != q.shape[0]:
             raise Unsupported(f"layer {layer}: a batch of {q.shape[0]}, but the prompt mask has "
                               f"{len(text_counts)} rows")
@@ -262,6 +262,12 @@ class SparseTransformer:
                     *(x[one].transpose(1, 2) for x in (q[:, grid.tokens:], k[:, kept], v[:, kept])))
                 out[one, grid.tokens:] = padding.transpose(1, 2)
         return out
+
+
+def _grid_mismatch(layer: int, tokens: int, grid: VideoGrid | None) -> Unsupported:
+    return Unsupported(f"layer {layer}: {tokens} query tokens, but the transformer's input makes "
+                       f"{'none' if grid is None else grid.tokens} (the self-attention was called outside the "
+                       "transformer's forward, or the tokens are split across devices)")
 
 
 class SparsePipeline:
@@ -843,7 +849,8 @@ def _forward_sizes(inputs, model: str) -> list[int]:
 def _ltx_grid(transformer, inputs) -> VideoGrid:
     """LTX-Video's tokens come packed ([B, N, C]); the forward's num_frames, height and width
     are their grid (the rotary embedding's, frame-major)."""
-    return VideoGrid(*_forward_sizes(inputs, "LTX-Video"))
+    frames, height, width = _forward_sizes(inputs, "LTX-Video")
+    return VideoGrid(frames, height, width)
 
 
 def _ltx2_grid(transformer, inputs) -> VideoGrid:
