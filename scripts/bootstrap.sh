@@ -27,15 +27,17 @@ fi
 build_dir="${STSA_BUILD_DIR:-build}"
 
 # The Python package builds against a venv of its own (nanobind, and the tests'
-# pytest, NumPy, ml_dtypes); without the network to fill it, the rest still builds.
+# pytest, NumPy, ml_dtypes and mypy); without the network to fill it, the rest still builds.
 python_env="$build_dir/python-env"
 python_args=()
-if ! "$python_env/bin/python" -c "import nanobind, pytest, numpy, ml_dtypes" 2>/dev/null; then
+if ! "$python_env/bin/python" -c "import nanobind, pytest, numpy, ml_dtypes, mypy" 2>/dev/null; then
   { python3 -m venv "$python_env" && "$python_env/bin/pip" install -q -r python/requirements-test.txt; } ||
-    echo "bootstrap: the Python package is left out: $python_env could not be set up (pip needs the network)" >&2
+    echo "bootstrap: $python_env could not be filled (pip needs the network)" >&2
 fi
 if "$python_env/bin/python" -c "import nanobind" 2>/dev/null; then
   python_args=(-DPython_EXECUTABLE="$(cd "$python_env" && pwd)/bin/python")
+else
+  echo "bootstrap: the Python package is left out: $python_env has no nanobind" >&2
 fi
 
 # shellcheck disable=SC2086
