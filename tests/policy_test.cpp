@@ -125,6 +125,19 @@ TEST(ModelPresets, HaveTheDocumentedShapes) {
   EXPECT_EQ(cog.grid.text_tokens, 226);
   EXPECT_EQ(cog.grid.text_placement, TextPlacement::Before);
   EXPECT_EQ(cog.head_dim, 64);
+  const ModelPreset& hunyuan15 = model_preset("hunyuan1.5-720p");
+  EXPECT_EQ(hunyuan15.grid.video_tokens(), 111600);  // (121 - 1) / 4 + 1 frames of 720/16 x 1280/16
+  EXPECT_EQ(hunyuan15.grid.text_tokens, 1256);
+  EXPECT_EQ(hunyuan15.heads * hunyuan15.head_dim, 2048);
+  EXPECT_EQ(model_preset("hunyuan1.5-480p").grid.video_tokens(), 49290);  // 31 frames of 480/16 x 848/16
+  EXPECT_EQ(model_preset("skyreels-v2-14b-540p").grid.video_tokens(), 51000);  // 25 frames of 544/16 x 960/16
+  const ModelPreset& cosmos = model_preset("cosmos-predict2.5-14b");
+  EXPECT_EQ(cosmos.grid.video_tokens(), 84480);  // (93 - 1) / 4 + 1 frames of 704/16 x 1280/16
+  EXPECT_EQ(cosmos.steps, 36);
+  EXPECT_EQ(model_preset("cosmos-predict2.5-2b").heads, 16);
+  const ModelPreset& kandinsky = model_preset("kandinsky5-lite");
+  EXPECT_EQ(kandinsky.grid.video_tokens(), 47616);  // 31 frames of 512/16 x 768/16
+  EXPECT_EQ(kandinsky.heads * kandinsky.head_dim, 1792);
   for (const auto& p : model_presets()) {
     EXPECT_NO_THROW(p.layout(2).validate()) << p.name;
     EXPECT_NO_THROW(Policy{p.policy}) << p.name;

@@ -1,7 +1,7 @@
 // Shapes from the models' published configs (see docs/routing.md): tokens after
 // the VAE (8x spatial, 4x temporal compression, first frame kept; Wan2.2-TI2V-5B's
-// VAE compresses 16x spatially, LTX's 32x spatially and 8x in time with 1x1x1
-// patches) and 1x2x2 patches. The policies are starting points in line with Sparse VideoGen's
+// and HunyuanVideo 1.5's VAEs compress 16x spatially (1x1x1 patches in 1.5), LTX's 32x
+// spatially and 8x in time with 1x1x1 patches) and 1x2x2 patches. The policies are starting points in line with Sparse VideoGen's
 // settings (dense warm-up for about the first quarter of the steps and the first
 // layer, kept density 0.25), not values tuned on generated videos.
 #include <string>
@@ -71,6 +71,29 @@ const std::vector<ModelPreset>& model_presets() {
       make("ltx-2-1080p",
            "LTX-2 (19B), 1920x1088, 121 frames: 16 x 34 x 60 video tokens, 32 heads of 128, 48 layers, 30 steps",
            VideoGrid{16, 34, 60, 0, TextPlacement::After}, 32, 128, 48, 30, 8),
+      make("hunyuan1.5-480p",
+           "HunyuanVideo 1.5 T2V, 480x848, 121 frames: 31 x 30 x 53 tokens (its VAE compresses 16x spatially; "
+           "1x1x1 patches) + the prompt at its longest after the video (1,000 Qwen + 256 ByT5 tokens; the mask "
+           "keeps a prompt's own), 16 heads, 54 dual-stream blocks",
+           VideoGrid{31, 30, 53, 1256, TextPlacement::After}, 16, 128, 54, 50, 12),
+      make("hunyuan1.5-720p",
+           "HunyuanVideo 1.5 T2V, 720x1280, 121 frames: 31 x 45 x 80 tokens + the prompt at its longest after "
+           "the video (1,256 tokens), 16 heads, 54 dual-stream blocks",
+           VideoGrid{31, 45, 80, 1256, TextPlacement::After}, 16, 128, 54, 50, 12),
+      make("skyreels-v2-14b-540p",
+           "SkyReels-V2-T2V-14B-540P, 544x960, 97 frames: 25 x 34 x 60 tokens, text via cross-attention only",
+           VideoGrid{25, 34, 60, 0, TextPlacement::After}, 40, 128, 40, 50, 12),
+      make("cosmos-predict2.5-2b",
+           "Cosmos-Predict2.5-2B, 704x1280, 93 frames: 24 x 44 x 80 tokens, text via cross-attention only, "
+           "16 heads, 28 layers, 36 steps",
+           VideoGrid{24, 44, 80, 0, TextPlacement::After}, 16, 128, 28, 36, 9),
+      make("cosmos-predict2.5-14b",
+           "Cosmos-Predict2.5-14B, 704x1280, 93 frames: 24 x 44 x 80 tokens, 40 heads, 36 layers, 36 steps",
+           VideoGrid{24, 44, 80, 0, TextPlacement::After}, 40, 128, 36, 36, 9),
+      make("kandinsky5-lite",
+           "Kandinsky 5.0 T2V Lite (5 s, dense attention), 512x768, 121 frames: 31 x 32 x 48 tokens, text via "
+           "cross-attention only, 28 heads of 64, 32 visual blocks",
+           VideoGrid{31, 32, 48, 0, TextPlacement::After}, 28, 64, 32, 50, 12),
       make("cogvideox1.5",
            "CogVideoX1.5-5B, 768x1360, 81 frames: 11 x 48 x 85 tokens + 226 text tokens before the video (joint "
            "attention)",
