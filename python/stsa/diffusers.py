@@ -13,7 +13,8 @@ by cross-attention, left as it was), ``WanVACETransformer3DModel`` and ``WanAnim
 (Wan's self-attention),
 ``LTXVideoTransformer3DModel`` and ``LTX2VideoTransformer3DModel`` (packed tokens; the grid from the
 forward's num_frames, height and width; LTX-2's audio stream left as it was),
-``Kandinsky5Transformer3DModel`` (its visual blocks; text by cross-attention),
+``Kandinsky5Transformer3DModel`` (its visual blocks; text by cross-attention) and
+``Kandinsky6Transformer3DModel`` (its fused blocks' video self-attention; audio left as it was),
 ``CosmosTransformer3DModel`` (Cosmos Predict2 and 2.5, Transfer2.5),
 ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5; joint attention, the text tokens
 before the video's) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
@@ -40,6 +41,7 @@ import collections
 import dataclasses
 import inspect
 import itertools
+import operator
 import weakref
 from typing import Any, Optional
 
@@ -718,6 +720,25 @@ class _KandinskySelfAttention(_SelfAttention):
         return attn.out_layer(self._attention(query, key, value).flatten(-2, -1))
 
 
+class _Kandinsky6SelfAttention(_SelfAttention):
+    """diffusers' Kandinsky 6 self-attention of the video stream (its audio stream's, text
+    blocks' and cross-attentions are left as they were): QK RMS norm per head, the rotary
+    embedding's 2 x 2 rotations in fp32, stored in q's and k's type."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, rotary_emb=None, rotary_emb_kv=None,
+                 attn_mask=None):
+        if encoder_hidden_states is not None or rotary_emb_kv is not rotary_emb:
+            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
+        self._check_call(attn_mask)
+        query, key, value = (x.unflatten(-1, (attn.num_heads, -1)) for x in (attn.to_query(hidden_states),
+                                                                             attn.to_key(hidden_states),
+                                                                             attn.to_value(hidden_states)))
+        query, key = attn.query_norm(query), attn.key_norm(key)
+        if rotary_emb is not None:
+            query, key = _rotate_2x2(query, rotary_emb), _rotate_2x2(key, rotary_emb)
+        return attn.out_layer(self._attention(query, key, value).flatten(-2, -1))
+
+
 _KANDINSKY_NABLA = ("Kandinsky 5's own sparse attention (NABLA: the model's attention_type 'nabla', the forward's "
                     "sparse_params) is on: stsa replaces the dense self-attention of attention_type 'regular'")
 
@@ -727,6 +748,13 @@ def _rotate_2x2_in_bf16(x, rope):
     stored in bf16 (whatever x's type), then in x's type."""
     pairs = x.reshape(*x.shape[:-1], -1, 1, 2).to(torch.float32)
     return (rope * pairs).sum(dim=-1).reshape(*x.shape).to(torch.bfloat16).type_as(x)
+
+
+def _rotate_2x2(x, rope):
+    """Kandinsky 6's rotary embedding: each channel pair times its 2 x 2 rotation in fp32,
+    stored in x's type."""
+    pairs = x.reshape(*x.shape[:-1], -1, 1, 2).float()
+    return (rope.float() * pairs).sum(dim=-1).reshape(*x.shape).to(x.dtype)
 
 
 def _rotate_pairs_in_fp32(x, cos, sin):
@@ -862,8 +890,8 @@ def _ltx2_grid(transformer, inputs) -> VideoGrid:
 
 
 def _kandinsky_grid(transformer, inputs) -> VideoGrid:
-    """Kandinsky 5's latents come as [B, F, H, W, C], its tokens frame-major over its patches
-    (unless its NABLA attention reorders them into 8 x 8 blocks: refused)."""
+    """Kandinsky 5's and 6's latents come as [B, F, H, W, C], their tokens frame-major over the
+    patches (unless Kandinsky 5's NABLA attention reorders them into 8 x 8 blocks: refused)."""
     if inputs.get("sparse_params") is not None:
         raise Unsupported(_KANDINSKY_NABLA)
     _, frames, height, width, _ = _latents(inputs["hidden_states"], "B, F, H, W, C")
@@ -901,14 +929,14 @@ class _Family:
     """What stsa.diffusers knows of one transformer class."""
 
     blocks: tuple[str, ...]       # the attributes holding the blocks, in the order they run
-    attention: str                # each block's self-attention module
+    attention: str                # each block's self-attention module (a dotted path within the block)
     replaced: tuple[str, ...]     # the processors whose computation `processor` reproduces (diffusers' own)
     processor: type
     grid: Any                     # (transformer, the forward's arguments by name) -> VideoGrid
     text_counts: Any = lambda inputs: None  # (arguments) -> per sample, the prompt tokens kept; None: all
 
     def self_attentions(self, transformer) -> list:
-        attentions = [(f"{name}[{i}].{self.attention}", getattr(block, self.attention))
+        attentions = [(f"{name}[{i}].{self.attention}", operator.attrgetter(self.attention)(block))
                       for name in self.blocks for i, block in enumerate(getattr(transformer, name))]
         for where, attn in attentions:
             processor = type(attn.processor).__name__
@@ -965,6 +993,9 @@ _FAMILIES = {
     # same processor class, left as it was.
     "HeliosTransformer3DModel": _Family(("blocks",), "attn1", ("HeliosAttnProcessor",), _HeliosSelfAttention,
                                         _wan_grid),
+    # Kandinsky 6: its fused video and audio blocks; the video stream's self-attention only.
+    "Kandinsky6Transformer3DModel": _Family(("visual_transformer_blocks",), "video_dec_block.self_attention",
+                                            ("Kandinsky6AttnProcessor",), _Kandinsky6SelfAttention, _kandinsky_grid),
     "Kandinsky5Transformer3DModel": _Family(("visual_transformer_blocks",), "self_attention",
                                             ("Kandinsky5AttnProcessor",), _KandinskySelfAttention, _kandinsky_grid),
 }

@@ -6,6 +6,7 @@ reference, with each head's mask evaluated from what the call reports it ran, is
 yardstick for the attention."""
 
 import dataclasses
+import operator
 import os
 import socket
 import types
@@ -25,7 +26,7 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import (  # noqa: E402
     transformer_anyflow, transformer_chronoedit, transformer_helios, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15,
-    transformer_kandinsky, transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan,
+    transformer_kandinsky, transformer_kandinsky6, transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan,
     transformer_wan_animate)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
 from torch_helpers import check, require_gpu  # noqa: E402
@@ -382,13 +383,38 @@ def _helios_inputs(device, dtype):
 HELIOS = Model("helios", _tiny_helios, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=HISTORY_TOKENS), ("blocks",),
                "bnhd", transformer_helios.HeliosAttnProcessor, (transformer_helios, "dispatch_attention_fn"),
                _helios_inputs, as_stock=_history_first)
+def _tiny_kandinsky6(layers):  # fused video and audio blocks, an audio stream of 8 tokens
+    model = diffusers.Kandinsky6Transformer3DModel(in_visual_dim=4, out_visual_dim=4, in_text_dim=TEXT_DIM,
+                                                   in_text_dim2=16, time_dim=32, model_dim=128, ff_dim=64,
+                                                   num_text_blocks=1, num_visual_blocks=layers, axes_dims=(16, 24, 24),
+                                                   visual_cond=False, in_audio_dim=4, out_audio_dim=4,
+                                                   model_dim_a=64, time_dim_a=32, ff_dim_a=64,
+                                                   axes_dims_a=(8, 12, 12))
+    with torch.no_grad():  # the modulations start at zero (every gate shut) until trained
+        for name, parameter in model.named_parameters():
+            if "modulation" in name:
+                parameter.normal_(0, 0.5)
+    return model
+
+
+def _kandinsky6_inputs(device, dtype):
+    generator = torch.Generator().manual_seed(13)
+    return {"pooled_projections": torch.randn(1, 16, generator=generator).to(device, dtype),
+            "audio_hidden_states": torch.randn(1, 8, 4, generator=generator).to(device, dtype)}
+
+
+KANDINSKY6 = Model("kandinsky6", _tiny_kandinsky6, (1, 5, 8, 12, 4), stsa.VideoGrid(5, 4, 6),
+                   ("visual_transformer_blocks",), "bnhd", transformer_kandinsky6.Kandinsky6AttnProcessor,
+                   (transformer_kandinsky6, "dispatch_attention_fn"), _kandinsky6_inputs, fuses=False,
+                   attention="video_dec_block.self_attention")
 MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
           pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
           pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(MOCHI, id="mochi"),
           pytest.param(CHRONOEDIT, id="chronoedit"), pytest.param(LTX2, id="ltx2"),
           pytest.param(KANDINSKY, id="kandinsky"), pytest.param(COSMOS, id="cosmos"),
           pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow"),
-          pytest.param(FRAMEPACK, id="framepack"), pytest.param(HELIOS, id="helios")]
+          pytest.param(FRAMEPACK, id="framepack"), pytest.param(HELIOS, id="helios"),
+          pytest.param(KANDINSKY6, id="kandinsky6")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
@@ -415,7 +441,7 @@ def inputs(rng, timestep, device="cpu", dtype=torch.float32, spec=WAN):
 
 def attentions(model, spec=WAN):
     """Every block's self-attention module, in the order the layers run."""
-    return [getattr(block, spec.attention) for name in spec.blocks for block in getattr(model, name)]
+    return [operator.attrgetter(spec.attention)(block) for name in spec.blocks for block in getattr(model, name)]
 
 
 def padded(mask, tokens, sees_keys=True):
@@ -497,8 +523,9 @@ def test_routed_layers_match_the_reference_on_the_models_own_qkv(spec, device, d
     for layer, attn in enumerate(attentions(model, spec)):
         args, kwargs = layer_inputs[layer]
         stock.clear()
+        attn.processor = spec.stock()  # through the module's forward, which may map its arguments (Kandinsky 6)
         with torch.no_grad():
-            spec.stock()(attn, *args, **kwargs)
+            attn(*args, **kwargs)
         q, k, v, out = attended[layer]
         for ours, theirs in zip((q, k, v), stock["qkv"]):
             assert torch.equal(spec.as_stock(ours, spec), theirs)
@@ -937,7 +964,7 @@ def test_helios_keeps_a_bf16_models_keys_bf16(rng):
                                   pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(CHRONOEDIT, id="chronoedit"),
                                   pytest.param(LTX2, id="ltx2"), pytest.param(KANDINSKY, id="kandinsky"),
                                   pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow"),
-                                  pytest.param(HELIOS, id="helios")])
+                                  pytest.param(HELIOS, id="helios"), pytest.param(KANDINSKY6, id="kandinsky6")])
 def test_regional_compilation_holds_stsa_as_one_operator(spec, rng):
     """diffusers' compile_repeated_blocks(fullgraph=True; a graph break would raise): each
     kind of block compiles once for every layer and step (the layer reaches the operator as a
