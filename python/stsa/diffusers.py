@@ -448,35 +448,36 @@ class _WanSelfAttention(_SelfAttention):
         if encoder_hidden_states is not None:
             raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
         self._check_call(attention_mask)
+        query, key, value = self._qkv(attn, hidden_states, rotary_emb)
+        out = self._attention(query, key, value).flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](out))
+
+    def _qkv(self, attn, hidden_states, rotary_emb):
+        """[B, N, H, D] q, k (normed across heads, rotated), v."""
         query, key, value = _projections(attn, hidden_states)
         query, key = attn.norm_q(query), attn.norm_k(key)
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
         if rotary_emb is not None:
-            if not (isinstance(rotary_emb, (tuple, list)) and len(rotary_emb) == 2):
-                raise Unsupported("the rotary embedding is not diffusers' (cos, sin) tables: another diffusers version")
-            query, key = _rotate(query, *rotary_emb), _rotate(key, *rotary_emb)
-        out = self._attention(query, key, value).flatten(2, 3).type_as(query)
-        return attn.to_out[1](attn.to_out[0](out))
+            query, key = self._rotary(query, key, rotary_emb)
+        return query, key, value
+
+    @staticmethod
+    def _rotary(query, key, rotary_emb):
+        if not (isinstance(rotary_emb, (tuple, list)) and len(rotary_emb) == 2):
+            raise Unsupported("the rotary embedding is not diffusers' (cos, sin) tables: another diffusers version")
+        return _rotate(query, *rotary_emb), _rotate(key, *rotary_emb)
 
 
-class _AnyFlowSelfAttention(_SelfAttention):
-    """diffusers' AnyFlow self-attention (Wan2.1's, the rotary embedding as complex fp64
-    frequencies applied to head-major q, k)."""
+class _AnyFlowSelfAttention(_WanSelfAttention):
+    """diffusers' AnyFlow self-attention: Wan2.1's, the rotary embedding as complex fp64
+    frequencies for head-major q, k."""
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
-        if encoder_hidden_states is not None:
-            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
-        self._check_call(attention_mask)
-        query, key, value = _projections(attn, hidden_states)
-        query, key = attn.norm_q(query), attn.norm_k(key)
-        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
-        if rotary_emb is not None:
-            if not (isinstance(rotary_emb, dict) and rotary_emb.keys() == {"query", "key"}):
-                raise Unsupported("the rotary embedding is not AnyFlow's {query, key} frequencies: another "
-                                  "diffusers version")
-            query, key = _rotate_complex(query, rotary_emb["query"]), _rotate_complex(key, rotary_emb["key"])
-        out = self._attention(query, key, value).flatten(2, 3).type_as(query)
-        return attn.to_out[1](attn.to_out[0](out))
+    @staticmethod
+    def _rotary(query, key, rotary_emb):
+        if not (isinstance(rotary_emb, dict) and rotary_emb.keys() == {"query", "key"}):
+            raise Unsupported("the rotary embedding is not AnyFlow's {query, key} frequencies: another diffusers "
+                              "version")
+        return _rotate_complex(query, rotary_emb["query"]), _rotate_complex(key, rotary_emb["key"])
 
 
 class _LTXSelfAttention(_SelfAttention):
@@ -630,7 +631,7 @@ class _CosmosSelfAttention(_SelfAttention):
         return attn.to_out[1](attn.to_out[0](out))
 
 
-class _HeliosSelfAttention(_SelfAttention):
+class _HeliosSelfAttention(_WanSelfAttention):
     """diffusers' Helios self-attention: Wan's (QK RMS norm across heads, its rotary
     embedding) over the history's tokens then the video's, the history's keys amplified
     where the model learnt to; stsa takes the history after the video (global tokens), and
@@ -641,12 +642,7 @@ class _HeliosSelfAttention(_SelfAttention):
         if encoder_hidden_states is not None or attn.is_cross_attention:
             raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
         self._check_call(attention_mask)
-        query, key, value = _projections(attn, hidden_states)
-        query, key = attn.norm_q(query), attn.norm_k(key)
-        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
-        if rotary_emb is not None:
-            cos, sin = rotary_emb.unsqueeze(-2).chunk(2, dim=-1)
-            query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
+        query, key, value = self._qkv(attn, hidden_states, rotary_emb)
         video = hidden_states.shape[1] if original_context_length is None else original_context_length
         history = hidden_states.shape[1] - video
         if attn.is_amplify_history and history > 0:
@@ -660,6 +656,11 @@ class _HeliosSelfAttention(_SelfAttention):
         out = self._attention(query, key, value, history=history).flatten(2, 3).type_as(query)
         out = _history_before_video(out, history, video)
         return attn.to_out[1](attn.to_out[0](out))
+
+    @staticmethod
+    def _rotary(query, key, rotary_emb):  # one [B, N, 2 D] table: cos, then sin
+        cos, sin = rotary_emb.unsqueeze(-2).chunk(2, dim=-1)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
 
 class _LTX2SelfAttention(_SelfAttention):

@@ -263,7 +263,12 @@ def _tiny_kandinsky(layers):
                                                    out_visual_dim=4, patch_size=(1, 2, 2), model_dim=128, ff_dim=64,
                                                    num_text_blocks=1, num_visual_blocks=layers,
                                                    axes_dims=(16, 24, 24))
-    with torch.no_grad():  # the modulations start at zero (every attention's gate shut) until trained
+    return _open_modulations(model)
+
+
+def _open_modulations(model):
+    """Kandinsky's modulations start at zero (every attention's gate shut) until trained."""
+    with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "modulation" in name:
                 parameter.normal_(0, 0.5)
@@ -390,11 +395,7 @@ def _tiny_kandinsky6(layers):  # fused video and audio blocks, an audio stream o
                                                    visual_cond=False, in_audio_dim=4, out_audio_dim=4,
                                                    model_dim_a=64, time_dim_a=32, ff_dim_a=64,
                                                    axes_dims_a=(8, 12, 12))
-    with torch.no_grad():  # the modulations start at zero (every gate shut) until trained
-        for name, parameter in model.named_parameters():
-            if "modulation" in name:
-                parameter.normal_(0, 0.5)
-    return model
+    return _open_modulations(model)
 
 
 def _kandinsky6_inputs(device, dtype):
