@@ -63,6 +63,8 @@ class Model:
     # Our q, k or v as the model's own attention call takes it (Mochi's: [1, H, N, D] without the padding).
     as_stock: Callable[[Any, Any], Any] = lambda x, spec: x
     attention: str = "attn1"         # each block's self-attention module
+    # A dense policy against the model's own output in fp32 (relative L2): the kernels round apart by ~1e-7.
+    fp32_tolerance: float = 1e-6
 
 
 def _tiny_wan(layers):
@@ -286,7 +288,10 @@ def _kandinsky_inputs(device, dtype):
 KANDINSKY = Model("kandinsky", _tiny_kandinsky, (1, 5, 8, 12, 4), stsa.VideoGrid(5, 4, 6),
                   ("visual_transformer_blocks",), "bnhd", transformer_kandinsky.Kandinsky5AttnProcessor,
                   (transformer_kandinsky, "dispatch_attention_fn"), _kandinsky_inputs, fuses=False,
-                  timestep_dtype="model", attention="self_attention")
+                  timestep_dtype="model", attention="self_attention",
+                  # The model rounds its rotated q, k to bf16: the first layer's 1e-7 can flip a rounding in
+                  # the second (2.5e-6 seen in 40 seeds, median 2.8e-7).
+                  fp32_tolerance=1e-5)
 
 
 def _tiny_cosmos(layers):  # the padding mask's channel left out (resizing it needs torchvision)
@@ -490,7 +495,7 @@ def test_a_dense_policy_gives_the_models_own_output(spec, device, dtype, fused, 
     with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1)) as sparse:
         ours = forward(model, x)
     # bf16: the two kernels round differently (unit roundoff 3.9e-3; 2.4e-3 measured).
-    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
+    tolerance = spec.fp32_tolerance if dtype == torch.float32 else 1e-2
     assert relative_l2(ours, own) < tolerance
     assert [(r.step, r.layer, r.grid, r.routes) for r in sparse.records] == [
         (0, layer, spec.grid, ("dense",) * 2) for layer in range(len(attentions(model, spec)))]
