@@ -380,6 +380,12 @@ class _SelfAttention:
             out = self.owner._attend(self.layer, query, key, value, self.layout, prompt_mask, history)
         return out if ulysses is None else _heads_for_tokens(out, *ulysses)
 
+    def _history(self, tokens: int, video: int) -> int:
+        """How many history tokens precede the video's ``video`` among ``tokens``."""
+        if tokens < video:
+            raise Unsupported(f"layer {self.layer}: {tokens} tokens, fewer than the video's {video}")
+        return tokens - video
+
     def _ulysses(self, prompt_mask, history: int):
         """(group, ranks) under diffusers' Ulysses context parallelism, else None. Each rank
         holds a contiguous share of the video's frame-major tokens; an all-to-all gives it
@@ -556,10 +562,7 @@ class _HunyuanVideoSelfAttention(_SelfAttention):
         if dual_stream:
             query, key, value = _with_prompt(attn, (query, key, value), encoder_hidden_states)
         video = self.owner.grid.video_tokens if self.owner.grid is not None else hidden_states.shape[1]
-        history = hidden_states.shape[1] - video
-        if history < 0:
-            raise Unsupported(f"layer {self.layer}: {hidden_states.shape[1]} video tokens, but the transformer's "
-                              f"input makes {video}")
+        history = self._history(hidden_states.shape[1], video)
         query, key, value = (_history_after_video(x, history, video) for x in (query, key, value))
         out = self._attention(query, key, value, history=history).flatten(2, 3).to(query.dtype)
         return _joint_outputs(attn, _history_before_video(out, history, video), text)
@@ -644,7 +647,7 @@ class _HeliosSelfAttention(_WanSelfAttention):
         self._check_call(attention_mask)
         query, key, value = self._qkv(attn, hidden_states, rotary_emb)
         video = hidden_states.shape[1] if original_context_length is None else original_context_length
-        history = hidden_states.shape[1] - video
+        history = self._history(hidden_states.shape[1], video)
         if attn.is_amplify_history and history > 0:
             scale = 1.0 + torch.sigmoid(attn.history_key_scale) * (attn.max_scale - 1.0)
             if attn.history_scale_mode == "per_head":

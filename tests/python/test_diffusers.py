@@ -926,6 +926,25 @@ def test_refusals(rng):
     assert torch.equal(forward(model, x), forward(model, x))
 
 
+def test_history_refusals(rng):
+    """Framepack's and Helios's history is what precedes the video's tokens: fewer tokens
+    than the video's, or the video's grid unknown (a call outside a forward), are refused."""
+    helios = tiny(HELIOS, layers=1)
+    with stsa.diffusers.enable(helios, stsa.Policy()), torch.no_grad():
+        attn = helios.blocks[0].attn1
+        with pytest.raises(stsa.Unsupported, match="fewer than the video's 120"):
+            attn(torch.zeros(1, 100, 128), original_context_length=120)
+        with pytest.raises(stsa.Unsupported, match="176 query tokens, but the transformer's input makes none"):
+            attn(torch.zeros(1, 176, 128), original_context_length=120)
+    framepack = tiny(FRAMEPACK, layers=1)
+    with stsa.diffusers.enable(framepack, stsa.Policy()) as sparse, torch.no_grad():
+        forward(framepack, inputs(rng, 999, spec=FRAMEPACK))  # the grid: 120 video tokens
+        attn = framepack.transformer_blocks[0].attn
+        with pytest.raises(stsa.Unsupported, match="fewer than the video's 120"):
+            attn(torch.zeros(1, 100, 128), torch.zeros(1, 8, 128))
+    assert len(sparse.records) == 1
+
+
 @pytest.mark.parametrize("spec", [pytest.param(LTX, id="ltx"), pytest.param(LTX2, id="ltx2")])
 def test_ltx_without_its_grid_is_refused(spec, rng):
     """LTX-Video's and LTX-2's tokens come packed: the grid is the forward's num_frames, height
