@@ -17,7 +17,7 @@ forward's num_frames, height and width; LTX-2's audio stream left as it was),
 ``Kandinsky6Transformer3DModel`` (its fused blocks' video self-attention; audio left as it was),
 ``CosmosTransformer3DModel`` (Cosmos Predict2 and 2.5, Transfer2.5),
 ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5; joint attention, the text tokens
-before the video's) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
+before the video's), ``EasyAnimateTransformer3DModel`` (likewise) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
 after the video, padded: each sample runs with the prompt tokens its mask keeps) and
 ``HunyuanVideo15Transformer3DModel`` and ``MochiTransformer3DModel`` (likewise; the padding
 hidden both ways), ``HunyuanVideoFramepackTransformer3DModel`` and ``HeliosTransformer3DModel``
@@ -532,6 +532,47 @@ class _CogVideoXSelfAttention(_SelfAttention):
         return video_out, text_out
 
 
+class _EasyAnimateSelfAttention(_SelfAttention):
+    """diffusers' EasyAnimate joint attention (V5, V5.1): the prompt's tokens before the
+    video's (the grid's text, placed before), with projections and QK LayerNorms of their own
+    in its MMDiT blocks and through the video's in the others; QK LayerNorm per head, the
+    rotary embedding on the video's tokens; each output through its own projection."""
+
+    layout = "bhnd"
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        self._check_call(attention_mask)
+        text = encoder_hidden_states.size(1)
+        dual_stream = attn.add_q_proj is not None
+        states = hidden_states if dual_stream else torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        query, key, value = (x.unflatten(2, (attn.heads, -1)).transpose(1, 2) for x in _projections(attn, states))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        if dual_stream:
+            prompt = [x.unflatten(2, (attn.heads, -1)).transpose(1, 2)
+                      for x in (attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
+                                attn.add_v_proj(encoder_hidden_states))]
+            if attn.norm_added_q is not None:
+                prompt[0] = attn.norm_added_q(prompt[0])
+            if attn.norm_added_k is not None:
+                prompt[1] = attn.norm_added_k(prompt[1])
+            query, key, value = (torch.cat([p, x], dim=2) for p, x in zip(prompt, (query, key, value)))
+        if image_rotary_emb is not None:
+            query, key = (torch.cat([x[:, :, :text], apply_rotary_emb(x[:, :, text:], image_rotary_emb)], dim=2)
+                          for x in (query, key))
+        out = self._attention(query, key, value).transpose(1, 2).flatten(2, 3).to(query.dtype)
+        text_out, video_out = out.split([text, out.size(1) - text], dim=1)
+        if getattr(attn, "to_out", None) is not None:
+            video_out = attn.to_out[1](attn.to_out[0](video_out))
+        if getattr(attn, "to_add_out", None) is not None:
+            text_out = attn.to_add_out(text_out)
+        return video_out, text_out
+
+
 class _HunyuanVideoSelfAttention(_SelfAttention):
     """diffusers' HunyuanVideo joint attention, in its dual-stream blocks (the prompt with
     projections and QK RMS norms of its own) and single-stream ones (one projection for
@@ -870,6 +911,16 @@ def _cogvideox_grid(transformer, inputs) -> VideoGrid:
                      text=inputs["encoder_hidden_states"].shape[1], text_placement="before")
 
 
+def _easyanimate_grid(transformer, inputs) -> VideoGrid:
+    """EasyAnimate's latents over its spatial patch (each frame a token grid); the prompt's
+    tokens (its first encoder's, then T5's where given) before the video's."""
+    _, _, frames, height, width = _latents(inputs["hidden_states"], "B, C, F, H, W")
+    patch = transformer.config.patch_size
+    t5 = inputs.get("encoder_hidden_states_t5")
+    text = inputs["encoder_hidden_states"].shape[1] + (0 if t5 is None else t5.shape[1])
+    return VideoGrid(frames, height // patch, width // patch, text=text, text_placement="before")
+
+
 def _forward_sizes(inputs, model: str) -> list[int]:
     sizes = [inputs.get(name) for name in ("num_frames", "height", "width")]
     if any(size is None for size in sizes):
@@ -979,6 +1030,8 @@ _FAMILIES = {
     "CogVideoXTransformer3DModel": _Family(("transformer_blocks",), "attn1",
                                            ("CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"),
                                            _CogVideoXSelfAttention, _cogvideox_grid),
+    "EasyAnimateTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("EasyAnimateAttnProcessor2_0",),
+                                             _EasyAnimateSelfAttention, _easyanimate_grid),
     "HunyuanVideoTransformer3DModel": _Family(("transformer_blocks", "single_transformer_blocks"), "attn",
                                               ("HunyuanVideoAttnProcessor2_0",), _HunyuanVideoSelfAttention,
                                               _hunyuan_grid, _hunyuan_text_counts),

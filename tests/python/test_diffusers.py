@@ -25,7 +25,7 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 
 from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import (  # noqa: E402
-    transformer_anyflow, transformer_chronoedit, transformer_helios, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15,
+    transformer_anyflow, transformer_chronoedit, transformer_easyanimate, transformer_helios, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15,
     transformer_kandinsky, transformer_kandinsky6, transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan,
     transformer_wan_animate)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
@@ -413,6 +413,23 @@ KANDINSKY6 = Model("kandinsky6", _tiny_kandinsky6, (1, 5, 8, 12, 4), stsa.VideoG
                    ("visual_transformer_blocks",), "bnhd", transformer_kandinsky6.Kandinsky6AttnProcessor,
                    (transformer_kandinsky6, "dispatch_attention_fn"), _kandinsky6_inputs, fuses=False,
                    attention="video_dec_block.self_attention")
+def _tiny_easyanimate(layers):  # an MMDiT block (the prompt's own projections) first, then shared ones
+    return diffusers.EasyAnimateTransformer3DModel(num_attention_heads=2, attention_head_dim=64, in_channels=4,
+                                                   out_channels=4, patch_size=2, time_embed_dim=32,
+                                                   text_embed_dim=TEXT_DIM, text_embed_dim_t5=TEXT_DIM,
+                                                   num_layers=layers, mmdit_layers=1)
+
+
+def _easyanimate_inputs(device, dtype):
+    """A T5 prompt of 3 tokens after the first encoder's 7."""
+    generator = torch.Generator().manual_seed(14)
+    return {"encoder_hidden_states_t5": torch.randn(1, 3, TEXT_DIM, generator=generator).to(device, dtype)}
+
+
+EASYANIMATE = Model("easyanimate", _tiny_easyanimate, (1, 4, 5, 8, 12),
+                    stsa.VideoGrid(5, 4, 6, text=TEXT_TOKENS + 3, text_placement="before"), ("transformer_blocks",),
+                    "bhnd", transformer_easyanimate.EasyAnimateAttnProcessor2_0,
+                    (transformer_easyanimate.F, "scaled_dot_product_attention"), _easyanimate_inputs, fuses=False)
 MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
           pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
           pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(MOCHI, id="mochi"),
@@ -420,7 +437,7 @@ MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), 
           pytest.param(KANDINSKY, id="kandinsky"), pytest.param(COSMOS, id="cosmos"),
           pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow"),
           pytest.param(FRAMEPACK, id="framepack"), pytest.param(HELIOS, id="helios"),
-          pytest.param(KANDINSKY6, id="kandinsky6")]
+          pytest.param(KANDINSKY6, id="kandinsky6"), pytest.param(EASYANIMATE, id="easyanimate")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
