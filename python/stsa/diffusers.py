@@ -15,7 +15,7 @@ by cross-attention, left as it was), ``WanVACETransformer3DModel`` and ``WanAnim
 forward's num_frames, height and width; LTX-2's audio stream left as it was),
 ``Kandinsky5Transformer3DModel`` (its visual blocks; text by cross-attention) and
 ``Kandinsky6Transformer3DModel`` (its fused blocks' video self-attention; audio left as it was),
-``CosmosTransformer3DModel`` (Cosmos Predict2 and 2.5, Transfer2.5),
+``CosmosTransformer3DModel`` (Cosmos Predict2 and 2.5, Transfer2.5), ``AllegroTransformer3DModel``,
 ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5; joint attention, the text tokens
 before the video's), ``EasyAnimateTransformer3DModel`` (likewise) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
 after the video, padded: each sample runs with the prompt tokens its mask keeps) and
@@ -486,6 +486,33 @@ class _AnyFlowSelfAttention(_WanSelfAttention):
         return _rotate_complex(query, rotary_emb["query"]), _rotate_complex(key, rotary_emb["key"])
 
 
+class _AllegroSelfAttention(_SelfAttention):
+    """diffusers' Allegro self-attention: projections, its rotary embedding (per axis, from
+    each token's position) on head-major q, k, output projection; no QK norm."""
+
+    layout = "bhnd"
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None,
+                 image_rotary_emb=None):
+        from diffusers.models.embeddings import apply_rotary_emb_allegro
+
+        if encoder_hidden_states is not None or attn.is_cross_attention:
+            raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
+        self._check_call(attention_mask)
+        if attn.spatial_norm is not None or attn.group_norm is not None or hidden_states.ndim != 3:
+            raise Unsupported(f"layer {self.layer}: an attention with a spatial or group norm, or 4-D input, is "
+                              "not Allegro's")
+        query, key, value = (x.unflatten(2, (attn.heads, -1)).transpose(1, 2)
+                             for x in (attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)))
+        if image_rotary_emb is not None:
+            query, key = (apply_rotary_emb_allegro(x, *image_rotary_emb) for x in (query, key))
+        out = self._attention(query, key, value).transpose(1, 2).flatten(2, 3).to(query.dtype)
+        out = attn.to_out[1](attn.to_out[0](out))
+        if attn.residual_connection:
+            out = out + hidden_states
+        return out / attn.rescale_output_factor
+
+
 class _LTXSelfAttention(_SelfAttention):
     """diffusers' LTX-Video self-attention (projections, QK RMS norm across heads and the
     rotary embedding on the flat [B, N, H D] rows, output projection)."""
@@ -898,6 +925,12 @@ def _wan_grid(transformer, inputs) -> VideoGrid:
     return VideoGrid(frames // patch_t, height // patch_h, width // patch_w)  # text joins by cross-attention
 
 
+def _allegro_grid(transformer, inputs) -> VideoGrid:
+    _, _, frames, height, width = _latents(inputs["hidden_states"], "B, C, F, H, W")
+    patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
+    return VideoGrid(frames // patch_t, height // patch, width // patch)  # text joins by cross-attention
+
+
 def _anyflow_grid(transformer, inputs) -> VideoGrid:
     _, frames, _, height, width = _latents(inputs["hidden_states"], "B, F, C, H, W")
     patch_t, patch_h, patch_w = transformer.config.patch_size
@@ -1022,6 +1055,8 @@ _FAMILIES = {
     # AnyFlow: Wan2.1's backbone distilled for flow-map sampling (its FAR variant's causal mask is not it).
     "AnyFlowTransformer3DModel": _Family(("blocks",), "attn1", ("AnyFlowAttnProcessor",), _AnyFlowSelfAttention,
                                          _anyflow_grid),
+    "AllegroTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("AllegroAttnProcessor2_0",),
+                                         _AllegroSelfAttention, _allegro_grid),
     "LTXVideoTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("LTXVideoAttnProcessor",),
                                           _LTXSelfAttention, _ltx_grid),
     "LTX2VideoTransformer3DModel": _Family(("transformer_blocks",), "attn1",

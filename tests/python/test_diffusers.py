@@ -25,7 +25,7 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 
 from diffusers.models import attention_processor  # noqa: E402
 from diffusers.models.transformers import (  # noqa: E402
-    transformer_anyflow, transformer_chronoedit, transformer_easyanimate, transformer_helios, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15,
+    transformer_allegro, transformer_anyflow, transformer_chronoedit, transformer_easyanimate, transformer_helios, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15,
     transformer_kandinsky, transformer_kandinsky6, transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan,
     transformer_wan_animate)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
@@ -45,7 +45,7 @@ class Model:
     """A tiny model of one family and what the tests need to know of it: 5 frames of
     4 x 6 tokens (120, not a multiple of the 128-token tile; CogVideoX adds 7 text
     tokens before them, HunyuanVideo a prompt of 7 tokens after them of which its mask
-    keeps 5), 2 heads of 64."""
+    keeps 5), 2 heads of 64 (Allegro: 96)."""
 
     name: str
     build: Callable[[int], Any]      # layers -> model (fp32, CPU)
@@ -65,6 +65,7 @@ class Model:
     attention: str = "attn1"         # each block's self-attention module
     # A dense policy against the model's own output in fp32 (relative L2): the kernels round apart by ~1e-7.
     fp32_tolerance: float = 1e-6
+    head_dim: int = 64
 
 
 def _tiny_wan(layers):
@@ -430,6 +431,27 @@ EASYANIMATE = Model("easyanimate", _tiny_easyanimate, (1, 4, 5, 8, 12),
                     stsa.VideoGrid(5, 4, 6, text=TEXT_TOKENS + 3, text_placement="before"), ("transformer_blocks",),
                     "bhnd", transformer_easyanimate.EasyAnimateAttnProcessor2_0,
                     (transformer_easyanimate.F, "scaled_dot_product_attention"), _easyanimate_inputs, fuses=False)
+def _tiny_allegro(layers):  # its heads of 96
+    return diffusers.AllegroTransformer3DModel(num_attention_heads=2, attention_head_dim=96, in_channels=4,
+                                               out_channels=4, num_layers=layers, cross_attention_dim=192,
+                                               caption_channels=TEXT_DIM, sample_height=8, sample_width=12,
+                                               sample_frames=5)
+
+
+def _allegro_inputs(device, dtype):
+    """The rotary embedding as the pipeline makes it (per axis frequencies, each token's position)."""
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
+
+    *freqs, t, h, w = get_3d_rotary_pos_embed_allegro(embed_dim=96, crops_coords=((0, 0), (4, 6)), grid_size=(4, 6),
+                                                      temporal_size=5, interpolation_scale=(2.2, 2.0, 2.0),
+                                                      device=device)
+    positions = torch.cartesian_prod(t.long(), h.long(), w.long()).reshape(-1, 3).transpose(0, 1).reshape(3, 1, -1)
+    return {"image_rotary_emb": (freqs, positions.contiguous())}
+
+
+ALLEGRO = Model("allegro", _tiny_allegro, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bhnd",
+                attention_processor.AllegroAttnProcessor2_0, (attention_processor.F, "scaled_dot_product_attention"),
+                _allegro_inputs, fuses=False, head_dim=96)
 MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
           pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
           pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(MOCHI, id="mochi"),
@@ -437,7 +459,8 @@ MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), 
           pytest.param(KANDINSKY, id="kandinsky"), pytest.param(COSMOS, id="cosmos"),
           pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow"),
           pytest.param(FRAMEPACK, id="framepack"), pytest.param(HELIOS, id="helios"),
-          pytest.param(KANDINSKY6, id="kandinsky6"), pytest.param(EASYANIMATE, id="easyanimate")]
+          pytest.param(KANDINSKY6, id="kandinsky6"), pytest.param(EASYANIMATE, id="easyanimate"),
+          pytest.param(ALLEGRO, id="allegro")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
@@ -491,16 +514,18 @@ DEVICES = [pytest.param("cpu", torch.float32, id="cpu-fp32"), pytest.param("cpu"
            pytest.param("cuda", torch.bfloat16, id="cuda-bf16")]
 
 
-def on(device):
+def on(device, spec):
     if device == "cuda":
         require_gpu()
+        if spec.head_dim not in (64, 128):
+            pytest.skip(f"the CUDA kernel takes heads of 64 and 128, not {spec.name}'s {spec.head_dim}")
 
 
 @pytest.mark.parametrize("spec", MODELS)
 @pytest.mark.parametrize("device,dtype", DEVICES)
 @pytest.mark.parametrize("fused", [False, True])
 def test_a_dense_policy_gives_the_models_own_output(spec, device, dtype, fused, rng):
-    on(device)
+    on(device, spec)
     model = tiny(spec, device, dtype)
     if fused:
         if not spec.fuses:
@@ -523,7 +548,7 @@ def test_a_dense_policy_gives_the_models_own_output(spec, device, dtype, fused, 
 def test_routed_layers_match_the_reference_on_the_models_own_qkv(spec, device, dtype, rng, monkeypatch):
     """Each layer's q, k, v as the model's own processor makes them from the same input;
     the attention stsa returned against the fp64 reference with the masks it reports."""
-    on(device)
+    on(device, spec)
     model = tiny(spec, device, dtype)
     sparse = stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE))
     layer_inputs, attended = {}, {}
