@@ -17,8 +17,9 @@ forward's num_frames, height and width; LTX-2's audio stream left as it was),
 ``Kandinsky6Transformer3DModel`` (its fused blocks' video self-attention; audio left as it was),
 ``CosmosTransformer3DModel`` (Cosmos Predict2 and 2.5, Transfer2.5), ``AllegroTransformer3DModel``,
 ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5; joint attention, the text tokens
-before the video's), ``EasyAnimateTransformer3DModel`` (likewise) and ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt
-after the video, padded: each sample runs with the prompt tokens its mask keeps) and
+before the video's), ``EasyAnimateTransformer3DModel`` (likewise) and
+``HunyuanVideoTransformer3DModel`` (joint attention, the prompt after the video, padded:
+each sample runs with the prompt tokens its mask keeps) and
 ``HunyuanVideo15Transformer3DModel`` and ``MochiTransformer3DModel`` (likewise; the padding
 hidden both ways), ``HunyuanVideoFramepackTransformer3DModel`` and ``HeliosTransformer3DModel``
 (their history, past frames before the video's tokens, goes after them for stsa: global

@@ -6,11 +6,9 @@ reference, with each head's mask evaluated from what the call reports it ran, is
 yardstick for the attention."""
 
 import dataclasses
-import operator
 import os
 import socket
 import types
-from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -23,12 +21,11 @@ diffusers = pytest.importorskip("diffusers")
 
 import stsa.diffusers  # noqa: E402  (needs torch)
 
-from diffusers.models import attention_processor  # noqa: E402
-from diffusers.models.transformers import (  # noqa: E402
-    transformer_allegro, transformer_anyflow, transformer_chronoedit, transformer_easyanimate, transformer_helios, transformer_cosmos, transformer_hunyuan_video, transformer_hunyuan_video15,
-    transformer_kandinsky, transformer_kandinsky6, transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan,
-    transformer_wan_animate)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
+from diffusers_models import (  # noqa: E402
+    ANYFLOW, CHRONOEDIT, FRAMEPACK, HELIOS, HISTORY_TOKENS, HUNYUAN, HUNYUAN15, KANDINSKY, KANDINSKY6, LTX, LTX2,
+    MOCHI, MODELS, SKYREELS_V2, WAN, WAN_ANIMATE, attentions, framepack_inputs, hunyuan15_inputs, hunyuan_inputs,
+    inputs, mochi_inputs, tiny, tiny_helios, tiny_ltx2, tiny_wan)
 from torch_helpers import check, require_gpu  # noqa: E402
 
 diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; tiny() mends it
@@ -38,456 +35,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning"),
               pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")]
 
 ALL_SPARSE = {"max_rel_l2": 1e9}  # no head kept dense for its error: every routed head sparse
-
-
-@dataclasses.dataclass(frozen=True)
-class Model:
-    """A tiny model of one family and what the tests need to know of it: 5 frames of
-    4 x 6 tokens (120, not a multiple of the 128-token tile; CogVideoX adds 7 text
-    tokens before them, HunyuanVideo a prompt of 7 tokens after them of which its mask
-    keeps 5), 2 heads of 64 (Allegro: 96)."""
-
-    name: str
-    build: Callable[[int], Any]      # layers -> model (fp32, CPU)
-    latent_shape: tuple
-    grid: stsa.VideoGrid             # as the calls report it (HunyuanVideo: the prompt tokens its mask keeps)
-    blocks: tuple                    # the attributes holding the blocks, in the order they run
-    layout: str                      # how the model's processor hands q, k, v to its attention
-    stock: Callable[[], Any]         # the model's own processor
-    stock_attention: tuple           # (module, name) of the attention function the stock processor calls
-    extra_inputs: Callable[[Any, Any], dict] = lambda device, dtype: {}  # the forward's other arguments
-    fuses: bool = True               # whether fuse_qkv_projections() fuses its self-attention
-    padding_sees_keys: bool = True   # a padded prompt token's query row sees the kept keys (else nothing)
-    timestep_dtype: Any = None       # what the pipeline casts the timestep to (None: fp32; "model": the model's)
-    timestep_shape: tuple = (1,)     # the forward's timestep ([B], or AnyFlow's one per latent frame)
-    # Our q, k or v as the model's own attention call takes it (Mochi's: [1, H, N, D] without the padding).
-    as_stock: Callable[[Any, Any], Any] = lambda x, spec: x
-    attention: str = "attn1"         # each block's self-attention module
-    # A dense policy against the model's own output in fp32 (relative L2): the kernels round apart by ~1e-7.
-    fp32_tolerance: float = 1e-6
-    head_dim: int = 64
-
-
-def _tiny_wan(layers):
-    return diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
-                                           in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64,
-                                           num_layers=layers, rope_max_seq_len=64)
-
-
-def _tiny_cogvideox(layers):  # CogVideoX 1.5's shape: 2 latent frames a patch, rotary embedding
-    return diffusers.CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=64, in_channels=4,
-                                                 out_channels=4, time_embed_dim=32, text_embed_dim=TEXT_DIM,
-                                                 num_layers=layers, sample_width=12, sample_height=8,
-                                                 patch_size=2, patch_size_t=2, max_text_seq_length=TEXT_TOKENS,
-                                                 use_rotary_positional_embeddings=True)
-
-
-def _cogvideox_rotary(device, dtype):
-    """The pipeline computes CogVideoX's rotary tables ([video tokens, D] cos and sin, fp32
-    whatever the model's dtype); any tables do for comparing two processors."""
-    generator = torch.Generator().manual_seed(3)
-    return {"image_rotary_emb": tuple(torch.randn(120, 64, generator=generator).to(device) for _ in range(2))}
-
-
-WAN = Model("wan", _tiny_wan, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
-            transformer_wan.WanAttnProcessor, (transformer_wan, "dispatch_attention_fn"))
-COGVIDEOX = Model("cogvideox", _tiny_cogvideox, (1, 10, 4, 8, 12),
-                  stsa.VideoGrid(5, 4, 6, text=TEXT_TOKENS, text_placement="before"), ("transformer_blocks",), "bhnd",
-                  attention_processor.CogVideoXAttnProcessor2_0,
-                  (attention_processor.F, "scaled_dot_product_attention"), _cogvideox_rotary)
-
-
-def _tiny_hunyuan(layers):  # dual-stream blocks, then single-stream ones
-    return diffusers.HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
-                                                    attention_head_dim=64, num_layers=(layers + 1) // 2,
-                                                    num_single_layers=layers // 2, num_refiner_layers=1,
-                                                    mlp_ratio=2.0, patch_size=2, patch_size_t=1,
-                                                    text_embed_dim=TEXT_DIM, pooled_projection_dim=16,
-                                                    rope_axes_dim=(16, 24, 24))
-
-
-def _hunyuan_inputs(device, dtype, kept=(5,)):
-    """The prompt's mask (its first `kept` tokens per sample), pooled prompt, guidance."""
-    mask = torch.tensor([[1] * n + [0] * (TEXT_TOKENS - n) for n in kept], device=device)
-    generator = torch.Generator().manual_seed(4)
-    return {"encoder_attention_mask": mask, "pooled_projections": torch.randn(len(kept), 16, generator=generator)
-            .to(device, dtype), "guidance": torch.full((len(kept),), 6000.0, device=device)}
-
-
-HUNYUAN = Model("hunyuan", _tiny_hunyuan, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=5),
-                ("transformer_blocks", "single_transformer_blocks"), "bnhd",
-                transformer_hunyuan_video.HunyuanVideoAttnProcessor2_0,
-                (transformer_hunyuan_video, "dispatch_attention_fn"), _hunyuan_inputs, fuses=False, attention="attn")
-
-
-def _tiny_wan_vace(layers):  # a control block for the first layer
-    return diffusers.WanVACETransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
-                                               in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
-                                               ffn_dim=64, num_layers=layers, rope_max_seq_len=64, vace_layers=[0],
-                                               vace_in_channels=8)
-
-
-def _vace_control(device, dtype):
-    generator = torch.Generator().manual_seed(5)
-    return {"control_hidden_states": torch.randn(1, 8, 5, 8, 12, generator=generator).to(device, dtype)}
-
-
-WAN_VACE = Model("wan-vace", _tiny_wan_vace, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("vace_blocks", "blocks"),
-                 "bnhd", transformer_wan.WanAttnProcessor, (transformer_wan, "dispatch_attention_fn"), _vace_control)
-def _tiny_skyreels_v2(layers):
-    return diffusers.SkyReelsV2Transformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
-                                                  in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
-                                                  ffn_dim=64, num_layers=layers, rope_max_seq_len=64)
-
-
-SKYREELS_V2 = Model("skyreels-v2", _tiny_skyreels_v2, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
-                    transformer_skyreels_v2.SkyReelsV2AttnProcessor,
-                    (transformer_skyreels_v2, "dispatch_attention_fn"))
-def _tiny_ltx(layers):  # patch size 1: the latents come packed, [B, N, C]
-    return diffusers.LTXVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
-                                                attention_head_dim=64, cross_attention_dim=128, num_layers=layers,
-                                                caption_channels=TEXT_DIM)
-
-
-def _ltx_inputs(device, dtype):
-    """The prompt's mask and the latent grid, which LTX-Video's forward takes as numbers."""
-    return {"encoder_attention_mask": torch.ones(1, TEXT_TOKENS, device=device), "num_frames": 5, "height": 4,
-            "width": 6}
-
-
-LTX = Model("ltx", _tiny_ltx, (1, 120, 4), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bnhd",
-            transformer_ltx.LTXVideoAttnProcessor, (transformer_ltx, "dispatch_attention_fn"), _ltx_inputs,
-            fuses=False)
-def _tiny_hunyuan15(layers):
-    return diffusers.HunyuanVideo15Transformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
-                                                      attention_head_dim=64, num_layers=layers, num_refiner_layers=1,
-                                                      mlp_ratio=2.0, patch_size=2, patch_size_t=1,
-                                                      text_embed_dim=TEXT_DIM, text_embed_2_dim=16,
-                                                      image_embed_dim=16, rope_axes_dim=(16, 24, 24))
-
-
-def _hunyuan15_inputs(device, dtype, kept=((5, 2),), image=False):
-    """Per sample, the LLM prompt's and the ByT5 prompt's kept tokens (of 7 and 4), and 3
-    image tokens, kept where ``image`` (image-to-video), else zero and dropped: the model
-    puts the kept ones first (image, ByT5, LLM), the prompt 14 tokens in all."""
-    generator = torch.Generator().manual_seed(6)
-    images = torch.randn(len(kept), 3, 16, generator=generator) if image else torch.zeros(len(kept), 3, 16)
-    return {"encoder_attention_mask": torch.tensor([[1] * n + [0] * (TEXT_TOKENS - n) for n, _ in kept],
-                                                   device=device),
-            "encoder_hidden_states_2": torch.randn(len(kept), 4, 16, generator=generator).to(device, dtype),
-            "encoder_attention_mask_2": torch.tensor([[1] * n + [0] * (4 - n) for _, n in kept], device=device),
-            "image_embeds": images.to(device, dtype)}
-
-
-HUNYUAN15 = Model("hunyuan15", _tiny_hunyuan15, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=7),
-                  ("transformer_blocks",), "bnhd", transformer_hunyuan_video15.HunyuanVideo15AttnProcessor2_0,
-                  (transformer_hunyuan_video15, "dispatch_attention_fn"), _hunyuan15_inputs, fuses=False,
-                  padding_sees_keys=False, timestep_dtype="model", attention="attn")
-def _tiny_mochi(layers):
-    model = diffusers.MochiTransformer3DModel(patch_size=2, num_attention_heads=2, attention_head_dim=64,
-                                              num_layers=layers, pooled_projection_dim=16, in_channels=4,
-                                              text_embed_dim=TEXT_DIM, time_embed_dim=32,
-                                              max_sequence_length=TEXT_TOKENS)
-    with torch.no_grad():  # the rotary embedding's frequencies start at zero (no rotation) until trained
-        model.pos_frequencies.normal_(0, 0.5)
-    return model
-
-
-def _mochi_inputs(device, dtype, kept=(5,)):
-    mask = [[1] * n + [0] * (TEXT_TOKENS - n) for n in kept]
-    return {"encoder_attention_mask": torch.tensor(mask, device=device)}
-
-
-MOCHI = Model("mochi", _tiny_mochi, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=5), ("transformer_blocks",),
-              "bnhd", attention_processor.MochiAttnProcessor2_0,
-              (attention_processor.F, "scaled_dot_product_attention"), _mochi_inputs, fuses=False,
-              # The model attends one sample at a time over its kept tokens, head-major.
-              padding_sees_keys=False, as_stock=lambda x, spec: x[:, :spec.grid.tokens].transpose(1, 2))
-def _tiny_wan_animate(layers):  # a face adapter after every block, a motion encoder of 16 x 16 faces
-    return diffusers.WanAnimateTransformer3DModel(num_attention_heads=2, attention_head_dim=64, in_channels=12,
-                                                  latent_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
-                                                  ffn_dim=64, num_layers=layers, image_dim=16, rope_max_seq_len=64,
-                                                  motion_encoder_channel_sizes={"4": 8, "8": 8, "16": 8},
-                                                  motion_encoder_size=16, motion_style_dim=16, motion_dim=4,
-                                                  motion_encoder_dim=16, face_encoder_hidden_dim=32,
-                                                  face_encoder_num_heads=2, inject_face_latents_blocks=1)
-
-
-def _wan_animate_inputs(device, dtype):
-    """The reference image's embedding, the pose latents (one frame fewer than the video's:
-    the first is the reference image's) and the face video."""
-    generator = torch.Generator().manual_seed(10)
-    return {name: torch.randn(*shape, generator=generator).to(device, dtype)
-            for name, shape in (("encoder_hidden_states_image", (1, 3, 16)), ("pose_hidden_states", (1, 4, 4, 8, 12)),
-                                ("face_pixel_values", (1, 3, 13, 16, 16)))}
-
-
-WAN_ANIMATE = Model("wan-animate", _tiny_wan_animate, (1, 12, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
-                    transformer_wan_animate.WanAttnProcessor, (transformer_wan_animate, "dispatch_attention_fn"),
-                    _wan_animate_inputs)
-
-
-def _tiny_chronoedit(layers):
-    return diffusers.ChronoEditTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
-                                                  in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
-                                                  ffn_dim=64, num_layers=layers, rope_max_seq_len=64)
-
-
-CHRONOEDIT = Model("chronoedit", _tiny_chronoedit, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
-                   transformer_chronoedit.WanAttnProcessor, (transformer_chronoedit, "dispatch_attention_fn"))
-
-
-def _tiny_ltx2(layers, rope_type="interleaved", perturbed_attn=True):
-    """Per-head output gates and the guidance perturbation's processor (LTX-2.3's), an audio
-    stream of 8 tokens."""
-    return diffusers.LTX2VideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
-                                                 attention_head_dim=64, cross_attention_dim=128, audio_in_channels=4,
-                                                 audio_out_channels=4, audio_num_attention_heads=2,
-                                                 audio_attention_head_dim=32, audio_cross_attention_dim=64,
-                                                 num_layers=layers, caption_channels=TEXT_DIM, gated_attn=True,
-                                                 perturbed_attn=perturbed_attn, rope_type=rope_type)
-
-
-def _ltx2_inputs(device, dtype):
-    """The audio stream's latents and prompt, and the video's latent grid as numbers."""
-    generator = torch.Generator().manual_seed(8)
-    return {"audio_hidden_states": torch.randn(1, 8, 4, generator=generator).to(device, dtype),
-            "audio_encoder_hidden_states": torch.randn(1, TEXT_TOKENS, TEXT_DIM, generator=generator).to(device, dtype),
-            "num_frames": 5, "height": 4, "width": 6, "audio_num_frames": 8}
-
-
-LTX2 = Model("ltx2", _tiny_ltx2, (1, 120, 4), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bnhd",
-             transformer_ltx2.LTX2PerturbedAttnProcessor, (transformer_ltx2, "dispatch_attention_fn"), _ltx2_inputs,
-             fuses=False)
-
-
-def _tiny_kandinsky(layers):
-    model = diffusers.Kandinsky5Transformer3DModel(in_visual_dim=4, in_text_dim=TEXT_DIM, in_text_dim2=16, time_dim=32,
-                                                   out_visual_dim=4, patch_size=(1, 2, 2), model_dim=128, ff_dim=64,
-                                                   num_text_blocks=1, num_visual_blocks=layers,
-                                                   axes_dims=(16, 24, 24))
-    return _open_modulations(model)
-
-
-def _open_modulations(model):
-    """Kandinsky's modulations start at zero (every attention's gate shut) until trained."""
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "modulation" in name:
-                parameter.normal_(0, 0.5)
-    return model
-
-
-def _kandinsky_inputs(device, dtype):
-    """The pooled prompt and the rotary embedding's positions (the video's and the prompt's)."""
-    generator = torch.Generator().manual_seed(9)
-    return {"pooled_projections": torch.randn(1, 16, generator=generator).to(device, dtype),
-            "visual_rope_pos": tuple(torch.arange(n, device=device) for n in (5, 4, 6)),
-            "text_rope_pos": torch.arange(TEXT_TOKENS, device=device)}
-
-
-KANDINSKY = Model("kandinsky", _tiny_kandinsky, (1, 5, 8, 12, 4), stsa.VideoGrid(5, 4, 6),
-                  ("visual_transformer_blocks",), "bnhd", transformer_kandinsky.Kandinsky5AttnProcessor,
-                  (transformer_kandinsky, "dispatch_attention_fn"), _kandinsky_inputs, fuses=False,
-                  timestep_dtype="model", attention="self_attention",
-                  # The model rounds its rotated q, k to bf16: the first layer's 1e-7 can flip a rounding in
-                  # the second (2.5e-6 seen in 40 seeds, median 2.8e-7).
-                  fp32_tolerance=1e-5)
-
-
-def _tiny_cosmos(layers):  # the padding mask's channel left out (resizing it needs torchvision)
-    return diffusers.CosmosTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
-                                              attention_head_dim=64, num_layers=layers, mlp_ratio=1.0,
-                                              text_embed_dim=TEXT_DIM, adaln_lora_dim=16, max_size=(8, 16, 16),
-                                              concat_padding_mask=False)
-
-
-COSMOS = Model("cosmos", _tiny_cosmos, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bnhd",
-               transformer_cosmos.CosmosAttnProcessor2_0, (transformer_cosmos, "dispatch_attention_fn"), fuses=False)
-
-
-def _tiny_anyflow(layers):
-    return diffusers.AnyFlowTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
-                                               in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
-                                               ffn_dim=64, num_layers=layers, rope_max_seq_len=64)
-
-
-def _anyflow_inputs(device, dtype):
-    """The flow map's target timestep, per latent frame (the forward's `timestep` is its source)."""
-    return {"r_timestep": torch.full((1, 5), 500.0, device=device)}
-
-
-ANYFLOW = Model("anyflow", _tiny_anyflow, (1, 5, 4, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
-                transformer_anyflow.AnyFlowAttnProcessor, (transformer_anyflow, "dispatch_attention_fn"),
-                _anyflow_inputs, fuses=False, timestep_shape=(1, 5))
-
-
-def _tiny_framepack(layers):  # HunyuanVideo's blocks, the history's and the image's embedders
-    return diffusers.HunyuanVideoFramepackTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=64, num_layers=(layers + 1) // 2,
-        num_single_layers=layers // 2, num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1,
-        text_embed_dim=TEXT_DIM, pooled_projection_dim=16, rope_axes_dim=(16, 24, 24), has_image_proj=True,
-        image_proj_dim=16, has_clean_x_embedder=True)
-
-
-def _history(device, dtype, samples, names, seed, indices_shape):
-    """Framepack's and Helios's history, before the video's tokens: 2 latent frames at full
-    resolution (48 tokens), 2 at half (6) and 4 at a quarter (2, padded): 56 tokens, and
-    each one's frame indices (the video's, 8 to 12, follow them)."""
-    generator = torch.Generator().manual_seed(seed)
-    x, first = {}, 0
-    for (latents, indices), frames in zip(names, (2, 2, 4)):
-        x[latents] = torch.randn(samples, 4, frames, 8, 12, generator=generator).to(device, dtype)
-        x[indices] = torch.arange(first, first + frames, device=device).view(indices_shape)
-        first += frames
-    return x
-
-
-HISTORY_TOKENS = 56
-
-
-def _framepack_inputs(device, dtype, kept=(5,)):
-    """As HunyuanVideo's, the image's 3 embeddings, the history and the video's frame indices."""
-    generator = torch.Generator().manual_seed(11)
-    names = (("latents_clean", "indices_latents_clean"), ("latents_history_2x", "indices_latents_history_2x"),
-             ("latents_history_4x", "indices_latents_history_4x"))
-    return {**_hunyuan_inputs(device, dtype, kept), **_history(device, dtype, len(kept), names, 11, (-1,)),
-            "image_embeds": torch.randn(len(kept), 3, 16, generator=generator).to(device, dtype),
-            "indices_latents": torch.arange(8, 13, device=device)}
-
-
-def _history_first(x, spec):
-    """stsa's order (the video's tokens, the history's, then the rest) -> the model's."""
-    video = spec.grid.video_tokens
-    return torch.cat([x[:, video:video + HISTORY_TOKENS], x[:, :video], x[:, video + HISTORY_TOKENS:]], dim=1)
-
-
-FRAMEPACK = Model("framepack", _tiny_framepack, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=HISTORY_TOKENS + 3 + 5),
-                  ("transformer_blocks", "single_transformer_blocks"), "bnhd",
-                  transformer_hunyuan_video.HunyuanVideoAttnProcessor2_0,
-                  (transformer_hunyuan_video, "dispatch_attention_fn"), _framepack_inputs, fuses=False,
-                  as_stock=_history_first, attention="attn")
-
-
-def _tiny_helios(layers, scale_in_fp32=False):
-    """The history's keys amplified per head, by scales in the model's dtype: diffusers keeps
-    them in fp32 (from_pretrained), which makes its own processor's keys fp32 in a bf16
-    model and its attention call fail (test_helios_keeps_a_bf16_models_keys_bf16)."""
-    model = diffusers.HeliosTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
-                                               in_channels=4, out_channels=4, text_dim=TEXT_DIM, freq_dim=32,
-                                               ffn_dim=64, num_layers=layers, rope_dim=(16, 24, 24),
-                                               is_amplify_history=True)
-    if not scale_in_fp32:
-        model._keep_in_fp32_modules = [m for m in model._keep_in_fp32_modules if m != "history_key_scale"]
-    with torch.no_grad():  # the scales start equal until trained
-        for block in model.blocks:
-            block.attn1.history_key_scale.normal_(0, 1)
-    return model
-
-
-def _helios_inputs(device, dtype):
-    names = tuple((f"latents_history_{n}", f"indices_latents_history_{n}") for n in ("short", "mid", "long"))
-    return {**_history(device, dtype, 1, names, 12, (1, -1)),
-            "indices_hidden_states": torch.arange(8, 13, device=device).unsqueeze(0)}
-
-
-HELIOS = Model("helios", _tiny_helios, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=HISTORY_TOKENS), ("blocks",),
-               "bnhd", transformer_helios.HeliosAttnProcessor, (transformer_helios, "dispatch_attention_fn"),
-               _helios_inputs, as_stock=_history_first)
-def _tiny_kandinsky6(layers):  # fused video and audio blocks, an audio stream of 8 tokens
-    model = diffusers.Kandinsky6Transformer3DModel(in_visual_dim=4, out_visual_dim=4, in_text_dim=TEXT_DIM,
-                                                   in_text_dim2=16, time_dim=32, model_dim=128, ff_dim=64,
-                                                   num_text_blocks=1, num_visual_blocks=layers, axes_dims=(16, 24, 24),
-                                                   visual_cond=False, in_audio_dim=4, out_audio_dim=4,
-                                                   model_dim_a=64, time_dim_a=32, ff_dim_a=64,
-                                                   axes_dims_a=(8, 12, 12))
-    return _open_modulations(model)
-
-
-def _kandinsky6_inputs(device, dtype):
-    generator = torch.Generator().manual_seed(13)
-    return {"pooled_projections": torch.randn(1, 16, generator=generator).to(device, dtype),
-            "audio_hidden_states": torch.randn(1, 8, 4, generator=generator).to(device, dtype)}
-
-
-KANDINSKY6 = Model("kandinsky6", _tiny_kandinsky6, (1, 5, 8, 12, 4), stsa.VideoGrid(5, 4, 6),
-                   ("visual_transformer_blocks",), "bnhd", transformer_kandinsky6.Kandinsky6AttnProcessor,
-                   (transformer_kandinsky6, "dispatch_attention_fn"), _kandinsky6_inputs, fuses=False,
-                   attention="video_dec_block.self_attention")
-def _tiny_easyanimate(layers):  # an MMDiT block (the prompt's own projections) first, then shared ones
-    return diffusers.EasyAnimateTransformer3DModel(num_attention_heads=2, attention_head_dim=64, in_channels=4,
-                                                   out_channels=4, patch_size=2, time_embed_dim=32,
-                                                   text_embed_dim=TEXT_DIM, text_embed_dim_t5=TEXT_DIM,
-                                                   num_layers=layers, mmdit_layers=1)
-
-
-def _easyanimate_inputs(device, dtype):
-    """A T5 prompt of 3 tokens after the first encoder's 7."""
-    generator = torch.Generator().manual_seed(14)
-    return {"encoder_hidden_states_t5": torch.randn(1, 3, TEXT_DIM, generator=generator).to(device, dtype)}
-
-
-EASYANIMATE = Model("easyanimate", _tiny_easyanimate, (1, 4, 5, 8, 12),
-                    stsa.VideoGrid(5, 4, 6, text=TEXT_TOKENS + 3, text_placement="before"), ("transformer_blocks",),
-                    "bhnd", transformer_easyanimate.EasyAnimateAttnProcessor2_0,
-                    (transformer_easyanimate.F, "scaled_dot_product_attention"), _easyanimate_inputs, fuses=False)
-def _tiny_allegro(layers):  # its heads of 96
-    return diffusers.AllegroTransformer3DModel(num_attention_heads=2, attention_head_dim=96, in_channels=4,
-                                               out_channels=4, num_layers=layers, cross_attention_dim=192,
-                                               caption_channels=TEXT_DIM, sample_height=8, sample_width=12,
-                                               sample_frames=5)
-
-
-def _allegro_inputs(device, dtype):
-    """The rotary embedding as the pipeline makes it (per axis frequencies, each token's position)."""
-    from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
-
-    *freqs, t, h, w = get_3d_rotary_pos_embed_allegro(embed_dim=96, crops_coords=((0, 0), (4, 6)), grid_size=(4, 6),
-                                                      temporal_size=5, interpolation_scale=(2.2, 2.0, 2.0),
-                                                      device=device)
-    positions = torch.cartesian_prod(t.long(), h.long(), w.long()).reshape(-1, 3).transpose(0, 1).reshape(3, 1, -1)
-    return {"image_rotary_emb": (freqs, positions.contiguous())}
-
-
-ALLEGRO = Model("allegro", _tiny_allegro, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bhnd",
-                attention_processor.AllegroAttnProcessor2_0, (attention_processor.F, "scaled_dot_product_attention"),
-                _allegro_inputs, fuses=False, head_dim=96)
-MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
-          pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
-          pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(MOCHI, id="mochi"),
-          pytest.param(CHRONOEDIT, id="chronoedit"), pytest.param(LTX2, id="ltx2"),
-          pytest.param(KANDINSKY, id="kandinsky"), pytest.param(COSMOS, id="cosmos"),
-          pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow"),
-          pytest.param(FRAMEPACK, id="framepack"), pytest.param(HELIOS, id="helios"),
-          pytest.param(KANDINSKY6, id="kandinsky6"), pytest.param(EASYANIMATE, id="easyanimate"),
-          pytest.param(ALLEGRO, id="allegro")]
-
-
-def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
-    torch.manual_seed(0)
-    model = spec.build(layers).to(device=device, dtype=dtype)
-    for name, parameter in model.named_parameters():  # as from_pretrained(torch_dtype=...) leaves them
-        if any(keep in name.split(".") for keep in getattr(model, "_keep_in_fp32_modules", None) or ()):
-            parameter.data = parameter.data.float()
-    return model.eval()
-
-
-def tiny_wan(device="cpu", dtype=torch.float32, layers=2):
-    return tiny(WAN, device, dtype, layers)
-
-
-def inputs(rng, timestep, device="cpu", dtype=torch.float32, spec=WAN):
-    latents = torch.from_numpy(rng.standard_normal(spec.latent_shape).astype(np.float32))
-    text = torch.from_numpy(rng.standard_normal((1, TEXT_TOKENS, TEXT_DIM)).astype(np.float32))
-    timestep = torch.full(spec.timestep_shape, float(timestep), device=device,
-                          dtype=dtype if spec.timestep_dtype == "model" else torch.float32)
-    return {"hidden_states": latents.to(device, dtype), "timestep": timestep,
-            "encoder_hidden_states": text.to(device, dtype), **spec.extra_inputs(device, dtype)}
-
-
-def attentions(model, spec=WAN):
-    """Every block's self-attention module, in the order the layers run."""
-    return [operator.attrgetter(spec.attention)(block) for name in spec.blocks for block in getattr(model, name)]
 
 
 def padded(mask, tokens, sees_keys=True):
@@ -593,9 +140,9 @@ def _batch_of_two(rng, spec):
 
 
 @pytest.mark.parametrize("spec,masks,texts", [
-    pytest.param(HUNYUAN, lambda: _hunyuan_inputs("cpu", torch.float32, kept=(3, 7)), (3, 7), id="hunyuan"),
-    pytest.param(MOCHI, lambda: _mochi_inputs("cpu", torch.float32, kept=(5, 2)), (5, 2), id="mochi"),
-    pytest.param(FRAMEPACK, lambda: _framepack_inputs("cpu", torch.float32, kept=(3, 7)),
+    pytest.param(HUNYUAN, lambda: hunyuan_inputs("cpu", torch.float32, kept=(3, 7)), (3, 7), id="hunyuan"),
+    pytest.param(MOCHI, lambda: mochi_inputs("cpu", torch.float32, kept=(5, 2)), (5, 2), id="mochi"),
+    pytest.param(FRAMEPACK, lambda: framepack_inputs("cpu", torch.float32, kept=(3, 7)),
                  (HISTORY_TOKENS + 3 + 3, HISTORY_TOKENS + 3 + 7), id="framepack")])
 def test_prompts_of_different_lengths_in_one_batch(spec, masks, texts, rng):
     """Each sample runs with its own grid (the prompt tokens its mask keeps; Framepack's
@@ -622,7 +169,7 @@ def test_ltx2_guidance_perturbation_gates_and_rotary_types(rope_type, perturbed_
                 for name in one}
 
     torch.manual_seed(0)
-    model = _tiny_ltx2(2, rope_type, perturbed_attn).eval()
+    model = tiny_ltx2(2, rope_type, perturbed_attn).eval()
     passes = [{}]
     if perturbed_attn:
         passes += [{"spatio_temporal_guidance_blocks": [1], "perturbation_mask": torch.tensor(mask)}
@@ -643,11 +190,11 @@ def test_hunyuan15_prompts_of_different_lengths_and_an_image(rng):
     dropped): each sample runs with its own grid, read anew each forward, the padding's
     rows left at zero, and a dense policy gives the model's own output."""
     model = tiny(HUNYUAN15)
-    x = {**_batch_of_two(rng, HUNYUAN15), **_hunyuan15_inputs("cpu", torch.float32, kept=((5, 4), (7, 1)), image=True)}
+    x = {**_batch_of_two(rng, HUNYUAN15), **hunyuan15_inputs("cpu", torch.float32, kept=((5, 4), (7, 1)), image=True)}
     own = forward(model, x)
     with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1)) as sparse:
         ours = forward(model, x)
-        x.update(_hunyuan15_inputs("cpu", torch.float32, kept=((5, 4), (7, 1))))  # next: no image, 3 tokens fewer
+        x.update(hunyuan15_inputs("cpu", torch.float32, kept=((5, 4), (7, 1))))  # next: no image, 3 tokens fewer
         text_only = forward(model, x)
     assert relative_l2(ours, own) < 1e-6 and relative_l2(text_only, forward(model, x)) < 1e-6
     assert [(r.layer, r.grid.text) for r in sparse.records] == [(0, 12), (0, 11), (1, 12), (1, 11),
@@ -661,7 +208,7 @@ def test_the_guidance_pass_with_a_shorter_prompt_reuses_the_decisions(rng):
     model = tiny(HUNYUAN15, layers=1)
     sparse = stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE))
     conditional = inputs(rng, 999, spec=HUNYUAN15)
-    unconditional = {**conditional, **_hunyuan15_inputs("cpu", torch.float32, kept=((2, 1),))}
+    unconditional = {**conditional, **hunyuan15_inputs("cpu", torch.float32, kept=((2, 1),))}
     forward(model, conditional)
     forward(model, unconditional)
     first, second = sparse.records
@@ -1014,7 +561,7 @@ def test_helios_keeps_a_bf16_models_keys_bf16(rng):
     """A bf16 Helios with its history's key scales in fp32, as from_pretrained leaves them:
     stsa's keys stay bf16 (diffusers' own processor makes them fp32 and its attention call
     refuses them), and the output is what diffusers gives with the scales rounded to bf16."""
-    spec = dataclasses.replace(HELIOS, build=lambda layers: _tiny_helios(layers, scale_in_fp32=True))
+    spec = dataclasses.replace(HELIOS, build=lambda layers: tiny_helios(layers, scale_in_fp32=True))
     model = tiny(spec, dtype=torch.bfloat16)
     assert model.blocks[0].attn1.history_key_scale.dtype == torch.float32
     x = inputs(rng, 999, dtype=torch.bfloat16, spec=spec)
