@@ -1,9 +1,10 @@
 // Shapes from the models' published configs (see docs/routing.md): tokens after
 // the VAE (8x spatial, 4x temporal compression, first frame kept; Wan2.2-TI2V-5B's
 // and HunyuanVideo 1.5's VAEs compress 16x spatially (1x1x1 patches in 1.5), LTX's 32x
-// spatially and 8x in time with 1x1x1 patches) and 1x2x2 patches. The policies are starting points in line with Sparse VideoGen's
-// settings (dense warm-up for about the first quarter of the steps and the first
-// layer, kept density 0.25), not values tuned on generated videos.
+// spatially and 8x in time with 1x1x1 patches) and 1x2x2 patches. The policies are
+// starting points in line with Sparse VideoGen's settings (dense warm-up for about the
+// first quarter of the steps and the first layer, kept density 0.25), not values tuned
+// on generated videos.
 #include <string>
 
 #include "stsa/error.hpp"
