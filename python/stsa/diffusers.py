@@ -926,12 +926,6 @@ def _wan_grid(transformer, inputs) -> VideoGrid:
     return VideoGrid(frames // patch_t, height // patch_h, width // patch_w)  # text joins by cross-attention
 
 
-def _allegro_grid(transformer, inputs) -> VideoGrid:
-    _, _, frames, height, width = _latents(inputs["hidden_states"], "B, C, F, H, W")
-    patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
-    return VideoGrid(frames // patch_t, height // patch, width // patch)  # text joins by cross-attention
-
-
 def _anyflow_grid(transformer, inputs) -> VideoGrid:
     _, frames, _, height, width = _latents(inputs["hidden_states"], "B, F, C, H, W")
     patch_t, patch_h, patch_w = transformer.config.patch_size
@@ -989,8 +983,9 @@ def _kandinsky_grid(transformer, inputs) -> VideoGrid:
 
 
 def _hunyuan_grid(transformer, inputs) -> VideoGrid:
-    """The video's grid (HunyuanVideo 1.0 and 1.5); each sample's prompt tokens come from
-    the forward's mask (_hunyuan_text_counts) or, in 1.5, the one its layers get."""
+    """The video's grid (HunyuanVideo 1.0, 1.5 and Framepack, Allegro: an int patch and
+    patch_size_t); each sample's HunyuanVideo prompt tokens come from the forward's mask
+    (_hunyuan_text_counts) or, in 1.5, the one its layers get."""
     _, _, frames, height, width = _latents(inputs["hidden_states"], "B, C, F, H, W")
     patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
     return VideoGrid(frames // patch_t, height // patch, width // patch, text_placement="after")
@@ -1057,7 +1052,7 @@ _FAMILIES = {
     "AnyFlowTransformer3DModel": _Family(("blocks",), "attn1", ("AnyFlowAttnProcessor",), _AnyFlowSelfAttention,
                                          _anyflow_grid),
     "AllegroTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("AllegroAttnProcessor2_0",),
-                                         _AllegroSelfAttention, _allegro_grid),
+                                         _AllegroSelfAttention, _hunyuan_grid),
     "LTXVideoTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("LTXVideoAttnProcessor",),
                                           _LTXSelfAttention, _ltx_grid),
     "LTX2VideoTransformer3DModel": _Family(("transformer_blocks",), "attn1",
