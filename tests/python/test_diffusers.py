@@ -6,8 +6,6 @@ reference, with each head's mask evaluated from what the call reports it ran, is
 yardstick for the attention."""
 
 import dataclasses
-import os
-import socket
 import types
 
 import numpy as np
@@ -365,10 +363,10 @@ def test_wan_pipeline_with_two_experts(rng):
     assert len(sparse.records) == 6 * 2 * 2 - len(steps["transformer"]) * 2  # 1 layer high, 2 low; guidance
 
 
-def _ulysses_rank(rank: int, ranks: int, port: int) -> None:
+def _ulysses_rank(rank: int, ranks: int, rendezvous: str) -> None:
     """One rank of test_ulysses_context_parallelism (a process of its own, gloo on the CPU)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=ranks)
+    # A file rendezvous: a free port probed beforehand can be taken before rank 0 binds it.
+    torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=ranks)
     try:
         torch.accelerator.device_count = lambda: 1  # enable_parallelism asks for an accelerator; the CPU serves
         rng = np.random.default_rng(7)
@@ -420,17 +418,14 @@ def _ulysses_rank(rank: int, ranks: int, port: int) -> None:
         torch.distributed.destroy_process_group()
 
 
-def test_ulysses_context_parallelism():
+def test_ulysses_context_parallelism(tmp_path):
     """diffusers' Ulysses context parallelism (enable_parallelism, 2 ranks over gloo) with
     stsa enabled before it or after: each rank gets every token of its share of the heads
     (an all-to-all), routes and attends them, and gives the tokens back; the output equals
     one process's, dense and routed, and each rank's routes are its heads' routes there."""
     if not torch.distributed.is_available():
         pytest.skip("torch without torch.distributed")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    torch.multiprocessing.spawn(_ulysses_rank, args=(2, port), nprocs=2)
+    torch.multiprocessing.spawn(_ulysses_rank, args=(2, str(tmp_path / "rendezvous")), nprocs=2)
 
 
 def test_ring_attention_is_refused(rng):
