@@ -983,8 +983,9 @@ def _kandinsky_grid(transformer, inputs) -> VideoGrid:
 
 
 def _hunyuan_grid(transformer, inputs) -> VideoGrid:
-    """The video's grid (HunyuanVideo 1.0, 1.5 and Framepack, Allegro: an int patch and
-    patch_size_t); each sample's HunyuanVideo prompt tokens come from the forward's mask
+    """The video's grid for latents [B, C, F, H, W] patched by an int patch_size and
+    patch_size_t: HunyuanVideo 1.0, 1.5, Framepack and Allegro (no prompt tokens). A
+    HunyuanVideo sample's prompt tokens come from the forward's mask
     (_hunyuan_text_counts) or, in 1.5, the one its layers get."""
     _, _, frames, height, width = _latents(inputs["hidden_states"], "B, C, F, H, W")
     patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
