@@ -3,9 +3,11 @@
 // heads of known kind, the dense fallback, and argument checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <set>
 
 #include "router/candidate_mask.hpp"
@@ -89,15 +91,16 @@ TEST(CandidateMask, BlockCoverAgreesWithThePairsOnLargerGrids) {
 }
 
 // Router errors against fp64 outputs of the same sampled rows from reference_rows.
-void check_errors_against_reference(const VideoLayout& layout, DType dtype, TokenOrder order, std::uint64_t seed) {
+void check_errors_against_reference(const VideoLayout& layout, DType dtype, TokenOrder order, std::uint64_t seed,
+                                    int samples = 24) {
   SCOPED_TRACE(layout.grid.describe() + " B=" + std::to_string(layout.batch) + " D=" +
                std::to_string(layout.head_dim) + " " + std::string(to_string(dtype)) + " " +
-               std::string(to_string(order)) + " seed " + std::to_string(seed));
+               std::string(to_string(order)) + " seed " + std::to_string(seed) + " samples " + std::to_string(samples));
   testing::Problem p = testing::make_problem(
       layout, dtype, std::vector<HeadMask>(std::size_t(layout.heads), HeadMask{MaskSpec::dense(), order, nullptr, true}),
       seed);
   RouterOptions options;
-  options.samples = 24;
+  options.samples = samples;
   options.seed = seed;
   options.try_frame_window = true;
   options.spatial_density = 0.2;
@@ -107,7 +110,7 @@ void check_errors_against_reference(const VideoLayout& layout, DType dtype, Toke
   AttentionCall call = p.call();
   const RoutingReport report = router.route(layout, call.q, call.k, call.v, order, 0.f);
   ASSERT_EQ(report.heads.size(), std::size_t(layout.heads));
-  ASSERT_EQ(report.sampled_rows.size(), std::size_t(options.samples));
+  ASSERT_EQ(report.sampled_rows.size(), std::size_t(std::min<std::int64_t>(samples, layout.tokens())));
 
   std::vector<double> dense_o, lse;
   reference_rows(call, report.sampled_rows, dense_o, lse);
@@ -151,6 +154,41 @@ TEST(Router, SampledErrorsMatchTheReference) {
   // batch entries: the per-chunk partial sums merged with their own maxima.
   check_errors_against_reference({{7, 30, 45, 13, TextPlacement::Before}, 2, 2, 64}, DType::F32, TokenOrder::FrameMajor,
                                  seed + 4);
+  // More samples than tokens: every position is sampled, text rows too.
+  check_errors_against_reference({{2, 2, 3, 5, TextPlacement::Before}, 2, 2, 64}, DType::F32, TokenOrder::SpatialMajor,
+                                 seed + 5, 64);
+  check_errors_against_reference({{1, 3, 3, 0, TextPlacement::After}, 1, 2, 128}, DType::BF16, TokenOrder::FrameMajor,
+                                 seed + 6, 64);
+}
+
+// A call with fewer tokens than samples (a small debug video under the default
+// 64) is routed on every position once, exactly as with samples = tokens,
+// instead of being refused.
+TEST(Router, MoreSamplesThanTokensSampleEveryPositionOnce) {
+  const VideoLayout layout{{2, 2, 2, 3, TextPlacement::Before}, 2, 2, 64};  // 11 tokens
+  testing::Problem p = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), testing::fresh_seed());
+  const AttentionCall call = p.call();
+  const RoutingReport many = Router().route(layout, call.q, call.k, call.v);
+  std::vector<std::int64_t> positions = many.sampled_rows;
+  std::sort(positions.begin(), positions.end());
+  std::vector<std::int64_t> every(std::size_t(layout.tokens()));
+  std::iota(every.begin(), every.end(), std::int64_t{0});
+  EXPECT_EQ(positions, every);
+  for (std::size_t i = 0; i < many.sampled_batch.size(); ++i)
+    EXPECT_EQ(many.sampled_batch[i], std::int64_t(i) % layout.batch) << "round-robin over the batch";
+
+  RouterOptions exact;
+  exact.samples = int(layout.tokens());
+  const RoutingReport same = Router(exact).route(layout, call.q, call.k, call.v);
+  EXPECT_EQ(same.sampled_rows, many.sampled_rows);
+  EXPECT_EQ(same.sampled_batch, many.sampled_batch);
+  ASSERT_EQ(same.heads.size(), many.heads.size());
+  for (std::size_t h = 0; h < many.heads.size(); ++h) {
+    EXPECT_EQ(same.heads[h].route, many.heads[h].route);
+    ASSERT_EQ(same.heads[h].candidates.size(), many.heads[h].candidates.size());
+    for (std::size_t c = 0; c < many.heads[h].candidates.size(); ++c)
+      EXPECT_EQ(same.heads[h].candidates[c].mse, many.heads[h].candidates[c].mse) << "head " << h << " candidate " << c;
+  }
 }
 
 TEST(Router, ErrorsAreBitIdenticalForAnyThreadCount) {
@@ -230,11 +268,15 @@ TEST(Router, SamplesSpreadOverAllFramesAndStayDeterministic) {
   EXPECT_EQ(frames.size(), 8u);
   EXPECT_EQ(std::count(batch.begin(), batch.end(), 1), 32);
 
-  // More samples than non-anchor rows: falls back to all rows; more than all tokens: an error.
+  // More samples than non-anchor rows: falls back to all rows; more than all
+  // tokens: every position once, the same rows as with samples = tokens.
   options.samples = int(layout.tokens());
-  EXPECT_NO_THROW(Router(options).sample_rows(layout, TokenOrder::FrameMajor, rows, batch));
+  Router(options).sample_rows(layout, TokenOrder::FrameMajor, rows, batch);
   options.samples = int(layout.tokens()) + 1;
-  EXPECT_THROW(Router(options).sample_rows(layout, TokenOrder::FrameMajor, rows, batch), InvalidArgument);
+  Router(options).sample_rows(layout, TokenOrder::FrameMajor, rows2, batch2);
+  EXPECT_EQ(rows2, rows);
+  EXPECT_EQ(batch2, batch);
+  EXPECT_EQ(std::set<std::int64_t>(rows.begin(), rows.end()).size(), std::size_t(layout.tokens()));
 }
 
 TEST(Router, KeepsAHeadDenseWhenNoMaskFitsIt) {
@@ -341,7 +383,6 @@ TEST(Router, RejectsBadArguments) {
   const VideoLayout layout{{2, 2, 2, 0, TextPlacement::After}, 1, 2, 64};
   testing::Problem p = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), 1);
   AttentionCall call = p.call();
-  EXPECT_THROW(Router().route(layout, call.q, call.k, call.v), InvalidArgument);  // 64 samples > 8 tokens
   RouterOptions few;
   few.samples = 4;
   const Router router(few);

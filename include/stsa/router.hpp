@@ -1,8 +1,9 @@
 // Online head routing: decide per head whether it is spatial, temporal (or
 // frame-window) or must stay dense, from a small sample of its own query rows.
 //
-// For each head the router takes S query rows (default 64) spread over all
-// frames (stratified, seeded, round-robin over the batch), computes their exact
+// For each head the router takes S query rows (default 64; every row of a call
+// with fewer tokens) spread over all frames (stratified, seeded, round-robin
+// over the batch), computes their exact
 // attention output against all keys, and again under each candidate mask at
 // the configured kept density. The candidate with the lowest MSE of the sampled
 // outputs wins (Sparse VideoGen's rule; the relative L2 error is reported too).
@@ -72,7 +73,8 @@ class Router {
   explicit Router(RouterOptions options = {});
   const RouterOptions& options() const { return options_; }
 
-  // The sampled (batch, position) pairs; throws InvalidArgument if samples > tokens.
+  // The sampled (batch, position) pairs: min(samples, tokens) of them, so a call
+  // with fewer tokens than samples has every position sampled once.
   void sample_rows(const VideoLayout& layout, TokenOrder order, std::vector<std::int64_t>& rows,
                    std::vector<std::int64_t>& batch) const;
 

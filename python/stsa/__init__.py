@@ -127,7 +127,8 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
                      tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact", timed: bool = True):
     """Routes every head online, then runs each with its mask.
 
-    For each head, ``samples`` query rows spread over all frames get their exact
+    For each head, ``samples`` query rows spread over all frames (every row of a
+    call with fewer tokens) get their exact
     attention and their attention under each candidate mask (spatial, temporal,
     and frames with ``try_frames``) at the kept density; the candidate with the
     lowest MSE wins, unless even its relative L2 error exceeds ``max_rel_l2``,

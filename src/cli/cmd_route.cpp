@@ -172,8 +172,6 @@ nlohmann::json run_route(const RouteArgs& args) {
   if (!args.save_output.empty()) check_output_file(args.save_output);
   Inputs in = make_inputs(args, grid, memory);
   const VideoLayout& layout = in.layout;
-  std::vector<std::int64_t> rows, batch;
-  router.sample_rows(layout, TokenOrder::FrameMajor, rows, batch);  // S > N fails here, before any work
 
   Tensor o(DType::F32, layout.batch, layout.tokens(), layout.heads, layout.head_dim, memory);
   LseBuffer lse(layout.batch, layout.heads, layout.tokens());
@@ -235,6 +233,7 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"output_file", args.save_output.empty() ? nlohmann::json(nullptr) : nlohmann::json(args.save_output)},
       {"density", args.density},
       {"samples", args.samples},
+      {"sampled_rows", report.sampled_rows.size()},  // fewer than samples where the call has fewer tokens
       {"backend", on_gpu ? std::string("cuda") : std::string(host_backend->name())},
       {"device", routed.device.empty() ? nlohmann::json(nullptr) : nlohmann::json(routed.device)},
       {"accuracy", in.truth.empty() ? nlohmann::json(nullptr)
@@ -286,7 +285,8 @@ void print_text(const nlohmann::json& r) {
               r["rel_l2_err_first_block_anchor"].get<double>(), r["rel_l2_err_temporal"].get<double>(),
               r["rel_l2_err_first_block_anchor_temporal"].get<double>(), r["rel_l2_err_spatial"].get<double>(),
               r["rel_l2_err_first_block_anchor_spatial"].get<double>());
-  std::printf("routing %.2f ms (%.3f GFLOP", r["routing_ms"].get<double>(), r["routing_gflop"].get<double>());
+  std::printf("routing %.2f ms (%lld sampled rows per head, %.3f GFLOP", r["routing_ms"].get<double>(),
+              (long long)r["sampled_rows"].get<std::int64_t>(), r["routing_gflop"].get<double>());
   if (!r["routing_device_ms"].is_null()) std::printf("; its kernels %.2f ms", r["routing_device_ms"].get<double>());
   std::printf("), permutation %.2f ms (%.2f GB/s = %.2f of the %.2f GB/s copy%s), "
               "attention %.2f ms; routing + permutation = %.2f%% of attention\n",
@@ -331,7 +331,7 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--head-dim", args->head_dim, "synthetic: head dimension (even)")->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "synthetic: fp32 | bf16 | fp16")->capture_default_str();
   cmd->add_option("--density", args->density, "kept fraction of each candidate mask, in [0, 1]")->capture_default_str();
-  cmd->add_option("--samples", args->samples, "sampled query rows per head (<= tokens)")->capture_default_str();
+  cmd->add_option("--samples", args->samples, "sampled query rows per head (every row where there are fewer tokens)")->capture_default_str();
   cmd->add_option("--max-rel-l2", args->max_rel_l2, "heads whose best mask errs more stay dense (>= 0)")
       ->capture_default_str();
   cmd->add_flag("--frame-window", args->frame_window, "also try the frame-window mask");

@@ -99,7 +99,7 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
     STSA_CHECK(h >= 0 && h < layout.heads, InvalidArgument, "cuda router: head ", h, " out of range [0, ",
                layout.heads, ")");
   RoutingReport report;
-  router.sample_rows(layout, order, report.sampled_rows, report.sampled_batch);  // InvalidArgument: too many samples
+  router.sample_rows(layout, order, report.sampled_rows, report.sampled_batch);
 
   for (const auto& [name, tensor] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
     STSA_CHECK(tensor->dtype == DType::BF16 || tensor->dtype == DType::F16, Unsupported, "cuda router: ", name, " is ",

@@ -211,6 +211,12 @@ def main():
     if route["heads"] != 2 or route["head_dim"] != 64 or route["tokens"] != 3 * 16 * 22:
         print(f"FAIL route --preset ltx-video: {route['heads']} heads of {route['head_dim']}, {route['tokens']} tokens")
         failures += 1
+    # A video with fewer tokens than the 64 default samples is routed on every row.
+    tiny = json.loads(run(binary, ["route", "--synthetic", "--frames", "1", "--height", "3", "--width", "4", "--heads",
+                                   "2", "--head-dim", "64", "--json"]))
+    if (tiny["tokens"], tiny["samples"], tiny["sampled_rows"]) != (12, 64, 12):
+        print(f"FAIL route on 12 tokens: {tiny['sampled_rows']} of {tiny['samples']} samples, {tiny['tokens']} tokens")
+        failures += 1
     failures += check_inputs_from_files(binary)
     png = os.path.join(tempfile.mkdtemp(), "tiles.png")
     run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", png])
@@ -222,7 +228,7 @@ def main():
     if "CPU kernel" not in demo or "Tile plans" not in demo:
         print("FAIL the demo did not print its two parts")
         failures += 1
-    total = len(checks) + 10 + FILE_CHECKS
+    total = len(checks) + 11 + FILE_CHECKS
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 

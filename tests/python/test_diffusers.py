@@ -275,8 +275,8 @@ def test_chronoedit_drops_its_reasoning_frames_and_routes_the_new_grid(rng):
     the input and the edit. The steps after the drop route afresh on the new grid, whatever
     the reuse (a decision is about the grid it was made on), then reuse that."""
     model = tiny(CHRONOEDIT, layers=1)
-    # 16 sampled rows: the 2-frame grid has 48 tokens (the router refuses more samples than tokens).
-    sparse = stsa.diffusers.enable(model, stsa.Policy(reuse_steps=100, density=0.4, samples=16, **ALL_SPARSE))
+    # The 2-frame grid has 48 tokens, fewer than the 64 samples: it is routed on every row.
+    sparse = stsa.diffusers.enable(model, stsa.Policy(reuse_steps=100, density=0.4, **ALL_SPARSE))
     for timestep, frames in ((999, 5), (800, 5), (600, 2), (400, 2)):
         x = inputs(rng, timestep, spec=CHRONOEDIT)
         x["hidden_states"] = x["hidden_states"][:, :, :frames]

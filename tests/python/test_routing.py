@@ -156,6 +156,18 @@ def test_routing_alone_decides_as_routed_attention(rng):
     assert np.array_equal(stsa.attention(q, k, v, grid, decided["routes"], 0.4), out)
 
 
+def test_a_call_with_fewer_tokens_than_samples_is_routed_on_every_row(rng):
+    grid = stsa.VideoGrid(2, 3, 3, text=2)  # 20 tokens, fewer than the 64 default samples
+    q, k, v = structured_heads(rng, grid, 64, ["temporal", "spatial"])
+    every = stsa.route(q, k, v, grid, density=0.4)
+    assert sorted(every["sampled_rows"]) == list(range(grid.tokens))
+    exact = stsa.route(q, k, v, grid, density=0.4, samples=grid.tokens)
+    assert every["sampled_rows"] == exact["sampled_rows"] and every["heads"] == exact["heads"]
+    out, info = stsa.routed_attention(q, k, v, grid, density=0.4)
+    assert info["routes"] == every["routes"]
+    assert np.array_equal(stsa.attention(q, k, v, grid, every["routes"], 0.4), out)
+
+
 def test_policy_routing_alone(rng):
     grid = stsa.VideoGrid(9, 6, 6)
     kinds = ["spatial", "temporal"]
