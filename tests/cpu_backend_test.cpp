@@ -555,6 +555,40 @@ TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16Inputs) {
       }
 }
 
+// The packed K/V panels are kept across calls, so the padding slots of a shorter
+// call's last key tile are where an earlier call's keys were. The AMX kernel
+// multiplies every slot (with P = 0 past the sequence end), so a stale NaN left
+// in one would reach the output as 0 x NaN: the packing must zero the padding.
+// First call: two full 128-key tiles of NaN K and V; second: 200 finite tokens,
+// 56 padding slots in its last tile, on the same backend.
+TEST(CpuBackend, AmxPaddingSlotsHoldNothingFromAnEarlierCall) {
+  if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
+  const auto backend = make_cpu_backend({Isa::Amx, 2});
+  const TileShape tile{128, 128};
+  const VideoGrid poisoned_grid{2, 8, 16, 0, TextPlacement::After};  // 256 tokens
+  const VideoGrid grid{1, 10, 20, 0, TextPlacement::After};           // 200 tokens
+  auto poisoned = testing::make_problem({poisoned_grid, 1, 1, 128}, DType::BF16,
+                                        {head_for(poisoned_grid, MaskSpec::dense(), tile, Alignment::Exact)},
+                                        testing::fresh_seed());
+  for (std::int64_t n = 0; n < poisoned_grid.tokens(); ++n)
+    for (std::int64_t d = 0; d < 128; ++d) {
+      poisoned.k.view().store(0, n, 0, d, NAN);
+      poisoned.v.view().store(0, n, 0, d, NAN);
+    }
+  backend->run(poisoned.call());
+  for (const bool sparse : {false, true}) {
+    const MaskSpec spec = sparse ? mask_for_density(grid, SparseKind::Spatial, 0.5, true) : MaskSpec::dense();
+    auto problem = testing::make_problem({grid, 1, 1, 128}, DType::BF16, {head_for(grid, spec, tile, Alignment::Exact)},
+                                         testing::fresh_seed());
+    SCOPED_TRACE(problem.label);
+    ASSERT_EQ(kernel_isa(Isa::Amx, problem.call()), Isa::Amx);
+    backend->run(problem.call());
+    const auto cmp = testing::compare_with_reference(problem, 0, 1);
+    EXPECT_TRUE(cmp.ok()) << cmp.failure;
+    EXPECT_LT(cmp.rel_l2_err, 1e-5);
+  }
+}
+
 // Channels with a stride other than 1 (every other element of a wider buffer,
 // as a view of an interleaved tensor gives): the loads of Q, K and V and the
 // stores of O take the strided paths, for each input and output dtype.
