@@ -343,6 +343,7 @@ class CpuBackend final : public Backend {
       if (amx) {
         job.kv.v_pairs = pair_panels + pw.v_pair_offset;
         job.p_parts = w.p_parts.data();
+        job.p_part_count = out.o.dtype == DType::F32 ? 3 : 2;
       }
       job.full = full.data();
       job.n_full = int(full.size());

@@ -52,6 +52,9 @@ struct QueryTileJob {
   // It also reads q_pairs and writes o for the rows up to the next multiple of
   // kAmxRowPad; the q_pairs rows past `rows` must be zero.
   std::uint16_t* p_parts = nullptr;
+  // attend_amx only: how many parts: 3 (P exactly) where the output is fp32,
+  // 2 (P within 2^-17 of itself) where it is bf16 or fp16 and rounds far coarser.
+  int p_part_count = 3;
 };
 
 // Rows of scores the kernels keep at once; scratch must hold this many rows of tile_k.

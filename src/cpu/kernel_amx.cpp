@@ -5,10 +5,12 @@
 //
 // P is fp32 after the softmax. Rounding it to bf16 for the tile product would
 // add up to 2^-9 of each term, far above the fp32 kernel's error; instead it is
-// split into three bf16 parts, hi + mid + lo = P exactly (8 + 8 + 8 significand
-// bits), each multiplied with V. Every product stays exact and every sum fp32,
-// so this kernel has the fp32-P kernel's error bound at three times the P V
-// tile work, which is still small next to the softmax.
+// split into bf16 parts, each multiplied with V. For fp32 outputs, three parts,
+// hi + mid + lo = P exactly (8 + 8 + 8 significand bits): every product stays
+// exact and every sum fp32, so this kernel has the fp32-P kernel's error bound at
+// three times the P V tile work. A bf16 or fp16 output rounds to 2^-9 or 2^-11
+// of itself, so two parts do there: hi + mid, mid rounded to nearest, leaves each
+// P within 2^-17 of itself, unbiased, for two thirds of the work.
 #if !defined(__clang__)  // (Clang has neither the warning nor the false positive)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -81,14 +83,17 @@ void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int c
   }
 }
 
-// P[rows][cols] (row stride tile_k) as three bf16 parts whose sum is P: part j of
-// row i at parts + (j * kBlockRows + i) * tile_k. Each part is the remainder's
-// upper 16 bits (truncation, so the remainders are exact in fp32 and the parts
-// exact in bf16); 24 significand bits fit in three parts of 8. Values below 2^-103
-// lose their last part (a part under 2^-126 converts to 0), and below 2^-118 the
-// middle one too: at most 2^-7 of themselves, nothing next to a row's largest
-// P = 1 unless their V is 2^95 times larger than its.
+// P[rows][cols] (row stride tile_k) as kParts bf16 parts: part j of row i at
+// parts + (j * kBlockRows + i) * tile_k. Three parts sum to P exactly: each is the
+// remainder's upper 16 bits (truncation, so the remainders are exact in fp32 and
+// the parts exact in bf16); 24 significand bits fit in three parts of 8. Values
+// below 2^-103 lose their last part (a part under 2^-126 converts to 0), and below
+// 2^-118 the middle one too: at most 2^-7 of themselves, nothing next to a row's
+// largest P = 1 unless their V is 2^95 times larger than its. Two parts: the
+// second is the remainder rounded to nearest, so hi + mid is within 2^-17 of P.
+template <int kParts>
 void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* parts) {
+  static_assert(kParts == 2 || kParts == 3);
   const std::int64_t part = std::int64_t(kBlockRows) * tile_k;
   const __m512i upper = _mm512_set1_epi32(int(0xffff0000u));
   auto upper_half = [&](__m512 x) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), upper)); };
@@ -98,19 +103,23 @@ void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* part
       const __m512 x1 = _mm512_loadu_ps(p + std::int64_t(i) * tile_k + c + 16);
       const __m512 hi0 = upper_half(x0), hi1 = upper_half(x1);
       const __m512 r0 = _mm512_sub_ps(x0, hi0), r1 = _mm512_sub_ps(x1, hi1);
-      const __m512 mid0 = upper_half(r0), mid1 = upper_half(r1);
-      const __m512 lo0 = _mm512_sub_ps(r0, mid0), lo1 = _mm512_sub_ps(r1, mid1);
       std::uint16_t* at = parts + std::int64_t(i) * tile_k + c;
-      // The values are bf16 already, so the conversion only packs them (lanes 0-15 from its second operand).
+      // Values that are bf16 already only get packed (lanes 0-15 from the second operand).
       _mm512_storeu_si512(at, __m512i(_mm512_cvtne2ps_pbh(hi1, hi0)));
-      _mm512_storeu_si512(at + part, __m512i(_mm512_cvtne2ps_pbh(mid1, mid0)));
-      _mm512_storeu_si512(at + 2 * part, __m512i(_mm512_cvtne2ps_pbh(lo1, lo0)));
+      if constexpr (kParts == 2) {
+        _mm512_storeu_si512(at + part, __m512i(_mm512_cvtne2ps_pbh(r1, r0)));  // rounds to nearest
+      } else {
+        const __m512 mid0 = upper_half(r0), mid1 = upper_half(r1);
+        const __m512 lo0 = _mm512_sub_ps(r0, mid0), lo1 = _mm512_sub_ps(r1, mid1);
+        _mm512_storeu_si512(at + part, __m512i(_mm512_cvtne2ps_pbh(mid1, mid0)));
+        _mm512_storeu_si512(at + 2 * part, __m512i(_mm512_cvtne2ps_pbh(lo1, lo0)));
+      }
     }
 }
 
-// O[16 * kRowTiles][kD] += (hi + mid + lo) V over the first `cols` keys; v: the
-// key tile's pairs [tile_k / 2][kD]; o: row stride kD.
-template <int kD, int kRowTiles>
+// O[16 * kRowTiles][kD] += (sum of the kParts parts) V over the first `cols`
+// keys; v: the key tile's pairs [tile_k / 2][kD]; o: row stride kD.
+template <int kD, int kRowTiles, int kParts>
 void pv_tiles(const std::uint16_t* parts, int tile_k, const std::uint32_t* v, int cols, float* o) {
   constexpr long kVBytes = kD * 4;
   const long p_bytes = long(tile_k) * 2;
@@ -120,7 +129,7 @@ void pv_tiles(const std::uint16_t* parts, int tile_k, const std::uint32_t* v, in
     for (int c = 0; c < cols; c += 32) {
       _tile_loadd(6, v + std::int64_t(c / 2) * kD + d0, kVBytes);
       _tile_loadd(7, v + std::int64_t(c / 2) * kD + d0 + 16, kVBytes);
-      for (int j = 2; j >= 0; --j) {  // smallest part first
+      for (int j = kParts - 1; j >= 0; --j) {  // smallest part first
         const std::uint16_t* a = parts + j * part + c;
         _tile_loadd(4, a, p_bytes);
         _tile_dpbf16ps(0, 4, 6);
@@ -166,8 +175,14 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, c
   }
   // Padding rows (zero Q) are split and multiplied too: a tile product keeps rows
   // apart, and their O rows are never stored.
-  split_p(s, kRowTiles * 16, cols, tile_k, job.p_parts);
-  pv_tiles<kD, kRowTiles>(job.p_parts, tile_k, job.kv.v_pairs + std::int64_t(tile) * (tile_k / 2) * kD, cols, o);
+  const std::uint32_t* v_pairs = job.kv.v_pairs + std::int64_t(tile) * (tile_k / 2) * kD;
+  if (job.p_part_count == 2) {
+    split_p<2>(s, kRowTiles * 16, cols, tile_k, job.p_parts);
+    pv_tiles<kD, kRowTiles, 2>(job.p_parts, tile_k, v_pairs, cols, o);
+  } else {
+    split_p<3>(s, kRowTiles * 16, cols, tile_k, job.p_parts);
+    pv_tiles<kD, kRowTiles, 3>(job.p_parts, tile_k, v_pairs, cols, o);
+  }
 }
 
 template <int kD>
