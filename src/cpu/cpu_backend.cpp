@@ -276,7 +276,8 @@ class CpuBackend final : public Backend {
       const std::int64_t tile_k = pw.plan->tile().k;
       const std::int64_t tile = packs[std::size_t(i)].tile;
       float* kt = pair_panels ? nullptr : panels + pw.kt_offset + tile * d * tile_k;
-      float* v = panels + pw.v_offset + tile * tile_k * d;
+      // The AMX kernel reads fp32 V only for heads with Inf, NaN or tiny V: made below where needed.
+      float* v = amx ? nullptr : panels + pw.v_offset + tile * tile_k * d;
       std::uint32_t* kt_pairs = pair_panels ? pair_panels + pw.pair_offset + tile * d / 2 * tile_k : nullptr;
       std::uint32_t* v_pairs = amx ? pair_panels + pw.v_pair_offset + tile * tile_k / 2 * d : nullptr;
       packed[std::size_t(i)] =
@@ -286,6 +287,14 @@ class CpuBackend final : public Backend {
       pairs[packs[i].pair].v_nonfinite |= packed[i].nonfinite;
       pairs[packs[i].pair].v_tiny |= packed[i].tiny;
     }
+    if (amx)
+      for (const PackItem& item : packs) {
+        const PairWork& pw = pairs[item.pair];
+        if (!pw.v_nonfinite && !pw.v_tiny) continue;
+        const std::int64_t tile_k = pw.plan->tile().k;
+        unpack_v_pairs(pair_panels + pw.v_pair_offset + item.tile * tile_k / 2 * d, int(tile_k), d,
+                       panels + pw.v_offset + item.tile * tile_k * d);
+      }
 
     // Phase 2: every query tile of the chunk, most kept tiles first so the tail of the loop is short.
     std::vector<TileItem> items;

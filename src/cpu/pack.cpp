@@ -43,21 +43,55 @@ void load_row_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::in
   const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0);
   const std::int64_t step = t.stride[3];
   const std::uint32_t sign = negate ? 0x80008000u : 0u;  // flips both halves' sign bits: exact, NaN stays NaN
+  if (step == 1) {  // the pairs are the row's own 32-bit words
+    std::memcpy(out, src, std::size_t(t.head_dim()) * 2);
+    for (std::int64_t i = 0; i < t.head_dim() / 2; ++i) out[i] ^= sign;
+    return;
+  }
   for (std::int64_t i = 0; i < t.head_dim() / 2; ++i)
     out[i] = (std::uint32_t(src[2 * i * step]) | (std::uint32_t(src[(2 * i + 1) * step]) << 16)) ^ sign;
 }
 
-void prefetch_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool for_write) {
-  if (n >= t.tokens() || t.stride[3] != 1) return;
-  const std::int64_t bytes = t.head_dim() * std::int64_t(element_size(t.dtype));
-  const char* row = static_cast<const char*>(t.data) + t.offset(b, n, h, 0) * std::int64_t(element_size(t.dtype));
-  for (std::int64_t at = 0; at < bytes; at += 64) {
-    if (for_write)
-      __builtin_prefetch(row + at, 1);
-    else
-      __builtin_prefetch(row + at, 0);
+namespace {
+
+// Row (b, n, h, :) of a 16-bit tensor as its bits.
+void load_row_bits(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, std::uint16_t* out) {
+  const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0);
+  const std::int64_t step = t.stride[3];
+  if (step == 1) {
+    std::memcpy(out, src, std::size_t(t.head_dim()) * 2);
+    return;
+  }
+  for (std::int64_t d = 0; d < t.head_dim(); ++d) out[d] = src[d * step];
+}
+
+// PackedV's flags of bf16 values from their bits: an all-ones exponent is Inf or
+// NaN; magnitudes order as their bits do, so tiny is nonzero below kTinyV's bits.
+void flag_bf16(const std::uint16_t* bits, std::int64_t count, PackedV& flags) {
+  constexpr std::uint16_t kExponent = 0x7f80, kTinyBits = 0x1f80;  // 2^-64: exponent 127 - 64, no fraction
+  static_assert(0x1p-64f == kTinyV, "kTinyBits spells kTinyV");
+  // The largest magnitude and the smallest nonzero one: min/max reductions in int,
+  // which vectorise with the baseline instruction set (16-bit ones would not).
+  int largest = 0, smallest = 0x7fff;
+  for (std::int64_t d = 0; d < count; ++d) {
+    const int magnitude = bits[d] & 0x7fff;
+    largest = largest > magnitude ? largest : magnitude;
+    const int nonzero = magnitude == 0 ? 0x7fff : magnitude;
+    smallest = smallest < nonzero ? smallest : nonzero;
+  }
+  flags.nonfinite |= largest >= kExponent;
+  flags.tiny |= smallest < kTinyBits;
+}
+
+void flag_floats(const float* values, std::int64_t count, PackedV& flags) {
+  for (std::int64_t d = 0; d < count; ++d) {
+    const float a = std::fabs(values[d]);
+    flags.nonfinite |= !(a <= std::numeric_limits<float>::max());
+    flags.tiny |= a != 0.0f && a < kTinyV;
   }
 }
+
+}  // namespace
 
 PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
                      float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs) {
@@ -66,7 +100,13 @@ PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
   const std::int64_t d_count = k.head_dim();
   const std::int64_t n0 = tile * tile_k;
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
+  // bf16 K and V move as bits: K's pairs are its rows' own words, V's pairs two
+  // keys' values side by side; nothing goes through fp32 on the way.
+  const bool k_bits = kt_pairs != nullptr && k.dtype == DType::BF16;
+  const bool v_bits = v.dtype == DType::BF16;
   float row[1024];  // head dims the kernels support are far below this
+  std::uint32_t k_words[512];
+  std::uint16_t v_keys[2][1024];  // the bits of a pair of keys' V rows
   PackedV flags;
   for (std::int64_t c = 0; c < valid; ++c) {
     if (c + kPrefetchRowsAhead < valid) {
@@ -74,18 +114,35 @@ PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
       prefetch_row(v, b, in.token(n0 + c + kPrefetchRowsAhead), head);
     }
     const std::int64_t n = in.token(n0 + c);
-    load_row(k, b, n, head, 1.0f, row);
-    if (kt_pairs != nullptr) {
-      for (std::int64_t i = 0; i < d_count / 2; ++i) kt_pairs[i * tile_k + c] = bf16_pair(row[2 * i], row[2 * i + 1]);
+    if (k_bits) {
+      load_row_pairs(k, b, n, head, /*negate=*/false, k_words);
+      for (std::int64_t i = 0; i < d_count / 2; ++i) kt_pairs[i * tile_k + c] = k_words[i];
     } else {
-      for (std::int64_t d = 0; d < d_count; ++d) kt[d * tile_k + c] = row[d];
+      load_row(k, b, n, head, 1.0f, row);
+      if (kt_pairs != nullptr) {
+        for (std::int64_t i = 0; i < d_count / 2; ++i) kt_pairs[i * tile_k + c] = bf16_pair(row[2 * i], row[2 * i + 1]);
+      } else {
+        for (std::int64_t d = 0; d < d_count; ++d) kt[d * tile_k + c] = row[d];
+      }
     }
-    float* vr = v_rows + c * d_count;
-    load_row(v, b, n, head, 1.0f, vr);
-    for (std::int64_t d = 0; d < d_count; ++d) {
-      const float a = std::fabs(vr[d]);
-      flags.nonfinite |= !(a <= std::numeric_limits<float>::max());
-      flags.tiny |= a != 0.0f && a < kTinyV;
+    if (!v_bits) {  // (v_pairs is only asked for with bf16 V)
+      float* vr = v_rows + c * d_count;
+      load_row(v, b, n, head, 1.0f, vr);
+      flag_floats(vr, d_count, flags);
+      continue;
+    }
+    std::uint16_t* bits = v_keys[c % 2];
+    load_row_bits(v, b, n, head, bits);
+    flag_bf16(bits, d_count, flags);
+    if (v_rows != nullptr)
+      for (std::int64_t d = 0; d < d_count; ++d) v_rows[c * d_count + d] = bf16_to_float(bits[d]);
+    if (v_pairs != nullptr && (c % 2 == 1 || c + 1 == valid)) {
+      std::uint32_t* pairs = v_pairs + c / 2 * d_count;
+      if (c % 2 == 1) {
+        for (std::int64_t d = 0; d < d_count; ++d) pairs[d] = v_keys[0][d] | (std::uint32_t(v_keys[1][d]) << 16);
+      } else {  // the last key of an odd count: its partner is padding
+        for (std::int64_t d = 0; d < d_count; ++d) pairs[d] = v_keys[0][d];
+      }
     }
   }
   if (kt_pairs != nullptr) {
@@ -95,13 +152,40 @@ PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
     for (std::int64_t d = 0; d < d_count; ++d)
       for (std::int64_t c = valid; c < tile_k; ++c) kt[d * tile_k + c] = 0.0f;
   }
-  if (valid < tile_k) std::memset(v_rows + valid * d_count, 0, std::size_t((tile_k - valid) * d_count) * sizeof(float));
-  if (v_pairs != nullptr)
-    for (std::int64_t c2 = 0; c2 < tile_k / 2; ++c2)
-      for (std::int64_t d = 0; d < d_count; ++d)
-        v_pairs[c2 * d_count + d] = bf16_pair(v_rows[2 * c2 * d_count + d], v_rows[(2 * c2 + 1) * d_count + d]);
+  if (v_rows != nullptr && valid < tile_k)
+    std::memset(v_rows + valid * d_count, 0, std::size_t((tile_k - valid) * d_count) * sizeof(float));
+  if (v_pairs != nullptr) {
+    const std::int64_t written = (valid + 1) / 2;
+    std::memset(v_pairs + written * d_count, 0, std::size_t((tile_k / 2 - written) * d_count) * sizeof(std::uint32_t));
+  }
   return flags;
 }
+
+void unpack_v_pairs(const std::uint32_t* v_pairs, int tile_k, std::int64_t d_count, float* v_rows) {
+  for (std::int64_t c2 = 0; c2 < tile_k / 2; ++c2)
+    for (std::int64_t d = 0; d < d_count; ++d) {
+      const std::uint32_t pair = v_pairs[c2 * d_count + d];
+      v_rows[2 * c2 * d_count + d] = bf16_to_float(std::uint16_t(pair));
+      v_rows[(2 * c2 + 1) * d_count + d] = bf16_to_float(std::uint16_t(pair >> 16));
+    }
+}
+
+namespace {
+
+// O's row a / l (zeros for an empty row) into dst, `step` elements apart, through
+// `convert`; one loop per dtype, so the unit-stride one vectorises.
+template <typename T, typename Convert>
+void store_row(T* dst, std::int64_t step, std::int64_t count, const float* a, float l, bool empty, Convert convert) {
+  if (empty) {
+    for (std::int64_t d = 0; d < count; ++d) dst[d * step] = convert(0.0f);
+  } else if (step == 1) {
+    for (std::int64_t d = 0; d < count; ++d) dst[d] = convert(a[d] / l);
+  } else {
+    for (std::int64_t d = 0; d < count; ++d) dst[d * step] = convert(a[d] / l);
+  }
+}
+
+}  // namespace
 
 void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
                 const float* acc, const float* m, const float* l, double score_scale) {
@@ -116,12 +200,16 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
     const std::int64_t n = token(i);
     const std::int64_t base = o.offset(b, n, head, 0);
     const std::int64_t step = o.stride[3];
-    if (o.dtype == DType::F32) {
-      float* dst = static_cast<float*>(o.data) + base;
-      for (std::int64_t d = 0; d < d_count; ++d) dst[d * step] = empty ? 0.0f : a[d] / l[i];
-    } else {
-      for (std::int64_t d = 0; d < d_count; ++d)
-        store_from_float(o.data, o.dtype, base + d * step, empty ? 0.0f : a[d] / l[i]);
+    switch (o.dtype) {
+      case DType::F32:
+        store_row(static_cast<float*>(o.data) + base, step, d_count, a, l[i], empty, [](float x) { return x; });
+        break;
+      case DType::BF16:
+        store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, l[i], empty, float_to_bf16);
+        break;
+      case DType::F16:
+        store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, l[i], empty, float_to_f16);
+        break;
     }
     if (out.lse.data != nullptr)
       out.lse.at(b, head, n) =

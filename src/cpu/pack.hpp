@@ -22,7 +22,18 @@ void load_row_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::in
 // The rows of one head are a whole [H, D] row apart in the usual [B, N, H, D]
 // layout, too far apart for the hardware prefetchers, so a row read without this
 // waits for memory; callers ask a few rows ahead.
-void prefetch_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool for_write = false);
+// Inline: callers ask once per row, in their loops.
+inline void prefetch_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool for_write = false) {
+  if (n >= t.tokens() || t.stride[3] != 1) return;
+  const std::int64_t bytes = t.head_dim() * std::int64_t(element_size(t.dtype));
+  const char* row = static_cast<const char*>(t.data) + t.offset(b, n, h, 0) * std::int64_t(element_size(t.dtype));
+  for (std::int64_t at = 0; at < bytes; at += 64) {
+    if (for_write)
+      __builtin_prefetch(row + at, 1);
+    else
+      __builtin_prefetch(row + at, 0);
+  }
+}
 inline constexpr int kPrefetchRowsAhead = 4;
 
 // Two values read from a bf16 tensor as one uint32 of their bf16 bits: `low` in
@@ -49,10 +60,12 @@ struct RowSource {
 
 // Packs key tile `tile` of the call's (b, h) from `in`: K transposed into kt [head_dim][tile_k] (or,
 // when kt_pairs is given, as bf16 pairs of channels into kt_pairs
-// [head_dim / 2][tile_k]; kt is then unused and may be null) and V into v
-// [tile_k][head_dim], and when v_pairs is given also as bf16 pairs of consecutive
-// keys into v_pairs [tile_k / 2][head_dim]; all zero past the sequence end.
-// Returns what the kernels must know about the packed V (KvPanels).
+// [head_dim / 2][tile_k]; kt is then unused and may be null) and V into v_rows
+// [tile_k][head_dim], and when v_pairs is given (bf16 V) as bf16 pairs of
+// consecutive keys into v_pairs [tile_k / 2][head_dim], with v_rows then
+// optional (null: not written; unpack_v_pairs makes it where it is needed); all
+// zero past the sequence end. Returns what the kernels must know about the
+// packed V (KvPanels).
 struct PackedV {
   bool nonfinite = false;  // some value is Inf or NaN
   bool tiny = false;       // some nonzero |value| is below kTinyV
@@ -62,6 +75,8 @@ struct PackedV {
 inline constexpr float kTinyV = 0x1p-64f;
 PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
                      float* v_rows, std::uint32_t* kt_pairs = nullptr, std::uint32_t* v_pairs = nullptr);
+// v_rows [tile_k][head_dim] from the v_pairs pack_kv_tile wrote (exact: bf16 in fp32).
+void unpack_v_pairs(const std::uint32_t* v_pairs, int tile_k, std::int64_t head_dim, float* v_rows);
 
 // Where finished rows go: row n of the call's head h lands at token tokens[n]
 // (n when null) of head heads[h] (h when null) of o and lse: a scattered
