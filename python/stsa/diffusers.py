@@ -24,7 +24,8 @@ each sample runs with the prompt tokens its mask keeps) and
 hidden both ways), ``HunyuanVideoFramepackTransformer3DModel`` and ``HeliosTransformer3DModel``
 (their history, past frames before the video's tokens, goes after them for stsa: global
 tokens, as a prompt's), from
-diffusers 0.35 or later, whose self-attention still has diffusers' own processor. The
+diffusers 0.35 or later (each family from the release whose processor stsa reproduces, up to
+0.42 for Kandinsky 6; docs/python.md), whose self-attention still has diffusers' own processor. The
 latent grid of each forward comes from the transformer's input (over its patch size, and
 the prompt's length); the step from its timestep: a lower timestep than the last
 forward's is the next step, an equal one the same step (the unconditional pass of
@@ -145,7 +146,10 @@ class SparseTransformer:
         self._generation = self._clock.generation  # the generation the policy's decisions belong to
         self._forwards = 0  # forwards begun; the prompt counts read from a layer's mask hold for one
         self._mask_counts: tuple[int, list[int]] | None = None  # (forward, per sample, the prompt tokens kept)
-        self._signature = inspect.signature(transformer.forward)
+        # The class's forward, not the instance's: hooks may have replaced that one by a wrapper
+        # whose signature is (module, *args, **kwargs), as diffusers < 0.40's hooks did (context
+        # parallelism, caches, group offloading, layerwise casting installed before stsa).
+        self._signature = _forward_signature(transformer)
         self._id = next(_ids)
         _owners[self._id] = self
         self._originals = [attn.processor for attn in attentions]
@@ -1009,6 +1013,12 @@ def _framepack_text_counts(inputs) -> list[int]:
     return [inputs["image_embeds"].shape[1] + n for n in _hunyuan_text_counts(inputs)]
 
 
+def _forward_signature(transformer) -> inspect.Signature:
+    """The arguments the transformer class's forward takes, without self."""
+    signature = inspect.signature(type(transformer).forward)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
 @dataclasses.dataclass(frozen=True)
 class _Family:
     """What stsa.diffusers knows of one transformer class."""
@@ -1019,6 +1029,7 @@ class _Family:
     processor: type
     grid: Any                     # (transformer, the forward's arguments by name) -> VideoGrid
     text_counts: Any = lambda inputs: None  # (arguments) -> per sample, the prompt tokens kept; None: all
+    since: str = "0.35"           # the first diffusers release whose `replaced` processors this reproduces (tested)
 
     def self_attentions(self, transformer) -> list:
         attentions = [(f"{name}[{i}].{self.attention}", operator.attrgetter(self.attention)(block))
@@ -1027,8 +1038,9 @@ class _Family:
             processor = type(attn.processor).__name__
             if processor not in self.replaced:
                 raise InvalidArgument(f"{where} runs {processor}; stsa replaces diffusers' own "
-                                      f"{' or '.join(self.replaced)} (diffusers >= 0.35) only: disable what "
-                                      "installed the other one first")
+                                      f"{' or '.join(self.replaced)} (diffusers >= {self.since}) only: disable what "
+                                      "installed the other one first, or with an older diffusers (whose processor "
+                                      "computes something else), upgrade it")
         return [attn for _, attn in attentions]
 
 
@@ -1041,24 +1053,24 @@ _FAMILIES = {
                                          _WanSelfAttention, _wan_grid),
     # SkyReels-V2: Wan's self-attention under another name (its diffusion forcing's causal mask is refused).
     "SkyReelsV2Transformer3DModel": _Family(("blocks",), "attn1", ("SkyReelsV2AttnProcessor",), _WanSelfAttention,
-                                            _wan_grid),
+                                            _wan_grid, since="0.36"),
     # Wan Animate: the reference image's latent frame first, then the video's; its face adapter
     # (cross-attention to the face's motion, between the blocks) left as it was.
     "WanAnimateTransformer3DModel": _Family(("blocks",), "attn1", ("WanAttnProcessor",), _WanSelfAttention,
-                                            _wan_grid),
+                                            _wan_grid, since="0.36"),
     # ChronoEdit: Wan2.1's image-to-video transformer, its own copy of Wan's processor.
     "ChronoEditTransformer3DModel": _Family(("blocks",), "attn1", ("WanAttnProcessor",), _WanSelfAttention,
-                                            _wan_grid),
+                                            _wan_grid, since="0.36"),
     # AnyFlow: Wan2.1's backbone distilled for flow-map sampling (its FAR variant's causal mask is not it).
     "AnyFlowTransformer3DModel": _Family(("blocks",), "attn1", ("AnyFlowAttnProcessor",), _AnyFlowSelfAttention,
-                                         _anyflow_grid),
+                                         _anyflow_grid, since="0.39"),
     "AllegroTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("AllegroAttnProcessor2_0",),
                                          _AllegroSelfAttention, _hunyuan_grid),
     "LTXVideoTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("LTXVideoAttnProcessor",),
                                           _LTXSelfAttention, _ltx_grid),
     "LTX2VideoTransformer3DModel": _Family(("transformer_blocks",), "attn1",
                                            ("LTX2AudioVideoAttnProcessor", "LTX2PerturbedAttnProcessor"),
-                                           _LTX2SelfAttention, _ltx2_grid),
+                                           _LTX2SelfAttention, _ltx2_grid, since="0.38"),
     "CogVideoXTransformer3DModel": _Family(("transformer_blocks",), "attn1",
                                            ("CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"),
                                            _CogVideoXSelfAttention, _cogvideox_grid),
@@ -1072,7 +1084,7 @@ _FAMILIES = {
                                                        ("HunyuanVideoAttnProcessor2_0",), _HunyuanVideoSelfAttention,
                                                        _hunyuan_grid, _framepack_text_counts),
     "HunyuanVideo15Transformer3DModel": _Family(("transformer_blocks",), "attn", ("HunyuanVideo15AttnProcessor2_0",),
-                                                _HunyuanVideo15SelfAttention, _hunyuan_grid),
+                                                _HunyuanVideo15SelfAttention, _hunyuan_grid, since="0.36"),
     "MochiTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("MochiAttnProcessor2_0",),
                                        _MochiSelfAttention, _mochi_grid),
     # Cosmos: its cross-attention runs the same processor class and is left as it was.
@@ -1081,12 +1093,14 @@ _FAMILIES = {
     # Helios: Wan's blocks over the history's tokens then the video's; its cross-attention, the
     # same processor class, left as it was.
     "HeliosTransformer3DModel": _Family(("blocks",), "attn1", ("HeliosAttnProcessor",), _HeliosSelfAttention,
-                                        _wan_grid),
+                                        _wan_grid, since="0.37"),
     # Kandinsky 6: its fused video and audio blocks; the video stream's self-attention only.
     "Kandinsky6Transformer3DModel": _Family(("visual_transformer_blocks",), "video_dec_block.self_attention",
-                                            ("Kandinsky6AttnProcessor",), _Kandinsky6SelfAttention, _kandinsky_grid),
+                                            ("Kandinsky6AttnProcessor",), _Kandinsky6SelfAttention, _kandinsky_grid,
+                                            since="0.42"),
     "Kandinsky5Transformer3DModel": _Family(("visual_transformer_blocks",), "self_attention",
-                                            ("Kandinsky5AttnProcessor",), _KandinskySelfAttention, _kandinsky_grid),
+                                            ("Kandinsky5AttnProcessor",), _KandinskySelfAttention, _kandinsky_grid,
+                                            since="0.36"),
 }
 
 

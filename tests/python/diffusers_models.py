@@ -3,6 +3,7 @@ knows, and what the tests need to know of each (test_diffusers.py). Imported onl
 pytest.importorskip("diffusers")."""
 
 import dataclasses
+import importlib
 import operator
 from typing import Any, Callable
 
@@ -11,14 +12,40 @@ import numpy as np
 import pytest
 import torch
 from diffusers.models import attention_processor
-from diffusers.models.transformers import (
-    transformer_allegro, transformer_anyflow, transformer_chronoedit, transformer_cosmos, transformer_easyanimate,
-    transformer_helios, transformer_hunyuan_video, transformer_hunyuan_video15, transformer_kandinsky,
-    transformer_kandinsky6, transformer_ltx, transformer_ltx2, transformer_skyreels_v2, transformer_wan,
-    transformer_wan_animate)
 
 import stsa
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS
+
+
+def _transformers_module(name):
+    """diffusers.models.transformers.<name>, or None where this diffusers has no such family."""
+    try:
+        return importlib.import_module(f"diffusers.models.transformers.{name}")
+    except ImportError:
+        return None
+
+
+def _has(module, *attributes):
+    """Whether this diffusers has the module and what a family's definition below takes from it:
+    the families it lacks are None here, and their tests skip (see `param` and `needs`)."""
+    return module is not None and all(hasattr(module, attribute) for attribute in attributes)
+
+
+transformer_allegro = _transformers_module("transformer_allegro")
+transformer_anyflow = _transformers_module("transformer_anyflow")
+transformer_chronoedit = _transformers_module("transformer_chronoedit")
+transformer_cosmos = _transformers_module("transformer_cosmos")
+transformer_easyanimate = _transformers_module("transformer_easyanimate")
+transformer_helios = _transformers_module("transformer_helios")
+transformer_hunyuan_video = _transformers_module("transformer_hunyuan_video")
+transformer_hunyuan_video15 = _transformers_module("transformer_hunyuan_video15")
+transformer_kandinsky = _transformers_module("transformer_kandinsky")
+transformer_kandinsky6 = _transformers_module("transformer_kandinsky6")
+transformer_ltx = _transformers_module("transformer_ltx")
+transformer_ltx2 = _transformers_module("transformer_ltx2")
+transformer_skyreels_v2 = _transformers_module("transformer_skyreels_v2")
+transformer_wan = _transformers_module("transformer_wan")
+transformer_wan_animate = _transformers_module("transformer_wan_animate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +97,9 @@ def _cogvideox_rotary(device, dtype):
     return {"image_rotary_emb": tuple(torch.randn(120, 64, generator=generator).to(device) for _ in range(2))}
 
 
+_HAS_WAN = _has(transformer_wan, "WanAttnProcessor")
 WAN = Model("wan", _tiny_wan, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
-            transformer_wan.WanAttnProcessor, (transformer_wan, "dispatch_attention_fn"))
+            transformer_wan.WanAttnProcessor, (transformer_wan, "dispatch_attention_fn")) if _HAS_WAN else None
 COGVIDEOX = Model("cogvideox", _tiny_cogvideox, (1, 10, 4, 8, 12),
                   stsa.VideoGrid(5, 4, 6, text=TEXT_TOKENS, text_placement="before"), ("transformer_blocks",), "bhnd",
                   attention_processor.CogVideoXAttnProcessor2_0,
@@ -95,10 +123,12 @@ def hunyuan_inputs(device, dtype, kept=(5,)):
             .to(device, dtype), "guidance": torch.full((len(kept),), 6000.0, device=device)}
 
 
+_HAS_HUNYUAN = _has(transformer_hunyuan_video, "HunyuanVideoAttnProcessor2_0")
 HUNYUAN = Model("hunyuan", _tiny_hunyuan, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=5),
                 ("transformer_blocks", "single_transformer_blocks"), "bnhd",
                 transformer_hunyuan_video.HunyuanVideoAttnProcessor2_0,
-                (transformer_hunyuan_video, "dispatch_attention_fn"), hunyuan_inputs, fuses=False, attention="attn")
+                (transformer_hunyuan_video, "dispatch_attention_fn"), hunyuan_inputs, fuses=False,
+                attention="attn") if _HAS_HUNYUAN else None
 
 
 def _tiny_wan_vace(layers):  # a control block for the first layer
@@ -113,8 +143,10 @@ def _vace_control(device, dtype):
     return {"control_hidden_states": torch.randn(1, 8, 5, 8, 12, generator=generator).to(device, dtype)}
 
 
+_HAS_WAN_VACE = _has(transformer_wan, "WanAttnProcessor")
 WAN_VACE = Model("wan-vace", _tiny_wan_vace, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("vace_blocks", "blocks"),
-                 "bnhd", transformer_wan.WanAttnProcessor, (transformer_wan, "dispatch_attention_fn"), _vace_control)
+                 "bnhd", transformer_wan.WanAttnProcessor, (transformer_wan, "dispatch_attention_fn"),
+                 _vace_control) if _HAS_WAN_VACE else None
 
 
 def _tiny_skyreels_v2(layers):
@@ -123,9 +155,10 @@ def _tiny_skyreels_v2(layers):
                                                   ffn_dim=64, num_layers=layers, rope_max_seq_len=64)
 
 
+_HAS_SKYREELS_V2 = _has(transformer_skyreels_v2, "SkyReelsV2AttnProcessor")
 SKYREELS_V2 = Model("skyreels-v2", _tiny_skyreels_v2, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
                     transformer_skyreels_v2.SkyReelsV2AttnProcessor,
-                    (transformer_skyreels_v2, "dispatch_attention_fn"))
+                    (transformer_skyreels_v2, "dispatch_attention_fn")) if _HAS_SKYREELS_V2 else None
 
 
 def _tiny_ltx(layers):  # patch size 1: the latents come packed, [B, N, C]
@@ -140,9 +173,10 @@ def _ltx_inputs(device, dtype):
             "width": 6}
 
 
+_HAS_LTX = _has(transformer_ltx, "LTXVideoAttnProcessor")
 LTX = Model("ltx", _tiny_ltx, (1, 120, 4), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bnhd",
             transformer_ltx.LTXVideoAttnProcessor, (transformer_ltx, "dispatch_attention_fn"), _ltx_inputs,
-            fuses=False)
+            fuses=False) if _HAS_LTX else None
 
 
 def _tiny_hunyuan15(layers):
@@ -166,10 +200,11 @@ def hunyuan15_inputs(device, dtype, kept=((5, 2),), image=False):
             "image_embeds": images.to(device, dtype)}
 
 
+_HAS_HUNYUAN15 = _has(transformer_hunyuan_video15, "HunyuanVideo15AttnProcessor2_0")
 HUNYUAN15 = Model("hunyuan15", _tiny_hunyuan15, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=7),
                   ("transformer_blocks",), "bnhd", transformer_hunyuan_video15.HunyuanVideo15AttnProcessor2_0,
                   (transformer_hunyuan_video15, "dispatch_attention_fn"), hunyuan15_inputs, fuses=False,
-                  padding_sees_keys=False, timestep_dtype="model", attention="attn")
+                  padding_sees_keys=False, timestep_dtype="model", attention="attn") if _HAS_HUNYUAN15 else None
 
 
 def _tiny_mochi(layers):
@@ -213,9 +248,10 @@ def _wan_animate_inputs(device, dtype):
                                 ("face_pixel_values", (1, 3, 13, 16, 16)))}
 
 
+_HAS_WAN_ANIMATE = _has(transformer_wan_animate, "WanAttnProcessor")
 WAN_ANIMATE = Model("wan-animate", _tiny_wan_animate, (1, 12, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
                     transformer_wan_animate.WanAttnProcessor, (transformer_wan_animate, "dispatch_attention_fn"),
-                    _wan_animate_inputs)
+                    _wan_animate_inputs) if _HAS_WAN_ANIMATE else None
 
 
 def _tiny_chronoedit(layers):
@@ -224,8 +260,10 @@ def _tiny_chronoedit(layers):
                                                   ffn_dim=64, num_layers=layers, rope_max_seq_len=64)
 
 
+_HAS_CHRONOEDIT = _has(transformer_chronoedit, "WanAttnProcessor")
 CHRONOEDIT = Model("chronoedit", _tiny_chronoedit, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
-                   transformer_chronoedit.WanAttnProcessor, (transformer_chronoedit, "dispatch_attention_fn"))
+                   transformer_chronoedit.WanAttnProcessor,
+                   (transformer_chronoedit, "dispatch_attention_fn")) if _HAS_CHRONOEDIT else None
 
 
 def tiny_ltx2(layers, rope_type="interleaved", perturbed_attn=True):
@@ -247,9 +285,10 @@ def _ltx2_inputs(device, dtype):
             "num_frames": 5, "height": 4, "width": 6, "audio_num_frames": 8}
 
 
+_HAS_LTX2 = _has(transformer_ltx2, "LTX2PerturbedAttnProcessor")
 LTX2 = Model("ltx2", tiny_ltx2, (1, 120, 4), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bnhd",
              transformer_ltx2.LTX2PerturbedAttnProcessor, (transformer_ltx2, "dispatch_attention_fn"), _ltx2_inputs,
-             fuses=False)
+             fuses=False) if _HAS_LTX2 else None
 
 
 def _tiny_kandinsky(layers):
@@ -277,13 +316,14 @@ def _kandinsky_inputs(device, dtype):
             "text_rope_pos": torch.arange(TEXT_TOKENS, device=device)}
 
 
+_HAS_KANDINSKY = _has(transformer_kandinsky, "Kandinsky5AttnProcessor")
 KANDINSKY = Model("kandinsky", _tiny_kandinsky, (1, 5, 8, 12, 4), stsa.VideoGrid(5, 4, 6),
                   ("visual_transformer_blocks",), "bnhd", transformer_kandinsky.Kandinsky5AttnProcessor,
                   (transformer_kandinsky, "dispatch_attention_fn"), _kandinsky_inputs, fuses=False,
                   timestep_dtype="model", attention="self_attention",
                   # The model rounds its rotated q, k to bf16: the first layer's 1e-7 can flip a rounding in
                   # the second (2.5e-6 seen in 40 seeds, median 2.8e-7).
-                  fp32_tolerance=1e-5)
+                  fp32_tolerance=1e-5) if _HAS_KANDINSKY else None
 
 
 def _tiny_cosmos(layers):  # the padding mask's channel left out (resizing it needs torchvision)
@@ -293,8 +333,10 @@ def _tiny_cosmos(layers):  # the padding mask's channel left out (resizing it ne
                                               concat_padding_mask=False)
 
 
+_HAS_COSMOS = _has(transformer_cosmos, "CosmosAttnProcessor2_0")
 COSMOS = Model("cosmos", _tiny_cosmos, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6), ("transformer_blocks",), "bnhd",
-               transformer_cosmos.CosmosAttnProcessor2_0, (transformer_cosmos, "dispatch_attention_fn"), fuses=False)
+               transformer_cosmos.CosmosAttnProcessor2_0, (transformer_cosmos, "dispatch_attention_fn"),
+               fuses=False) if _HAS_COSMOS else None
 
 
 def _tiny_anyflow(layers):
@@ -308,9 +350,10 @@ def _anyflow_inputs(device, dtype):
     return {"r_timestep": torch.full((1, 5), 500.0, device=device)}
 
 
+_HAS_ANYFLOW = _has(transformer_anyflow, "AnyFlowAttnProcessor")
 ANYFLOW = Model("anyflow", _tiny_anyflow, (1, 5, 4, 8, 12), stsa.VideoGrid(5, 4, 6), ("blocks",), "bnhd",
                 transformer_anyflow.AnyFlowAttnProcessor, (transformer_anyflow, "dispatch_attention_fn"),
-                _anyflow_inputs, fuses=False, timestep_shape=(1, 5))
+                _anyflow_inputs, fuses=False, timestep_shape=(1, 5)) if _HAS_ANYFLOW else None
 
 
 def _tiny_framepack(layers):  # HunyuanVideo's blocks, the history's and the image's embedders
@@ -353,11 +396,12 @@ def _history_first(x, spec):
     return torch.cat([x[:, video:video + HISTORY_TOKENS], x[:, :video], x[:, video + HISTORY_TOKENS:]], dim=1)
 
 
+_HAS_FRAMEPACK = _has(transformer_hunyuan_video, "HunyuanVideoAttnProcessor2_0")
 FRAMEPACK = Model("framepack", _tiny_framepack, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=HISTORY_TOKENS + 3 + 5),
                   ("transformer_blocks", "single_transformer_blocks"), "bnhd",
                   transformer_hunyuan_video.HunyuanVideoAttnProcessor2_0,
                   (transformer_hunyuan_video, "dispatch_attention_fn"), framepack_inputs, fuses=False,
-                  as_stock=_history_first, attention="attn")
+                  as_stock=_history_first, attention="attn") if _HAS_FRAMEPACK else None
 
 
 def tiny_helios(layers, scale_in_fp32=False):
@@ -382,9 +426,10 @@ def _helios_inputs(device, dtype):
             "indices_hidden_states": torch.arange(8, 13, device=device).unsqueeze(0)}
 
 
+_HAS_HELIOS = _has(transformer_helios, "HeliosAttnProcessor")
 HELIOS = Model("helios", tiny_helios, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=HISTORY_TOKENS), ("blocks",),
                "bnhd", transformer_helios.HeliosAttnProcessor, (transformer_helios, "dispatch_attention_fn"),
-               _helios_inputs, as_stock=_history_first)
+               _helios_inputs, as_stock=_history_first) if _HAS_HELIOS else None
 
 
 def _tiny_kandinsky6(layers):  # fused video and audio blocks, an audio stream of 8 tokens
@@ -403,10 +448,11 @@ def _kandinsky6_inputs(device, dtype):
             "audio_hidden_states": torch.randn(1, 8, 4, generator=generator).to(device, dtype)}
 
 
+_HAS_KANDINSKY6 = _has(transformer_kandinsky6, "Kandinsky6AttnProcessor")
 KANDINSKY6 = Model("kandinsky6", _tiny_kandinsky6, (1, 5, 8, 12, 4), stsa.VideoGrid(5, 4, 6),
                    ("visual_transformer_blocks",), "bnhd", transformer_kandinsky6.Kandinsky6AttnProcessor,
                    (transformer_kandinsky6, "dispatch_attention_fn"), _kandinsky6_inputs, fuses=False,
-                   attention="video_dec_block.self_attention")
+                   attention="video_dec_block.self_attention") if _HAS_KANDINSKY6 else None
 
 
 def _tiny_easyanimate(layers):  # an MMDiT block (the prompt's own projections) first, then shared ones
@@ -422,10 +468,12 @@ def _easyanimate_inputs(device, dtype):
     return {"encoder_hidden_states_t5": torch.randn(1, 3, TEXT_DIM, generator=generator).to(device, dtype)}
 
 
+_HAS_EASYANIMATE = _has(transformer_easyanimate, "EasyAnimateAttnProcessor2_0")
 EASYANIMATE = Model("easyanimate", _tiny_easyanimate, (1, 4, 5, 8, 12),
                     stsa.VideoGrid(5, 4, 6, text=TEXT_TOKENS + 3, text_placement="before"), ("transformer_blocks",),
                     "bhnd", transformer_easyanimate.EasyAnimateAttnProcessor2_0,
-                    (transformer_easyanimate.F, "scaled_dot_product_attention"), _easyanimate_inputs, fuses=False)
+                    (transformer_easyanimate.F, "scaled_dot_product_attention"), _easyanimate_inputs,
+                    fuses=False) if _HAS_EASYANIMATE else None
 
 
 def _tiny_allegro(layers):  # its heads of 96
@@ -451,15 +499,23 @@ ALLEGRO = Model("allegro", _tiny_allegro, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4,
                 _allegro_inputs, fuses=False, head_dim=96)
 
 
-MODELS = [pytest.param(WAN, id="wan"), pytest.param(COGVIDEOX, id="cogvideox"), pytest.param(HUNYUAN, id="hunyuan"),
-          pytest.param(WAN_VACE, id="wan-vace"), pytest.param(SKYREELS_V2, id="skyreels-v2"),
-          pytest.param(LTX, id="ltx"), pytest.param(HUNYUAN15, id="hunyuan15"), pytest.param(MOCHI, id="mochi"),
-          pytest.param(CHRONOEDIT, id="chronoedit"), pytest.param(LTX2, id="ltx2"),
-          pytest.param(KANDINSKY, id="kandinsky"), pytest.param(COSMOS, id="cosmos"),
-          pytest.param(WAN_ANIMATE, id="wan-animate"), pytest.param(ANYFLOW, id="anyflow"),
-          pytest.param(FRAMEPACK, id="framepack"), pytest.param(HELIOS, id="helios"),
-          pytest.param(KANDINSKY6, id="kandinsky6"), pytest.param(EASYANIMATE, id="easyanimate"),
-          pytest.param(ALLEGRO, id="allegro")]
+def param(spec, name):
+    """One family as a test parameter, skipped where this diffusers lacks it (spec None)."""
+    return pytest.param(spec, id=name, marks=needs(spec))
+
+
+def needs(*specs):
+    """Skips a test that takes these families where this diffusers lacks one of them."""
+    return pytest.mark.skipif(any(spec is None for spec in specs),
+                              reason=f"diffusers {diffusers.__version__} lacks a family this test takes")
+
+
+MODELS = [param(WAN, "wan"), param(COGVIDEOX, "cogvideox"), param(HUNYUAN, "hunyuan"), param(WAN_VACE, "wan-vace"),
+          param(SKYREELS_V2, "skyreels-v2"), param(LTX, "ltx"), param(HUNYUAN15, "hunyuan15"), param(MOCHI, "mochi"),
+          param(CHRONOEDIT, "chronoedit"), param(LTX2, "ltx2"), param(KANDINSKY, "kandinsky"),
+          param(COSMOS, "cosmos"), param(WAN_ANIMATE, "wan-animate"), param(ANYFLOW, "anyflow"),
+          param(FRAMEPACK, "framepack"), param(HELIOS, "helios"), param(KANDINSKY6, "kandinsky6"),
+          param(EASYANIMATE, "easyanimate"), param(ALLEGRO, "allegro")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
