@@ -135,6 +135,16 @@ TEST(ModelPresets, HaveTheDocumentedShapes) {
   EXPECT_EQ(cosmos.grid.video_tokens(), 84480);  // (93 - 1) / 4 + 1 frames of 704/16 x 1280/16
   EXPECT_EQ(cosmos.steps, 36);
   EXPECT_EQ(model_preset("cosmos-predict2.5-2b").heads, 16);
+  const ModelPreset& mochi = model_preset("mochi-1-480p");
+  EXPECT_EQ(mochi.grid.video_tokens(), 44520);  // (163 - 1) / 6 + 1 frames of 480/16 x 848/16
+  EXPECT_EQ(mochi.grid.text_tokens, 256);
+  EXPECT_EQ(mochi.heads * mochi.head_dim, 24 * 128);
+  EXPECT_EQ(mochi.steps, 64);
+  const ModelPreset& framepack = model_preset("framepack-720p");
+  EXPECT_EQ(framepack.grid.video_tokens(), 32400);  // a section's 9 latent frames of 720/16 x 1280/16
+  // History 2 x 45 x 80 + (2/2) x ceil(90/4) x (160/4) + (16/4) x ceil(90/8) x (160/8), image 27 x 27, prompt 256.
+  EXPECT_EQ(framepack.grid.text_tokens, 7200 + 920 + 960 + 729 + 256);
+  EXPECT_EQ(framepack.layers, 60);
   const ModelPreset& kandinsky = model_preset("kandinsky5-lite");
   EXPECT_EQ(kandinsky.grid.video_tokens(), 47616);  // 31 frames of 512/16 x 768/16
   EXPECT_EQ(kandinsky.heads * kandinsky.head_dim, 1792);

@@ -81,6 +81,16 @@ const std::vector<ModelPreset>& model_presets() {
            "HunyuanVideo 1.5 T2V, 720x1280, 121 frames: 31 x 45 x 80 tokens + the prompt at its longest after "
            "the video (1,256 tokens), 16 heads, 54 dual-stream blocks",
            VideoGrid{31, 45, 80, 1256, TextPlacement::After}, 16, 128, 54, 50, 12),
+      make("mochi-1-480p",
+           "Mochi 1 preview, 480x848, 163 frames (5.4 s at 30 fps; its VAE compresses 6x in time): 28 x 30 x 53 "
+           "tokens + the prompt at its longest after the video (256 tokens, joint attention), 24 heads, 48 layers, "
+           "64 steps",
+           VideoGrid{28, 30, 53, 256, TextPlacement::After}, 24, 128, 48, 64, 16),
+      make("framepack-720p",
+           "HunyuanVideo Framepack, 720x1280, one section of 9 latent frames: 9 x 45 x 80 tokens + after them "
+           "the history (1x: 2 frames, 7,200 tokens; 2x: 920; 4x: 960), the image's 729 and the prompt's 256 at "
+           "its longest; HunyuanVideo's 24 heads, 20 double-stream + 40 single-stream blocks",
+           VideoGrid{9, 45, 80, 9080 + 729 + 256, TextPlacement::After}, 24, 128, 60, 50, 12),
       make("skyreels-v2-14b-540p",
            "SkyReels-V2-T2V-14B-540P, 544x960, 97 frames: 25 x 34 x 60 tokens, text via cross-attention only",
            VideoGrid{25, 34, 60, 0, TextPlacement::After}, 40, 128, 40, 50, 12),
