@@ -453,6 +453,15 @@ def _traced(array) -> bool:
     return torch.compiler.is_compiling()
 
 
+def _require_torch_operators(torch) -> None:
+    """stsa's PyTorch operators (torch.compile's path, stsa.diffusers) are custom ops tagged
+    cudagraph_unsafe, which torch has from 2.8 on; an older one gets this, not an AttributeError."""
+    if not hasattr(torch.Tag, "cudagraph_unsafe"):
+        raise Unsupported(f"stsa's PyTorch operators (under torch.compile, and stsa.diffusers) need torch >= 2.8 "
+                          f"(custom operators tagged cudagraph_unsafe); this is torch {torch.__version__}. "
+                          "Eager calls on torch tensors work with it.")
+
+
 def _refuse_autograd(q, k, v) -> None:
     """stsa computes no gradients: an output detached from tensors that need them would
     train the rest of the model as if attention were a constant, without a word."""

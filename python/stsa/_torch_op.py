@@ -10,7 +10,9 @@ from typing import Optional
 
 import torch
 
-from . import VideoGrid, _batch_tokens_heads, _policies, attention, routed_attention
+from . import VideoGrid, _batch_tokens_heads, _policies, _require_torch_operators, attention, routed_attention
+
+_require_torch_operators(torch)
 
 
 # Not captured into CUDA graphs (torch.compile's "reduce-overhead" keeps it out): a

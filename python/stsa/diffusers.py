@@ -49,7 +49,9 @@ from typing import Any, Optional
 
 import torch
 
-from . import InvalidArgument, Policy, Unsupported, VideoGrid, _flag
+from . import InvalidArgument, Policy, Unsupported, VideoGrid, _flag, _require_torch_operators
+
+_require_torch_operators(torch)
 
 __all__ = ["enable", "SparseTransformer", "SparsePipeline", "CallRecord"]
 

@@ -18,6 +18,8 @@ import stsa
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
+if not hasattr(torch.Tag, "cudagraph_unsafe"):
+    pytest.skip(f"torch {torch.__version__}: stsa.diffusers needs torch >= 2.8", allow_module_level=True)
 
 import stsa.diffusers  # noqa: E402  (needs torch)
 

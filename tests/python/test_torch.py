@@ -3,6 +3,8 @@ machine's image has it and bench/gpu/check.sh runs this file there): CPU tensors
 the CPU backend, CUDA tensors on the CUDA backend, read in place through DLPack,
 the output a tensor on the inputs' device, checked against the fp64 reference."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,10 @@ from helpers import masks_for, structured_heads
 torch = pytest.importorskip("torch")
 
 from torch_helpers import check, require_gpu  # noqa: E402  (needs torch)
+
+# stsa's operators (the torch.compile path) need torch >= 2.8; eager calls do not.
+OPERATORS = hasattr(torch.Tag, "cudagraph_unsafe")
+needs_operators = pytest.mark.skipif(not OPERATORS, reason=f"torch {torch.__version__}: the operators need >= 2.8")
 
 
 def random_qkv(rng, grid, heads, head_dim, dtype, device="cpu"):
@@ -48,9 +54,9 @@ def test_tensors_that_need_gradients_are_refused(rng):
         "attention": lambda: stsa.attention(q, k, v, grid),
         "routed_attention": lambda: stsa.routed_attention(q, k, v, grid, samples=8),
         "Policy.attention": lambda: stsa.Policy().attention(q, k, v, grid, step=0, layer=0),
-        # Not fullgraph: torch.compile would wrap the refusal in its own exception type.
-        "compiled": lambda: torch.compile(lambda *x: stsa.attention(*x, grid), backend="aot_eager")(q, k, v),
     }
+    if OPERATORS:  # not fullgraph: torch.compile would wrap the refusal in its own exception type
+        calls["compiled"] = lambda: torch.compile(lambda *x: stsa.attention(*x, grid), backend="aot_eager")(q, k, v)
     for name, call in calls.items():
         torch._dynamo.reset()
         with pytest.raises(stsa.Unsupported, match="no gradients"):
@@ -177,6 +183,17 @@ def compiled_graph_ops(fn, *args):
     return torch.compile(fn, fullgraph=True, backend=backend)(*args), ops
 
 
+def test_a_torch_without_tagged_custom_operators_is_told_the_version_it_needs():
+    """torch < 2.8 cannot tag a custom operator cudagraph_unsafe: stsa's operators (the
+    torch.compile path, stsa.diffusers) then refuse with the version, not an AttributeError."""
+    if OPERATORS:
+        stsa._require_torch_operators(torch)
+    older = types.SimpleNamespace(Tag=types.SimpleNamespace(), __version__="2.7.1")
+    with pytest.raises(stsa.Unsupported, match=r"need torch >= 2\.8 .* this is torch 2\.7\.1"):
+        stsa._require_torch_operators(older)
+
+
+@needs_operators
 @pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
 def test_compiled_attention_is_one_operator(layout, rng):
     grid = stsa.VideoGrid(9, 4, 6, text=5, text_placement="before")
@@ -198,6 +215,7 @@ def test_compiled_attention_is_one_operator(layout, rng):
     check(heads_first / 2, *inputs, masks_for(grid, routes, 0.5))
 
 
+@needs_operators
 def test_a_compiled_call_follows_its_grid_and_batch(rng):
     """The trace reads the grid's fields and guards on them: another grid (here two
     fewer text tokens) recompiles instead of reusing the first one's constants, and
@@ -212,6 +230,7 @@ def test_a_compiled_call_follows_its_grid_and_batch(rng):
         assert torch.equal(compiled(q, k, v, grid), stsa.attention(q, k, v, grid, "spatial", 0.5))
 
 
+@needs_operators
 def test_the_operators_pass_torch_opcheck(rng):
     import stsa._torch_op  # noqa: F401  (registers torch.ops.stsa.*)
 
@@ -227,6 +246,7 @@ def test_the_operators_pass_torch_opcheck(rng):
                           (q, k, v, policy._id, [9, 4, 6, 3], False, 0, 0, None, *where, False))
 
 
+@needs_operators
 @pytest.mark.parametrize("device,dtype", [("cpu", torch.float32), ("cuda", torch.bfloat16)])
 def test_a_compiled_policy_is_one_operator_for_every_step_and_layer(device, dtype, rng):
     """Policy.attention in a compiled block (fullgraph): one operator, the step and layer
@@ -264,6 +284,7 @@ def test_a_compiled_policy_is_one_operator_for_every_step_and_layer(device, dtyp
     check(out / 2, q, k, v, reference.head_masks(grid, compiled_policy.last_info["heads"]))
 
 
+@needs_operators
 def test_compiled_routed_attention_is_one_operator(rng):
     grid = stsa.VideoGrid(9, 6, 6, text=4)
     q, k, v = (torch.from_numpy(a) for a in structured_heads(rng, grid, 64, ["spatial", "temporal"]))
@@ -280,6 +301,7 @@ def test_compiled_routed_attention_is_one_operator(rng):
     assert eager_info["routes"] == ["spatial", "temporal"]
 
 
+@needs_operators
 def test_compiled_attention_on_the_gpu(rng):
     require_gpu()
     grid = stsa.VideoGrid(10, 9, 7, text=11)
