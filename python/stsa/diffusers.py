@@ -149,8 +149,8 @@ class SparseTransformer:
         self._forwards = 0  # forwards begun; the prompt counts read from a layer's mask hold for one
         self._mask_counts: tuple[int, list[int]] | None = None  # (forward, per sample, the prompt tokens kept)
         # The class's forward, not the instance's: hooks may have replaced that one by a wrapper
-        # whose signature is (module, *args, **kwargs), as diffusers < 0.40's hooks did (context
-        # parallelism, caches, group offloading, layerwise casting installed before stsa).
+        # whose signature is (module, *args, **kwargs), as diffusers < 0.40's hook registry did
+        # (context parallelism among its users, enabled before stsa).
         self._signature = _forward_signature(transformer)
         self._id = next(_ids)
         _owners[self._id] = self

@@ -331,7 +331,8 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--head-dim", args->head_dim, "synthetic: head dimension (even)")->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "synthetic: fp32 | bf16 | fp16")->capture_default_str();
   cmd->add_option("--density", args->density, "kept fraction of each candidate mask, in [0, 1]")->capture_default_str();
-  cmd->add_option("--samples", args->samples, "sampled query rows per head (every row where there are fewer tokens)")->capture_default_str();
+  cmd->add_option("--samples", args->samples, "sampled query rows per head (every row where there are fewer tokens)")
+      ->capture_default_str();
   cmd->add_option("--max-rel-l2", args->max_rel_l2, "heads whose best mask errs more stay dense (>= 0)")
       ->capture_default_str();
   cmd->add_flag("--frame-window", args->frame_window, "also try the frame-window mask");

@@ -498,8 +498,8 @@ def test_disable_gives_the_model_back(rng):
 
 
 def test_a_forward_wrapped_by_hooks_still_gives_the_grid_and_step(rng):
-    """diffusers < 0.40's hooks (context parallelism, caches, offloading, layerwise casting)
-    replaced the instance's forward by a wrapper whose signature is (module, *args, **kwargs):
+    """diffusers < 0.40's hook registry (context parallelism among its users) replaced the
+    instance's forward by a wrapper whose signature is (module, *args, **kwargs):
     stsa reads the forward's arguments by the class's signature, so a model hooked before
     stsa is enabled still gives its grid and step."""
     model = tiny_wan(layers=1)
