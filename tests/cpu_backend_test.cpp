@@ -133,7 +133,7 @@ TEST(CpuBackend, DensityOneEqualsDenseBitForBit) {
   const VideoGrid grid{3, 5, 7, 4, TextPlacement::After};
   const VideoLayout layout{grid, 1, 2, 128};
   for (Isa isa : testing::isas_of_this_machine())
-    for (DType dtype : {DType::F32, DType::BF16}) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
       SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)));
       const TileShape tile{64, 64};
       const MaskSpec full = mask_for_density(grid, SparseKind::Spatial, 1.0);
@@ -254,7 +254,7 @@ TEST(CpuBackend, NonFiniteInputsReachOnlyRowsThatSeeThem) {
   const VideoGrid grid{4, 4, 5, 0, TextPlacement::After};  // 80 tokens
   const VideoLayout layout{grid, 1, 1, 64};
   for (Isa isa : testing::isas_of_this_machine())
-    for (DType dtype : {DType::F32, DType::BF16})
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16})
       for (int which : {1, 2}) {  // NaN in K, then Inf in V
         SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) +
                      (which == 1 ? " NaN in K" : " Inf in V"));
@@ -282,7 +282,7 @@ TEST(CpuBackend, InfiniteScoresFollowTheirRules) {
   const VideoLayout layout{grid, 1, 1, 64};
   const std::int64_t n = layout.tokens();
   for (Isa isa : testing::isas_of_this_machine())
-    for (DType dtype : {DType::F32, DType::BF16}) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
       SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)));
       auto problem = testing::make_problem(
           layout, dtype, {head_for(grid, MaskSpec::dense(), {64, 64}, Alignment::Exact)}, testing::fresh_seed());
@@ -316,12 +316,25 @@ TEST(CpuBackend, InfiniteScoresFollowTheirRules) {
         EXPECT_NEAR(one_call.lse.at(0, 0, rows[r]), ref_lse[r], 1e-5 * (1 + std::abs(ref_lse[r]))) << "row " << rows[r];
         for (std::int64_t d = 0; d < 64; ++d) {
           const double want = ref_o[r * 64 + std::size_t(d)];
-          const double rounding = dtype == DType::BF16 ? unit_roundoff(DType::BF16) : 0.0;
+          const double rounding = dtype == DType::F32 ? 0.0 : unit_roundoff(dtype);
           EXPECT_NEAR(one_call.o.load(0, rows[r], 0, d), want, 1e-5 + rounding * std::abs(want))
               << "row " << rows[r] << " channel " << d;
         }
       }
       EXPECT_TRUE(testing::compare_with_reference(one).ok());
+
+      // A row whose q0 = +inf against k0 = -1 for every key: every score -inf, a
+      // row without keys. (Split into bf16 parts, fp16's +inf x the 0 low part of
+      // -1 would be NaN: the AMX kernel must sum such scores from whole values.)
+      auto inf_q = testing::make_problem(
+          layout, dtype, {head_for(grid, MaskSpec::dense(), {64, 64}, Alignment::Exact)}, testing::fresh_seed());
+      AttentionCall inf_q_call = inf_q.call();
+      for (std::int64_t j = 0; j < n; ++j) inf_q_call.k.store(0, j, 0, 0, -1.0f);
+      inf_q_call.q.store(0, 7, 0, 0, INFINITY);
+      make_cpu_backend({isa, 2})->run(inf_q_call);
+      EXPECT_EQ(inf_q_call.lse.at(0, 0, 7), -INFINITY);
+      for (std::int64_t d = 0; d < 64; ++d) EXPECT_EQ(inf_q_call.o.load(0, 7, 0, d), 0.0f) << "channel " << d;
+      EXPECT_TRUE(testing::compare_with_reference(inf_q).ok());
     }
 }
 
@@ -492,9 +505,9 @@ TEST(CpuBackend, AmxPeakIsPositiveWhereThereIsAmx) {
   EXPECT_THROW(measure_amx_peak_gflops(1, 0.0), InvalidArgument);
 }
 
-// Which calls the tile products take: bf16 Q, K and V, head dims 64, 96, 128, and only under Amx;
-// the others run the AVX-512 kernel.
-TEST(CpuBackend, AmxRunsBf16CallsWithHeadDimsOf32Multiples) {
+// Which calls the tile products take: Q, K and V all bf16 or all fp16, head dims
+// 64, 96, 128, and only under Amx; the others run the AVX-512 kernel.
+TEST(CpuBackend, AmxRunsBf16AndF16CallsWithHeadDimsOf32Multiples) {
   const VideoGrid grid{1, 2, 2, 0, TextPlacement::After};
   auto call_of = [&](std::int64_t head_dim, DType q, DType k, DType v) {
     AttentionCall call;
@@ -508,51 +521,57 @@ TEST(CpuBackend, AmxRunsBf16CallsWithHeadDimsOf32Multiples) {
   for (std::int64_t d : {64, 96, 128}) EXPECT_EQ(kernel_isa(Isa::Amx, call_of(d, bf16, bf16, bf16)), Isa::Amx) << d;
   EXPECT_EQ(kernel_isa(Isa::Amx, call_of(80, bf16, bf16, bf16)), Isa::Avx512);
   EXPECT_EQ(kernel_isa(Isa::Amx, call_of(32, bf16, bf16, bf16)), Isa::Avx512);
-  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, DType::F16, DType::F16, DType::F16)), Isa::Avx512);
+  const DType f16 = DType::F16;
+  for (std::int64_t d : {64, 96, 128}) EXPECT_EQ(kernel_isa(Isa::Amx, call_of(d, f16, f16, f16)), Isa::Amx) << d;
+  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(80, f16, f16, f16)), Isa::Avx512);
+  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, f16, bf16, bf16)), Isa::Avx512);  // one split for all three
+  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, bf16, bf16, f16)), Isa::Avx512);
+  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, f16, f16, DType::F32)), Isa::Avx512);
   EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, bf16, bf16, DType::F32)), Isa::Avx512);  // V must be exact in bf16
   EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, DType::F32, bf16, bf16)), Isa::Avx512);
   EXPECT_EQ(kernel_isa(Isa::Avx512, call_of(128, bf16, bf16, bf16)), Isa::Avx512);
 }
 
-// The tile kernel on its own: bf16 in, every head dim it takes, row counts that
-// are not multiples of its 16-row tiles or 32-row blocks (query tiles of 1, 17, 40,
-// 48 and 100 rows, ragged last tiles: the padded rows must fit the buffers), one
-// and two batch entries, negative scales, fp32 out so the bound is the fp32
-// kernel's, and bf16 out.
-TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16Inputs) {
+// The tile kernel on its own: bf16 and fp16 in (fp16 as two bf16 parts), every
+// head dim it takes, row counts that are not multiples of its 16-row tiles or
+// 32-row blocks (query tiles of 1, 17, 40, 48 and 100 rows, ragged last tiles: the
+// padded rows must fit the buffers), one and two batch entries, negative scales,
+// fp32 out so the bound is the fp32 kernel's, and 16-bit out.
+TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16AndF16Inputs) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
   const TileShape tiles[] = {{64, 64}, {128, 128}, {48, 64}, {128, 64}, {17, 64}, {40, 128}, {100, 64}, {1, 64}};
   int index = 0;
-  for (const VideoGrid& grid : awkward_grids())
-    for (std::int64_t head_dim : {64, 96, 128})
-      for (double density : {0.02, 0.25, 1.0}) {
-        Case c;
-        c.grid = grid;
-        c.head_dim = head_dim;
-        c.density = density;
-        c.in = DType::BF16;
-        c.out = index % 3 == 2 ? DType::BF16 : DType::F32;
-        c.tile = tiles[index % 8];
-        c.anchor = index % 2 == 0;
-        c.align = index % 5 == 3 ? Alignment::Round : Alignment::Exact;
-        c.memory = index % 2 ? MemoryLayout::BHND : MemoryLayout::BNHD;
-        c.batch = index % 5 == 1 ? 2 : 1;
-        const float scale = index % 7 == 3 ? -0.07f : 0.f;
-        ++index;
-        const VideoLayout layout{c.grid, c.batch, 4, c.head_dim};
-        SCOPED_TRACE(describe(c, Isa::Amx));
-        auto problem = testing::make_problem(layout, c.in, four_heads(c.grid, c.density, c.anchor, c.tile, c.align),
-                                             testing::fresh_seed(), c.memory, c.out);
-        problem.softmax_scale = scale;
-        ASSERT_EQ(kernel_isa(Isa::Amx, problem.call()), Isa::Amx);
-        make_cpu_backend({Isa::Amx, 2})->run(problem.call());
-        const PairPredicate computes = c.align == Alignment::Round ? plan_predicate(problem.heads) : PairPredicate{};
-        const auto cmp = testing::compare_with_reference(problem, 0, 1, computes);
-        EXPECT_TRUE(cmp.ok()) << cmp.failure;
-        if (c.out == DType::F32) {
-          EXPECT_LT(cmp.rel_l2_err, 1e-5) << problem.label;
+  for (const DType in : {DType::BF16, DType::F16})
+    for (const VideoGrid& grid : awkward_grids())
+      for (std::int64_t head_dim : {64, 96, 128})
+        for (double density : {0.02, 0.25, 1.0}) {
+          Case c;
+          c.grid = grid;
+          c.head_dim = head_dim;
+          c.density = density;
+          c.in = in;
+          c.out = index % 3 == 2 ? (index % 2 ? DType::BF16 : DType::F16) : DType::F32;
+          c.tile = tiles[index % 8];
+          c.anchor = index % 2 == 0;
+          c.align = index % 5 == 3 ? Alignment::Round : Alignment::Exact;
+          c.memory = index % 2 ? MemoryLayout::BHND : MemoryLayout::BNHD;
+          c.batch = index % 5 == 1 ? 2 : 1;
+          const float scale = index % 7 == 3 ? -0.07f : 0.f;
+          ++index;
+          const VideoLayout layout{c.grid, c.batch, 4, c.head_dim};
+          SCOPED_TRACE(describe(c, Isa::Amx));
+          auto problem = testing::make_problem(layout, c.in, four_heads(c.grid, c.density, c.anchor, c.tile, c.align),
+                                               testing::fresh_seed(), c.memory, c.out);
+          problem.softmax_scale = scale;
+          ASSERT_EQ(kernel_isa(Isa::Amx, problem.call()), Isa::Amx);
+          make_cpu_backend({Isa::Amx, 2})->run(problem.call());
+          const PairPredicate computes = c.align == Alignment::Round ? plan_predicate(problem.heads) : PairPredicate{};
+          const auto cmp = testing::compare_with_reference(problem, 0, 1, computes);
+          EXPECT_TRUE(cmp.ok()) << cmp.failure;
+          if (c.out == DType::F32) {
+            EXPECT_LT(cmp.rel_l2_err, 1e-5) << problem.label;
+          }
         }
-      }
 }
 
 // The packed K/V panels are kept across calls, so the padding slots of a shorter
@@ -563,81 +582,86 @@ TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16Inputs) {
 // 56 padding slots in its last tile, on the same backend.
 TEST(CpuBackend, AmxPaddingSlotsHoldNothingFromAnEarlierCall) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
-  const auto backend = make_cpu_backend({Isa::Amx, 2});
-  const TileShape tile{128, 128};
-  const VideoGrid poisoned_grid{2, 8, 16, 0, TextPlacement::After};  // 256 tokens
-  const VideoGrid grid{1, 10, 20, 0, TextPlacement::After};           // 200 tokens
-  auto poisoned = testing::make_problem({poisoned_grid, 1, 1, 128}, DType::BF16,
-                                        {head_for(poisoned_grid, MaskSpec::dense(), tile, Alignment::Exact)},
-                                        testing::fresh_seed());
-  for (std::int64_t n = 0; n < poisoned_grid.tokens(); ++n)
-    for (std::int64_t d = 0; d < 128; ++d) {
-      poisoned.k.view().store(0, n, 0, d, NAN);
-      poisoned.v.view().store(0, n, 0, d, NAN);
+  for (const DType dtype : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(to_string(dtype));
+    const auto backend = make_cpu_backend({Isa::Amx, 2});
+    const TileShape tile{128, 128};
+    const VideoGrid poisoned_grid{2, 8, 16, 0, TextPlacement::After};  // 256 tokens
+    const VideoGrid grid{1, 10, 20, 0, TextPlacement::After};           // 200 tokens
+    auto poisoned = testing::make_problem({poisoned_grid, 1, 1, 128}, dtype,
+                                          {head_for(poisoned_grid, MaskSpec::dense(), tile, Alignment::Exact)},
+                                          testing::fresh_seed());
+    for (std::int64_t n = 0; n < poisoned_grid.tokens(); ++n)
+      for (std::int64_t d = 0; d < 128; ++d) {
+        poisoned.k.view().store(0, n, 0, d, NAN);
+        poisoned.v.view().store(0, n, 0, d, NAN);
+      }
+    backend->run(poisoned.call());
+    for (const bool sparse : {false, true}) {
+      const MaskSpec spec = sparse ? mask_for_density(grid, SparseKind::Spatial, 0.5, true) : MaskSpec::dense();
+      auto problem = testing::make_problem({grid, 1, 1, 128}, dtype, {head_for(grid, spec, tile, Alignment::Exact)},
+                                           testing::fresh_seed());
+      SCOPED_TRACE(problem.label);
+      ASSERT_EQ(kernel_isa(Isa::Amx, problem.call()), Isa::Amx);
+      backend->run(problem.call());
+      const auto cmp = testing::compare_with_reference(problem, 0, 1);
+      EXPECT_TRUE(cmp.ok()) << cmp.failure;
+      EXPECT_LT(cmp.rel_l2_err, 1e-5);
     }
-  backend->run(poisoned.call());
-  for (const bool sparse : {false, true}) {
-    const MaskSpec spec = sparse ? mask_for_density(grid, SparseKind::Spatial, 0.5, true) : MaskSpec::dense();
-    auto problem = testing::make_problem({grid, 1, 1, 128}, DType::BF16, {head_for(grid, spec, tile, Alignment::Exact)},
-                                         testing::fresh_seed());
-    SCOPED_TRACE(problem.label);
-    ASSERT_EQ(kernel_isa(Isa::Amx, problem.call()), Isa::Amx);
-    backend->run(problem.call());
-    const auto cmp = testing::compare_with_reference(problem, 0, 1);
-    EXPECT_TRUE(cmp.ok()) << cmp.failure;
-    EXPECT_LT(cmp.rel_l2_err, 1e-5);
   }
 }
 
 // With a bf16 or fp16 output the AMX kernel splits P in two parts, within 2^-17
 // of P: 256x (64x) below the output's own rounding, so its output is the fp32-P
 // kernel's (AVX-512, P V in fp32) but for the few elements within that much of a
-// rounding boundary. Measured on an AMX host (260 tokens, D = 64 and 128), bf16:
-// 0.4% of the elements differ; 0.02% with three parts (the sums' order alone);
-// 38% with P rounded to bf16 (one part), which this test is there to keep out;
-// fp16: 2.4%.
-TEST(CpuBackend, AmxBf16OutputIsTheFp32PKernelsButForFewRoundings) {
+// rounding boundary. fp16 inputs add the product of P's and V's low parts left
+// out (below 2^-16 of a term). Measured on an AMX host (260 tokens, D = 64 and
+// 128), bf16 in, bf16 out: 0.4% of the elements differ; 0.02% with three parts
+// (the sums' order alone); 38% with P rounded to bf16 (one part), which this test
+// is there to keep out; fp16 out: 2.4%. fp16 in: 0.6% (bf16 out), 3.2% (fp16 out).
+TEST(CpuBackend, AmxSixteenBitOutputIsTheFp32PKernelsButForFewRoundings) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
   const auto amx = make_cpu_backend({Isa::Amx, 2});
   const auto avx512 = make_cpu_backend({Isa::Avx512, 2});
   const TileShape tile{128, 128};
   const VideoGrid grid{4, 6, 10, 20, TextPlacement::After};  // 260 tokens
-  for (const DType out : {DType::BF16, DType::F16})
-    for (std::int64_t head_dim : {64, 128}) {
-      // fp16's units are 8x finer, so more values lie within 2^-17 of a boundary.
-      const int stored_fraction_bits = out == DType::BF16 ? 7 : 10;
-      const double share = out == DType::BF16 ? 0.02 : 0.08;
-      const std::uint64_t seed = testing::fresh_seed();
-      const VideoLayout layout{grid, 1, 4, head_dim};
-      auto by_amx = testing::make_problem(layout, DType::BF16, four_heads(grid, 0.25, true, tile, Alignment::Exact),
-                                          seed, MemoryLayout::BNHD, out);
-      auto by_avx512 = testing::make_problem(layout, DType::BF16, four_heads(grid, 0.25, true, tile, Alignment::Exact),
-                                             seed, MemoryLayout::BNHD, out);
-      SCOPED_TRACE(by_amx.label);
-      ASSERT_EQ(kernel_isa(Isa::Amx, by_amx.call()), Isa::Amx);
-      amx->run(by_amx.call());
-      avx512->run(by_avx512.call());
-      std::int64_t differ = 0, total = 0;
-      for (std::int64_t h = 0; h < layout.heads; ++h) {
-        double largest = 0;
-        for (std::int64_t n = 0; n < grid.tokens(); ++n)
-          for (std::int64_t d = 0; d < head_dim; ++d)
-            largest = std::max(largest, std::abs(double(by_avx512.o.view().load(0, n, h, d))));
-        // One unit in the last place of the head's largest output: no element's
-        // unit is larger (a bound of 2^-8 x largest was below it, and failed on CI).
-        const double last_place = std::ldexp(1.0, std::ilogb(largest) - stored_fraction_bits);
-        for (std::int64_t n = 0; n < grid.tokens(); ++n)
-          for (std::int64_t d = 0; d < head_dim; ++d) {
-            const float got = by_amx.o.view().load(0, n, h, d), want = by_avx512.o.view().load(0, n, h, d);
-            differ += got != want;
-            ++total;
-            // Never more than one unit of the output's precision at the head's scale apart.
-            ASSERT_LE(std::abs(double(got) - double(want)), last_place)
-                << "head " << h << ", token " << n << ", channel " << d;
-          }
+  for (const DType in : {DType::BF16, DType::F16})
+    for (const DType out : {DType::BF16, DType::F16})
+      for (std::int64_t head_dim : {64, 128}) {
+        // fp16's units are 8x finer, so more values lie within 2^-17 of a boundary.
+        const int stored_fraction_bits = out == DType::BF16 ? 7 : 10;
+        const double share = out == DType::BF16 ? 0.02 : 0.08;
+        const std::uint64_t seed = testing::fresh_seed();
+        const VideoLayout layout{grid, 1, 4, head_dim};
+        auto by_amx = testing::make_problem(layout, in, four_heads(grid, 0.25, true, tile, Alignment::Exact), seed,
+                                            MemoryLayout::BNHD, out);
+        auto by_avx512 = testing::make_problem(layout, in, four_heads(grid, 0.25, true, tile, Alignment::Exact), seed,
+                                               MemoryLayout::BNHD, out);
+        SCOPED_TRACE(by_amx.label);
+        ASSERT_EQ(kernel_isa(Isa::Amx, by_amx.call()), Isa::Amx);
+        amx->run(by_amx.call());
+        avx512->run(by_avx512.call());
+        std::int64_t differ = 0, total = 0;
+        for (std::int64_t h = 0; h < layout.heads; ++h) {
+          double largest = 0;
+          for (std::int64_t n = 0; n < grid.tokens(); ++n)
+            for (std::int64_t d = 0; d < head_dim; ++d)
+              largest = std::max(largest, std::abs(double(by_avx512.o.view().load(0, n, h, d))));
+          // One unit in the last place of the head's largest output: no element's
+          // unit is larger (a bound of 2^-8 x largest was below it, and failed on CI).
+          const double last_place = std::ldexp(1.0, std::ilogb(largest) - stored_fraction_bits);
+          for (std::int64_t n = 0; n < grid.tokens(); ++n)
+            for (std::int64_t d = 0; d < head_dim; ++d) {
+              const float got = by_amx.o.view().load(0, n, h, d), want = by_avx512.o.view().load(0, n, h, d);
+              differ += got != want;
+              ++total;
+              // Never more than one unit of the output's precision at the head's scale apart.
+              ASSERT_LE(std::abs(double(got) - double(want)), last_place)
+                  << "head " << h << ", token " << n << ", channel " << d;
+            }
+        }
+        EXPECT_LT(double(differ), share * double(total)) << differ << " of " << total << " elements differ";
       }
-      EXPECT_LT(double(differ), share * double(total)) << differ << " of " << total << " elements differ";
-    }
 }
 
 // Channels with a stride other than 1 (every other element of a wider buffer,

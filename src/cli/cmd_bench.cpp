@@ -89,7 +89,7 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   }
   const BenchErrors errors =
       check_dense_and_sparse(dense, sparse, c.plan, args.check_rows, args.seed, progress);
-  // The ceiling of the units the kernel runs on: AMX tile products take bf16 calls where there is AMX.
+  // The ceiling of the units the kernel runs on: AMX tile products take bf16 and fp16 calls where there is AMX.
   const Isa kernel = kernel_isa(isa, dense);
   const bool amx = kernel == Isa::Amx;
   double peak = 0;
@@ -163,7 +163,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "threads (0: STSA_THREADS or all)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
-  cmd->add_option("--isa", args->isa, "auto | scalar | avx2 | avx512 | amx (AVX-512 with AMX tiles for bf16)")
+  cmd->add_option("--isa", args->isa, "auto | scalar | avx2 | avx512 | amx (AVX-512 with AMX tiles for bf16, fp16)")
       ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "amx"}))
       ->capture_default_str();
   cmd->add_option("--repeats", args->repeats, "timed runs (median; after one warm-up)")

@@ -85,7 +85,7 @@ struct PairWork {
   // as bf16 pairs) and the V panel in floats; the bf16-pair K and V panels in
   // words (V pairs only for the AMX kernel).
   std::int64_t kt_offset = 0, v_offset = 0, pair_offset = 0, v_pair_offset = 0;
-  bool v_nonfinite = false, v_tiny = false;
+  bool v_nonfinite = false, v_tiny = false, k_nonfinite = false;
 };
 
 struct TileItem {
@@ -185,7 +185,10 @@ class CpuBackend final : public Backend {
     const float exp_scale = float(score_scale * 1.44269504088896340736);
     // bf16 inputs on AVX-512 (which here includes BF16) compute S = Q K^T from bf16
     // pairs with VDPBF16PS or tile products: the values are exact either way, the products too.
-    const bool bf16_pairs = isa_.isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16;
+    // fp16 inputs on the AMX kernel do too, each value split into two bf16 parts.
+    const int in_parts = amx && call.q.dtype == DType::F16 ? 2 : 1;
+    const bool bf16_pairs =
+        in_parts == 2 || (isa_.isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16);
 
     std::vector<PairWork> pairs;
     for (std::int64_t b = 0; b < layout.batch; ++b)
@@ -210,7 +213,7 @@ class CpuBackend final : public Backend {
       w.m.resize(max_q);
       w.l.resize(max_q);
       w.s.resize(std::int64_t(kScratchRows) * max_k);
-      if (bf16_pairs) w.q_pairs.resize(max_rows * d / 2);
+      if (bf16_pairs) w.q_pairs.resize(max_rows * d / 2 * in_parts);
       if (amx) w.p_parts.resize(std::int64_t(kAmxPartRows) * max_k);
       if (w.masks.size() < std::size_t(max_partial)) w.masks.resize(std::size_t(max_partial));
     }
@@ -225,7 +228,7 @@ class CpuBackend final : public Backend {
         const TilePlan& plan = *pairs[last].plan;
         const std::int64_t panel = plan.k_tiles() * plan.tile().k * d;  // elements of K (or V) for all key tiles
         const std::int64_t kt_floats = bf16_pairs ? 0 : panel;
-        const std::int64_t k_words = bf16_pairs ? panel / 2 : 0, v_words = amx ? panel / 2 : 0;
+        const std::int64_t k_words = bf16_pairs ? panel / 2 * in_parts : 0, v_words = amx ? panel / 2 * in_parts : 0;
         const std::int64_t bytes =
             (floats + kt_floats + panel + pair_words + k_words + v_words) * std::int64_t(sizeof(float));
         if (last > first && bytes > kPanelBudgetBytes) break;
@@ -240,16 +243,17 @@ class CpuBackend final : public Backend {
       panels.resize(floats);
       if (bf16_pairs) pair_panels_.resize(pair_words);
       run_chunk(call, in, out, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, amx,
-                attend, q_scale, exp_scale, score_scale, scratch);
+                in_parts, attend, q_scale, exp_scale, score_scale, scratch);
       first = last;
     }
   }
 
   // pair_panels: bf16-pair K panels (S = Q K^T from bf16 pairs), and with `amx`
-  // the V ones too; nullptr for the fp32 path.
+  // the V ones too; nullptr for the fp32 path. in_parts: 2 where fp16 values are
+  // split into two bf16 parts for the AMX kernel, else 1.
   void run_chunk(const AttentionCall& call, const RowSource& in, const RowDestination& out,
                  std::vector<PairWork>& pairs, std::size_t first, std::size_t last, float* panels,
-                 std::uint32_t* pair_panels, bool amx, AttendFn attend, float q_scale, float exp_scale,
+                 std::uint32_t* pair_panels, bool amx, int in_parts, AttendFn attend, float q_scale, float exp_scale,
                  double score_scale, std::vector<WorkerScratch>& scratch) const {
     const std::int64_t d = call.layout.head_dim;
     const std::int64_t n = call.layout.tokens();
@@ -270,7 +274,7 @@ class CpuBackend final : public Backend {
       for (std::int64_t k = 0; k < plan.k_tiles(); ++k)
         if (used[std::size_t(k)]) packs.push_back({p, std::int32_t(k)});
     }
-    std::vector<PackedV> packed(packs.size());
+    std::vector<KvFlags> packed(packs.size());
     pool_->parallel_for(std::int64_t(packs.size()), [&](std::int64_t i, int) {
       const PairWork& pw = pairs[packs[std::size_t(i)].pair];
       const std::int64_t tile_k = pw.plan->tile().k;
@@ -278,22 +282,24 @@ class CpuBackend final : public Backend {
       float* kt = pair_panels ? nullptr : panels + pw.kt_offset + tile * d * tile_k;
       // The AMX kernel reads fp32 V only for heads with Inf, NaN or tiny V: made below where needed.
       float* v = amx ? nullptr : panels + pw.v_offset + tile * tile_k * d;
-      std::uint32_t* kt_pairs = pair_panels ? pair_panels + pw.pair_offset + tile * d / 2 * tile_k : nullptr;
-      std::uint32_t* v_pairs = amx ? pair_panels + pw.v_pair_offset + tile * tile_k / 2 * d : nullptr;
+      std::uint32_t* kt_pairs =
+          pair_panels ? pair_panels + pw.pair_offset + tile * in_parts * d / 2 * tile_k : nullptr;
+      std::uint32_t* v_pairs = amx ? pair_panels + pw.v_pair_offset + tile * in_parts * tile_k / 2 * d : nullptr;
       packed[std::size_t(i)] =
           pack_kv_tile(in, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs, v_pairs);
     });
     for (std::size_t i = 0; i < packs.size(); ++i) {
       pairs[packs[i].pair].v_nonfinite |= packed[i].nonfinite;
       pairs[packs[i].pair].v_tiny |= packed[i].tiny;
+      pairs[packs[i].pair].k_nonfinite |= packed[i].k_nonfinite;
     }
     if (amx)
       for (const PackItem& item : packs) {
         const PairWork& pw = pairs[item.pair];
         if (!pw.v_nonfinite && !pw.v_tiny) continue;
         const std::int64_t tile_k = pw.plan->tile().k;
-        unpack_v_pairs(pair_panels + pw.v_pair_offset + item.tile * tile_k / 2 * d, int(tile_k), d,
-                       panels + pw.v_offset + item.tile * tile_k * d);
+        unpack_v_pairs(pair_panels + pw.v_pair_offset + item.tile * in_parts * tile_k / 2 * d, int(tile_k), d,
+                       in_parts, panels + pw.v_offset + item.tile * tile_k * d);
       }
 
     // Phase 2: every query tile of the chunk, most kept tiles first so the tail of the loop is short.
@@ -316,18 +322,23 @@ class CpuBackend final : public Backend {
       const std::int64_t tile_q = plan.tile().q, tile_k = plan.tile().k;
       const std::int64_t q0 = std::int64_t(item.q_tile) * tile_q;
       const int rows = int(std::min<std::int64_t>(tile_q, n - q0));
-      // Q as fp32 rows, or for the bf16 dot products as its own bf16 pairs.
+      // Q as fp32 rows, or for the bf16 dot products as its own bf16 pairs (fp16: those of its two parts).
       const std::int64_t q_head = in.head(pw.head);
+      const std::int64_t q_row_words = in_parts * d / 2;
+      bool q_nonfinite = false;
       for (int r = 0; r < rows; ++r) {
         if (r + kPrefetchRowsAhead < rows) prefetch_row(in.q, pw.batch, in.token(q0 + r + kPrefetchRowsAhead), q_head);
         const std::int64_t token = in.token(q0 + r);
-        if (pair_panels != nullptr)
-          load_row_pairs(in.q, pw.batch, token, q_head, q_scale < 0, w.q_pairs.data() + r * d / 2);
+        if (in_parts == 2)
+          q_nonfinite |=
+              load_row_split_pairs(in.q, pw.batch, token, q_head, q_scale < 0, w.q_pairs.data() + r * q_row_words);
+        else if (pair_panels != nullptr)
+          load_row_pairs(in.q, pw.batch, token, q_head, q_scale < 0, w.q_pairs.data() + r * q_row_words);
         else
           load_row(in.q, pw.batch, token, q_head, q_scale, w.q.data() + r * d);
       }
       if (amx)
-        std::fill(w.q_pairs.data() + std::int64_t(rows) * d / 2, w.q_pairs.data() + round_up(rows, kAmxRowPad) * d / 2,
+        std::fill(w.q_pairs.data() + rows * q_row_words, w.q_pairs.data() + round_up(rows, kAmxRowPad) * q_row_words,
                   0u);
 
       const auto full = plan.full_tiles(item.q_tile);
@@ -353,6 +364,8 @@ class CpuBackend final : public Backend {
         job.kv.v_pairs = pair_panels + pw.v_pair_offset;
         job.p_parts = w.p_parts.data();
         job.p_part_count = out.o.dtype == DType::F32 ? 3 : 2;
+        job.input_parts = in_parts;
+        job.qk_nonfinite = q_nonfinite || pw.k_nonfinite;
       }
       job.full = full.data();
       job.n_full = int(full.size());
@@ -400,8 +413,10 @@ int resolve_threads(int requested) {
 
 Isa kernel_isa(Isa isa, const AttentionCall& call) {
   if (isa != Isa::Amx) return isa;
-  // The tile products read V as bf16 pairs too, so all three must be bf16 (exact).
-  const bool tiles = call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16 && call.v.dtype == DType::BF16 &&
+  // The tile products read V as bf16 pairs too, so all three must be bf16 (exact),
+  // or all three fp16 (each split into two bf16 parts, exactly).
+  const DType in = call.q.dtype;
+  const bool tiles = (in == DType::BF16 || in == DType::F16) && call.k.dtype == in && call.v.dtype == in &&
                      call.layout.head_dim > 0 && call.layout.head_dim <= 1024 &&
                      cpu::attend_amx(int(call.layout.head_dim)) != nullptr;
   return tiles ? Isa::Amx : Isa::Avx512;

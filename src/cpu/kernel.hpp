@@ -15,10 +15,13 @@ struct KvPanels {
   const float* kt = nullptr;   // per key tile t: [head_dim][tile_k] (K transposed), at kt + t * head_dim * tile_k
   // With QueryTileJob::q_pairs: K as bf16 pairs instead, per key tile t
   // [head_dim / 2][tile_k] at kt_pairs + t * head_dim / 2 * tile_k (kt unused).
+  // With QueryTileJob::input_parts == 2, each key tile holds that twice: its
+  // high parts, then its low parts (so tile t starts at t * head_dim * tile_k).
   const std::uint32_t* kt_pairs = nullptr;
   const float* v = nullptr;    // [k_tiles * tile_k][head_dim]; rows past the sequence are zero
   // For attend_amx: V as bf16 pairs of consecutive keys (the tile product's right
-  // operand), per key tile t [tile_k / 2][head_dim] at v_pairs + t * tile_k / 2 * head_dim.
+  // operand), per key tile t [tile_k / 2][head_dim] at v_pairs + t * tile_k / 2 * head_dim;
+  // with input_parts == 2, high then low parts, as kt_pairs.
   const std::uint32_t* v_pairs = nullptr;
   bool v_nonfinite = false;    // some V value is Inf/NaN: masked columns must then be skipped, not multiplied by 0
   // Some nonzero |V| is below kTinyV: bf16 tile products, which flush results
@@ -55,6 +58,16 @@ struct QueryTileJob {
   // attend_amx only: how many parts: 3 (P exactly) where the output is fp32,
   // 2 (P within 2^-17 of itself) where it is bf16 or fp16 and rounds far coarser.
   int p_part_count = 3;
+  // attend_amx only: 1 for bf16 Q, K and V; 2 for fp16 ones, each value split
+  // into bf16 high and low parts that sum to it exactly (split_f16_to_bf16):
+  // a q_pairs row is then its high pairs followed by its low ones (head_dim
+  // words), and kv's pairs hold both parts.
+  int input_parts = 1;
+  // attend_amx with input_parts == 2: some Q row of this tile or some K value of
+  // this head is Inf or NaN. A zero low part times an infinite high part would
+  // make NaN where Q K^T in fp32 has +-Inf, so S is then summed in fp32 from the
+  // parts' sums (each value exactly), as the other kernels do.
+  bool qk_nonfinite = false;
 };
 
 // Rows of scores the kernels keep at once; scratch must hold this many rows of tile_k.
@@ -72,8 +85,16 @@ AttendFn attend_scalar(int head_dim);
 AttendFn attend_avx2(int head_dim);
 AttendFn attend_avx512(int head_dim);
 // S = Q K^T and O += P V as AMX tile products from q_pairs, kv.kt_pairs and
-// kv.v_pairs (bf16 Q, K, V); head dims that are a multiple of 32.
+// kv.v_pairs (bf16 Q, K, V, or fp16 ones in two parts); head dims that are a multiple of 32.
 AttendFn attend_amx(int head_dim);
+
+// fp16 values (their bits) as bf16 high and low parts with high + low == value
+// exactly: high is the value rounded to nearest bf16, low the remainder (at most
+// 3 significant bits, and no smaller than fp16's 2^-24, so exact and normal in
+// bf16). Inf and NaN keep their high part and get a low part of 0. Returns whether
+// any value was Inf or NaN. count: a multiple of 32. Needs AVX-512 BF16 (every
+// AMX machine has it).
+bool split_f16_to_bf16(const std::uint16_t* f16, std::int64_t count, std::uint16_t* high, std::uint16_t* low);
 
 // 12 independent FMA chains for `iterations` rounds; returns a value that depends on all of them.
 float fma_chains_scalar(std::int64_t iterations);

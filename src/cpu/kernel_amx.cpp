@@ -1,7 +1,10 @@
 // The attention kernel for bf16 Q, K, V on CPUs with AMX (built with the flags
 // src/cpu/CMakeLists.txt gives *_amx.cpp): S = Q K^T and O += P V are tile
 // products (TDPBF16PS: bf16 pairs, products exact, sums in fp32); masking and
-// the online softmax are kernel_impl.hpp's AVX-512 code.
+// the online softmax are kernel_impl.hpp's AVX-512 code. fp16 Q, K, V arrive as
+// two bf16 parts each (split_f16_amx.cpp), high + low = the value exactly: S is
+// the sum of all four products of the parts, so it is what fp32 FMAs on the
+// values give up to the order of the sums.
 //
 // P is fp32 after the softmax. Rounding it to bf16 for the tile product would
 // add up to 2^-9 of each term, far above the fp32 kernel's error; instead it is
@@ -16,6 +19,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <immintrin.h>
+
+#include <cstring>
 
 #include "cpu/kernel.hpp"
 
@@ -54,12 +59,15 @@ void load_accumulators(const float* at, long row_floats) {
   }
 }
 
-// S[16 * kRowTiles][cols] = Q K^T for one block; q: bf16 pairs, kD / 2 per row;
-// kt: the key tile's pairs [kD / 2][tile_k]; s: row stride tile_k.
-template <int kD, int kRowTiles>
+// S[16 * kRowTiles][cols] = Q K^T for one block from kInParts parts of each
+// value (1: bf16; 2: fp16 as high + low, all four products, each exact);
+// q: bf16 pairs, kInParts * kD / 2 per row (part a at a * kD / 2); kt: the key
+// tile's pairs [kInParts][kD / 2][tile_k]; s: row stride tile_k.
+template <int kD, int kRowTiles, int kInParts>
 void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int cols, float* s) {
-  constexpr long kQBytes = kD / 2 * 4;
+  constexpr long kQRowWords = kInParts * kD / 2;
   const long kt_bytes = long(tile_k) * 4;
+  const std::int64_t k_part = std::int64_t(kD / 2) * tile_k;
   for (int n0 = 0; n0 < cols; n0 += 32) {
     _tile_zero(0);
     _tile_zero(1);
@@ -67,19 +75,57 @@ void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int c
       _tile_zero(2);
       _tile_zero(3);
     }
-    for (int p0 = 0; p0 < kD / 2; p0 += 16) {  // 16 pairs: 32 channels per product
-      _tile_loadd(4, q + p0, kQBytes);
-      _tile_loadd(6, kt + std::int64_t(p0) * tile_k + n0, kt_bytes);
-      _tile_loadd(7, kt + std::int64_t(p0) * tile_k + n0 + 16, kt_bytes);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      if constexpr (kRowTiles == 2) {
-        _tile_loadd(5, q + 16 * (kD / 2) + p0, kQBytes);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+    for (int p0 = 0; p0 < kD / 2; p0 += 16)           // 16 pairs: 32 channels per product
+      for (int b = kInParts - 1; b >= 0; --b) {         // smallest parts first
+        const std::uint32_t* k_at = kt + b * k_part + std::int64_t(p0) * tile_k + n0;
+        _tile_loadd(6, k_at, kt_bytes);
+        _tile_loadd(7, k_at + 16, kt_bytes);
+        for (int a = kInParts - 1; a >= 0; --a) {
+          const std::uint32_t* q_at = q + a * (kD / 2) + p0;
+          _tile_loadd(4, q_at, kQRowWords * 4);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          if constexpr (kRowTiles == 2) {
+            _tile_loadd(5, q_at + 16 * kQRowWords, kQRowWords * 4);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+        }
       }
-    }
     store_accumulators<kRowTiles>(s + n0, tile_k);
+  }
+}
+
+// The same S from split fp16 values (2 parts) by fp32 FMAs on each value
+// (high + low, exact; Inf and NaN have a low part of 0, so they stay themselves):
+// for blocks with an Inf or NaN in Q or K, where IEEE's rules must hold
+// (QueryTileJob::qk_nonfinite). Rare, so plain rather than fast.
+template <int kD, int kRowTiles>
+void qk_from_values(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int cols, float* s) {
+  const std::int64_t k_part = std::int64_t(kD / 2) * tile_k;
+  const __m512i upper = _mm512_set1_epi32(int(0xffff0000u));
+  const auto even = [](__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); };
+  const auto odd = [&](__m512i pairs) { return _mm512_castsi512_ps(_mm512_and_si512(pairs, upper)); };
+  const auto value = [](std::uint32_t bits) {
+    float x;
+    std::memcpy(&x, &bits, 4);
+    return x;
+  };
+  for (int r = 0; r < 16 * kRowTiles; ++r) {
+    const std::uint32_t* q_row = q + std::int64_t(r) * kD;
+    for (int c = 0; c < cols; c += 16) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int i = 0; i < kD / 2; ++i) {
+        const std::uint32_t qh = q_row[i], ql = q_row[kD / 2 + i];
+        const float q_even = value(qh << 16) + value(ql << 16);
+        const float q_odd = value(qh & 0xffff0000u) + value(ql & 0xffff0000u);
+        const __m512i kh = _mm512_loadu_si512(kt + std::int64_t(i) * tile_k + c);
+        const __m512i kl = _mm512_loadu_si512(kt + k_part + std::int64_t(i) * tile_k + c);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(q_even), _mm512_add_ps(even(kh), even(kl)), acc);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(q_odd), _mm512_add_ps(odd(kh), odd(kl)), acc);
+      }
+      _mm512_storeu_ps(s + std::int64_t(r) * tile_k + c, acc);
+    }
   }
 }
 
@@ -117,30 +163,38 @@ void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* part
     }
 }
 
-// O[16 * kRowTiles][kD] += (sum of the kParts parts) V over the first `cols`
-// keys; v: the key tile's pairs [tile_k / 2][kD]; o: row stride kD.
-template <int kD, int kRowTiles, int kParts>
+// O[16 * kRowTiles][kD] += (sum of the kParts parts of P) (sum of the kVParts
+// parts of V) over the first `cols` keys; v: the key tile's pairs [kVParts]
+// [tile_k / 2][kD]; o: row stride kD. Part j of P is below 2^-7j of P and part b
+// of V below 2^-9b of V, so products with j + b >= kParts are left out, as the
+// split of P leaves out as much: with two parts of P, the one below 2^-16 of
+// the term; with three, the one below 2^-24.
+template <int kD, int kRowTiles, int kParts, int kVParts>
 void pv_tiles(const std::uint16_t* parts, int tile_k, const std::uint32_t* v, int cols, float* o) {
   constexpr long kVBytes = kD * 4;
   const long p_bytes = long(tile_k) * 2;
   const std::int64_t part = std::int64_t(kBlockRows) * tile_k;
+  const std::int64_t v_part = std::int64_t(tile_k / 2) * kD;
   for (int d0 = 0; d0 < kD; d0 += 32) {
     load_accumulators<kRowTiles>(o + d0, kD);
-    for (int c = 0; c < cols; c += 32) {
-      _tile_loadd(6, v + std::int64_t(c / 2) * kD + d0, kVBytes);
-      _tile_loadd(7, v + std::int64_t(c / 2) * kD + d0 + 16, kVBytes);
-      for (int j = kParts - 1; j >= 0; --j) {  // smallest part first
-        const std::uint16_t* a = parts + j * part + c;
-        _tile_loadd(4, a, p_bytes);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        if constexpr (kRowTiles == 2) {
-          _tile_loadd(5, a + 16 * tile_k, p_bytes);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
+    for (int c = 0; c < cols; c += 32)
+      for (int b = kVParts - 1; b >= 0; --b) {  // smallest parts first
+        const std::uint32_t* v_at = v + b * v_part + std::int64_t(c / 2) * kD + d0;
+        _tile_loadd(6, v_at, kVBytes);
+        _tile_loadd(7, v_at + 16, kVBytes);
+        for (int j = kParts - 1; j >= 0; --j) {
+          if (j + b >= kParts) continue;
+          const std::uint16_t* a = parts + j * part + c;
+          _tile_loadd(4, a, p_bytes);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          if constexpr (kRowTiles == 2) {
+            _tile_loadd(5, a + 16 * tile_k, p_bytes);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          }
         }
       }
-    }
     store_accumulators<kRowTiles>(o + d0, kD);
   }
 }
@@ -155,8 +209,15 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, c
   const std::uint64_t* block_mask = mask ? mask + std::int64_t(r0) * job.mask_words : nullptr;
   float* o = job.o + std::int64_t(r0) * kD;
   float* s = job.scratch;
-  qk_tiles<kD, kRowTiles>(job.q_pairs + std::int64_t(r0) * (kD / 2),
-                          job.kv.kt_pairs + std::int64_t(tile) * (kD / 2) * tile_k, tile_k, cols, s);
+  const int in_parts = job.input_parts;
+  const std::uint32_t* q = job.q_pairs + std::int64_t(r0) * in_parts * (kD / 2);
+  const std::uint32_t* kt = job.kv.kt_pairs + std::int64_t(tile) * in_parts * (kD / 2) * tile_k;
+  if (in_parts == 1)
+    qk_tiles<kD, kRowTiles, 1>(q, kt, tile_k, cols, s);
+  else if (job.qk_nonfinite)
+    qk_from_values<kD, kRowTiles>(q, kt, tile_k, cols, s);
+  else
+    qk_tiles<kD, kRowTiles, 2>(q, kt, tile_k, cols, s);
   if (masked)
     softmax_rows<kD, true>(s, tile_k, rows, cols, valid_cols, block_mask, job.mask_words, job.exp_scale, job.m + r0,
                            job.l + r0, o);
@@ -175,13 +236,19 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, c
   }
   // Padding rows (zero Q) are split and multiplied too: a tile product keeps rows
   // apart, and their O rows are never stored.
-  const std::uint32_t* v_pairs = job.kv.v_pairs + std::int64_t(tile) * (tile_k / 2) * kD;
+  const std::uint32_t* v_pairs = job.kv.v_pairs + std::int64_t(tile) * in_parts * (tile_k / 2) * kD;
   if (job.p_part_count == 2) {
     split_p<2>(s, kRowTiles * 16, cols, tile_k, job.p_parts);
-    pv_tiles<kD, kRowTiles, 2>(job.p_parts, tile_k, v_pairs, cols, o);
+    if (in_parts == 1)
+      pv_tiles<kD, kRowTiles, 2, 1>(job.p_parts, tile_k, v_pairs, cols, o);
+    else
+      pv_tiles<kD, kRowTiles, 2, 2>(job.p_parts, tile_k, v_pairs, cols, o);
   } else {
     split_p<3>(s, kRowTiles * 16, cols, tile_k, job.p_parts);
-    pv_tiles<kD, kRowTiles, 3>(job.p_parts, tile_k, v_pairs, cols, o);
+    if (in_parts == 1)
+      pv_tiles<kD, kRowTiles, 3, 1>(job.p_parts, tile_k, v_pairs, cols, o);
+    else
+      pv_tiles<kD, kRowTiles, 3, 2>(job.p_parts, tile_k, v_pairs, cols, o);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "cpu/pack.hpp"
 
+#include "cpu/kernel.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -65,9 +67,19 @@ void load_row_bits(const TensorView& t, std::int64_t b, std::int64_t n, std::int
   for (std::int64_t d = 0; d < t.head_dim(); ++d) out[d] = src[d * step];
 }
 
-// PackedV's flags of bf16 values from their bits: an all-ones exponent is Inf or
+// Row (b, n, h, :) of a 16-bit tensor as contiguous bits: the tensor's own where
+// its channels are (no copy), else gathered into `scratch`.
+const std::uint16_t* row_bits(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h,
+                              std::uint16_t* scratch) {
+  const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0);
+  if (t.stride[3] == 1) return src;
+  for (std::int64_t d = 0; d < t.head_dim(); ++d) scratch[d] = src[d * t.stride[3]];
+  return scratch;
+}
+
+// KvFlags' V flags of bf16 values from their bits: an all-ones exponent is Inf or
 // NaN; magnitudes order as their bits do, so tiny is nonzero below kTinyV's bits.
-void flag_bf16(const std::uint16_t* bits, std::int64_t count, PackedV& flags) {
+void flag_bf16(const std::uint16_t* bits, std::int64_t count, KvFlags& flags) {
   constexpr std::uint16_t kExponent = 0x7f80, kTinyBits = 0x1f80;  // 2^-64: exponent 127 - 64, no fraction
   static_assert(0x1p-64f == kTinyV, "kTinyBits spells kTinyV");
   // The largest magnitude and the smallest nonzero one: min/max reductions in int,
@@ -83,7 +95,7 @@ void flag_bf16(const std::uint16_t* bits, std::int64_t count, PackedV& flags) {
   flags.tiny |= smallest < kTinyBits;
 }
 
-void flag_floats(const float* values, std::int64_t count, PackedV& flags) {
+void flag_floats(const float* values, std::int64_t count, KvFlags& flags) {
   for (std::int64_t d = 0; d < count; ++d) {
     const float a = std::fabs(values[d]);
     flags.nonfinite |= !(a <= std::numeric_limits<float>::max());
@@ -93,7 +105,7 @@ void flag_floats(const float* values, std::int64_t count, PackedV& flags) {
 
 }  // namespace
 
-PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
+KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
                      float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs) {
   const TensorView &k = in.k, &v = in.v;
   const std::int64_t head = in.head(h);
@@ -101,20 +113,31 @@ PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
   const std::int64_t n0 = tile * tile_k;
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
   // bf16 K and V move as bits: K's pairs are its rows' own words, V's pairs two
-  // keys' values side by side; nothing goes through fp32 on the way.
+  // keys' values side by side; nothing goes through fp32 on the way. fp16 ones
+  // given pairs move as the bits of their two bf16 parts.
+  const bool k_split = kt_pairs != nullptr && k.dtype == DType::F16;
   const bool k_bits = kt_pairs != nullptr && k.dtype == DType::BF16;
-  const bool v_bits = v.dtype == DType::BF16;
+  const bool v_split = v_pairs != nullptr && v.dtype == DType::F16;
+  const bool v_bits = v.dtype == DType::BF16 || v_split;
+  const int parts = v_split ? 2 : 1;
+  const std::int64_t k_part = d_count / 2 * tile_k, v_part = std::int64_t(tile_k) / 2 * d_count;
   float row[1024];  // head dims the kernels support are far below this
-  std::uint32_t k_words[512];
-  std::uint16_t v_keys[2][1024];  // the bits of a pair of keys' V rows
-  PackedV flags;
+  std::uint32_t k_words[1024];  // a K row's pairs (split fp16: its high parts' pairs, then its low parts')
+  std::uint16_t bits[1024];  // a strided fp16 V row's
+  std::uint16_t v_keys[2][2][1024];  // [part][key of the pair][channel]: the bits of a pair of keys' V rows
+  KvFlags flags;
   for (std::int64_t c = 0; c < valid; ++c) {
     if (c + kPrefetchRowsAhead < valid) {
       prefetch_row(k, b, in.token(n0 + c + kPrefetchRowsAhead), head);
       prefetch_row(v, b, in.token(n0 + c + kPrefetchRowsAhead), head);
     }
     const std::int64_t n = in.token(n0 + c);
-    if (k_bits) {
+    if (k_split) {
+      flags.k_nonfinite |= load_row_split_pairs(k, b, n, head, /*negate=*/false, k_words);
+      for (int part = 0; part < 2; ++part)
+        for (std::int64_t i = 0; i < d_count / 2; ++i)
+          kt_pairs[part * k_part + i * tile_k + c] = k_words[part * d_count / 2 + i];
+    } else if (k_bits) {
       load_row_pairs(k, b, n, head, /*negate=*/false, k_words);
       for (std::int64_t i = 0; i < d_count / 2; ++i) kt_pairs[i * tile_k + c] = k_words[i];
     } else {
@@ -125,28 +148,37 @@ PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
         for (std::int64_t d = 0; d < d_count; ++d) kt[d * tile_k + c] = row[d];
       }
     }
-    if (!v_bits) {  // (v_pairs is only asked for with bf16 V)
+    if (!v_bits) {  // (v_pairs is only asked for with bf16 or fp16 V)
       float* vr = v_rows + c * d_count;
       load_row(v, b, n, head, 1.0f, vr);
       flag_floats(vr, d_count, flags);
       continue;
     }
-    std::uint16_t* bits = v_keys[c % 2];
-    load_row_bits(v, b, n, head, bits);
-    flag_bf16(bits, d_count, flags);
-    if (v_rows != nullptr)
-      for (std::int64_t d = 0; d < d_count; ++d) v_rows[c * d_count + d] = bf16_to_float(bits[d]);
-    if (v_pairs != nullptr && (c % 2 == 1 || c + 1 == valid)) {
-      std::uint32_t* pairs = v_pairs + c / 2 * d_count;
-      if (c % 2 == 1) {
-        for (std::int64_t d = 0; d < d_count; ++d) pairs[d] = v_keys[0][d] | (std::uint32_t(v_keys[1][d]) << 16);
-      } else {  // the last key of an odd count: its partner is padding
-        for (std::int64_t d = 0; d < d_count; ++d) pairs[d] = v_keys[0][d];
-      }
+    if (v_split) {
+      flags.nonfinite |= split_f16_to_bf16(row_bits(v, b, n, head, bits), d_count, v_keys[0][c % 2], v_keys[1][c % 2]);
+    } else {
+      load_row_bits(v, b, n, head, v_keys[0][c % 2]);
+      flag_bf16(v_keys[0][c % 2], d_count, flags);
     }
+    if (v_rows != nullptr)
+      for (std::int64_t d = 0; d < d_count; ++d) {
+        float value = bf16_to_float(v_keys[0][c % 2][d]);
+        if (v_split) value += bf16_to_float(v_keys[1][c % 2][d]);
+        v_rows[c * d_count + d] = value;
+      }
+    if (v_pairs != nullptr && (c % 2 == 1 || c + 1 == valid))
+      for (int part = 0; part < parts; ++part) {
+        std::uint32_t* pairs = v_pairs + part * v_part + c / 2 * d_count;
+        const std::uint16_t(&keys)[2][1024] = v_keys[part];
+        if (c % 2 == 1) {
+          for (std::int64_t d = 0; d < d_count; ++d) pairs[d] = keys[0][d] | (std::uint32_t(keys[1][d]) << 16);
+        } else {  // the last key of an odd count: its partner is padding
+          for (std::int64_t d = 0; d < d_count; ++d) pairs[d] = keys[0][d];
+        }
+      }
   }
   if (kt_pairs != nullptr) {
-    for (std::int64_t i = 0; i < d_count / 2; ++i)
+    for (std::int64_t i = 0; i < (k_split ? 2 : 1) * d_count / 2; ++i)
       for (std::int64_t c = valid; c < tile_k; ++c) kt_pairs[i * tile_k + c] = 0;
   } else {
     for (std::int64_t d = 0; d < d_count; ++d)
@@ -156,18 +188,45 @@ PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
     std::memset(v_rows + valid * d_count, 0, std::size_t((tile_k - valid) * d_count) * sizeof(float));
   if (v_pairs != nullptr) {
     const std::int64_t written = (valid + 1) / 2;
-    std::memset(v_pairs + written * d_count, 0, std::size_t((tile_k / 2 - written) * d_count) * sizeof(std::uint32_t));
+    for (int part = 0; part < parts; ++part)
+      std::memset(v_pairs + part * v_part + written * d_count, 0,
+                  std::size_t((tile_k / 2 - written) * d_count) * sizeof(std::uint32_t));
   }
   return flags;
 }
 
-void unpack_v_pairs(const std::uint32_t* v_pairs, int tile_k, std::int64_t d_count, float* v_rows) {
+void unpack_v_pairs(const std::uint32_t* v_pairs, int tile_k, std::int64_t d_count, int parts, float* v_rows) {
+  const std::int64_t part_words = std::int64_t(tile_k) / 2 * d_count;
   for (std::int64_t c2 = 0; c2 < tile_k / 2; ++c2)
     for (std::int64_t d = 0; d < d_count; ++d) {
-      const std::uint32_t pair = v_pairs[c2 * d_count + d];
-      v_rows[2 * c2 * d_count + d] = bf16_to_float(std::uint16_t(pair));
-      v_rows[(2 * c2 + 1) * d_count + d] = bf16_to_float(std::uint16_t(pair >> 16));
+      float even = 0.0f, odd = 0.0f;
+      for (int part = 0; part < parts; ++part) {  // the low part is 0 for Inf and NaN, which stay themselves
+        const std::uint32_t pair = v_pairs[part * part_words + c2 * d_count + d];
+        even += bf16_to_float(std::uint16_t(pair));
+        odd += bf16_to_float(std::uint16_t(pair >> 16));
+      }
+      v_rows[2 * c2 * d_count + d] = even;
+      v_rows[(2 * c2 + 1) * d_count + d] = odd;
     }
+}
+
+bool load_row_split_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool negate,
+                          std::uint32_t* out) {
+  const std::int64_t d_count = t.head_dim();
+  // A row of pairs is its bf16 values in order, so the parts go straight into out.
+  std::uint16_t* parts = reinterpret_cast<std::uint16_t*>(out);
+  bool nonfinite;
+  if (t.stride[3] == 1) {
+    nonfinite = split_f16_to_bf16(static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0), d_count, parts,
+                                  parts + d_count);
+  } else {
+    std::uint16_t bits[1024];
+    load_row_bits(t, b, n, h, bits);
+    nonfinite = split_f16_to_bf16(bits, d_count, parts, parts + d_count);
+  }
+  if (negate)  // both parts' sign bits: exact, NaN stays NaN
+    for (std::int64_t i = 0; i < d_count; ++i) out[i] ^= 0x80008000u;
+  return nonfinite;
 }
 
 namespace {

@@ -61,22 +61,33 @@ struct RowSource {
 // Packs key tile `tile` of the call's (b, h) from `in`: K transposed into kt [head_dim][tile_k] (or,
 // when kt_pairs is given, as bf16 pairs of channels into kt_pairs
 // [head_dim / 2][tile_k]; kt is then unused and may be null) and V into v_rows
-// [tile_k][head_dim], and when v_pairs is given (bf16 V) as bf16 pairs of
-// consecutive keys into v_pairs [tile_k / 2][head_dim], with v_rows then
+// [tile_k][head_dim], and when v_pairs is given (bf16 or fp16 V) as bf16 pairs
+// of consecutive keys into v_pairs [tile_k / 2][head_dim], with v_rows then
 // optional (null: not written; unpack_v_pairs makes it where it is needed); all
-// zero past the sequence end. Returns what the kernels must know about the
-// packed V (KvPanels).
-struct PackedV {
-  bool nonfinite = false;  // some value is Inf or NaN
-  bool tiny = false;       // some nonzero |value| is below kTinyV
+// zero past the sequence end. fp16 K and V given pairs (the AMX kernel's) are
+// split into bf16 high and low parts (split_f16_to_bf16), each pair panel then
+// holding the high parts' panel followed by the low parts' (kernel.hpp: KvPanels).
+// Returns what the kernels must know about the packed K and V (KvFlags).
+struct KvFlags {
+  bool nonfinite = false;    // some V value is Inf or NaN
+  bool tiny = false;         // some nonzero |V| is below kTinyV
+  bool k_nonfinite = false;  // split fp16 K only: some K value is Inf or NaN
 };
 // Far below any V a model makes, and far above where a product with a part of a P
 // that matters (>= 2^-60) would fall under the 2^-126 that bf16 tile products flush.
+// (No fp16 value, nor the low part of one, is this small: fp16 goes down to 2^-24.)
 inline constexpr float kTinyV = 0x1p-64f;
-PackedV pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
+KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
                      float* v_rows, std::uint32_t* kt_pairs = nullptr, std::uint32_t* v_pairs = nullptr);
-// v_rows [tile_k][head_dim] from the v_pairs pack_kv_tile wrote (exact: bf16 in fp32).
-void unpack_v_pairs(const std::uint32_t* v_pairs, int tile_k, std::int64_t head_dim, float* v_rows);
+// v_rows [tile_k][head_dim] from the v_pairs pack_kv_tile wrote, with `parts` 1
+// (bf16 V) or 2 (split fp16 V, summed): exact, as each value is in fp32.
+void unpack_v_pairs(const std::uint32_t* v_pairs, int tile_k, std::int64_t head_dim, int parts, float* v_rows);
+
+// Reads row (b, n, h, :) of an fp16 tensor as bf16 pairs of its high parts, then
+// those of its low parts (split_f16_to_bf16; head_dim words in all), negated
+// when `negate`. Returns whether the row holds an Inf or NaN.
+bool load_row_split_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool negate,
+                          std::uint32_t* out);
 
 // Where finished rows go: row n of the call's head h lands at token tokens[n]
 // (n when null) of head heads[h] (h when null) of o and lse: a scattered
