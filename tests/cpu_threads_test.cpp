@@ -65,9 +65,10 @@ TEST(CpuThreads, OutputIsBitIdenticalForAnyThreadCount) {
       head(mask_for_density(grid, SparseKind::Spatial, 0.3)), head(mask_for_density(grid, SparseKind::Temporal, 0.1)),
       head(mask_for_density(grid, SparseKind::FrameWindow, 0.5)), head(MaskSpec::dense())};
   const std::uint64_t seed = testing::fresh_seed();
-  // bf16 inputs take the bf16 dot product on AVX-512 and the tile products on AMX.
+  // bf16 inputs take the bf16 dot product on AVX-512 and the tile products on AMX,
+  // as do fp16 ones (in two parts) on AMX.
   for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx})
-    for (DType dtype : {DType::F32, DType::BF16}) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
       if (!cpu::machine_supports(isa)) continue;
       SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) + " seed " + std::to_string(seed));
       std::vector<std::byte> first_o;
