@@ -363,7 +363,8 @@ class CpuBackend final : public Backend {
       if (amx) {
         job.kv.v_pairs = pair_panels + pw.v_pair_offset;
         job.p_parts = w.p_parts.data();
-        job.p_part_count = out.o.dtype == DType::F32 ? 3 : 2;
+        const DType out_dtype = out.o.dtype;
+        job.p_part_count = out_dtype == DType::F32 ? 3 : out_dtype == DType::BF16 && in_parts == 1 ? 1 : 2;
         job.input_parts = in_parts;
         job.qk_nonfinite = q_nonfinite || pw.k_nonfinite;
       }

@@ -6,14 +6,15 @@
 // the sum of all four products of the parts, so it is what fp32 FMAs on the
 // values give up to the order of the sums.
 //
-// P is fp32 after the softmax. Rounding it to bf16 for the tile product would
-// add up to 2^-9 of each term, far above the fp32 kernel's error; instead it is
-// split into bf16 parts, each multiplied with V. For fp32 outputs, three parts,
-// hi + mid + lo = P exactly (8 + 8 + 8 significand bits): every product stays
-// exact and every sum fp32, so this kernel has the fp32-P kernel's error bound at
-// three times the P V tile work. A bf16 or fp16 output rounds to 2^-9 or 2^-11
-// of itself, so two parts do there: hi + mid, mid rounded to nearest, leaves each
-// P within 2^-17 of itself, unbiased, for two thirds of the work.
+// P is fp32 after the softmax; the tile product takes it as bf16 parts, each
+// multiplied with V, as many as the output's precision asks for. fp32 outputs:
+// three parts, hi + mid + lo = P exactly (8 + 8 + 8 significand bits): every
+// product stays exact and every sum fp32, so this kernel has the fp32-P kernel's
+// error bound at three times the P V tile work. bf16 inputs with a bf16 output:
+// one part, P rounded to nearest bf16 (up to 2^-9 of each term, unbiased), which
+// is what bf16 FlashAttention kernels and PyTorch's CPU attention do, and gives
+// their error. Other 16-bit outputs (fp16, which rounds to 2^-11, or fp16 inputs):
+// two parts, hi + mid with mid rounded to nearest, each P within 2^-17 of itself.
 #if !defined(__clang__)  // (Clang has neither the warning nor the false positive)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -130,7 +131,7 @@ void qk_from_values(const std::uint32_t* q, const std::uint32_t* kt, int tile_k,
 }
 
 // P[rows][cols] (row stride tile_k) as kParts bf16 parts: part j of row i at
-// parts + (j * kBlockRows + i) * tile_k. Three parts sum to P exactly: each is the
+// parts + (j * kBlockRows + i) * tile_k. One part: P rounded to nearest. Three parts sum to P exactly: each is the
 // remainder's upper 16 bits (truncation, so the remainders are exact in fp32 and
 // the parts exact in bf16); 24 significand bits fit in three parts of 8. Values
 // below 2^-103 lose their last part (a part under 2^-126 converts to 0), and below
@@ -139,7 +140,7 @@ void qk_from_values(const std::uint32_t* q, const std::uint32_t* kt, int tile_k,
 // second is the remainder rounded to nearest, so hi + mid is within 2^-17 of P.
 template <int kParts>
 void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* parts) {
-  static_assert(kParts == 2 || kParts == 3);
+  static_assert(kParts >= 1 && kParts <= 3);
   const std::int64_t part = std::int64_t(kBlockRows) * tile_k;
   const __m512i upper = _mm512_set1_epi32(int(0xffff0000u));
   auto upper_half = [&](__m512 x) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), upper)); };
@@ -150,7 +151,11 @@ void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* part
       const __m512 hi0 = upper_half(x0), hi1 = upper_half(x1);
       const __m512 r0 = _mm512_sub_ps(x0, hi0), r1 = _mm512_sub_ps(x1, hi1);
       std::uint16_t* at = parts + std::int64_t(i) * tile_k + c;
-      // Values that are bf16 already only get packed (lanes 0-15 from the second operand).
+      if constexpr (kParts == 1) {  // rounds to nearest (lanes 0-15 from the second operand)
+        _mm512_storeu_si512(at, __m512i(_mm512_cvtne2ps_pbh(x1, x0)));
+        continue;
+      }
+      // Values that are bf16 already only get packed.
       _mm512_storeu_si512(at, __m512i(_mm512_cvtne2ps_pbh(hi1, hi0)));
       if constexpr (kParts == 2) {
         _mm512_storeu_si512(at + part, __m512i(_mm512_cvtne2ps_pbh(r1, r0)));  // rounds to nearest
@@ -237,7 +242,10 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, c
   // Padding rows (zero Q) are split and multiplied too: a tile product keeps rows
   // apart, and their O rows are never stored.
   const std::uint32_t* v_pairs = job.kv.v_pairs + std::int64_t(tile) * in_parts * (tile_k / 2) * kD;
-  if (job.p_part_count == 2) {
+  if (job.p_part_count == 1) {  // (bf16 inputs only)
+    split_p<1>(s, kRowTiles * 16, cols, tile_k, job.p_parts);
+    pv_tiles<kD, kRowTiles, 1, 1>(job.p_parts, tile_k, v_pairs, cols, o);
+  } else if (job.p_part_count == 2) {
     split_p<2>(s, kRowTiles * 16, cols, tile_k, job.p_parts);
     if (in_parts == 1)
       pv_tiles<kD, kRowTiles, 2, 1>(job.p_parts, tile_k, v_pairs, cols, o);
