@@ -212,6 +212,26 @@ TEST(CpuBackend, TinyValuesKeepTheirRelativeError) {
     }
 }
 
+// A row's P V over thousands of keys: each key tile's products are summed on their
+// own and then added to O, so the rounding errors grow with the keys of one tile
+// and the number of tiles, not with all N keys in one chain. Measured (4,096
+// tokens, D = 64, dense fp32, AVX2 and AVX-512): rel L2 3.7e-7 to 4.0e-7 against
+// fp64; 1.15e-6 to 1.26e-6 with one chain.
+TEST(CpuBackend, LongRowsKeepTheirFp32Accuracy) {
+  const VideoGrid grid{16, 16, 16, 0, TextPlacement::After};  // 4,096 tokens
+  const VideoLayout layout{grid, 1, 1, 64};
+  for (Isa isa : testing::isas_of_this_machine()) {
+    if (isa == Isa::Scalar) continue;  // the same code with one lane, and slow at this size
+    SCOPED_TRACE(to_string(isa));
+    auto problem = testing::make_problem(layout, DType::F32, {head_for(grid, MaskSpec::dense(), {128, 128},
+                                                                       Alignment::Exact)}, testing::fresh_seed());
+    make_cpu_backend({isa, 2})->run(problem.call());
+    const auto cmp = testing::compare_with_reference(problem, 64, 1);
+    EXPECT_TRUE(cmp.ok()) << cmp.failure;
+    EXPECT_LT(cmp.rel_l2_err, 7e-7);
+  }
+}
+
 TEST(CpuBackend, RowsWithNothingAllowedGiveZeroAndMinusInfinity) {
   const VideoGrid grid{3, 5, 7, 0, TextPlacement::After};
   const VideoLayout layout{grid, 1, 1, 64};

@@ -108,11 +108,15 @@ inline void qk_rows_bf16(const std::uint32_t* q, int rows, const std::uint32_t* 
 }
 
 // O[Mr rows][kVecs * W at d0] += P[Mr rows][0, cols) . V[0, cols)[d0 ...]
+// The tile's products are summed on their own, then added to O: a row's sum is
+// then a chain of one tile's keys and one add per tile, not of all N keys
+// (rel L2 error of a dense fp32 call at 5,376 tokens: 1.37e-6 -> 4.7e-7, PyTorch's
+// CPU attention 5.2e-7).
 template <int kD, int Mr, int kVecs>
 inline void pv_block(const float* p, int p_stride, const float* v, int cols, float* o) {
   typename Vec::reg acc[Mr][kVecs];
   for (int i = 0; i < Mr; ++i)
-    for (int j = 0; j < kVecs; ++j) acc[i][j] = Vec::load(o + i * kD + j * Vec::W);
+    for (int j = 0; j < kVecs; ++j) acc[i][j] = Vec::zero();
   for (int c = 0; c < cols; ++c) {
     typename Vec::reg vv[kVecs];
     for (int j = 0; j < kVecs; ++j) vv[j] = Vec::load(v + c * kD + j * Vec::W);
@@ -122,7 +126,10 @@ inline void pv_block(const float* p, int p_stride, const float* v, int cols, flo
     }
   }
   for (int i = 0; i < Mr; ++i)
-    for (int j = 0; j < kVecs; ++j) Vec::store(o + i * kD + j * Vec::W, acc[i][j]);
+    for (int j = 0; j < kVecs; ++j) {
+      float* at = o + i * kD + j * Vec::W;
+      Vec::store(at, Vec::add(Vec::load(at), acc[i][j]));
+    }
 }
 
 template <int kD, int Mr>
