@@ -155,8 +155,8 @@ def main(argv=None):
         allowed = (torch.ones(len(check_rows), n, dtype=torch.bool) if plan is None
                    else allowed_rows(torch, plan, check_rows, n))
         ref = reference_rows(torch, q, k, v, check_rows, allowed, scale)
-        results["impls"][name] = {"kept_pairs": kept, "warm_up_s": warm_s, "rel_l2": rel_l2(torch, out, check_rows, ref),
-                                  "ms": []}
+        results["impls"][name] = {"kept_pairs": kept, "warm_up_s": warm_s,
+                                  "rel_l2": rel_l2(torch, out, check_rows, ref), "ms": []}
         print(f"{name}: warmed up in {warm_s:.1f} s, rel L2 {results['impls'][name]['rel_l2']:.3g} vs fp64",
               file=sys.stderr)
     for r in range(args.rounds):

@@ -76,8 +76,8 @@ void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int c
       _tile_zero(2);
       _tile_zero(3);
     }
-    for (int p0 = 0; p0 < kD / 2; p0 += 16)           // 16 pairs: 32 channels per product
-      for (int b = kInParts - 1; b >= 0; --b) {         // smallest parts first
+    for (int p0 = 0; p0 < kD / 2; p0 += 16)    // 16 pairs: 32 channels per product
+      for (int b = kInParts - 1; b >= 0; --b) {  // smallest parts first
         const std::uint32_t* k_at = kt + b * k_part + std::int64_t(p0) * tile_k + n0;
         _tile_loadd(6, k_at, kt_bytes);
         _tile_loadd(7, k_at + 16, kt_bytes);
@@ -131,13 +131,14 @@ void qk_from_values(const std::uint32_t* q, const std::uint32_t* kt, int tile_k,
 }
 
 // P[rows][cols] (row stride tile_k) as kParts bf16 parts: part j of row i at
-// parts + (j * kBlockRows + i) * tile_k. One part: P rounded to nearest. Three parts sum to P exactly: each is the
-// remainder's upper 16 bits (truncation, so the remainders are exact in fp32 and
-// the parts exact in bf16); 24 significand bits fit in three parts of 8. Values
-// below 2^-103 lose their last part (a part under 2^-126 converts to 0), and below
-// 2^-118 the middle one too: at most 2^-7 of themselves, nothing next to a row's
-// largest P = 1 unless their V is 2^95 times larger than its. Two parts: the
-// second is the remainder rounded to nearest, so hi + mid is within 2^-17 of P.
+// parts + (j * kBlockRows + i) * tile_k. One part: P rounded to nearest bf16.
+// Three parts sum to P exactly: each is the remainder's upper 16 bits
+// (truncation, so the remainders are exact in fp32 and the parts exact in
+// bf16); 24 significand bits fit in three parts of 8. Values below 2^-103 lose
+// their last part (a part under 2^-126 converts to 0), and below 2^-118 the
+// middle one too: at most 2^-7 of themselves, nothing next to a row's largest
+// P = 1 unless their V is 2^95 times larger than its. Two parts: the second is
+// the remainder rounded to nearest, so hi + mid is within 2^-17 of P.
 template <int kParts>
 void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* parts) {
   static_assert(kParts >= 1 && kParts <= 3);
@@ -148,13 +149,13 @@ void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* part
     for (int c = 0; c < cols; c += 32) {
       const __m512 x0 = _mm512_loadu_ps(p + std::int64_t(i) * tile_k + c);
       const __m512 x1 = _mm512_loadu_ps(p + std::int64_t(i) * tile_k + c + 16);
-      const __m512 hi0 = upper_half(x0), hi1 = upper_half(x1);
-      const __m512 r0 = _mm512_sub_ps(x0, hi0), r1 = _mm512_sub_ps(x1, hi1);
       std::uint16_t* at = parts + std::int64_t(i) * tile_k + c;
       if constexpr (kParts == 1) {  // rounds to nearest (lanes 0-15 from the second operand)
         _mm512_storeu_si512(at, __m512i(_mm512_cvtne2ps_pbh(x1, x0)));
         continue;
       }
+      const __m512 hi0 = upper_half(x0), hi1 = upper_half(x1);
+      const __m512 r0 = _mm512_sub_ps(x0, hi0), r1 = _mm512_sub_ps(x1, hi1);
       // Values that are bf16 already only get packed.
       _mm512_storeu_si512(at, __m512i(_mm512_cvtne2ps_pbh(hi1, hi0)));
       if constexpr (kParts == 2) {

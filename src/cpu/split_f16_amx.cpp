@@ -21,9 +21,10 @@ bool split_f16_to_bf16(const std::uint16_t* f16, std::int64_t count, std::uint16
     const __m512bh hi = _mm512_cvtne2ps_pbh(x1, x0);  // rounds to nearest; lanes 0-15 from x0
     const __m512i hi_bits = __m512i(hi);
     // The parts back in fp32 (a bf16 is the upper half of its fp32), and the remainders.
-    const __m512 hi0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi_bits)), 16));
-    const __m512 hi1 =
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi_bits, 1)), 16));
+    const auto widen = [](__m256i bf16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
+    };
+    const __m512 hi0 = widen(_mm512_castsi512_si256(hi_bits)), hi1 = widen(_mm512_extracti64x4_epi64(hi_bits, 1));
     const __mmask16 bad0 = _mm512_fpclass_ps_mask(x0, kNonFinite), bad1 = _mm512_fpclass_ps_mask(x1, kNonFinite);
     nonfinite |= bad0 | bad1;
     // Exact: both have at most 11 significant bits and the same scale.
