@@ -131,6 +131,7 @@ TEST(ModelPresets, HaveTheDocumentedShapes) {
   EXPECT_EQ(hunyuan15.heads * hunyuan15.head_dim, 2048);
   EXPECT_EQ(model_preset("hunyuan1.5-480p").grid.video_tokens(), 49290);  // 31 frames of 480/16 x 848/16
   EXPECT_EQ(model_preset("skyreels-v2-14b-540p").grid.video_tokens(), 51000);  // 25 frames of 544/16 x 960/16
+  EXPECT_EQ(model_preset("skyreels-v2-14b-720p").grid.video_tokens(), 111600);  // (121 - 1) / 4 + 1 = 31 frames of 45 x 80
   const ModelPreset& cosmos = model_preset("cosmos-predict2.5-14b");
   EXPECT_EQ(cosmos.grid.video_tokens(), 84480);  // (93 - 1) / 4 + 1 frames of 704/16 x 1280/16
   EXPECT_EQ(cosmos.steps, 36);

@@ -94,6 +94,10 @@ const std::vector<ModelPreset>& model_presets() {
       make("skyreels-v2-14b-540p",
            "SkyReels-V2-T2V-14B-540P, 544x960, 97 frames: 25 x 34 x 60 tokens, text via cross-attention only",
            VideoGrid{25, 34, 60, 0, TextPlacement::After}, 40, 128, 40, 50, 12),
+      make("skyreels-v2-14b-720p",
+           "SkyReels-V2-T2V/I2V/DF-14B-720P, 720x1280, 121 frames (its recommended size): 31 x 45 x 80 tokens, "
+           "text via cross-attention only",
+           VideoGrid{31, 45, 80, 0, TextPlacement::After}, 40, 128, 40, 50, 12),
       make("cosmos-predict2.5-2b",
            "Cosmos-Predict2.5-2B, 704x1280, 93 frames: 24 x 44 x 80 tokens, text via cross-attention only, "
            "16 heads, 28 layers, 36 steps",
