@@ -253,6 +253,31 @@ TEST(CpuBackend, RowsWithNothingAllowedGiveZeroAndMinusInfinity) {
   }
 }
 
+// A band of width 0: every row sees its own key only, so O = V exactly (P = 1),
+// and every kept tile is a partial one on the diagonal, whose blocks of rows the
+// kernels cut to the columns they allow: a span one column short, or one that
+// starts a word late, changes O. Ragged tiles (231 tokens), two tile shapes.
+TEST(CpuBackend, OwnKeyOnlyGivesVExactly) {
+  const VideoGrid grid{3, 7, 11, 0, TextPlacement::After};
+  const VideoLayout layout{grid, 1, 2, 64};
+  const MaskSpec own_key = MaskSpec::spatial(0, /*anchor=*/false);
+  for (Isa isa : testing::isas_of_this_machine())
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16})
+      for (const TileShape tile : {TileShape{64, 64}, TileShape{128, 128}}) {
+        SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) + " tile " +
+                     std::to_string(tile.q));
+        auto problem = testing::make_problem(layout, dtype, {head_for(grid, own_key, tile, Alignment::Exact),
+                                                             head_for(grid, own_key, tile, Alignment::Exact)},
+                                             testing::fresh_seed(), MemoryLayout::BNHD, dtype);
+        make_cpu_backend({isa, 2})->run(problem.call());
+        const AttentionCall call = problem.call();
+        for (std::int64_t n = 0; n < layout.tokens(); ++n)
+          for (std::int64_t h = 0; h < 2; ++h)
+            for (std::int64_t d = 0; d < 64; ++d)
+              ASSERT_EQ(call.o.load(0, n, h, d), call.v.load(0, n, h, d)) << "token " << n << " head " << h;
+      }
+}
+
 TEST(CpuBackend, EmptyMaskGivesEmptyRowsEverywhere) {
   const VideoGrid grid{2, 3, 5, 0, TextPlacement::After};
   const VideoLayout layout{grid, 1, 1, 80};

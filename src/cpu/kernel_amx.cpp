@@ -210,14 +210,24 @@ template <int kD, int kRowTiles>
 void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, const std::uint64_t* mask,
                  int valid_cols, bool partial) {
   const int tile_k = job.tile_k;
-  const int cols = (valid_cols + 31) / 32 * 32;  // keys computed (K and V are zero past the sequence)
   const bool masked = partial || valid_cols < tile_k;
   const std::uint64_t* block_mask = mask ? mask + std::int64_t(r0) * job.mask_words : nullptr;
+  // Columns [begin, begin + cols) of the tile (K and V are zero past the sequence,
+  // which ends `valid` columns in).
+  int begin = 0, cols = (valid_cols + 31) / 32 * 32;
+  if (partial) {
+    const ColumnSpan span = allowed_columns(block_mask, job.mask_words, rows, cols, 32);
+    if (span.begin >= span.end || span.begin >= valid_cols) return;  // these rows allow no key here
+    begin = span.begin;
+    cols = span.end - span.begin;
+    block_mask += begin / 64;
+  }
+  const int valid = valid_cols - begin;
   float* o = job.o + std::int64_t(r0) * kD;
-  float* s = job.scratch;
+  float* s = job.scratch + begin;
   const int in_parts = job.input_parts;
   const std::uint32_t* q = job.q_pairs + std::int64_t(r0) * in_parts * (kD / 2);
-  const std::uint32_t* kt = job.kv.kt_pairs + std::int64_t(tile) * in_parts * (kD / 2) * tile_k;
+  const std::uint32_t* kt = job.kv.kt_pairs + std::int64_t(tile) * in_parts * (kD / 2) * tile_k + begin;
   if (in_parts == 1)
     qk_tiles<kD, kRowTiles, 1>(q, kt, tile_k, cols, s);
   else if (job.qk_nonfinite)
@@ -225,39 +235,41 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, c
   else
     qk_tiles<kD, kRowTiles, 2>(q, kt, tile_k, cols, s);
   if (masked)
-    softmax_rows<kD, true>(s, tile_k, rows, cols, valid_cols, block_mask, job.mask_words, job.exp_scale, job.m + r0,
+    softmax_rows<kD, true>(s, tile_k, rows, cols, valid, block_mask, job.mask_words, job.exp_scale, job.m + r0,
                            job.l + r0, o);
   else
-    softmax_rows<kD, false>(s, tile_k, rows, cols, valid_cols, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0, o);
+    softmax_rows<kD, false>(s, tile_k, rows, cols, valid, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0, o);
   if (job.kv.v_nonfinite || job.kv.v_tiny) {
     // 0 x Inf would be NaN in a tile product (and a zero part of P meets every
     // V), and tiny V would be flushed (KvPanels::v_tiny), so the fp32 P V runs,
     // skipping masked columns in partial tiles.
-    const float* v = job.kv.v + std::int64_t(tile) * tile_k * kD;
+    const float* v = job.kv.v + (std::int64_t(tile) * tile_k + begin) * kD;
+    const int keys = valid < cols ? valid : cols;
     if (partial)
-      pv_rows_skipping_masked<kD>(s, tile_k, rows, v, valid_cols, o, block_mask, job.mask_words);
+      pv_rows_skipping_masked<kD>(s, tile_k, rows, v, keys, o, block_mask, job.mask_words);
     else
-      pv_rows<kD, PvShape<kD>::kRows>(s, tile_k, rows, v, valid_cols, o);
+      pv_rows<kD, PvShape<kD>::kRows>(s, tile_k, rows, v, keys, o);
     return;
   }
   // Padding rows (zero Q) are split and multiplied too: a tile product keeps rows
   // apart, and their O rows are never stored.
-  const std::uint32_t* v_pairs = job.kv.v_pairs + std::int64_t(tile) * in_parts * (tile_k / 2) * kD;
+  const std::uint32_t* v_pairs = job.kv.v_pairs + std::int64_t(tile) * in_parts * (tile_k / 2) * kD + begin / 2 * kD;
+  std::uint16_t* p_parts = job.p_parts + begin;
   if (job.p_part_count == 1) {  // (bf16 inputs only)
-    split_p<1>(s, kRowTiles * 16, cols, tile_k, job.p_parts);
-    pv_tiles<kD, kRowTiles, 1, 1>(job.p_parts, tile_k, v_pairs, cols, o);
+    split_p<1>(s, kRowTiles * 16, cols, tile_k, p_parts);
+    pv_tiles<kD, kRowTiles, 1, 1>(p_parts, tile_k, v_pairs, cols, o);
   } else if (job.p_part_count == 2) {
-    split_p<2>(s, kRowTiles * 16, cols, tile_k, job.p_parts);
+    split_p<2>(s, kRowTiles * 16, cols, tile_k, p_parts);
     if (in_parts == 1)
-      pv_tiles<kD, kRowTiles, 2, 1>(job.p_parts, tile_k, v_pairs, cols, o);
+      pv_tiles<kD, kRowTiles, 2, 1>(p_parts, tile_k, v_pairs, cols, o);
     else
-      pv_tiles<kD, kRowTiles, 2, 2>(job.p_parts, tile_k, v_pairs, cols, o);
+      pv_tiles<kD, kRowTiles, 2, 2>(p_parts, tile_k, v_pairs, cols, o);
   } else {
-    split_p<3>(s, kRowTiles * 16, cols, tile_k, job.p_parts);
+    split_p<3>(s, kRowTiles * 16, cols, tile_k, p_parts);
     if (in_parts == 1)
-      pv_tiles<kD, kRowTiles, 3, 1>(job.p_parts, tile_k, v_pairs, cols, o);
+      pv_tiles<kD, kRowTiles, 3, 1>(p_parts, tile_k, v_pairs, cols, o);
     else
-      pv_tiles<kD, kRowTiles, 3, 2>(job.p_parts, tile_k, v_pairs, cols, o);
+      pv_tiles<kD, kRowTiles, 3, 2>(p_parts, tile_k, v_pairs, cols, o);
   }
 }
 

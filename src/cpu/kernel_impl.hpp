@@ -161,6 +161,29 @@ inline void pv_rows_skipping_masked(const float* p, int p_stride, int rows, cons
   }
 }
 
+// The columns [begin, end) of a partial tile that some of `rows` mask rows
+// allow: begin a multiple of 64 (a whole mask word, so the mask can be read from
+// there on), end rounded up to `align` and at most `cols`; begin >= end: none.
+// Every row masks the columns outside, so leaving them out changes no value:
+// they would add exp2(-inf) = 0 to l and 0 x V to O. At low densities most kept
+// tiles are partial, and a narrow band's rows allow about half of such a tile.
+struct ColumnSpan {
+  int begin = 0, end = 0;
+};
+inline ColumnSpan allowed_columns(const std::uint64_t* mask, int mask_words, int rows, int cols, int align) {
+  int lowest = -1, highest = -1;
+  for (int w = 0; w < mask_words; ++w) {
+    std::uint64_t any = 0;
+    for (int i = 0; i < rows; ++i) any |= mask[std::int64_t(i) * mask_words + w];
+    if (any == 0) continue;
+    if (lowest < 0) lowest = w * 64 + __builtin_ctzll(any);
+    highest = w * 64 + 63 - __builtin_clzll(any);
+  }
+  if (lowest < 0) return {};
+  const int end = (highest + align) / align * align;
+  return {lowest / 64 * 64, end < cols ? end : cols};
+}
+
 // Lane bits of vector j (columns j*W ...) from a bitmask row; all ones when mask is null.
 inline unsigned lane_bits(const std::uint64_t* mask_row, int j) {
   constexpr unsigned kAll = Vec::W >= 32 ? ~0u : (1u << Vec::W) - 1u;
@@ -244,37 +267,48 @@ void attend(const QueryTileJob& job) {
     const std::uint64_t* mask = partial ? job.partial_masks[n - job.n_full] : nullptr;
     const std::int64_t c0 = std::int64_t(tile) * tile_k;
     const int valid_cols = int(job.tokens - c0 < tile_k ? job.tokens - c0 : tile_k);
-    const int cols = (valid_cols + kQkCols - 1) / kQkCols * kQkCols;  // scores computed (zero-padded K)
+    const int tile_cols = (valid_cols + kQkCols - 1) / kQkCols * kQkCols;  // scores computed (zero-padded K)
     const bool masked = partial || valid_cols < tile_k;
-    const float* v = job.kv.v + c0 * kD;
 
     for (int r0 = 0; r0 < job.rows; r0 += kScratchRows) {
       const int rows = job.rows - r0 < kScratchRows ? job.rows - r0 : kScratchRows;
       const std::uint64_t* block_mask = mask ? mask + std::int64_t(r0) * job.mask_words : nullptr;
+      // Columns [begin, begin + cols) of the tile; past `valid` of them, the sequence has ended.
+      int begin = 0, cols = tile_cols;
+      if (partial) {
+        const ColumnSpan span = allowed_columns(block_mask, job.mask_words, rows, tile_cols, kQkCols);
+        if (span.begin >= span.end || span.begin >= valid_cols) continue;  // these rows allow no key here
+        begin = span.begin;
+        cols = span.end - span.begin;
+        block_mask += begin / 64;
+      }
+      const int valid = valid_cols - begin;
+      const float* v = job.kv.v + (c0 + begin) * kD;
+      float* s = job.scratch + begin;
       float* o = job.o + std::int64_t(r0) * kD;
       bool scored = false;
       if constexpr (Vec::kHasBf16Dot) {
         if (job.q_pairs != nullptr) {
           qk_rows_bf16<Vec, kD, kQkRows>(job.q_pairs + std::int64_t(r0) * (kD / 2), rows,
-                                         job.kv.kt_pairs + std::int64_t(tile) * (kD / 2) * tile_k, tile_k, cols,
-                                         job.scratch);
+                                         job.kv.kt_pairs + std::int64_t(tile) * (kD / 2) * tile_k + begin, tile_k,
+                                         cols, s);
           scored = true;
         }
       }
       // (kt is null when K was packed as bf16 pairs only: no offset from it before it is known to be there.)
       if (!scored)
-        qk_rows<kD, kQkRows>(job.q + std::int64_t(r0) * kD, rows, job.kv.kt + std::int64_t(tile) * kD * tile_k,
-                             tile_k, cols, job.scratch);
+        qk_rows<kD, kQkRows>(job.q + std::int64_t(r0) * kD, rows,
+                             job.kv.kt + std::int64_t(tile) * kD * tile_k + begin, tile_k, cols, s);
       if (masked)
-        softmax_rows<kD, true>(job.scratch, tile_k, rows, cols, valid_cols, block_mask, job.mask_words,
-                               job.exp_scale, job.m + r0, job.l + r0, o);
+        softmax_rows<kD, true>(s, tile_k, rows, cols, valid, block_mask, job.mask_words, job.exp_scale,
+                               job.m + r0, job.l + r0, o);
       else
-        softmax_rows<kD, false>(job.scratch, tile_k, rows, cols, valid_cols, nullptr, 0, job.exp_scale, job.m + r0,
-                                job.l + r0, o);
+        softmax_rows<kD, false>(s, tile_k, rows, cols, valid, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0, o);
+      const int keys = valid < cols ? valid : cols;
       if (partial && job.kv.v_nonfinite)
-        pv_rows_skipping_masked<kD>(job.scratch, tile_k, rows, v, valid_cols, o, block_mask, job.mask_words);
+        pv_rows_skipping_masked<kD>(s, tile_k, rows, v, keys, o, block_mask, job.mask_words);
       else
-        pv_rows<kD, PvShape<kD>::kRows>(job.scratch, tile_k, rows, v, valid_cols, o);
+        pv_rows<kD, PvShape<kD>::kRows>(s, tile_k, rows, v, keys, o);
     }
   }
 }
