@@ -199,11 +199,12 @@ void unpack_v_pairs(const std::uint32_t* v_pairs, int tile_k, std::int64_t d_cou
   const std::int64_t part_words = std::int64_t(tile_k) / 2 * d_count;
   for (std::int64_t c2 = 0; c2 < tile_k / 2; ++c2)
     for (std::int64_t d = 0; d < d_count; ++d) {
-      float even = 0.0f, odd = 0.0f;
-      for (int part = 0; part < parts; ++part) {  // the low part is 0 for Inf and NaN, which stay themselves
-        const std::uint32_t pair = v_pairs[part * part_words + c2 * d_count + d];
-        even += bf16_to_float(std::uint16_t(pair));
-        odd += bf16_to_float(std::uint16_t(pair >> 16));
+      const std::uint32_t high = v_pairs[c2 * d_count + d];
+      float even = bf16_to_float(std::uint16_t(high)), odd = bf16_to_float(std::uint16_t(high >> 16));
+      if (parts == 2) {  // the low part is 0 for Inf and NaN, which stay themselves
+        const std::uint32_t low = v_pairs[part_words + c2 * d_count + d];
+        even += bf16_to_float(std::uint16_t(low));
+        odd += bf16_to_float(std::uint16_t(low >> 16));
       }
       v_rows[2 * c2 * d_count + d] = even;
       v_rows[(2 * c2 + 1) * d_count + d] = odd;
@@ -219,7 +220,7 @@ bool load_row_split_pairs(const TensorView& t, std::int64_t b, std::int64_t n, s
   if (t.stride[3] == 1) {
     nonfinite = split_f16_to_bf16(static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0), d_count, parts,
                                   parts + d_count);
-  } else {
+  } else {  // (not through row_bits: GCC 12 then takes the scratch for unset)
     std::uint16_t bits[1024];
     load_row_bits(t, b, n, h, bits);
     nonfinite = split_f16_to_bf16(bits, d_count, parts, parts + d_count);
