@@ -656,6 +656,33 @@ TEST(CpuBackend, AmxPaddingSlotsHoldNothingFromAnEarlierCall) {
   }
 }
 
+// One call run twice, on the AMX kernel and on the AVX-512 one (P V in fp32),
+// and the head's scale each AMX element is held to: one unit in the last place
+// of the head's largest fp32-P output (no element's unit is larger; a bound of
+// 2^-8 x largest was below it, and failed on CI).
+struct AmxAgainstFp32P {
+  testing::Problem amx, fp32p;
+  std::vector<double> last_place;  // per head
+};
+AmxAgainstFp32P run_amx_and_fp32p(const VideoLayout& layout, DType in, DType out, const std::vector<HeadMask>& heads) {
+  const std::uint64_t seed = testing::fresh_seed();
+  AmxAgainstFp32P runs{testing::make_problem(layout, in, heads, seed, MemoryLayout::BNHD, out),
+                       testing::make_problem(layout, in, heads, seed, MemoryLayout::BNHD, out),
+                       {}};
+  EXPECT_EQ(kernel_isa(Isa::Amx, runs.amx.call()), Isa::Amx);
+  make_cpu_backend({Isa::Amx, 2})->run(runs.amx.call());
+  make_cpu_backend({Isa::Avx512, 2})->run(runs.fp32p.call());
+  const int stored_fraction_bits = out == DType::BF16 ? 7 : 10;
+  for (std::int64_t h = 0; h < layout.heads; ++h) {
+    double largest = 0;
+    for (std::int64_t n = 0; n < layout.tokens(); ++n)
+      for (std::int64_t d = 0; d < layout.head_dim; ++d)
+        largest = std::max(largest, std::abs(double(runs.fp32p.o.view().load(0, n, h, d))));
+    runs.last_place.push_back(std::ldexp(1.0, std::ilogb(largest) - stored_fraction_bits));
+  }
+  return runs;
+}
+
 // With an fp16 output, or fp16 inputs and a bf16 output, the AMX kernel splits P
 // in two parts, within 2^-17 of P: 64x (256x) below the output's own rounding,
 // so its output is the fp32-P kernel's (AVX-512, P V in fp32) but for the few
@@ -667,46 +694,27 @@ TEST(CpuBackend, AmxPaddingSlotsHoldNothingFromAnEarlierCall) {
 // 0.4%; with three, 0.02%: the sums' order alone.)
 TEST(CpuBackend, AmxSixteenBitOutputIsTheFp32PKernelsButForFewRoundings) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
-  const auto amx = make_cpu_backend({Isa::Amx, 2});
-  const auto avx512 = make_cpu_backend({Isa::Avx512, 2});
-  const TileShape tile{128, 128};
   const VideoGrid grid{4, 6, 10, 20, TextPlacement::After};  // 260 tokens
   for (const DType in : {DType::BF16, DType::F16})
     for (const DType out : {DType::BF16, DType::F16})
       for (std::int64_t head_dim : {64, 128}) {
         if (in == DType::BF16 && out == DType::BF16) continue;  // P in one part: the next test
         // fp16's units are 8x finer, so more values lie within 2^-17 of a boundary.
-        const int stored_fraction_bits = out == DType::BF16 ? 7 : 10;
         const double share = out == DType::BF16 ? 0.02 : 0.08;
-        const std::uint64_t seed = testing::fresh_seed();
         const VideoLayout layout{grid, 1, 4, head_dim};
-        auto by_amx = testing::make_problem(layout, in, four_heads(grid, 0.25, true, tile, Alignment::Exact), seed,
-                                            MemoryLayout::BNHD, out);
-        auto by_avx512 = testing::make_problem(layout, in, four_heads(grid, 0.25, true, tile, Alignment::Exact), seed,
-                                               MemoryLayout::BNHD, out);
-        SCOPED_TRACE(by_amx.label);
-        ASSERT_EQ(kernel_isa(Isa::Amx, by_amx.call()), Isa::Amx);
-        amx->run(by_amx.call());
-        avx512->run(by_avx512.call());
+        const auto runs = run_amx_and_fp32p(layout, in, out, four_heads(grid, 0.25, true, {128, 128}, Alignment::Exact));
+        SCOPED_TRACE(runs.amx.label);
         std::int64_t differ = 0, total = 0;
-        for (std::int64_t h = 0; h < layout.heads; ++h) {
-          double largest = 0;
-          for (std::int64_t n = 0; n < grid.tokens(); ++n)
-            for (std::int64_t d = 0; d < head_dim; ++d)
-              largest = std::max(largest, std::abs(double(by_avx512.o.view().load(0, n, h, d))));
-          // One unit in the last place of the head's largest output: no element's
-          // unit is larger (a bound of 2^-8 x largest was below it, and failed on CI).
-          const double last_place = std::ldexp(1.0, std::ilogb(largest) - stored_fraction_bits);
+        for (std::int64_t h = 0; h < layout.heads; ++h)
           for (std::int64_t n = 0; n < grid.tokens(); ++n)
             for (std::int64_t d = 0; d < head_dim; ++d) {
-              const float got = by_amx.o.view().load(0, n, h, d), want = by_avx512.o.view().load(0, n, h, d);
+              const float got = runs.amx.o.view().load(0, n, h, d), want = runs.fp32p.o.view().load(0, n, h, d);
               differ += got != want;
               ++total;
               // Never more than one unit of the output's precision at the head's scale apart.
-              ASSERT_LE(std::abs(double(got) - double(want)), last_place)
+              ASSERT_LE(std::abs(double(got) - double(want)), runs.last_place[std::size_t(h)])
                   << "head " << h << ", token " << n << ", channel " << d;
             }
-        }
         EXPECT_LT(double(differ), share * double(total)) << differ << " of " << total << " elements differ";
       }
 }
@@ -721,41 +729,29 @@ TEST(CpuBackend, AmxSixteenBitOutputIsTheFp32PKernelsButForFewRoundings) {
 // bf16's rounding of the output alone); with P truncated instead: -2.0e-3 and 1.96x.
 TEST(CpuBackend, AmxBf16OutputRoundsPToBf16Unbiased) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
-  const auto amx = make_cpu_backend({Isa::Amx, 2});
-  const auto avx512 = make_cpu_backend({Isa::Avx512, 2});
   const VideoGrid grid{5, 8, 12, 20, TextPlacement::After};  // 500 tokens
   for (std::int64_t head_dim : {64, 128}) {
-    const std::uint64_t seed = testing::fresh_seed();
     const VideoLayout layout{grid, 1, 4, head_dim};
-    const auto heads = four_heads(grid, 0.5, true, {128, 128}, Alignment::Exact);
-    auto by_amx = testing::make_problem(layout, DType::BF16, heads, seed, MemoryLayout::BNHD, DType::BF16);
-    auto by_avx512 = testing::make_problem(layout, DType::BF16, heads, seed, MemoryLayout::BNHD, DType::BF16);
-    SCOPED_TRACE(by_amx.label);
-    ASSERT_EQ(kernel_isa(Isa::Amx, by_amx.call()), Isa::Amx);
-    amx->run(by_amx.call());
-    avx512->run(by_avx512.call());
+    const auto runs =
+        run_amx_and_fp32p(layout, DType::BF16, DType::BF16, four_heads(grid, 0.5, true, {128, 128}, Alignment::Exact));
+    SCOPED_TRACE(runs.amx.label);
     double along = 0, apart = 0, norm = 0;
-    for (std::int64_t h = 0; h < layout.heads; ++h) {
-      double largest = 0;
-      for (std::int64_t n = 0; n < grid.tokens(); ++n)
-        for (std::int64_t d = 0; d < head_dim; ++d)
-          largest = std::max(largest, std::abs(double(by_avx512.o.view().load(0, n, h, d))));
-      const double last_place = std::ldexp(1.0, std::ilogb(largest) - 7);
+    for (std::int64_t h = 0; h < layout.heads; ++h)
       for (std::int64_t n = 0; n < grid.tokens(); ++n)
         for (std::int64_t d = 0; d < head_dim; ++d) {
-          const double got = by_amx.o.view().load(0, n, h, d), want = by_avx512.o.view().load(0, n, h, d);
+          const double got = runs.amx.o.view().load(0, n, h, d), want = runs.fp32p.o.view().load(0, n, h, d);
           // (Measured: one unit at most in 60 runs; two leave room for a rare row.)
-          ASSERT_LE(std::abs(got - want), 2 * last_place) << "head " << h << ", token " << n << ", channel " << d;
+          ASSERT_LE(std::abs(got - want), 2 * runs.last_place[std::size_t(h)])
+              << "head " << h << ", token " << n << ", channel " << d;
           along += (got - want) * want;
           apart += (got - want) * (got - want);
           norm += want * want;
         }
-    }
-    const auto amx_error = testing::compare_with_reference(by_amx, 0, 1);
-    const auto avx512_error = testing::compare_with_reference(by_avx512, 0, 1);
+    const auto amx_error = testing::compare_with_reference(runs.amx, 0, 1);
+    const auto fp32p_error = testing::compare_with_reference(runs.fp32p, 0, 1);
     EXPECT_TRUE(amx_error.ok()) << amx_error.failure;
     EXPECT_LT(std::abs(along / norm), 2e-4) << "the AMX output leans off the fp32-P kernel's by this share of it";
-    EXPECT_LT(amx_error.rel_l2_err, 1.5 * avx512_error.rel_l2_err);
+    EXPECT_LT(amx_error.rel_l2_err, 1.5 * fp32p_error.rel_l2_err);
     EXPECT_GT(apart, 0.0) << "P was not rounded: the one-part path did not run";
   }
 }

@@ -67,14 +67,17 @@ void load_row_bits(const TensorView& t, std::int64_t b, std::int64_t n, std::int
   for (std::int64_t d = 0; d < t.head_dim(); ++d) out[d] = src[d * step];
 }
 
-// Row (b, n, h, :) of a 16-bit tensor as contiguous bits: the tensor's own where
-// its channels are (no copy), else gathered into `scratch`.
-const std::uint16_t* row_bits(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h,
-                              std::uint16_t* scratch) {
-  const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0);
-  if (t.stride[3] == 1) return src;
-  for (std::int64_t d = 0; d < t.head_dim(); ++d) scratch[d] = src[d * t.stride[3]];
-  return scratch;
+// Row (b, n, h, :) of an fp16 tensor as bf16 high and low parts
+// (split_f16_to_bf16), read in place where its channels are contiguous. Returns
+// whether the row holds an Inf or NaN.
+bool split_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, std::uint16_t* high,
+               std::uint16_t* low) {
+  if (t.stride[3] == 1)
+    return split_f16_to_bf16(static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0), t.head_dim(), high,
+                             low);
+  std::uint16_t bits[1024];
+  load_row_bits(t, b, n, h, bits);
+  return split_f16_to_bf16(bits, t.head_dim(), high, low);
 }
 
 // KvFlags' V flags of bf16 values from their bits: an all-ones exponent is Inf or
@@ -123,7 +126,6 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
   const std::int64_t k_part = d_count / 2 * tile_k, v_part = std::int64_t(tile_k) / 2 * d_count;
   float row[1024];  // head dims the kernels support are far below this
   std::uint32_t k_words[1024];  // a K row's pairs (split fp16: its high parts' pairs, then its low parts')
-  std::uint16_t bits[1024];  // a strided fp16 V row's
   std::uint16_t v_keys[2][2][1024];  // [part][key of the pair][channel]: the bits of a pair of keys' V rows
   KvFlags flags;
   for (std::int64_t c = 0; c < valid; ++c) {
@@ -155,7 +157,7 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
       continue;
     }
     if (v_split) {
-      flags.nonfinite |= split_f16_to_bf16(row_bits(v, b, n, head, bits), d_count, v_keys[0][c % 2], v_keys[1][c % 2]);
+      flags.nonfinite |= split_row(v, b, n, head, v_keys[0][c % 2], v_keys[1][c % 2]);
     } else {
       load_row_bits(v, b, n, head, v_keys[0][c % 2]);
       flag_bf16(v_keys[0][c % 2], d_count, flags);
@@ -216,15 +218,7 @@ bool load_row_split_pairs(const TensorView& t, std::int64_t b, std::int64_t n, s
   const std::int64_t d_count = t.head_dim();
   // A row of pairs is its bf16 values in order, so the parts go straight into out.
   std::uint16_t* parts = reinterpret_cast<std::uint16_t*>(out);
-  bool nonfinite;
-  if (t.stride[3] == 1) {
-    nonfinite = split_f16_to_bf16(static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0), d_count, parts,
-                                  parts + d_count);
-  } else {  // (not through row_bits: GCC 12 then takes the scratch for unset)
-    std::uint16_t bits[1024];
-    load_row_bits(t, b, n, h, bits);
-    nonfinite = split_f16_to_bf16(bits, d_count, parts, parts + d_count);
-  }
+  const bool nonfinite = split_row(t, b, n, h, parts, parts + d_count);
   if (negate)  // both parts' sign bits: exact, NaN stays NaN
     for (std::int64_t i = 0; i < d_count; ++i) out[i] ^= 0x80008000u;
   return nonfinite;
