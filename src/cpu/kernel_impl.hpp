@@ -199,11 +199,17 @@ inline unsigned limit_bits(int j, int valid_cols) {
   return n <= 0 ? 0u : (1u << n) - 1u;
 }
 
-// Online-softmax update of `rows` rows of S (in place: S becomes P).
+// Online-softmax update of `rows` (<= kScratchRows) rows of S (in place: S becomes P).
 // kMasked: apply the partial-tile mask (may be null) and the ragged column limit.
+// Each row's rescale factor exp2((m_old - m_new) * exp_scale) is taken after the
+// row loop, W rows per vector exp2: a libm call per row (with the vector state it
+// must save) cost as much as the exponentials of a 128-column row.
 template <int kD, bool kMasked>
 inline void softmax_rows(float* s, int s_stride, int rows, int cols, int valid_cols, const std::uint64_t* mask,
                          int mask_words, float exp_scale, float* m, float* l, float* o) {
+  constexpr int kLanes = (kScratchRows + Vec::W - 1) / Vec::W * Vec::W;
+  float max_drop[kLanes];  // m_old - m_new: -inf for a row's first allowed keys, 0 keeps l and O
+  float tile_sum[kLanes];  // this tile's share of l
   const typename Vec::reg neg_inf = Vec::set1(kNegInf);
   for (int i = 0; i < rows; ++i) {
     float* row = s + i * s_stride;
@@ -222,13 +228,14 @@ inline void softmax_rows(float* s, int s_stride, int rows, int cols, int valid_c
     const float tile_max = Vec::reduce_max(vmax);
     const float m_old = m[i];
     const float m_new = tile_max > m_old ? tile_max : m_old;
+    max_drop[i] = 0.0f;
     if (m_new == kNegInf) {
       // Nothing allowed yet: P = 0, unless a NaN score hid from the max (then the row must become NaN).
       bool nan = false;
       for (int j = 0; j * Vec::W < cols; ++j) nan = nan || Vec::any_nan(Vec::load(row + j * Vec::W));
       const typename Vec::reg fill = nan ? Vec::set1(__builtin_nanf("")) : Vec::zero();
       for (int j = 0; j * Vec::W < cols; ++j) Vec::store(row + j * Vec::W, fill);
-      if (nan) l[i] = __builtin_nanf("");
+      tile_sum[i] = nan ? __builtin_nanf("") : 0.0f;
       continue;
     }
     const typename Vec::reg vm = Vec::set1(m_new);
@@ -239,11 +246,18 @@ inline void softmax_rows(float* s, int s_stride, int rows, int cols, int valid_c
       Vec::store(row + j * Vec::W, p);
       sum = Vec::add(sum, p);
     }
-    const float alpha = __builtin_exp2f((m_old - m_new) * exp_scale);  // 0 when m_old = -inf
-    l[i] = l[i] * alpha + Vec::reduce_add(sum);
+    max_drop[i] = m_old - m_new;
+    tile_sum[i] = Vec::reduce_add(sum);
     m[i] = m_new;
-    if (alpha != 1.0f) {
-      const typename Vec::reg va = Vec::set1(alpha);
+  }
+  for (int i = rows; i < kLanes; ++i) max_drop[i] = 0.0f;
+  float alpha[kLanes];
+  const typename Vec::reg vscale = Vec::set1(exp_scale);
+  for (int i = 0; i < rows; i += Vec::W) Vec::store(alpha + i, Vec::exp2(Vec::mul(Vec::load(max_drop + i), vscale)));
+  for (int i = 0; i < rows; ++i) {
+    l[i] = l[i] * alpha[i] + tile_sum[i];  // alpha: 0 when m_old = -inf, 1 when the max held
+    if (alpha[i] != 1.0f) {
+      const typename Vec::reg va = Vec::set1(alpha[i]);
       float* orow = o + i * kD;
       for (int d = 0; d < kD; d += Vec::W) Vec::store(orow + d, Vec::mul(Vec::load(orow + d), va));
     }
