@@ -62,6 +62,8 @@ constexpr int kQkRows = 6;
 constexpr int kQkVecs = 2;
 constexpr int kPvAccumulators = 12;
 constexpr int kPvMaxVecs = 2;
+// Softmax: 2 rows x (max or sum, shift) + the exp2 constants fit in 16.
+constexpr int kSoftmaxRows = 2;
 
 #include "cpu/kernel_impl.hpp"
 

@@ -29,6 +29,7 @@ constexpr int kQkRows = 4;
 constexpr int kQkVecs = 4;
 constexpr int kPvAccumulators = 16;
 constexpr int kPvMaxVecs = 4;
+constexpr int kSoftmaxRows = 2;
 
 #include "cpu/kernel_impl.hpp"
 

@@ -54,3 +54,5 @@ constexpr int kQkRows = 6;
 constexpr int kQkVecs = 4;
 constexpr int kPvAccumulators = 24;
 constexpr int kPvMaxVecs = 6;
+// Softmax: 4 rows x (max or sum, shift) + the exp2 constants and temporaries fit in 32.
+constexpr int kSoftmaxRows = 4;
