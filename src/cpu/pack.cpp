@@ -111,6 +111,11 @@ void flag_floats(const float* values, std::int64_t count, KvFlags& flags) {
 KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
                      float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs) {
   const TensorView &k = in.k, &v = in.v;
+  // Pair panels are only asked for without kt and v_rows by the AMX kernel, whose hosts have AVX-512.
+  if (kt_pairs != nullptr && v_pairs != nullptr && kt == nullptr && v_rows == nullptr) {
+    KvFlags flags;
+    if (pack_bf16_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags)) return flags;
+  }
   const std::int64_t head = in.head(h);
   const std::int64_t d_count = k.head_dim();
   const std::int64_t n0 = tile * tile_k;

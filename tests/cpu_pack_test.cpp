@@ -1,0 +1,169 @@
+// Packing K and V into the AMX kernel's pair panels (pack_kv_tile), checked
+// against the panels' definition written out here element by element: K's pairs
+// transposed, [head_dim / 2][tile_k]; V's pairs of consecutive keys,
+// [tile_k / 2][head_dim]; zero past the sequence; V's flags. bf16 panels come from
+// the AVX-512 packer (pack_bf16_amx.cpp) on hosts that have it, which is also
+// called directly so that a fallback to the element-by-element packer cannot
+// hide a broken one.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cpu/isa.hpp"
+#include "cpu/pack.hpp"
+#include "stsa/tensor.hpp"
+#include "support/testing.hpp"
+
+namespace stsa {
+namespace {
+
+std::uint16_t bits_at(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, std::int64_t d) {
+  return static_cast<const std::uint16_t*>(t.data)[t.offset(b, n, h, d)];
+}
+
+struct Panels {
+  std::vector<std::uint32_t> kt, v;
+};
+
+// The panels of key tile `tile` by their definition.
+Panels expected_panels(const cpu::RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k) {
+  const std::int64_t d_count = in.k.head_dim(), head = in.head(h);
+  Panels want{std::vector<std::uint32_t>(std::size_t(d_count / 2 * tile_k), 0u),
+              std::vector<std::uint32_t>(std::size_t(tile_k / 2 * d_count), 0u)};
+  for (std::int64_t c = 0; c < tile_k; ++c) {
+    const std::int64_t n = tile * tile_k + c;
+    if (n >= in.k.tokens()) break;
+    const std::int64_t token = in.token(n);
+    for (std::int64_t i = 0; i < d_count / 2; ++i)
+      want.kt[std::size_t(i * tile_k + c)] = std::uint32_t(bits_at(in.k, b, token, head, 2 * i)) |
+                                             std::uint32_t(bits_at(in.k, b, token, head, 2 * i + 1)) << 16;
+    for (std::int64_t d = 0; d < d_count; ++d)
+      want.v[std::size_t(c / 2 * d_count + d)] |= std::uint32_t(bits_at(in.v, b, token, head, d)) << (16 * (c % 2));
+  }
+  return want;
+}
+
+// Fills the panels with a pattern no packer writes, so a word left alone shows.
+Panels poisoned_panels(std::int64_t d_count, int tile_k) {
+  return {std::vector<std::uint32_t>(std::size_t(d_count / 2 * tile_k), 0xdeadbeefu),
+          std::vector<std::uint32_t>(std::size_t(tile_k / 2 * d_count), 0xdeadbeefu)};
+}
+
+struct Case {
+  std::int64_t tokens, heads, head_dim;
+  int tile_k;
+  MemoryLayout memory;
+  bool gathered;  // rows read through a token and head map, as routed attention's temporal heads are
+};
+
+TEST(CpuPack, Bf16PairPanelsAreTheirDefinition) {
+  const std::uint64_t seed = testing::fresh_seed();
+  const bool avx512 = cpu::machine_supports(Isa::Avx512);
+  for (const Case& c : {Case{300, 3, 128, 128, MemoryLayout::BNHD, false}, Case{77, 2, 64, 64, MemoryLayout::BHND, true},
+                        Case{129, 1, 96, 128, MemoryLayout::BNHD, true}, Case{16, 2, 128, 64, MemoryLayout::BNHD, false},
+                        Case{1, 1, 64, 128, MemoryLayout::BHND, false}}) {
+    SCOPED_TRACE("tokens " + std::to_string(c.tokens) + ", head dim " + std::to_string(c.head_dim) + ", tile " +
+                 std::to_string(c.tile_k) + (c.gathered ? ", gathered" : "") + ", seed " + std::to_string(seed));
+    Tensor k(DType::BF16, 2, c.tokens, c.heads, c.head_dim, c.memory), v(DType::BF16, 2, c.tokens, c.heads,
+                                                                          c.head_dim, c.memory);
+    testing::fill_normal(k.view(), seed);
+    testing::fill_normal(v.view(), seed + 1);
+    std::vector<std::int64_t> tokens(std::size_t(c.tokens)), heads(std::size_t(c.heads));
+    std::iota(tokens.begin(), tokens.end(), 0);
+    std::iota(heads.begin(), heads.end(), 0);
+    std::mt19937_64 rng(seed);
+    std::shuffle(tokens.begin(), tokens.end(), rng);
+    std::reverse(heads.begin(), heads.end());
+    cpu::RowSource in{k.view(), k.view(), v.view()};
+    if (c.gathered) {
+      in.tokens = tokens.data();
+      in.heads = heads.data();
+    }
+    const std::int64_t tiles = (c.tokens + c.tile_k - 1) / c.tile_k;
+    for (std::int64_t h = 0; h < c.heads; ++h)
+      for (std::int64_t tile = 0; tile < tiles; ++tile) {
+        const Panels want = expected_panels(in, 1, h, tile, c.tile_k);
+        Panels got = poisoned_panels(c.head_dim, c.tile_k);
+        const cpu::KvFlags flags = cpu::pack_kv_tile(in, 1, h, tile, c.tile_k, nullptr, nullptr, got.kt.data(),
+                                                     got.v.data());
+        EXPECT_EQ(got.kt, want.kt) << "K, head " << h << ", tile " << tile;
+        EXPECT_EQ(got.v, want.v) << "V, head " << h << ", tile " << tile;
+        EXPECT_FALSE(flags.nonfinite || flags.tiny || flags.k_nonfinite);
+        if (!avx512) continue;
+        Panels direct = poisoned_panels(c.head_dim, c.tile_k);
+        cpu::KvFlags direct_flags;
+        ASSERT_TRUE(cpu::pack_bf16_tile_amx(in, 1, h, tile, c.tile_k, direct.kt.data(), direct.v.data(), direct_flags));
+        EXPECT_EQ(direct.kt, want.kt) << "K, head " << h << ", tile " << tile;
+        EXPECT_EQ(direct.v, want.v) << "V, head " << h << ", tile " << tile;
+      }
+  }
+  if (!avx512) GTEST_SKIP() << "checked pack_kv_tile only: this CPU has no AVX-512 for the vector packer";
+}
+
+// One V value at a time made Inf, NaN, tiny or a negative zero: only the first two
+// set `nonfinite`, only tiny ones `tiny`, wherever the value sits in the tile.
+TEST(CpuPack, Bf16VFlagsSeeEveryValue) {
+  const bool avx512 = cpu::machine_supports(Isa::Avx512);
+  const std::int64_t tokens = 100, d_count = 64;
+  const int tile_k = 64;
+  Tensor k(DType::BF16, 1, tokens, 1, d_count), v(DType::BF16, 1, tokens, 1, d_count);
+  testing::fill_normal(k.view(), 7);
+  testing::fill_normal(v.view(), 8);
+  auto* v_bits = static_cast<std::uint16_t*>(v.view().data);
+  struct Planted {
+    std::uint16_t bits;
+    bool nonfinite, tiny;
+  };
+  // +Inf, -NaN, 2^-65 (below kTinyV = 2^-64), -2^-64 (not below), -0, the smallest subnormal.
+  for (const Planted p : {Planted{0x7f80, true, false}, Planted{0xffc1, true, false}, Planted{0x1f00, false, true},
+                          Planted{0x9f80, false, false}, Planted{0x8000, false, false}, Planted{0x0001, false, true}})
+    for (const std::int64_t at : {std::int64_t(0), std::int64_t(63), std::int64_t(64 * 64 + 17),
+                                  std::int64_t(99 * 64 + 63)}) {
+      const std::uint16_t kept = v_bits[at];
+      v_bits[at] = p.bits;
+      const cpu::RowSource in{k.view(), k.view(), v.view()};
+      const std::int64_t tile = at / d_count / tile_k;
+      Panels got = poisoned_panels(d_count, tile_k);
+      const cpu::KvFlags flags = cpu::pack_kv_tile(in, 0, 0, tile, tile_k, nullptr, nullptr, got.kt.data(),
+                                                   got.v.data());
+      EXPECT_EQ(flags.nonfinite, p.nonfinite) << std::hex << p.bits << " at " << std::dec << at;
+      EXPECT_EQ(flags.tiny, p.tiny) << std::hex << p.bits << " at " << std::dec << at;
+      const cpu::KvFlags other = cpu::pack_kv_tile(in, 0, 0, 1 - tile, tile_k, nullptr, nullptr, got.kt.data(),
+                                                   got.v.data());
+      EXPECT_FALSE(other.nonfinite || other.tiny) << "a value in the other tile";
+      if (avx512) {
+        cpu::KvFlags direct;
+        ASSERT_TRUE(cpu::pack_bf16_tile_amx(in, 0, 0, tile, tile_k, got.kt.data(), got.v.data(), direct));
+        EXPECT_EQ(direct.nonfinite, p.nonfinite);
+        EXPECT_EQ(direct.tiny, p.tiny);
+      }
+      v_bits[at] = kept;
+    }
+}
+
+TEST(CpuPack, Bf16PackerDeclinesWhatItCannotTake) {
+  if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512 for the vector packer";
+  Tensor bf16(DType::BF16, 1, 40, 2, 80), fp16(DType::F16, 1, 40, 2, 64), ok(DType::BF16, 1, 40, 2, 64);
+  std::vector<std::uint32_t> kt(64 * 64), v(64 * 64);
+  cpu::KvFlags flags;
+  // A head dim not a multiple of 32, fp16, a tile not a multiple of 16: nothing written.
+  EXPECT_FALSE(cpu::pack_bf16_tile_amx({bf16.view(), bf16.view(), bf16.view()}, 0, 0, 0, 64, kt.data(), v.data(),
+                                       flags));
+  EXPECT_FALSE(cpu::pack_bf16_tile_amx({fp16.view(), fp16.view(), fp16.view()}, 0, 0, 0, 64, kt.data(), v.data(),
+                                       flags));
+  EXPECT_FALSE(cpu::pack_bf16_tile_amx({ok.view(), ok.view(), ok.view()}, 0, 0, 0, 56, kt.data(), v.data(), flags));
+  TensorView strided = ok.view();
+  strided.stride[3] = 2;  // every other channel (half the head dim, so still in bounds)
+  strided.shape[3] = 32;
+  EXPECT_FALSE(cpu::pack_bf16_tile_amx({strided, strided, strided}, 0, 0, 0, 64, kt.data(), v.data(), flags));
+  EXPECT_TRUE(std::all_of(kt.begin(), kt.end(), [](std::uint32_t w) { return w == 0; }));
+  EXPECT_FALSE(flags.nonfinite || flags.tiny);
+}
+
+}  // namespace
+}  // namespace stsa
