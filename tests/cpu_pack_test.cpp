@@ -8,7 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <string>
 #include <numeric>
 #include <random>
@@ -163,6 +167,52 @@ TEST(CpuPack, Bf16PackerDeclinesWhatItCannotTake) {
   EXPECT_FALSE(cpu::pack_bf16_tile_amx({strided, strided, strided}, 0, 0, 0, 64, kt.data(), v.data(), flags));
   EXPECT_TRUE(std::all_of(kt.begin(), kt.end(), [](std::uint32_t w) { return w == 0; }));
   EXPECT_FALSE(flags.nonfinite || flags.tiny);
+}
+
+}  // namespace
+}  // namespace stsa
+
+namespace stsa {
+namespace {
+
+// store_rows' vector division (store_avx512.cpp) against the scalar expression it
+// replaces, value by value: IEEE division, then float_to_bf16's rounding (subnormal
+// results kept, NaN quieted), with nothing written past `count`.
+TEST(CpuStore, VectorRowDivisionIsTheScalarOne) {
+  if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512 for the vector division";
+  const std::uint64_t seed = testing::fresh_seed();
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+  const float specials[] = {0.0f, -0.0f, 1e-40f, -1e-41f, 0x1p-126f, 0x1.fffffep-127f, 3.0e38f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), std::bit_cast<float>(0x7fffffffu),
+                            std::bit_cast<float>(0xffbfffffu), 1.00390625f, 1.01171875f};
+  // (The last NaNs' payloads would round into the sign or exponent: NaN must stay NaN.)
+  for (const float l : {1.0f, 3.0f, 0.7f, 1e-30f, 2e38f})
+    for (const std::int64_t count : {std::int64_t(1), std::int64_t(16), std::int64_t(37), std::int64_t(128)}) {
+      SCOPED_TRACE("l " + std::to_string(l) + ", count " + std::to_string(count) + ", seed " + std::to_string(seed));
+      std::vector<float> a(static_cast<std::size_t>(count));
+      for (std::size_t d = 0; d < a.size(); ++d)
+        a[d] = d % 3 == 0 ? specials[(d / 3 + std::size_t(count)) % std::size(specials)] * (l < 1 ? l : 1.0f)
+                          : uniform(rng);
+      std::vector<float> fp32(a.size() + 1, 42.0f);
+      std::vector<std::uint16_t> bf16(a.size() + 1, 0x1234);
+      cpu::divide_row_avx512(a.data(), l, count, fp32.data());
+      cpu::divide_row_bf16_avx512(a.data(), l, count, bf16.data());
+      for (std::size_t d = 0; d < a.size(); ++d) {
+        const float want = a[d] / l;
+        std::uint32_t got_bits, want_bits;
+        std::memcpy(&got_bits, &fp32[d], 4);
+        std::memcpy(&want_bits, &want, 4);
+        if (std::isnan(want))
+          EXPECT_TRUE(std::isnan(fp32[d])) << d;
+        else
+          EXPECT_EQ(got_bits, want_bits) << a[d] << " / " << l;
+        EXPECT_EQ(bf16[d], float_to_bf16(want)) << a[d] << " / " << l;
+      }
+      EXPECT_EQ(fp32.back(), 42.0f) << "written past the row";
+      EXPECT_EQ(bf16.back(), 0x1234) << "written past the row";
+    }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "cpu/pack.hpp"
 
+#include "cpu/isa.hpp"
 #include "cpu/kernel.hpp"
 
 #include <algorithm>
@@ -252,6 +253,8 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
   const std::int64_t head = out.heads ? out.heads[h] : h;
   const auto token = [&](int i) { return out.tokens ? out.tokens[n0 + i] : n0 + i; };
   const std::int64_t d_count = o.head_dim();
+  static const bool avx512 = machine_supports(Isa::Avx512);
+  const bool vector_rows = avx512 && o.stride[3] == 1 && o.dtype != DType::F16;
   for (int i = 0; i < rows; ++i) {
     if (i + kPrefetchRowsAhead < rows) prefetch_row(o, b, token(i + kPrefetchRowsAhead), head, /*for_write=*/true);
     const float* a = acc + i * d_count;
@@ -259,16 +262,22 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
     const std::int64_t n = token(i);
     const std::int64_t base = o.offset(b, n, head, 0);
     const std::int64_t step = o.stride[3];
-    switch (o.dtype) {
-      case DType::F32:
-        store_row(static_cast<float*>(o.data) + base, step, d_count, a, l[i], empty, [](float x) { return x; });
-        break;
-      case DType::BF16:
-        store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, l[i], empty, float_to_bf16);
-        break;
-      case DType::F16:
-        store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, l[i], empty, float_to_f16);
-        break;
+    if (vector_rows && !empty && o.dtype == DType::F32) {
+      divide_row_avx512(a, l[i], d_count, static_cast<float*>(o.data) + base);
+    } else if (vector_rows && !empty) {
+      divide_row_bf16_avx512(a, l[i], d_count, static_cast<std::uint16_t*>(o.data) + base);
+    } else {
+      switch (o.dtype) {
+        case DType::F32:
+          store_row(static_cast<float*>(o.data) + base, step, d_count, a, l[i], empty, [](float x) { return x; });
+          break;
+        case DType::BF16:
+          store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, l[i], empty, float_to_bf16);
+          break;
+        case DType::F16:
+          store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, l[i], empty, float_to_f16);
+          break;
+      }
     }
     if (out.lse.data != nullptr)
       out.lse.at(b, head, n) =

@@ -113,4 +113,9 @@ struct RowDestination {
 void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
                 const float* acc, const float* m, const float* l, double score_scale);
 
+// dst[d] = a[d] / l for `count` channels, as fp32 or rounded to bf16 as
+// float_to_bf16 does (store_avx512.cpp; only for CPUs with AVX-512).
+void divide_row_avx512(const float* a, float l, std::int64_t count, float* dst);
+void divide_row_bf16_avx512(const float* a, float l, std::int64_t count, std::uint16_t* dst);
+
 }  // namespace stsa::cpu

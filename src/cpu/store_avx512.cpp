@@ -1,0 +1,44 @@
+// store_rows' division of a finished row by l, 16 channels at a time (built with
+// the flags src/cpu/CMakeLists.txt gives *_avx512.cpp; called only where the CPU
+// has AVX-512). Element by element it took 15% of a bf16 call at density 0.1.
+// Same values as the scalar loop: an IEEE division each, and bf16 rounded to
+// nearest even with integer ops exactly as float_to_bf16 does (VCVTNEPS2BF16
+// would flush subnormal results to zero).
+#include <immintrin.h>
+
+#include "cpu/pack.hpp"
+
+namespace stsa::cpu {
+namespace {
+
+__mmask16 lanes_before(std::int64_t count, std::int64_t d) {
+  const std::int64_t left = count - d;
+  return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1u);
+}
+
+}  // namespace
+
+void divide_row_avx512(const float* a, float l, std::int64_t count, float* dst) {
+  const __m512 vl = _mm512_set1_ps(l);
+  for (std::int64_t d = 0; d < count; d += 16) {
+    const __mmask16 lanes = lanes_before(count, d);
+    _mm512_mask_storeu_ps(dst + d, lanes, _mm512_div_ps(_mm512_maskz_loadu_ps(lanes, a + d), vl));
+  }
+}
+
+void divide_row_bf16_avx512(const float* a, float l, std::int64_t count, std::uint16_t* dst) {
+  const __m512 vl = _mm512_set1_ps(l);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf_bits = _mm512_set1_epi32(0x7f800000);
+  const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+  for (std::int64_t d = 0; d < count; d += 16) {
+    const __mmask16 lanes = lanes_before(count, d);
+    const __m512i u = _mm512_castps_si512(_mm512_div_ps(_mm512_maskz_loadu_ps(lanes, a + d), vl));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i bits = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, odd)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
+    bits = _mm512_mask_or_epi32(bits, nan, _mm512_srli_epi32(u, 16), quiet);
+    _mm256_mask_storeu_epi16(dst + d, lanes, _mm512_cvtepi32_epi16(bits));
+  }
+}
+
+}  // namespace stsa::cpu
