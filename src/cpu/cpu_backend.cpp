@@ -212,7 +212,7 @@ class CpuBackend final : public Backend {
       w.o.resize(max_rows * d);
       w.m.resize(max_q);
       w.l.resize(max_q);
-      w.s.resize(std::int64_t(kScratchRows) * max_k);
+      w.s.resize(std::int64_t(amx ? std::max(kScratchRows, kAmxScratchRows) : kScratchRows) * max_k);
       if (bf16_pairs) w.q_pairs.resize(max_rows * d / 2 * in_parts);
       if (amx) w.p_parts.resize(std::int64_t(kAmxPartRows) * max_k);
       if (w.masks.size() < std::size_t(max_partial)) w.masks.resize(std::size_t(max_partial));

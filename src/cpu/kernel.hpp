@@ -50,7 +50,7 @@ struct QueryTileJob {
   float* o = nullptr;        // [rows][head_dim]
   float* m = nullptr;        // [rows]
   float* l = nullptr;        // [rows]
-  float* scratch = nullptr;  // at least kScratchRows * tile_k floats
+  float* scratch = nullptr;  // at least kScratchRows * tile_k floats (attend_amx: kAmxScratchRows)
   // attend_amx only: P split into bf16 parts, kAmxPartRows * tile_k values.
   // It also reads q_pairs and writes o for the rows up to the next multiple of
   // kAmxRowPad; the q_pairs rows past `rows` must be zero.
@@ -74,10 +74,14 @@ struct QueryTileJob {
 // Rows of scores the kernels keep at once; scratch must hold this many rows of tile_k.
 inline constexpr int kScratchRows = 48;
 
-// attend_amx: query rows are padded to a multiple of this (one tile's rows);
-// its P parts (three per row of a 32-row block) take this many rows of tile_k bf16.
+// attend_amx: query rows are padded to a multiple of this (one tile's rows). It
+// takes up to two key tiles per step for a block of 32 rows: its S then takes
+// kAmxScratchRows rows of tile_k floats, its P parts (up to three per row)
+// kAmxPartRows rows of tile_k bf16.
 inline constexpr int kAmxRowPad = 16;
-inline constexpr int kAmxPartRows = 3 * 32;
+inline constexpr int kAmxKeyTilesPerStep = 2;
+inline constexpr int kAmxScratchRows = 32 * kAmxKeyTilesPerStep;
+inline constexpr int kAmxPartRows = 3 * 32 * kAmxKeyTilesPerStep;
 
 using AttendFn = void (*)(const QueryTileJob& job);
 

@@ -34,7 +34,8 @@ namespace {
 #include "cpu/kernel_impl.hpp"
 
 constexpr int kBlockRows = 32;  // query rows per block: two tiles
-static_assert(kAmxPartRows == 3 * kBlockRows && kBlockRows <= kScratchRows && kAmxRowPad == 16);
+static_assert(kAmxPartRows == 3 * kBlockRows * kAmxKeyTilesPerStep &&
+              kAmxScratchRows == kBlockRows * kAmxKeyTilesPerStep && kAmxKeyTilesPerStep == 2 && kAmxRowPad == 16);
 
 // The accumulator tiles of a block, 0 and 1 side by side (16 rows x 32 columns),
 // 2 and 3 below them, to or from fp32 rows at `at`, `row_floats` apart.
@@ -63,9 +64,9 @@ void load_accumulators(const float* at, long row_floats) {
 // S[16 * kRowTiles][cols] = Q K^T for one block from kInParts parts of each
 // value (1: bf16; 2: fp16 as high + low, all four products, each exact);
 // q: bf16 pairs, kInParts * kD / 2 per row (part a at a * kD / 2); kt: the key
-// tile's pairs [kInParts][kD / 2][tile_k]; s: row stride tile_k.
+// tile's pairs [kInParts][kD / 2][tile_k]; s: row stride s_stride.
 template <int kD, int kRowTiles, int kInParts>
-void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int cols, float* s) {
+void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int cols, float* s, int s_stride) {
   constexpr long kQRowWords = kInParts * kD / 2;
   const long kt_bytes = long(tile_k) * 4;
   const std::int64_t k_part = std::int64_t(kD / 2) * tile_k;
@@ -93,7 +94,7 @@ void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int c
           }
         }
       }
-    store_accumulators<kRowTiles>(s + n0, tile_k);
+    store_accumulators<kRowTiles>(s + n0, s_stride);
   }
 }
 
@@ -102,7 +103,7 @@ void qk_tiles(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int c
 // for blocks with an Inf or NaN in Q or K, where IEEE's rules must hold
 // (QueryTileJob::qk_nonfinite). Rare, so plain rather than fast.
 template <int kD, int kRowTiles>
-void qk_from_values(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int cols, float* s) {
+void qk_from_values(const std::uint32_t* q, const std::uint32_t* kt, int tile_k, int cols, float* s, int s_stride) {
   const std::int64_t k_part = std::int64_t(kD / 2) * tile_k;
   const __m512i upper = _mm512_set1_epi32(int(0xffff0000u));
   const auto even = [](__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); };
@@ -125,13 +126,13 @@ void qk_from_values(const std::uint32_t* q, const std::uint32_t* kt, int tile_k,
         acc = _mm512_fmadd_ps(_mm512_set1_ps(q_even), _mm512_add_ps(even(kh), even(kl)), acc);
         acc = _mm512_fmadd_ps(_mm512_set1_ps(q_odd), _mm512_add_ps(odd(kh), odd(kl)), acc);
       }
-      _mm512_storeu_ps(s + std::int64_t(r) * tile_k + c, acc);
+      _mm512_storeu_ps(s + std::int64_t(r) * s_stride + c, acc);
     }
   }
 }
 
-// P[rows][cols] (row stride tile_k) as kParts bf16 parts: part j of row i at
-// parts + (j * kBlockRows + i) * tile_k. One part: P rounded to nearest bf16.
+// P[rows][cols] (row stride `stride`) as kParts bf16 parts: part j of row i at
+// parts + (j * kBlockRows + i) * stride. One part: P rounded to nearest bf16.
 // Three parts sum to P exactly: each is the remainder's upper 16 bits
 // (truncation, so the remainders are exact in fp32 and the parts exact in
 // bf16); 24 significand bits fit in three parts of 8. Values below 2^-103 lose
@@ -140,16 +141,16 @@ void qk_from_values(const std::uint32_t* q, const std::uint32_t* kt, int tile_k,
 // P = 1 unless their V is 2^95 times larger than its. Two parts: the second is
 // the remainder rounded to nearest, so hi + mid is within 2^-17 of P.
 template <int kParts>
-void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* parts) {
+void split_p(const float* p, int rows, int cols, int stride, std::uint16_t* parts) {
   static_assert(kParts >= 1 && kParts <= 3);
-  const std::int64_t part = std::int64_t(kBlockRows) * tile_k;
+  const std::int64_t part = std::int64_t(kBlockRows) * stride;
   const __m512i upper = _mm512_set1_epi32(int(0xffff0000u));
   auto upper_half = [&](__m512 x) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), upper)); };
   for (int i = 0; i < rows; ++i)
     for (int c = 0; c < cols; c += 32) {
-      const __m512 x0 = _mm512_loadu_ps(p + std::int64_t(i) * tile_k + c);
-      const __m512 x1 = _mm512_loadu_ps(p + std::int64_t(i) * tile_k + c + 16);
-      std::uint16_t* at = parts + std::int64_t(i) * tile_k + c;
+      const __m512 x0 = _mm512_loadu_ps(p + std::int64_t(i) * stride + c);
+      const __m512 x1 = _mm512_loadu_ps(p + std::int64_t(i) * stride + c + 16);
+      std::uint16_t* at = parts + std::int64_t(i) * stride + c;
       if constexpr (kParts == 1) {  // rounds to nearest (lanes 0-15 from the second operand)
         _mm512_storeu_si512(at, __m512i(_mm512_cvtne2ps_pbh(x1, x0)));
         continue;
@@ -170,22 +171,27 @@ void split_p(const float* p, int rows, int cols, int tile_k, std::uint16_t* part
 }
 
 // O[16 * kRowTiles][kD] += (sum of the kParts parts of P) (sum of the kVParts
-// parts of V) over the first `cols` keys; v: the key tile's pairs [kVParts]
-// [tile_k / 2][kD]; o: row stride kD. Part j of P is below 2^-7j of P and part b
+// parts of V) over `cols` keys: the first `cols` of v[0] when count is 1, all
+// tile_k of v[0] then of v[1] when it is 2; v[t]: a key tile's pairs [kVParts]
+// [tile_k / 2][kD]; P's parts row stride p_stride; o: row stride kD. Part j of
+// P is below 2^-7j of P and part b
 // of V below 2^-9b of V, so products with j + b >= kParts are left out, as the
 // split of P leaves out as much: with two parts of P, the one below 2^-16 of
 // the term; with three, the one below 2^-24.
 template <int kD, int kRowTiles, int kParts, int kVParts>
-void pv_tiles(const std::uint16_t* parts, int tile_k, const std::uint32_t* v, int cols, float* o) {
+void pv_tiles(const std::uint16_t* parts, int p_stride, const std::uint32_t* const* v, int count, int tile_k, int cols,
+              float* o) {
   constexpr long kVBytes = kD * 4;
-  const long p_bytes = long(tile_k) * 2;
-  const std::int64_t part = std::int64_t(kBlockRows) * tile_k;
+  const long p_bytes = long(p_stride) * 2;
+  const std::int64_t part = std::int64_t(kBlockRows) * p_stride;
   const std::int64_t v_part = std::int64_t(tile_k / 2) * kD;
+  const int keys = count == 1 ? cols : count * tile_k;
   for (int d0 = 0; d0 < kD; d0 += 32) {
     load_accumulators<kRowTiles>(o + d0, kD);
-    for (int c = 0; c < cols; c += 32)
+    for (int c = 0; c < keys; c += 32)
       for (int b = kVParts - 1; b >= 0; --b) {  // smallest parts first
-        const std::uint32_t* v_at = v + b * v_part + std::int64_t(c / 2) * kD + d0;
+        const int t = c / tile_k;  // (0 when count is 1: cols <= tile_k)
+        const std::uint32_t* v_at = v[t] + b * v_part + std::int64_t((c - t * tile_k) / 2) * kD + d0;
         _tile_loadd(6, v_at, kVBytes);
         _tile_loadd(7, v_at + 16, kVBytes);
         for (int j = kParts - 1; j >= 0; --j) {
@@ -195,7 +201,7 @@ void pv_tiles(const std::uint16_t* parts, int tile_k, const std::uint32_t* v, in
           _tile_dpbf16ps(0, 4, 6);
           _tile_dpbf16ps(1, 4, 7);
           if constexpr (kRowTiles == 2) {
-            _tile_loadd(5, a + 16 * tile_k, p_bytes);
+            _tile_loadd(5, a + 16 * p_stride, p_bytes);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
           }
@@ -205,15 +211,18 @@ void pv_tiles(const std::uint16_t* parts, int tile_k, const std::uint32_t* v, in
   }
 }
 
-// One key tile for one block of rows: kRowTiles * 16 rows from row r0, `rows` of them real.
+// One step for one block of rows (kRowTiles * 16 rows from row r0, `rows` of them
+// real) against `count` listed key tiles side by side in S: one, or two full ones
+// (neither ragged) at once (attend_tiles says why).
 template <int kD, int kRowTiles>
-void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, const std::uint64_t* mask,
-                 int valid_cols, bool partial) {
+void block_tiles(const QueryTileJob& job, int r0, int rows, const std::int32_t* tiles, int count,
+                 const std::uint64_t* mask, int valid_cols, bool partial) {
   const int tile_k = job.tile_k;
+  const int s_stride = count * tile_k;
   const bool masked = partial || valid_cols < tile_k;
   const std::uint64_t* block_mask = mask ? mask + std::int64_t(r0) * job.mask_words : nullptr;
-  // Columns [begin, begin + cols) of the tile (K and V are zero past the sequence,
-  // which ends `valid` columns in).
+  // Columns [begin, begin + cols) of a single tile (K and V are zero past the
+  // sequence, which ends `valid` columns in).
   int begin = 0, cols = (valid_cols + 31) / 32 * 32;
   if (partial) {
     const ColumnSpan span = allowed_columns(block_mask, job.mask_words, rows, cols, 32);
@@ -222,28 +231,33 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, c
     cols = span.end - span.begin;
     block_mask += begin / 64;
   }
-  const int valid = valid_cols - begin;
+  const int step_cols = (count - 1) * tile_k + cols;
+  const int valid = (count - 1) * tile_k + valid_cols - begin;
   float* o = job.o + std::int64_t(r0) * kD;
   float* s = job.scratch + begin;
   const int in_parts = job.input_parts;
   const std::uint32_t* q = job.q_pairs + std::int64_t(r0) * in_parts * (kD / 2);
-  const std::uint32_t* kt = job.kv.kt_pairs + std::int64_t(tile) * in_parts * (kD / 2) * tile_k + begin;
-  if (in_parts == 1)
-    qk_tiles<kD, kRowTiles, 1>(q, kt, tile_k, cols, s);
-  else if (job.qk_nonfinite)
-    qk_from_values<kD, kRowTiles>(q, kt, tile_k, cols, s);
-  else
-    qk_tiles<kD, kRowTiles, 2>(q, kt, tile_k, cols, s);
+  for (int t = 0; t < count; ++t) {
+    const std::uint32_t* kt = job.kv.kt_pairs + std::int64_t(tiles[t]) * in_parts * (kD / 2) * tile_k + begin;
+    float* at = s + t * tile_k;
+    if (in_parts == 1)
+      qk_tiles<kD, kRowTiles, 1>(q, kt, tile_k, cols, at, s_stride);
+    else if (job.qk_nonfinite)
+      qk_from_values<kD, kRowTiles>(q, kt, tile_k, cols, at, s_stride);
+    else
+      qk_tiles<kD, kRowTiles, 2>(q, kt, tile_k, cols, at, s_stride);
+  }
   if (masked)
-    softmax_rows<kD, true>(s, tile_k, rows, cols, valid, block_mask, job.mask_words, job.exp_scale, job.m + r0,
+    softmax_rows<kD, true>(s, s_stride, rows, step_cols, valid, block_mask, job.mask_words, job.exp_scale, job.m + r0,
                            job.l + r0, o);
   else
-    softmax_rows<kD, false>(s, tile_k, rows, cols, valid, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0, o);
-  if (job.kv.v_nonfinite || job.kv.v_tiny) {
+    softmax_rows<kD, false>(s, s_stride, rows, step_cols, valid, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0,
+                            o);
+  if (job.kv.v_nonfinite || job.kv.v_tiny) {  // (one tile at a time: attend_tiles)
     // 0 x Inf would be NaN in a tile product (and a zero part of P meets every
     // V), and tiny V would be flushed (KvPanels::v_tiny), so the fp32 P V runs,
     // skipping masked columns in partial tiles.
-    const float* v = job.kv.v + (std::int64_t(tile) * tile_k + begin) * kD;
+    const float* v = job.kv.v + (std::int64_t(tiles[0]) * tile_k + begin) * kD;
     const int keys = valid < cols ? valid : cols;
     if (partial)
       pv_rows_skipping_masked<kD>(s, tile_k, rows, v, keys, o, block_mask, job.mask_words);
@@ -253,23 +267,25 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, std::int32_t tile, c
   }
   // Padding rows (zero Q) are split and multiplied too: a tile product keeps rows
   // apart, and their O rows are never stored.
-  const std::uint32_t* v_pairs = job.kv.v_pairs + std::int64_t(tile) * in_parts * (tile_k / 2) * kD + begin / 2 * kD;
+  const std::uint32_t* v_pairs[2];
+  for (int t = 0; t < count; ++t)
+    v_pairs[t] = job.kv.v_pairs + std::int64_t(tiles[t]) * in_parts * (tile_k / 2) * kD + begin / 2 * kD;
   std::uint16_t* p_parts = job.p_parts + begin;
   if (job.p_part_count == 1) {  // (bf16 inputs only)
-    split_p<1>(s, kRowTiles * 16, cols, tile_k, p_parts);
-    pv_tiles<kD, kRowTiles, 1, 1>(p_parts, tile_k, v_pairs, cols, o);
+    split_p<1>(s, kRowTiles * 16, step_cols, s_stride, p_parts);
+    pv_tiles<kD, kRowTiles, 1, 1>(p_parts, s_stride, v_pairs, count, tile_k, cols, o);
   } else if (job.p_part_count == 2) {
-    split_p<2>(s, kRowTiles * 16, cols, tile_k, p_parts);
+    split_p<2>(s, kRowTiles * 16, step_cols, s_stride, p_parts);
     if (in_parts == 1)
-      pv_tiles<kD, kRowTiles, 2, 1>(p_parts, tile_k, v_pairs, cols, o);
+      pv_tiles<kD, kRowTiles, 2, 1>(p_parts, s_stride, v_pairs, count, tile_k, cols, o);
     else
-      pv_tiles<kD, kRowTiles, 2, 2>(p_parts, tile_k, v_pairs, cols, o);
+      pv_tiles<kD, kRowTiles, 2, 2>(p_parts, s_stride, v_pairs, count, tile_k, cols, o);
   } else {
-    split_p<3>(s, kRowTiles * 16, cols, tile_k, p_parts);
+    split_p<3>(s, kRowTiles * 16, step_cols, s_stride, p_parts);
     if (in_parts == 1)
-      pv_tiles<kD, kRowTiles, 3, 1>(p_parts, tile_k, v_pairs, cols, o);
+      pv_tiles<kD, kRowTiles, 3, 1>(p_parts, s_stride, v_pairs, count, tile_k, cols, o);
     else
-      pv_tiles<kD, kRowTiles, 3, 2>(p_parts, tile_k, v_pairs, cols, o);
+      pv_tiles<kD, kRowTiles, 3, 2>(p_parts, s_stride, v_pairs, count, tile_k, cols, o);
   }
 }
 
@@ -285,20 +301,28 @@ void attend_tiles(const QueryTileJob& job) {
   }
   for (std::int64_t i = 0; i < std::int64_t(padded) * kD; ++i) job.o[i] = 0.0f;
 
+  // Full tiles go two at a time (S 256 columns wide for tiles of 128): one softmax
+  // row pass and one load and store of O's accumulators per two tiles, not per
+  // tile; with D = 128 those are a large share of a step (measured: key tiles of
+  // 256 ran dense 7% faster than 128). Not for heads whose P V runs in fp32.
+  const bool pairs = !(job.kv.v_nonfinite || job.kv.v_tiny);
+  const auto whole = [&](std::int32_t tile) { return (std::int64_t(tile) + 1) * job.tile_k <= job.tokens; };
   const int n_tiles = job.n_full + job.n_partial;
-  for (int n = 0; n < n_tiles; ++n) {
+  for (int n = 0; n < n_tiles;) {
     const bool partial = n >= job.n_full;
-    const std::int32_t tile = partial ? job.partial[n - job.n_full] : job.full[n];
+    const std::int32_t* tiles = partial ? job.partial + (n - job.n_full) : job.full + n;
+    const int count = pairs && n + 1 < job.n_full && whole(tiles[0]) && whole(tiles[1]) ? 2 : 1;
     const std::uint64_t* mask = partial ? job.partial_masks[n - job.n_full] : nullptr;
-    const std::int64_t c0 = std::int64_t(tile) * job.tile_k;
+    const std::int64_t c0 = std::int64_t(tiles[0]) * job.tile_k;
     const int valid_cols = int(job.tokens - c0 < job.tile_k ? job.tokens - c0 : job.tile_k);
     for (int r0 = 0; r0 < padded; r0 += kBlockRows) {
       const int rows = job.rows - r0 < kBlockRows ? job.rows - r0 : kBlockRows;
       if (padded - r0 >= kBlockRows)
-        block_tiles<kD, 2>(job, r0, rows, tile, mask, valid_cols, partial);
+        block_tiles<kD, 2>(job, r0, rows, tiles, count, mask, valid_cols, partial);
       else
-        block_tiles<kD, 1>(job, r0, rows, tile, mask, valid_cols, partial);
+        block_tiles<kD, 1>(job, r0, rows, tiles, count, mask, valid_cols, partial);
     }
+    n += count;
   }
   _tile_release();
 }
