@@ -2,7 +2,7 @@
 // against the panels' definition written out here element by element: K's pairs
 // transposed, [head_dim / 2][tile_k]; V's pairs of consecutive keys,
 // [tile_k / 2][head_dim]; zero past the sequence; V's flags. bf16 panels come from
-// the AVX-512 packer (pack_bf16_amx.cpp) on hosts that have it, which is also
+// the AVX-512 packer (pack_pairs_amx.cpp) on hosts that have it, which is also
 // called directly so that a fallback to the element-by-element packer cannot
 // hide a broken one.
 #include <gtest/gtest.h>
@@ -30,51 +30,74 @@ std::uint16_t bits_at(const TensorView& t, std::int64_t b, std::int64_t n, std::
   return static_cast<const std::uint16_t*>(t.data)[t.offset(b, n, h, d)];
 }
 
+// Part `part` of a value as the panels hold it: a bf16 value is itself (one part);
+// an fp16 one is high = itself rounded to bf16, low = the rest (exact in bf16).
+std::uint32_t part_bits(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, std::int64_t d,
+                        int part) {
+  const std::uint16_t bits = bits_at(t, b, n, h, d);
+  if (t.dtype == DType::BF16) return bits;
+  const float x = f16_to_float(bits);
+  const std::uint16_t high = float_to_bf16(x);
+  return part == 0 ? high : float_to_bf16(x - bf16_to_float(high));
+}
+
 struct Panels {
   std::vector<std::uint32_t> kt, v;
 };
 
-// The panels of key tile `tile` by their definition.
+int parts_of(DType dtype) { return dtype == DType::F16 ? 2 : 1; }
+
+// The panels of key tile `tile` by their definition (each part's panel after the other).
 Panels expected_panels(const cpu::RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k) {
   const std::int64_t d_count = in.k.head_dim(), head = in.head(h);
-  Panels want{std::vector<std::uint32_t>(std::size_t(d_count / 2 * tile_k), 0u),
-              std::vector<std::uint32_t>(std::size_t(tile_k / 2 * d_count), 0u)};
-  for (std::int64_t c = 0; c < tile_k; ++c) {
-    const std::int64_t n = tile * tile_k + c;
-    if (n >= in.k.tokens()) break;
-    const std::int64_t token = in.token(n);
-    for (std::int64_t i = 0; i < d_count / 2; ++i)
-      want.kt[std::size_t(i * tile_k + c)] = std::uint32_t(bits_at(in.k, b, token, head, 2 * i)) |
-                                             std::uint32_t(bits_at(in.k, b, token, head, 2 * i + 1)) << 16;
-    for (std::int64_t d = 0; d < d_count; ++d)
-      want.v[std::size_t(c / 2 * d_count + d)] |= std::uint32_t(bits_at(in.v, b, token, head, d)) << (16 * (c % 2));
-  }
+  const int parts = parts_of(in.k.dtype);
+  const std::int64_t k_part = d_count / 2 * tile_k, v_part = tile_k / 2 * d_count;
+  Panels want{std::vector<std::uint32_t>(std::size_t(parts * k_part), 0u),
+              std::vector<std::uint32_t>(std::size_t(parts * v_part), 0u)};
+  for (int p = 0; p < parts; ++p)
+    for (std::int64_t c = 0; c < tile_k; ++c) {
+      const std::int64_t n = tile * tile_k + c;
+      if (n >= in.k.tokens()) break;
+      const std::int64_t token = in.token(n);
+      for (std::int64_t i = 0; i < d_count / 2; ++i)
+        want.kt[std::size_t(p * k_part + i * tile_k + c)] =
+            part_bits(in.k, b, token, head, 2 * i, p) | part_bits(in.k, b, token, head, 2 * i + 1, p) << 16;
+      for (std::int64_t d = 0; d < d_count; ++d)
+        want.v[std::size_t(p * v_part + c / 2 * d_count + d)] |= part_bits(in.v, b, token, head, d, p)
+                                                                 << (16 * (c % 2));
+    }
   return want;
 }
 
 // Fills the panels with a pattern no packer writes, so a word left alone shows.
-Panels poisoned_panels(std::int64_t d_count, int tile_k) {
-  return {std::vector<std::uint32_t>(std::size_t(d_count / 2 * tile_k), 0xdeadbeefu),
-          std::vector<std::uint32_t>(std::size_t(tile_k / 2 * d_count), 0xdeadbeefu)};
+Panels poisoned_panels(std::int64_t d_count, int tile_k, int parts = 1) {
+  return {std::vector<std::uint32_t>(std::size_t(parts * d_count / 2 * tile_k), 0xdeadbeefu),
+          std::vector<std::uint32_t>(std::size_t(parts * tile_k / 2 * d_count), 0xdeadbeefu)};
 }
 
 struct Case {
+  DType dtype;
   std::int64_t tokens, heads, head_dim;
   int tile_k;
   MemoryLayout memory;
   bool gathered;  // rows read through a token and head map, as routed attention's temporal heads are
 };
 
-TEST(CpuPack, Bf16PairPanelsAreTheirDefinition) {
+TEST(CpuPack, PairPanelsAreTheirDefinition) {
   const std::uint64_t seed = testing::fresh_seed();
   const bool avx512 = cpu::machine_supports(Isa::Avx512);
-  for (const Case& c : {Case{300, 3, 128, 128, MemoryLayout::BNHD, false}, Case{77, 2, 64, 64, MemoryLayout::BHND, true},
-                        Case{129, 1, 96, 128, MemoryLayout::BNHD, true}, Case{16, 2, 128, 64, MemoryLayout::BNHD, false},
-                        Case{1, 1, 64, 128, MemoryLayout::BHND, false}}) {
-    SCOPED_TRACE("tokens " + std::to_string(c.tokens) + ", head dim " + std::to_string(c.head_dim) + ", tile " +
-                 std::to_string(c.tile_k) + (c.gathered ? ", gathered" : "") + ", seed " + std::to_string(seed));
-    Tensor k(DType::BF16, 2, c.tokens, c.heads, c.head_dim, c.memory), v(DType::BF16, 2, c.tokens, c.heads,
-                                                                          c.head_dim, c.memory);
+  for (const DType dtype : {DType::BF16, DType::F16})
+    for (Case c : {Case{dtype, 300, 3, 128, 128, MemoryLayout::BNHD, false},
+                   Case{dtype, 77, 2, 64, 64, MemoryLayout::BHND, true},
+                   Case{dtype, 129, 1, 96, 128, MemoryLayout::BNHD, true},
+                   Case{dtype, 16, 2, 128, 64, MemoryLayout::BNHD, false},
+                   Case{dtype, 1, 1, 64, 128, MemoryLayout::BHND, false}}) {
+    SCOPED_TRACE(std::string(to_string(c.dtype)) + ", tokens " + std::to_string(c.tokens) + ", head dim " +
+                 std::to_string(c.head_dim) + ", tile " + std::to_string(c.tile_k) +
+                 (c.gathered ? ", gathered" : "") + ", seed " + std::to_string(seed));
+    const int parts = parts_of(c.dtype);
+    Tensor k(c.dtype, 2, c.tokens, c.heads, c.head_dim, c.memory), v(c.dtype, 2, c.tokens, c.heads, c.head_dim,
+                                                                      c.memory);
     testing::fill_normal(k.view(), seed);
     testing::fill_normal(v.view(), seed + 1);
     std::vector<std::int64_t> tokens(std::size_t(c.tokens)), heads(std::size_t(c.heads));
@@ -92,16 +115,16 @@ TEST(CpuPack, Bf16PairPanelsAreTheirDefinition) {
     for (std::int64_t h = 0; h < c.heads; ++h)
       for (std::int64_t tile = 0; tile < tiles; ++tile) {
         const Panels want = expected_panels(in, 1, h, tile, c.tile_k);
-        Panels got = poisoned_panels(c.head_dim, c.tile_k);
+        Panels got = poisoned_panels(c.head_dim, c.tile_k, parts);
         const cpu::KvFlags flags = cpu::pack_kv_tile(in, 1, h, tile, c.tile_k, nullptr, nullptr, got.kt.data(),
                                                      got.v.data());
         EXPECT_EQ(got.kt, want.kt) << "K, head " << h << ", tile " << tile;
         EXPECT_EQ(got.v, want.v) << "V, head " << h << ", tile " << tile;
         EXPECT_FALSE(flags.nonfinite || flags.tiny || flags.k_nonfinite);
         if (!avx512) continue;
-        Panels direct = poisoned_panels(c.head_dim, c.tile_k);
+        Panels direct = poisoned_panels(c.head_dim, c.tile_k, parts);
         cpu::KvFlags direct_flags;
-        ASSERT_TRUE(cpu::pack_bf16_tile_amx(in, 1, h, tile, c.tile_k, direct.kt.data(), direct.v.data(), direct_flags));
+        ASSERT_TRUE(cpu::pack_pairs_tile_amx(in, 1, h, tile, c.tile_k, direct.kt.data(), direct.v.data(), direct_flags));
         EXPECT_EQ(direct.kt, want.kt) << "K, head " << h << ", tile " << tile;
         EXPECT_EQ(direct.v, want.v) << "V, head " << h << ", tile " << tile;
       }
@@ -142,7 +165,7 @@ TEST(CpuPack, Bf16VFlagsSeeEveryValue) {
       EXPECT_FALSE(other.nonfinite || other.tiny) << "a value in the other tile";
       if (avx512) {
         cpu::KvFlags direct;
-        ASSERT_TRUE(cpu::pack_bf16_tile_amx(in, 0, 0, tile, tile_k, got.kt.data(), got.v.data(), direct));
+        ASSERT_TRUE(cpu::pack_pairs_tile_amx(in, 0, 0, tile, tile_k, got.kt.data(), got.v.data(), direct));
         EXPECT_EQ(direct.nonfinite, p.nonfinite);
         EXPECT_EQ(direct.tiny, p.tiny);
       }
@@ -150,21 +173,58 @@ TEST(CpuPack, Bf16VFlagsSeeEveryValue) {
     }
 }
 
-TEST(CpuPack, Bf16PackerDeclinesWhatItCannotTake) {
+// fp16: an Inf or NaN in K sets k_nonfinite, in V nonfinite; the smallest
+// subnormal sets neither, nor tiny (no fp16 value, nor a low part, is below kTinyV).
+TEST(CpuPack, F16FlagsComeFromTheSplit) {
+  const std::int64_t tokens = 70, d_count = 64;
+  const int tile_k = 64;
+  Tensor k(DType::F16, 1, tokens, 1, d_count), v(DType::F16, 1, tokens, 1, d_count);
+  testing::fill_normal(k.view(), 3);
+  testing::fill_normal(v.view(), 4);
+  auto* k_bits = static_cast<std::uint16_t*>(k.view().data);
+  auto* v_bits = static_cast<std::uint16_t*>(v.view().data);
+  struct Planted {
+    bool in_k;
+    std::uint16_t bits;
+    bool k_nonfinite, nonfinite;
+  };
+  for (const Planted p : {Planted{true, 0x7c00, true, false}, Planted{true, 0xfe01, true, false},
+                          Planted{false, 0xfc00, false, true}, Planted{false, 0x7e00, false, true},
+                          Planted{false, 0x0001, false, false}, Planted{true, 0x8001, false, false}})
+    for (const std::int64_t at : {std::int64_t(5), std::int64_t(64 * 64 + 63)}) {
+      std::uint16_t* bits = p.in_k ? k_bits : v_bits;
+      const std::uint16_t kept = bits[at];
+      bits[at] = p.bits;
+      const cpu::RowSource in{k.view(), k.view(), v.view()};
+      Panels got = poisoned_panels(d_count, tile_k, 2);
+      const cpu::KvFlags flags = cpu::pack_kv_tile(in, 0, 0, at / d_count / tile_k, tile_k, nullptr, nullptr,
+                                                   got.kt.data(), got.v.data());
+      EXPECT_EQ(flags.k_nonfinite, p.k_nonfinite) << std::hex << p.bits << (p.in_k ? " in K" : " in V");
+      EXPECT_EQ(flags.nonfinite, p.nonfinite) << std::hex << p.bits << (p.in_k ? " in K" : " in V");
+      EXPECT_FALSE(flags.tiny);
+      bits[at] = kept;
+    }
+}
+
+TEST(CpuPack, PackerDeclinesWhatItCannotTake) {
   if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512 for the vector packer";
-  Tensor bf16(DType::BF16, 1, 40, 2, 80), fp16(DType::F16, 1, 40, 2, 64), ok(DType::BF16, 1, 40, 2, 64);
+  Tensor bf16(DType::BF16, 1, 40, 2, 80), fp16(DType::F16, 1, 40, 2, 64), fp32(DType::F32, 1, 40, 2, 64),
+      ok(DType::BF16, 1, 40, 2, 64);
   std::vector<std::uint32_t> kt(64 * 64), v(64 * 64);
   cpu::KvFlags flags;
-  // A head dim not a multiple of 32, fp16, a tile not a multiple of 16: nothing written.
-  EXPECT_FALSE(cpu::pack_bf16_tile_amx({bf16.view(), bf16.view(), bf16.view()}, 0, 0, 0, 64, kt.data(), v.data(),
-                                       flags));
-  EXPECT_FALSE(cpu::pack_bf16_tile_amx({fp16.view(), fp16.view(), fp16.view()}, 0, 0, 0, 64, kt.data(), v.data(),
-                                       flags));
-  EXPECT_FALSE(cpu::pack_bf16_tile_amx({ok.view(), ok.view(), ok.view()}, 0, 0, 0, 56, kt.data(), v.data(), flags));
+  // A head dim not a multiple of 32, fp32, K and V of different dtypes, a tile not
+  // a multiple of 16, channels not contiguous: nothing written.
+  EXPECT_FALSE(cpu::pack_pairs_tile_amx({bf16.view(), bf16.view(), bf16.view()}, 0, 0, 0, 64, kt.data(), v.data(),
+                                        flags));
+  EXPECT_FALSE(cpu::pack_pairs_tile_amx({fp32.view(), fp32.view(), fp32.view()}, 0, 0, 0, 64, kt.data(), v.data(),
+                                        flags));
+  EXPECT_FALSE(cpu::pack_pairs_tile_amx({ok.view(), ok.view(), fp16.view()}, 0, 0, 0, 64, kt.data(), v.data(),
+                                        flags));
+  EXPECT_FALSE(cpu::pack_pairs_tile_amx({ok.view(), ok.view(), ok.view()}, 0, 0, 0, 56, kt.data(), v.data(), flags));
   TensorView strided = ok.view();
   strided.stride[3] = 2;  // every other channel (half the head dim, so still in bounds)
   strided.shape[3] = 32;
-  EXPECT_FALSE(cpu::pack_bf16_tile_amx({strided, strided, strided}, 0, 0, 0, 64, kt.data(), v.data(), flags));
+  EXPECT_FALSE(cpu::pack_pairs_tile_amx({strided, strided, strided}, 0, 0, 0, 64, kt.data(), v.data(), flags));
   EXPECT_TRUE(std::all_of(kt.begin(), kt.end(), [](std::uint32_t w) { return w == 0; }));
   EXPECT_FALSE(flags.nonfinite || flags.tiny);
 }
@@ -176,8 +236,8 @@ namespace stsa {
 namespace {
 
 // store_rows' vector division (store_avx512.cpp) against the scalar expression it
-// replaces, value by value: IEEE division, then float_to_bf16's rounding (subnormal
-// results kept, NaN quieted), with nothing written past `count`.
+// replaces, value by value: IEEE division, then float_to_bf16's or float_to_f16's
+// rounding (subnormal results kept, NaN quieted), with nothing written past `count`.
 TEST(CpuStore, VectorRowDivisionIsTheScalarOne) {
   if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512 for the vector division";
   const std::uint64_t seed = testing::fresh_seed();
@@ -186,7 +246,9 @@ TEST(CpuStore, VectorRowDivisionIsTheScalarOne) {
   const float specials[] = {0.0f, -0.0f, 1e-40f, -1e-41f, 0x1p-126f, 0x1.fffffep-127f, 3.0e38f,
                             std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::quiet_NaN(), std::bit_cast<float>(0x7fffffffu),
-                            std::bit_cast<float>(0xffbfffffu), 1.00390625f, 1.01171875f};
+                            std::bit_cast<float>(0xffbfffffu), 1.00390625f, 1.01171875f,
+                            // fp16: subnormal results, ties there and at 1, the overflow boundary
+                            3e-6f, -0x1.8p-24f, 0x1.4p-23f, 1.00048828125f, 65504.0f, 65519.0f, 65520.0f};
   // (The last NaNs' payloads would round into the sign or exponent: NaN must stay NaN.)
   for (const float l : {1.0f, 3.0f, 0.7f, 1e-30f, 2e38f})
     for (const std::int64_t count : {std::int64_t(1), std::int64_t(16), std::int64_t(37), std::int64_t(128)}) {
@@ -196,9 +258,10 @@ TEST(CpuStore, VectorRowDivisionIsTheScalarOne) {
         a[d] = d % 3 == 0 ? specials[(d / 3 + std::size_t(count)) % std::size(specials)] * (l < 1 ? l : 1.0f)
                           : uniform(rng);
       std::vector<float> fp32(a.size() + 1, 42.0f);
-      std::vector<std::uint16_t> bf16(a.size() + 1, 0x1234);
+      std::vector<std::uint16_t> bf16(a.size() + 1, 0x1234), f16(a.size() + 1, 0x1234);
       cpu::divide_row_avx512(a.data(), l, count, fp32.data());
       cpu::divide_row_bf16_avx512(a.data(), l, count, bf16.data());
+      cpu::divide_row_f16_avx512(a.data(), l, count, f16.data());
       for (std::size_t d = 0; d < a.size(); ++d) {
         const float want = a[d] / l;
         std::uint32_t got_bits, want_bits;
@@ -209,7 +272,9 @@ TEST(CpuStore, VectorRowDivisionIsTheScalarOne) {
         else
           EXPECT_EQ(got_bits, want_bits) << a[d] << " / " << l;
         EXPECT_EQ(bf16[d], float_to_bf16(want)) << a[d] << " / " << l;
+        EXPECT_EQ(f16[d], float_to_f16(want)) << a[d] << " / " << l;
       }
+      EXPECT_EQ(f16.back(), 0x1234) << "written past the row";
       EXPECT_EQ(fp32.back(), 42.0f) << "written past the row";
       EXPECT_EQ(bf16.back(), 0x1234) << "written past the row";
     }

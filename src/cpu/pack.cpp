@@ -115,7 +115,7 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
   // Pair panels are only asked for without kt and v_rows by the AMX kernel, whose hosts have AVX-512.
   if (kt_pairs != nullptr && v_pairs != nullptr && kt == nullptr && v_rows == nullptr) {
     KvFlags flags;
-    if (pack_bf16_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags)) return flags;
+    if (pack_pairs_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags)) return flags;
   }
   const std::int64_t head = in.head(h);
   const std::int64_t d_count = k.head_dim();
@@ -254,7 +254,7 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
   const auto token = [&](int i) { return out.tokens ? out.tokens[n0 + i] : n0 + i; };
   const std::int64_t d_count = o.head_dim();
   static const bool avx512 = machine_supports(Isa::Avx512);
-  const bool vector_rows = avx512 && o.stride[3] == 1 && o.dtype != DType::F16;
+  const bool vector_rows = avx512 && o.stride[3] == 1;
   for (int i = 0; i < rows; ++i) {
     if (i + kPrefetchRowsAhead < rows) prefetch_row(o, b, token(i + kPrefetchRowsAhead), head, /*for_write=*/true);
     const float* a = acc + i * d_count;
@@ -264,8 +264,10 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
     const std::int64_t step = o.stride[3];
     if (vector_rows && !empty && o.dtype == DType::F32) {
       divide_row_avx512(a, l[i], d_count, static_cast<float*>(o.data) + base);
-    } else if (vector_rows && !empty) {
+    } else if (vector_rows && !empty && o.dtype == DType::BF16) {
       divide_row_bf16_avx512(a, l[i], d_count, static_cast<std::uint16_t*>(o.data) + base);
+    } else if (vector_rows && !empty) {
+      divide_row_f16_avx512(a, l[i], d_count, static_cast<std::uint16_t*>(o.data) + base);
     } else {
       switch (o.dtype) {
         case DType::F32:

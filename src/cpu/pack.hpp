@@ -79,13 +79,13 @@ struct KvFlags {
 inline constexpr float kTinyV = 0x1p-64f;
 KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
                      float* v_rows, std::uint32_t* kt_pairs = nullptr, std::uint32_t* v_pairs = nullptr);
-// pack_kv_tile's work for bf16 K and V into pair panels only (kt and v_rows not
-// written), with AVX-512 (pack_bf16_amx.cpp; the caller makes sure the CPU has
-// it): false, and nothing written, where it does not apply (another dtype,
-// channels not contiguous, a head dim not a multiple of 32 or above 512, tile_k
-// not a multiple of 16). Ors V's flags into `flags`.
-bool pack_bf16_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
-                        std::uint32_t* kt_pairs, std::uint32_t* v_pairs, KvFlags& flags);
+// pack_kv_tile's work for bf16 or fp16 K and V (both the same) into pair panels
+// only (kt and v_rows not written), with AVX-512 (pack_pairs_amx.cpp; the caller
+// makes sure the CPU has it): false, and nothing written, where it does not apply
+// (another dtype, channels not contiguous, a head dim not a multiple of 32 or
+// above 512, tile_k not a multiple of 16). Ors the flags into `flags`.
+bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
+                         std::uint32_t* kt_pairs, std::uint32_t* v_pairs, KvFlags& flags);
 // v_rows [tile_k][head_dim] from the v_pairs pack_kv_tile wrote, with `parts` 1
 // (bf16 V) or 2 (split fp16 V, summed): exact, as each value is in fp32.
 void unpack_v_pairs(const std::uint32_t* v_pairs, int tile_k, std::int64_t head_dim, int parts, float* v_rows);
@@ -113,9 +113,10 @@ struct RowDestination {
 void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
                 const float* acc, const float* m, const float* l, double score_scale);
 
-// dst[d] = a[d] / l for `count` channels, as fp32 or rounded to bf16 as
-// float_to_bf16 does (store_avx512.cpp; only for CPUs with AVX-512).
+// dst[d] = a[d] / l for `count` channels, as fp32 or rounded to bf16 or fp16 as
+// float_to_bf16 and float_to_f16 do (store_avx512.cpp; only for CPUs with AVX-512).
 void divide_row_avx512(const float* a, float l, std::int64_t count, float* dst);
 void divide_row_bf16_avx512(const float* a, float l, std::int64_t count, std::uint16_t* dst);
+void divide_row_f16_avx512(const float* a, float l, std::int64_t count, std::uint16_t* dst);
 
 }  // namespace stsa::cpu

@@ -1,0 +1,147 @@
+// pack_kv_tile for bf16 or fp16 K and V into the AMX kernel's pair panels, 16
+// keys at a time (built with the flags src/cpu/CMakeLists.txt gives *_amx.cpp;
+// only AMX hosts, which all have AVX-512, call it). Element by element, the
+// transpose of K and the interleaving of V took a third of a bf16 call at density
+// 0.1. fp16 rows are first split into their two bf16 parts (split_f16_to_bf16),
+// each part then packed as a bf16 row is, into its own panel.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "cpu/kernel.hpp"
+#include "cpu/pack.hpp"
+
+namespace stsa::cpu {
+namespace {
+
+constexpr int kKeys = 16;  // keys per step: one 16 x 16 transpose of 32-bit pairs
+constexpr int kMaxHeadDim = 512;
+
+// A 16 x 16 matrix of 32-bit words (one row per register), transposed in place.
+void transpose_16x16(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // words 2k, 2k + 1 of rows i, i + 1 side by side
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // Now r[4g + m], 128-bit lane L: column 4L + m of rows 4g .. 4g + 3.
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // Gather lane L of r[m], r[4 + m], r[8 + m], r[12 + m] into row 4L + m.
+  for (int m = 0; m < 4; ++m) {
+    const __m512i g01_even = _mm512_shuffle_i32x4(r[m], r[4 + m], 0x88);  // lanes 0, 2 of each
+    const __m512i g01_odd = _mm512_shuffle_i32x4(r[m], r[4 + m], 0xdd);   // lanes 1, 3 of each
+    const __m512i g23_even = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0x88);
+    const __m512i g23_odd = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0xdd);
+    r[m] = _mm512_shuffle_i32x4(g01_even, g23_even, 0x88);
+    r[8 + m] = _mm512_shuffle_i32x4(g01_even, g23_even, 0xdd);
+    r[4 + m] = _mm512_shuffle_i32x4(g01_odd, g23_odd, 0x88);
+    r[12 + m] = _mm512_shuffle_i32x4(g01_odd, g23_odd, 0xdd);
+  }
+}
+
+}  // namespace
+
+bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
+                         std::uint32_t* kt_pairs, std::uint32_t* v_pairs, KvFlags& flags) {
+  const TensorView &k = in.k, &v = in.v;
+  const int d_count = int(k.head_dim());
+  const bool split = k.dtype == DType::F16;
+  if ((k.dtype != DType::BF16 && !split) || v.dtype != k.dtype || k.stride[3] != 1 || v.stride[3] != 1 ||
+      d_count % 32 != 0 || d_count > kMaxHeadDim || tile_k % kKeys != 0)
+    return false;
+  const int parts = split ? 2 : 1;
+  const std::int64_t head = in.head(h);
+  const std::int64_t n0 = tile * tile_k;
+  const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
+  const std::int64_t k_part = std::int64_t(d_count / 2) * tile_k, v_part = std::int64_t(tile_k / 2) * d_count;
+  const int words = d_count / 2;  // a K row's pairs
+  const __m512i magnitude = _mm512_set1_epi16(0x7fff);
+  // bf16 V's flags (KvFlags): an all-ones exponent is Inf or NaN; magnitudes order
+  // as their bits do, so tiny is nonzero below 2^-64's bits. (fp16 V is never tiny,
+  // nor its low parts; its Inf and NaN are reported by the split.)
+  const __m512i exponent = _mm512_set1_epi16(0x7f80), tiny_bits = _mm512_set1_epi16(0x1f80);
+  static_assert(0x1p-64f == kTinyV, "0x1f80 spells kTinyV");
+  __mmask32 nonfinite = 0, tiny = 0;
+  bool split_v_nonfinite = false, split_k_nonfinite = false;
+  // Pairs of keys' V channels side by side: lanes 2i and 2i + 1 of the result are
+  // channel i of the first and of the second key (first half; then i + 16).
+  alignas(64) std::uint16_t low_index[32], high_index[32];
+  for (int i = 0; i < 16; ++i) {
+    low_index[2 * i] = std::uint16_t(i);
+    low_index[2 * i + 1] = std::uint16_t(32 + i);
+    high_index[2 * i] = std::uint16_t(16 + i);
+    high_index[2 * i + 1] = std::uint16_t(48 + i);
+  }
+  const __m512i interleave_low = _mm512_load_si512(low_index), interleave_high = _mm512_load_si512(high_index);
+
+  // [part][key]: where each key's row of bf16 values (or of one part's) is; null past the sequence.
+  const std::uint16_t* k_rows[2][kKeys];
+  const std::uint16_t* v_rows[2][kKeys];
+  alignas(64) std::uint16_t k_split[kKeys][2][kMaxHeadDim], v_split[kKeys][2][kMaxHeadDim];
+  for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
+    for (int i = 0; i < kKeys; ++i) {
+      const std::int64_t c = c0 + i;
+      if (c + kKeys < valid) {
+        prefetch_row(k, b, in.token(n0 + c + kKeys), head);
+        prefetch_row(v, b, in.token(n0 + c + kKeys), head);
+      }
+      if (c >= valid) {
+        for (int p = 0; p < 2; ++p) k_rows[p][i] = v_rows[p][i] = nullptr;
+        continue;
+      }
+      const std::int64_t n = in.token(n0 + c);
+      const auto* k_row = static_cast<const std::uint16_t*>(k.data) + k.offset(b, n, head, 0);
+      const auto* v_row = static_cast<const std::uint16_t*>(v.data) + v.offset(b, n, head, 0);
+      if (!split) {
+        k_rows[0][i] = k_row;
+        v_rows[0][i] = v_row;
+        continue;
+      }
+      split_k_nonfinite |= split_f16_to_bf16(k_row, d_count, k_split[i][0], k_split[i][1]);
+      split_v_nonfinite |= split_f16_to_bf16(v_row, d_count, v_split[i][0], v_split[i][1]);
+      for (int p = 0; p < 2; ++p) {
+        k_rows[p][i] = k_split[i][p];
+        v_rows[p][i] = v_split[i][p];
+      }
+    }
+    for (int p = 0; p < parts; ++p) {
+      // K: 16 rows of pairs, 16 words at a time, transposed to 16 pair rows of 16 keys.
+      for (int w0 = 0; w0 < words; w0 += 16) {
+        __m512i r[16];
+        for (int i = 0; i < kKeys; ++i)
+          r[i] = k_rows[p][i] ? _mm512_loadu_si512(k_rows[p][i] + 2 * w0) : _mm512_setzero_si512();
+        transpose_16x16(r);
+        for (int i = 0; i < 16; ++i)
+          _mm512_storeu_si512(kt_pairs + p * k_part + std::int64_t(w0 + i) * tile_k + c0, r[i]);
+      }
+      // V: keys 2j and 2j + 1 interleaved channel by channel, 32 channels at a time.
+      for (int j = 0; j < kKeys; j += 2) {
+        std::uint32_t* out = v_pairs + p * v_part + (c0 + j) / 2 * d_count;
+        const std::uint16_t *first_row = v_rows[p][j], *second_row = v_rows[p][j + 1];
+        for (int d0 = 0; d0 < d_count; d0 += 32) {
+          const __m512i first = first_row ? _mm512_loadu_si512(first_row + d0) : _mm512_setzero_si512();
+          const __m512i second = second_row ? _mm512_loadu_si512(second_row + d0) : _mm512_setzero_si512();
+          if (!split)
+            for (const __m512i x : {first, second}) {
+              const __m512i mag = _mm512_and_si512(x, magnitude);
+              nonfinite |= _mm512_cmpge_epu16_mask(mag, exponent);
+              tiny |= _mm512_mask_cmplt_epu16_mask(_mm512_test_epi16_mask(mag, mag), mag, tiny_bits);
+            }
+          _mm512_storeu_si512(out + d0, _mm512_permutex2var_epi16(first, interleave_low, second));
+          _mm512_storeu_si512(out + d0 + 16, _mm512_permutex2var_epi16(first, interleave_high, second));
+        }
+      }
+    }
+  }
+  flags.nonfinite |= nonfinite != 0 || split_v_nonfinite;
+  flags.tiny |= tiny != 0;
+  flags.k_nonfinite |= split_k_nonfinite;
+  return true;
+}
+
+}  // namespace stsa::cpu
