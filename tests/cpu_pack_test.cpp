@@ -173,6 +173,88 @@ TEST(CpuPack, Bf16VFlagsSeeEveryValue) {
     }
 }
 
+// fp32 K and V for the fp32 kernels: kt [head_dim][tile_k] (K transposed) and
+// v_rows [tile_k][head_dim], zero past the sequence, each value's bits kept.
+TEST(CpuPack, FloatPanelsAreTheirDefinition) {
+  const std::uint64_t seed = testing::fresh_seed();
+  const bool avx512 = cpu::machine_supports(Isa::Avx512);
+  for (Case c : {Case{DType::F32, 300, 3, 128, 128, MemoryLayout::BNHD, false},
+                 Case{DType::F32, 77, 2, 64, 64, MemoryLayout::BHND, true},
+                 Case{DType::F32, 129, 1, 80, 128, MemoryLayout::BNHD, true},
+                 Case{DType::F32, 1, 1, 96, 64, MemoryLayout::BHND, false}}) {
+    SCOPED_TRACE("tokens " + std::to_string(c.tokens) + ", head dim " + std::to_string(c.head_dim) + ", tile " +
+                 std::to_string(c.tile_k) + (c.gathered ? ", gathered" : "") + ", seed " + std::to_string(seed));
+    Tensor k(c.dtype, 1, c.tokens, c.heads, c.head_dim, c.memory), v(c.dtype, 1, c.tokens, c.heads, c.head_dim,
+                                                                      c.memory);
+    testing::fill_normal(k.view(), seed);
+    testing::fill_normal(v.view(), seed + 1);
+    std::vector<std::int64_t> tokens(std::size_t(c.tokens)), heads(std::size_t(c.heads));
+    std::iota(tokens.begin(), tokens.end(), 0);
+    std::iota(heads.begin(), heads.end(), 0);
+    std::mt19937_64 rng(seed);
+    std::shuffle(tokens.begin(), tokens.end(), rng);
+    std::reverse(heads.begin(), heads.end());
+    cpu::RowSource in{k.view(), k.view(), v.view()};
+    if (c.gathered) {
+      in.tokens = tokens.data();
+      in.heads = heads.data();
+    }
+    const std::size_t panel = std::size_t(c.head_dim * c.tile_k);
+    for (std::int64_t h = 0; h < c.heads; ++h)
+      for (std::int64_t tile = 0; tile * c.tile_k < c.tokens; ++tile) {
+        std::vector<float> want_kt(panel, 0.0f), want_v(panel, 0.0f);
+        for (std::int64_t col = 0; col < c.tile_k && tile * c.tile_k + col < c.tokens; ++col) {
+          const std::int64_t token = in.token(tile * c.tile_k + col);
+          for (std::int64_t d = 0; d < c.head_dim; ++d) {
+            want_kt[std::size_t(d * c.tile_k + col)] = k.view().load(0, token, in.head(h), d);
+            want_v[std::size_t(col * c.head_dim + d)] = v.view().load(0, token, in.head(h), d);
+          }
+        }
+        std::vector<float> kt(panel, -7.0f), v_rows(panel, -7.0f);
+        const cpu::KvFlags flags = cpu::pack_kv_tile(in, 0, h, tile, c.tile_k, kt.data(), v_rows.data());
+        EXPECT_EQ(kt, want_kt) << "K, head " << h << ", tile " << tile;
+        EXPECT_EQ(v_rows, want_v) << "V, head " << h << ", tile " << tile;
+        EXPECT_FALSE(flags.nonfinite || flags.tiny);
+        if (!avx512) continue;
+        std::vector<float> direct_kt(panel, -7.0f), direct_v(panel, -7.0f);
+        cpu::KvFlags direct;
+        ASSERT_TRUE(cpu::pack_floats_tile_avx512(in, 0, h, tile, c.tile_k, direct_kt.data(), direct_v.data(), direct));
+        EXPECT_EQ(direct_kt, want_kt);
+        EXPECT_EQ(direct_v, want_v);
+      }
+  }
+  if (!avx512) GTEST_SKIP() << "checked pack_kv_tile only: this CPU has no AVX-512 for the vector packer";
+}
+
+// fp32 V's flags: Inf and NaN set nonfinite, nonzero magnitudes below 2^-64 tiny.
+TEST(CpuPack, FloatVFlagsSeeEveryValue) {
+  const std::int64_t tokens = 100, d_count = 64;
+  const int tile_k = 64;
+  Tensor k(DType::F32, 1, tokens, 1, d_count), v(DType::F32, 1, tokens, 1, d_count);
+  testing::fill_normal(k.view(), 9);
+  testing::fill_normal(v.view(), 10);
+  auto* values = static_cast<float*>(v.view().data);
+  struct Planted {
+    float value;
+    bool nonfinite, tiny;
+  };
+  for (const Planted p : {Planted{std::numeric_limits<float>::infinity(), true, false},
+                          Planted{-std::numeric_limits<float>::quiet_NaN(), true, false},
+                          Planted{std::numeric_limits<float>::max(), false, false}, Planted{0x1p-65f, false, true},
+                          Planted{-0x1p-64f, false, false}, Planted{-0.0f, false, false},
+                          Planted{std::numeric_limits<float>::denorm_min(), false, true}})
+    for (const std::int64_t at : {std::int64_t(0), std::int64_t(64 * 64 + 17), std::int64_t(99 * 64 + 63)}) {
+      const float kept = values[at];
+      values[at] = p.value;
+      const cpu::RowSource in{k.view(), k.view(), v.view()};
+      std::vector<float> kt(std::size_t(d_count * tile_k)), v_rows(kt.size());
+      const cpu::KvFlags flags = cpu::pack_kv_tile(in, 0, 0, at / d_count / tile_k, tile_k, kt.data(), v_rows.data());
+      EXPECT_EQ(flags.nonfinite, p.nonfinite) << p.value << " at " << at;
+      EXPECT_EQ(flags.tiny, p.tiny) << p.value << " at " << at;
+      values[at] = kept;
+    }
+}
+
 // fp16: an Inf or NaN in K sets k_nonfinite, in V nonfinite; the smallest
 // subnormal sets neither, nor tiny (no fp16 value, nor a low part, is below kTinyV).
 TEST(CpuPack, F16FlagsComeFromTheSplit) {

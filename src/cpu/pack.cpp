@@ -117,6 +117,11 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
     KvFlags flags;
     if (pack_pairs_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags)) return flags;
   }
+  static const bool avx512 = machine_supports(Isa::Avx512);
+  if (avx512 && kt != nullptr && v_rows != nullptr && kt_pairs == nullptr && v_pairs == nullptr) {
+    KvFlags flags;
+    if (pack_floats_tile_avx512(in, b, h, tile, tile_k, kt, v_rows, flags)) return flags;
+  }
   const std::int64_t head = in.head(h);
   const std::int64_t d_count = k.head_dim();
   const std::int64_t n0 = tile * tile_k;

@@ -1,0 +1,73 @@
+// pack_kv_tile for fp32 K and V into the fp32 kernels' panels, 16 keys at a time
+// (built with the flags src/cpu/CMakeLists.txt gives *_avx512.cpp; called only
+// where the CPU has AVX-512). Element by element, the transpose of K took 14-15 ms
+// of a 65 ms fp32 call at density 0.1.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "cpu/pack.hpp"
+
+namespace stsa::cpu {
+namespace {
+
+#include "cpu/transpose_avx512.hpp"
+
+constexpr int kKeys = 16;  // keys per step: one 16 x 16 transpose
+
+}  // namespace
+
+bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
+                             float* kt, float* v_rows, KvFlags& flags) {
+  const TensorView &k = in.k, &v = in.v;
+  const int d_count = int(k.head_dim());
+  if (k.dtype != DType::F32 || v.dtype != DType::F32 || k.stride[3] != 1 || v.stride[3] != 1 || d_count % 16 != 0 ||
+      tile_k % kKeys != 0)
+    return false;
+  const std::int64_t head = in.head(h);
+  const std::int64_t n0 = tile * tile_k;
+  const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
+  // KvFlags from the bits: magnitudes order as their bits do; above the largest
+  // finite is Inf or NaN, and tiny is nonzero below kTinyV's bits.
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), largest = _mm512_set1_epi32(0x7f7fffff);
+  const __m512i tiny_bits = _mm512_set1_epi32(0x1f800000);
+  static_assert(0x1p-64f == kTinyV, "0x1f800000 spells kTinyV");
+  __mmask16 nonfinite = 0, tiny = 0;
+  const float* k_rows[kKeys];
+  for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
+    for (int i = 0; i < kKeys; ++i) {
+      const std::int64_t c = c0 + i;
+      if (c + kKeys < valid) {
+        prefetch_row(k, b, in.token(n0 + c + kKeys), head);
+        prefetch_row(v, b, in.token(n0 + c + kKeys), head);
+      }
+      if (c >= valid) {
+        k_rows[i] = nullptr;
+        std::memset(v_rows + c * d_count, 0, std::size_t(d_count) * sizeof(float));
+        continue;
+      }
+      const std::int64_t n = in.token(n0 + c);
+      k_rows[i] = static_cast<const float*>(k.data) + k.offset(b, n, head, 0);
+      const float* v_row = static_cast<const float*>(v.data) + v.offset(b, n, head, 0);
+      for (int d0 = 0; d0 < d_count; d0 += 16) {
+        const __m512i x = _mm512_loadu_si512(v_row + d0);
+        const __m512i mag = _mm512_and_si512(x, magnitude);
+        nonfinite |= _mm512_cmpgt_epu32_mask(mag, largest);
+        tiny |= _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(mag, mag), mag, tiny_bits);
+        _mm512_storeu_si512(v_rows + c * d_count + d0, x);
+      }
+    }
+    // K: 16 rows, 16 channels at a time, transposed to 16 channel rows of 16 keys.
+    for (int d0 = 0; d0 < d_count; d0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < kKeys; ++i) r[i] = k_rows[i] ? _mm512_loadu_si512(k_rows[i] + d0) : _mm512_setzero_si512();
+      transpose_16x16(r);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(kt + std::int64_t(d0 + i) * tile_k + c0, r[i]);
+    }
+  }
+  flags.nonfinite |= nonfinite != 0;
+  flags.tiny |= tiny != 0;
+  return true;
+}
+
+}  // namespace stsa::cpu
