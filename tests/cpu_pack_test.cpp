@@ -83,6 +83,42 @@ struct Case {
   bool gathered;  // rows read through a token and head map, as routed attention's temporal heads are
 };
 
+// Random K and V of a case (batch 2) and the RowSource a pack reads them through:
+// with `gathered`, a shuffled token map and the heads reversed. Not copyable: the
+// source points into its own maps.
+struct CaseInput {
+  Tensor k, v;
+  std::vector<std::int64_t> tokens, heads;
+  cpu::RowSource in;
+
+  CaseInput(const Case& c, std::uint64_t seed)
+      : k(c.dtype, 2, c.tokens, c.heads, c.head_dim, c.memory),
+        v(c.dtype, 2, c.tokens, c.heads, c.head_dim, c.memory),
+        tokens(std::size_t(c.tokens)),
+        heads(std::size_t(c.heads)),
+        in{k.view(), k.view(), v.view()} {
+    testing::fill_normal(k.view(), seed);
+    testing::fill_normal(v.view(), seed + 1);
+    std::iota(tokens.begin(), tokens.end(), 0);
+    std::iota(heads.begin(), heads.end(), 0);
+    std::mt19937_64 rng(seed);
+    std::shuffle(tokens.begin(), tokens.end(), rng);
+    std::reverse(heads.begin(), heads.end());
+    if (c.gathered) {
+      in.tokens = tokens.data();
+      in.heads = heads.data();
+    }
+  }
+  CaseInput(const CaseInput&) = delete;
+  CaseInput& operator=(const CaseInput&) = delete;
+};
+
+std::string describe(const Case& c, std::uint64_t seed) {
+  return std::string(to_string(c.dtype)) + ", tokens " + std::to_string(c.tokens) + ", head dim " +
+         std::to_string(c.head_dim) + ", tile " + std::to_string(c.tile_k) + (c.gathered ? ", gathered" : "") +
+         ", seed " + std::to_string(seed);
+}
+
 TEST(CpuPack, PairPanelsAreTheirDefinition) {
   const std::uint64_t seed = testing::fresh_seed();
   const bool avx512 = cpu::machine_supports(Isa::Avx512);
@@ -92,25 +128,10 @@ TEST(CpuPack, PairPanelsAreTheirDefinition) {
                    Case{dtype, 129, 1, 96, 128, MemoryLayout::BNHD, true},
                    Case{dtype, 16, 2, 128, 64, MemoryLayout::BNHD, false},
                    Case{dtype, 1, 1, 64, 128, MemoryLayout::BHND, false}}) {
-    SCOPED_TRACE(std::string(to_string(c.dtype)) + ", tokens " + std::to_string(c.tokens) + ", head dim " +
-                 std::to_string(c.head_dim) + ", tile " + std::to_string(c.tile_k) +
-                 (c.gathered ? ", gathered" : "") + ", seed " + std::to_string(seed));
+    SCOPED_TRACE(describe(c, seed));
     const int parts = parts_of(c.dtype);
-    Tensor k(c.dtype, 2, c.tokens, c.heads, c.head_dim, c.memory), v(c.dtype, 2, c.tokens, c.heads, c.head_dim,
-                                                                      c.memory);
-    testing::fill_normal(k.view(), seed);
-    testing::fill_normal(v.view(), seed + 1);
-    std::vector<std::int64_t> tokens(std::size_t(c.tokens)), heads(std::size_t(c.heads));
-    std::iota(tokens.begin(), tokens.end(), 0);
-    std::iota(heads.begin(), heads.end(), 0);
-    std::mt19937_64 rng(seed);
-    std::shuffle(tokens.begin(), tokens.end(), rng);
-    std::reverse(heads.begin(), heads.end());
-    cpu::RowSource in{k.view(), k.view(), v.view()};
-    if (c.gathered) {
-      in.tokens = tokens.data();
-      in.heads = heads.data();
-    }
+    const CaseInput input(c, seed);
+    const cpu::RowSource& in = input.in;
     const std::int64_t tiles = (c.tokens + c.tile_k - 1) / c.tile_k;
     for (std::int64_t h = 0; h < c.heads; ++h)
       for (std::int64_t tile = 0; tile < tiles; ++tile) {
@@ -182,23 +203,9 @@ TEST(CpuPack, FloatPanelsAreTheirDefinition) {
                  Case{DType::F32, 77, 2, 64, 64, MemoryLayout::BHND, true},
                  Case{DType::F32, 129, 1, 80, 128, MemoryLayout::BNHD, true},
                  Case{DType::F32, 1, 1, 96, 64, MemoryLayout::BHND, false}}) {
-    SCOPED_TRACE("tokens " + std::to_string(c.tokens) + ", head dim " + std::to_string(c.head_dim) + ", tile " +
-                 std::to_string(c.tile_k) + (c.gathered ? ", gathered" : "") + ", seed " + std::to_string(seed));
-    Tensor k(c.dtype, 1, c.tokens, c.heads, c.head_dim, c.memory), v(c.dtype, 1, c.tokens, c.heads, c.head_dim,
-                                                                      c.memory);
-    testing::fill_normal(k.view(), seed);
-    testing::fill_normal(v.view(), seed + 1);
-    std::vector<std::int64_t> tokens(std::size_t(c.tokens)), heads(std::size_t(c.heads));
-    std::iota(tokens.begin(), tokens.end(), 0);
-    std::iota(heads.begin(), heads.end(), 0);
-    std::mt19937_64 rng(seed);
-    std::shuffle(tokens.begin(), tokens.end(), rng);
-    std::reverse(heads.begin(), heads.end());
-    cpu::RowSource in{k.view(), k.view(), v.view()};
-    if (c.gathered) {
-      in.tokens = tokens.data();
-      in.heads = heads.data();
-    }
+    SCOPED_TRACE(describe(c, seed));
+    const CaseInput input(c, seed);
+    const cpu::RowSource& in = input.in;
     const std::size_t panel = std::size_t(c.head_dim * c.tile_k);
     for (std::int64_t h = 0; h < c.heads; ++h)
       for (std::int64_t tile = 0; tile * c.tile_k < c.tokens; ++tile) {
@@ -206,19 +213,19 @@ TEST(CpuPack, FloatPanelsAreTheirDefinition) {
         for (std::int64_t col = 0; col < c.tile_k && tile * c.tile_k + col < c.tokens; ++col) {
           const std::int64_t token = in.token(tile * c.tile_k + col);
           for (std::int64_t d = 0; d < c.head_dim; ++d) {
-            want_kt[std::size_t(d * c.tile_k + col)] = k.view().load(0, token, in.head(h), d);
-            want_v[std::size_t(col * c.head_dim + d)] = v.view().load(0, token, in.head(h), d);
+            want_kt[std::size_t(d * c.tile_k + col)] = in.k.load(1, token, in.head(h), d);
+            want_v[std::size_t(col * c.head_dim + d)] = in.v.load(1, token, in.head(h), d);
           }
         }
         std::vector<float> kt(panel, -7.0f), v_rows(panel, -7.0f);
-        const cpu::KvFlags flags = cpu::pack_kv_tile(in, 0, h, tile, c.tile_k, kt.data(), v_rows.data());
+        const cpu::KvFlags flags = cpu::pack_kv_tile(in, 1, h, tile, c.tile_k, kt.data(), v_rows.data());
         EXPECT_EQ(kt, want_kt) << "K, head " << h << ", tile " << tile;
         EXPECT_EQ(v_rows, want_v) << "V, head " << h << ", tile " << tile;
         EXPECT_FALSE(flags.nonfinite || flags.tiny);
         if (!avx512) continue;
         std::vector<float> direct_kt(panel, -7.0f), direct_v(panel, -7.0f);
         cpu::KvFlags direct;
-        ASSERT_TRUE(cpu::pack_floats_tile_avx512(in, 0, h, tile, c.tile_k, direct_kt.data(), direct_v.data(), direct));
+        ASSERT_TRUE(cpu::pack_floats_tile_avx512(in, 1, h, tile, c.tile_k, direct_kt.data(), direct_v.data(), direct));
         EXPECT_EQ(direct_kt, want_kt);
         EXPECT_EQ(direct_v, want_v);
       }

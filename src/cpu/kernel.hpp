@@ -71,6 +71,12 @@ struct QueryTileJob {
   bool qk_nonfinite = false;
 };
 
+// 2^f for |f| <= 1/2 as the vector kernels' exp2 takes it: a degree-6 polynomial
+// fitted for relative error (2e-9; 1.0e-7 evaluated in fp32), highest power first,
+// p(0) = 1 exactly.
+inline constexpr float kExp2Poly[7] = {1.53533489e-04f, 1.33988704e-03f, 9.61843692e-03f, 5.55033237e-02f,
+                                       2.40226477e-01f, 6.93147182e-01f, 1.0f};
+
 // Rows of scores the kernels keep at once; scratch must hold this many rows of tile_k.
 inline constexpr int kScratchRows = 48;
 

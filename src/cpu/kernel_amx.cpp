@@ -15,11 +15,7 @@
 // is what bf16 FlashAttention kernels and PyTorch's CPU attention do, and gives
 // their error. Other 16-bit outputs (fp16, which rounds to 2^-11, or fp16 inputs):
 // two parts, hi + mid with mid rounded to nearest, each P within 2^-17 of itself.
-#if !defined(__clang__)  // (Clang has neither the warning nor the false positive)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "cpu/intrinsics.hpp"
 
 #include <cstring>
 

@@ -37,21 +37,15 @@ struct Vec {
     return _mm256_blendv_ps(fill, x, _mm256_castsi256_ps(set));
   }
   static bool any_nan(reg x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0; }
-  // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by a degree-6 polynomial
-  // fitted for relative error (2e-9; 1.0e-7 evaluated in fp32), p(0) = 1 exactly.
+  // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by kExp2Poly (kernel.hpp).
   // Clamping at -127 makes 2^n's exponent field 0, so -inf gives exactly 0; the
   // clamp keeps x when x is NaN (MAXPS returns its second operand then).
   static reg exp2(reg x) {
     x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
     const reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const reg f = _mm256_sub_ps(x, n);
-    reg p = _mm256_set1_ps(1.53533489e-04f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.33988704e-03f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.61843692e-03f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.55033237e-02f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.40226477e-01f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.93147182e-01f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    reg p = _mm256_set1_ps(kExp2Poly[0]);
+    for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   }

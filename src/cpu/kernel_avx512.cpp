@@ -1,11 +1,7 @@
 // The attention kernel for AVX-512 (built with the flags src/cpu/CMakeLists.txt gives *_avx512.cpp).
 // GCC 12's AVX-512 intrinsics build their results from a self-initialised
 // variable (_mm512_undefined_ps) that -Wall reports; the values are fully set.
-#if !defined(__clang__)  // (Clang has neither the warning nor the false positive)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "cpu/intrinsics.hpp"
 
 #include "cpu/kernel.hpp"
 

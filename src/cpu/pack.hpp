@@ -58,6 +58,28 @@ struct RowSource {
   std::int64_t token(std::int64_t n) const { return tokens ? tokens[n] : n; }
 };
 
+// Where keys c0 .. c0 + count - 1 of the key tile that starts at token n0 have
+// their K and V rows (elements of type T; null from `valid` on), prefetching the
+// rows `count` keys further on: the vector packers' walk over a tile.
+template <typename T>
+inline void key_rows(const RowSource& in, std::int64_t b, std::int64_t head, std::int64_t n0, std::int64_t c0,
+                     std::int64_t valid, int count, const T** k_rows, const T** v_rows) {
+  for (int i = 0; i < count; ++i) {
+    const std::int64_t c = c0 + i;
+    if (c + count < valid) {
+      prefetch_row(in.k, b, in.token(n0 + c + count), head);
+      prefetch_row(in.v, b, in.token(n0 + c + count), head);
+    }
+    if (c >= valid) {
+      k_rows[i] = v_rows[i] = nullptr;
+      continue;
+    }
+    const std::int64_t n = in.token(n0 + c);
+    k_rows[i] = static_cast<const T*>(in.k.data) + in.k.offset(b, n, head, 0);
+    v_rows[i] = static_cast<const T*>(in.v.data) + in.v.offset(b, n, head, 0);
+  }
+}
+
 // Packs key tile `tile` of the call's (b, h) from `in`: K transposed into kt [head_dim][tile_k] (or,
 // when kt_pairs is given, as bf16 pairs of channels into kt_pairs
 // [head_dim / 2][tile_k]; kt is then unused and may be null) and V into v_rows

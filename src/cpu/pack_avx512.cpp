@@ -2,7 +2,7 @@
 // (built with the flags src/cpu/CMakeLists.txt gives *_avx512.cpp; called only
 // where the CPU has AVX-512). Element by element, the transpose of K took 14-15 ms
 // of a 65 ms fp32 call at density 0.1.
-#include <immintrin.h>
+#include "cpu/intrinsics.hpp"
 
 #include <cstring>
 
@@ -35,26 +35,20 @@ bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h
   __mmask16 nonfinite = 0, tiny = 0;
   const float* k_rows[kKeys];
   for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
+    const float* v_in[kKeys];
+    key_rows(in, b, head, n0, c0, valid, kKeys, k_rows, v_in);
     for (int i = 0; i < kKeys; ++i) {
-      const std::int64_t c = c0 + i;
-      if (c + kKeys < valid) {
-        prefetch_row(k, b, in.token(n0 + c + kKeys), head);
-        prefetch_row(v, b, in.token(n0 + c + kKeys), head);
-      }
-      if (c >= valid) {
-        k_rows[i] = nullptr;
-        std::memset(v_rows + c * d_count, 0, std::size_t(d_count) * sizeof(float));
+      float* out = v_rows + (c0 + i) * d_count;
+      if (v_in[i] == nullptr) {
+        std::memset(out, 0, std::size_t(d_count) * sizeof(float));
         continue;
       }
-      const std::int64_t n = in.token(n0 + c);
-      k_rows[i] = static_cast<const float*>(k.data) + k.offset(b, n, head, 0);
-      const float* v_row = static_cast<const float*>(v.data) + v.offset(b, n, head, 0);
       for (int d0 = 0; d0 < d_count; d0 += 16) {
-        const __m512i x = _mm512_loadu_si512(v_row + d0);
+        const __m512i x = _mm512_loadu_si512(v_in[i] + d0);
         const __m512i mag = _mm512_and_si512(x, magnitude);
         nonfinite |= _mm512_cmpgt_epu32_mask(mag, largest);
         tiny |= _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(mag, mag), mag, tiny_bits);
-        _mm512_storeu_si512(v_rows + c * d_count + d0, x);
+        _mm512_storeu_si512(out + d0, x);
       }
     }
     // K: 16 rows, 16 channels at a time, transposed to 16 channel rows of 16 keys.

@@ -4,7 +4,7 @@
 // transpose of K and the interleaving of V took a third of a bf16 call at density
 // 0.1. fp16 rows are first split into their two bf16 parts (split_f16_to_bf16),
 // each part then packed as a bf16 row is, into its own panel.
-#include <immintrin.h>
+#include "cpu/intrinsics.hpp"
 
 #include <cstring>
 
@@ -59,26 +59,18 @@ bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, st
   const std::uint16_t* v_rows[2][kKeys];
   alignas(64) std::uint16_t k_split[kKeys][2][kMaxHeadDim], v_split[kKeys][2][kMaxHeadDim];
   for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
+    const std::uint16_t* k_in[kKeys];
+    const std::uint16_t* v_in[kKeys];
+    key_rows(in, b, head, n0, c0, valid, kKeys, k_in, v_in);
     for (int i = 0; i < kKeys; ++i) {
-      const std::int64_t c = c0 + i;
-      if (c + kKeys < valid) {
-        prefetch_row(k, b, in.token(n0 + c + kKeys), head);
-        prefetch_row(v, b, in.token(n0 + c + kKeys), head);
-      }
-      if (c >= valid) {
-        for (int p = 0; p < 2; ++p) k_rows[p][i] = v_rows[p][i] = nullptr;
+      if (!split || k_in[i] == nullptr) {
+        k_rows[0][i] = k_in[i];
+        v_rows[0][i] = v_in[i];
+        k_rows[1][i] = v_rows[1][i] = nullptr;
         continue;
       }
-      const std::int64_t n = in.token(n0 + c);
-      const auto* k_row = static_cast<const std::uint16_t*>(k.data) + k.offset(b, n, head, 0);
-      const auto* v_row = static_cast<const std::uint16_t*>(v.data) + v.offset(b, n, head, 0);
-      if (!split) {
-        k_rows[0][i] = k_row;
-        v_rows[0][i] = v_row;
-        continue;
-      }
-      split_k_nonfinite |= split_f16_to_bf16(k_row, d_count, k_split[i][0], k_split[i][1]);
-      split_v_nonfinite |= split_f16_to_bf16(v_row, d_count, v_split[i][0], v_split[i][1]);
+      split_k_nonfinite |= split_f16_to_bf16(k_in[i], d_count, k_split[i][0], k_split[i][1]);
+      split_v_nonfinite |= split_f16_to_bf16(v_in[i], d_count, v_split[i][0], v_split[i][1]);
       for (int p = 0; p < 2; ++p) {
         k_rows[p][i] = k_split[i][p];
         v_rows[p][i] = v_split[i][p];

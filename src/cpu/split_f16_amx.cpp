@@ -1,11 +1,7 @@
 // fp16 Q, K and V for the AMX kernel, whose tile products take bf16 only: each
 // value as two bf16 parts (kernel.hpp). Built with the AMX file flags, which
 // include AVX-512 BF16 and F16C.
-#if !defined(__clang__)  // GCC's false positive on the intrinsics' unset "undefined" operands
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "cpu/intrinsics.hpp"
 
 #include "cpu/kernel.hpp"
 

@@ -4,7 +4,7 @@
 // Same values as the scalar loop: an IEEE division each, bf16 rounded to nearest
 // even with integer ops exactly as float_to_bf16 does (VCVTNEPS2BF16 would flush
 // subnormal results to zero), fp16 by VCVTPS2PH with NaN made float_to_f16's.
-#include <immintrin.h>
+#include "cpu/intrinsics.hpp"
 
 #include "cpu/pack.hpp"
 

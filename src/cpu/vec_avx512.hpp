@@ -26,9 +26,8 @@ struct Vec {
   static reg dot_pairs(reg acc, std::uint32_t a, pairs b) {
     return _mm512_dpbf16_ps(acc, __m512bh(_mm512_set1_epi32(int(a))), __m512bh(b));
   }
-  // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by a degree-6 polynomial
-  // fitted for relative error (2e-9; 1.0e-7 evaluated in fp32, as the degree-7 Taylor
-  // series it replaced), p(0) = 1 exactly. Below x = -150 the result rounds to 0 anyway; those
+  // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by kExp2Poly (kernel.hpp). Below
+  // x = -150 the result rounds to 0 anyway; those
   // lanes (-inf: every masked score) are zeroed through SCALEF's zero-mask and
   // computed from x = 0, because an underflowing SCALEF takes a microcode assist per
   // vector on Intel cores, which made a partial tile cost 2.8x a full one on the AMX
@@ -38,13 +37,8 @@ struct Vec {
     const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-150.0f), _CMP_NLT_UQ);
     const reg n = _mm512_maskz_roundscale_ps(keep, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const reg f = _mm512_maskz_sub_ps(keep, x, n);
-    reg p = _mm512_set1_ps(1.53533489e-04f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.33988704e-03f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.61843692e-03f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.55033237e-02f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40226477e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93147182e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    reg p = _mm512_set1_ps(kExp2Poly[0]);
+    for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
     return _mm512_maskz_scalef_ps(keep, p, n);
   }
 };
