@@ -1,6 +1,7 @@
 // `stsa route`: route every head of one attention call (synthetic heads with a
 // known kind, or Q/K/V dumped from a model), run the routed sparse attention on
 // a backend and report decisions, errors and costs.
+#include <algorithm>
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -161,6 +162,8 @@ nlohmann::json run_route(const RouteArgs& args) {
   ro.seed = std::uint64_t(args.seed);
   ro.validate();
   STSA_CHECK(args.eval_rows >= 0, InvalidArgument, "--eval-rows must be >= 0 (0: all rows), got ", args.eval_rows);
+  STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
+             args.repeats);
   const bool on_gpu = args.backend == "cuda";
   const Backend* host_backend = on_gpu ? nullptr : &stsa::backend(args.backend);
   const Router router(ro);
@@ -178,18 +181,37 @@ nlohmann::json run_route(const RouteArgs& args) {
   RoutedCall call{layout, in.q.view(), in.k.view(), in.v.view(), o.view(), lse.view()};
   RoutedOptions options;
   options.fuse_scatter = args.scatter == "fused";
-  RoutedRun routed;
-  if (on_gpu) {
-    routed = route_on_cuda(router, call, options);
-  } else {
-    // Refuse what the backend cannot run before spending time on routing.
+  if (!on_gpu) {  // refuse what the backend cannot run before spending time on routing
     const Support s = host_backend->supports(call.unrouted_call());
     STSA_CHECK(s.ok, Unsupported, "backend ", args.backend, ": ", s.why);
-    PlanCache plans;
-    routed.report = router.route(layout, call.q, call.k, call.v);
-    routed.result = run_routed(*host_backend, plans, call, routed.report.heads, options);
-    routed.copy_gbps = measure_copy_gbps();
   }
+  PlanCache plans;  // kept across repeats, as a model's layers keep theirs
+  const auto route_and_run = [&] {
+    if (on_gpu) return route_on_cuda(router, call, options);
+    RoutedRun r;
+    r.report = router.route(layout, call.q, call.k, call.v);
+    r.result = run_routed(*host_backend, plans, call, r.report.heads, options);
+    return r;
+  };
+  // One call measures a cold start (threads, buffers, plans); with --repeats the
+  // times are medians of warm calls, the share a model's steady state sees.
+  if (args.repeats > 1) route_and_run();
+  RoutedRun routed;
+  std::vector<double> routing_ms, attention_ms, permutation_ms;
+  for (int i = 0; i < args.repeats; ++i) {
+    routed = route_and_run();
+    routing_ms.push_back(routed.report.routing_ms);
+    attention_ms.push_back(routed.result.attention_ms);
+    permutation_ms.push_back(routed.result.permutation_ms);
+  }
+  const auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x.size() % 2 ? x[x.size() / 2] : 0.5 * (x[x.size() / 2 - 1] + x[x.size() / 2]);
+  };
+  routed.report.routing_ms = median(routing_ms);
+  routed.result.attention_ms = median(attention_ms);
+  routed.result.permutation_ms = median(permutation_ms);
+  if (!on_gpu) routed.copy_gbps = measure_copy_gbps();
   const RoutingReport& report = routed.report;
   const RoutedResult& run = routed.result;
   const double copy_gbps = routed.copy_gbps;
@@ -259,6 +281,7 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"copy_gbps", copy_gbps},
       {"permutation_fraction_of_copy", copy_gbps > 0 ? run.permutation_gbps() / copy_gbps : 0.0},
       {"routing_share", run.attention_ms > 0 ? overhead_ms / run.attention_ms : 0.0},
+      {"repeats", args.repeats},
   };
 }
 
@@ -344,6 +367,10 @@ void add_route_command(CLI::App& app) {
       ->check(CLI::IsMember({"fused", "pass"}))
       ->capture_default_str();
   cmd->add_option("--eval-rows", args->eval_rows, "rows checked against fp64 dense attention (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--repeats", args->repeats,
+                  "routing + attention runs whose median times are reported (more than 1: after an untimed warm-up; "
+                  "1: one cold call)")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args, cmd] {

@@ -69,6 +69,7 @@ struct RouteArgs {
   std::string backend = "cpu";
   std::string scatter = "fused";  // the temporal heads' O and LSE: "fused" into the attention's stores, or a "pass"
   std::int64_t eval_rows = 128;
+  int repeats = 1;  // > 1: one untimed warm-up, then medians of this many routing + attention runs
   bool json = false;
 };
 

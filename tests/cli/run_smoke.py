@@ -134,7 +134,7 @@ def main():
         (["route", "--synthetic", "--dtype", "bf16", "--frames", "13", "--height", "12", "--width", "16", "--heads", "8",
           "--head-dim", "64", "--density", "0.25", "--seed", "1", "--json"],
          ["heads", "accuracy", "decisions", "rel_l2_err", "rel_l2_err_first_block_anchor", "routing_ms",
-          "attention_ms", "device", "routing_device_ms", "scatter_fused", "gather_fused"]),
+          "attention_ms", "device", "routing_device_ms", "scatter_fused", "gather_fused", "repeats"]),
         # bf16: where the CPU has AMX the tile kernel runs, and the rates are fractions of its peak.
         (["bench", "--frames", "3", "--height", "8", "--width", "8", "--heads", "2", "--head-dim", "64",
           "--mask", "spatial", "--density", "0.25", "--dtype", "bf16", "--repeats", "1", "--json"],
@@ -143,6 +143,10 @@ def main():
         (["bench", "--frames", "2", "--height", "5", "--width", "7", "--text", "9", "--heads", "2", "--head-dim", "80",
           "--mask", "temporal", "--density", "0.4", "--dtype", "fp16", "--repeats", "1", "--json"],
          ["dtype", "rel_l2_err", "dense_rel_l2_err"]),
+        # Medians of warm calls: the same decisions as one cold call.
+        (["route", "--synthetic", "--dtype", "bf16", "--frames", "13", "--height", "12", "--width", "16", "--heads", "8",
+          "--head-dim", "64", "--density", "0.25", "--seed", "1", "--repeats", "3", "--json"],
+         ["repeats", "routing_ms", "attention_ms", "routing_share", "decisions"]),
     ]
     for args, keys in checks:
         record = json.loads(run(binary, args))
@@ -153,6 +157,10 @@ def main():
     plan = json.loads(run(binary, checks[0][0]))
     if plan["tiles_full"] + plan["tiles_partial"] + plan["tiles_empty"] != 2363 * 2363:
         print("FAIL 1440p plan tile counts do not add up")
+        failures += 1
+    cold, warm = (json.loads(run(binary, checks[i][0])) for i in (3, -1))
+    if warm["repeats"] != 3 or warm["decisions"] != cold["decisions"] or cold["repeats"] != 1:
+        print(f"FAIL route --repeats 3: repeats {warm['repeats']}, decisions {warm['decisions']} vs {cold['decisions']}")
         failures += 1
     bench = json.loads(run(binary, checks[2][0]))
     if not bench["rel_l2_err"] <= 1e-5:
