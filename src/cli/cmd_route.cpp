@@ -1,7 +1,6 @@
 // `stsa route`: route every head of one attention call (synthetic heads with a
 // known kind, or Q/K/V dumped from a model), run the routed sparse attention on
 // a backend and report decisions, errors and costs.
-#include <algorithm>
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "bench/samples.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "stsa/attention.hpp"
@@ -204,13 +204,9 @@ nlohmann::json run_route(const RouteArgs& args) {
     attention_ms.push_back(routed.result.attention_ms);
     permutation_ms.push_back(routed.result.permutation_ms);
   }
-  const auto median = [](std::vector<double> x) {
-    std::sort(x.begin(), x.end());
-    return x.size() % 2 ? x[x.size() / 2] : 0.5 * (x[x.size() / 2 - 1] + x[x.size() / 2]);
-  };
-  routed.report.routing_ms = median(routing_ms);
-  routed.result.attention_ms = median(attention_ms);
-  routed.result.permutation_ms = median(permutation_ms);
+  routed.report.routing_ms = bench::median(routing_ms);
+  routed.result.attention_ms = bench::median(attention_ms);
+  routed.result.permutation_ms = bench::median(permutation_ms);
   if (!on_gpu) routed.copy_gbps = measure_copy_gbps();
   const RoutingReport& report = routed.report;
   const RoutedResult& run = routed.result;
