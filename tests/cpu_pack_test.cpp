@@ -153,16 +153,53 @@ TEST(CpuPack, PairPanelsAreTheirDefinition) {
   if (!avx512) GTEST_SKIP() << "checked pack_kv_tile only: this CPU has no AVX-512 for the vector packer";
 }
 
+// K and V of one head (random, 64 channels, tiles of 64) for the flag tests: the
+// flags of one tile with one element of K or V planted with a chosen value.
+struct FlagProbe {
+  static constexpr std::int64_t kDim = 64;
+  static constexpr int kTile = 64;
+  Tensor k, v;
+
+  FlagProbe(DType dtype, std::int64_t tokens, std::uint64_t seed)
+      : k(dtype, 1, tokens, 1, kDim), v(dtype, 1, tokens, 1, kDim) {
+    testing::fill_normal(k.view(), seed);
+    testing::fill_normal(v.view(), seed + 1);
+  }
+  static std::int64_t tile_of(std::int64_t at) { return at / kDim / kTile; }
+
+  // The flags of tile `tile` with element `at` of K (in_k) or V set to `value`
+  // (restored afterwards): through pack_kv_tile, or with `direct` through the
+  // vector packer of the dtype.
+  template <typename T>
+  cpu::KvFlags flags_with(bool in_k, std::int64_t at, T value, std::int64_t tile, bool direct = false) {
+    T* data = static_cast<T*>((in_k ? k : v).view().data);
+    const T kept = data[at];
+    data[at] = value;
+    const cpu::RowSource in{k.view(), k.view(), v.view()};
+    cpu::KvFlags flags;
+    if (k.dtype() == DType::F32) {
+      std::vector<float> kt(std::size_t(kDim * kTile)), v_rows(kt.size());
+      if (direct)
+        EXPECT_TRUE(cpu::pack_floats_tile_avx512(in, 0, 0, tile, kTile, kt.data(), v_rows.data(), flags));
+      else
+        flags = cpu::pack_kv_tile(in, 0, 0, tile, kTile, kt.data(), v_rows.data());
+    } else {
+      Panels got = poisoned_panels(kDim, kTile, parts_of(k.dtype()));
+      if (direct)
+        EXPECT_TRUE(cpu::pack_pairs_tile_amx(in, 0, 0, tile, kTile, got.kt.data(), got.v.data(), flags));
+      else
+        flags = cpu::pack_kv_tile(in, 0, 0, tile, kTile, nullptr, nullptr, got.kt.data(), got.v.data());
+    }
+    data[at] = kept;
+    return flags;
+  }
+};
+
 // One V value at a time made Inf, NaN, tiny or a negative zero: only the first two
 // set `nonfinite`, only tiny ones `tiny`, wherever the value sits in the tile.
 TEST(CpuPack, Bf16VFlagsSeeEveryValue) {
   const bool avx512 = cpu::machine_supports(Isa::Avx512);
-  const std::int64_t tokens = 100, d_count = 64;
-  const int tile_k = 64;
-  Tensor k(DType::BF16, 1, tokens, 1, d_count), v(DType::BF16, 1, tokens, 1, d_count);
-  testing::fill_normal(k.view(), 7);
-  testing::fill_normal(v.view(), 8);
-  auto* v_bits = static_cast<std::uint16_t*>(v.view().data);
+  FlagProbe probe(DType::BF16, 100, 7);
   struct Planted {
     std::uint16_t bits;
     bool nonfinite, tiny;
@@ -172,25 +209,17 @@ TEST(CpuPack, Bf16VFlagsSeeEveryValue) {
                           Planted{0x9f80, false, false}, Planted{0x8000, false, false}, Planted{0x0001, false, true}})
     for (const std::int64_t at : {std::int64_t(0), std::int64_t(63), std::int64_t(64 * 64 + 17),
                                   std::int64_t(99 * 64 + 63)}) {
-      const std::uint16_t kept = v_bits[at];
-      v_bits[at] = p.bits;
-      const cpu::RowSource in{k.view(), k.view(), v.view()};
-      const std::int64_t tile = at / d_count / tile_k;
-      Panels got = poisoned_panels(d_count, tile_k);
-      const cpu::KvFlags flags = cpu::pack_kv_tile(in, 0, 0, tile, tile_k, nullptr, nullptr, got.kt.data(),
-                                                   got.v.data());
+      const std::int64_t tile = FlagProbe::tile_of(at);
+      const cpu::KvFlags flags = probe.flags_with(false, at, p.bits, tile);
       EXPECT_EQ(flags.nonfinite, p.nonfinite) << std::hex << p.bits << " at " << std::dec << at;
       EXPECT_EQ(flags.tiny, p.tiny) << std::hex << p.bits << " at " << std::dec << at;
-      const cpu::KvFlags other = cpu::pack_kv_tile(in, 0, 0, 1 - tile, tile_k, nullptr, nullptr, got.kt.data(),
-                                                   got.v.data());
+      const cpu::KvFlags other = probe.flags_with(false, at, p.bits, 1 - tile);
       EXPECT_FALSE(other.nonfinite || other.tiny) << "a value in the other tile";
       if (avx512) {
-        cpu::KvFlags direct;
-        ASSERT_TRUE(cpu::pack_pairs_tile_amx(in, 0, 0, tile, tile_k, got.kt.data(), got.v.data(), direct));
+        const cpu::KvFlags direct = probe.flags_with(false, at, p.bits, tile, /*direct=*/true);
         EXPECT_EQ(direct.nonfinite, p.nonfinite);
         EXPECT_EQ(direct.tiny, p.tiny);
       }
-      v_bits[at] = kept;
     }
 }
 
@@ -235,12 +264,7 @@ TEST(CpuPack, FloatPanelsAreTheirDefinition) {
 
 // fp32 V's flags: Inf and NaN set nonfinite, nonzero magnitudes below 2^-64 tiny.
 TEST(CpuPack, FloatVFlagsSeeEveryValue) {
-  const std::int64_t tokens = 100, d_count = 64;
-  const int tile_k = 64;
-  Tensor k(DType::F32, 1, tokens, 1, d_count), v(DType::F32, 1, tokens, 1, d_count);
-  testing::fill_normal(k.view(), 9);
-  testing::fill_normal(v.view(), 10);
-  auto* values = static_cast<float*>(v.view().data);
+  FlagProbe probe(DType::F32, 100, 9);
   struct Planted {
     float value;
     bool nonfinite, tiny;
@@ -251,27 +275,16 @@ TEST(CpuPack, FloatVFlagsSeeEveryValue) {
                           Planted{-0x1p-64f, false, false}, Planted{-0.0f, false, false},
                           Planted{std::numeric_limits<float>::denorm_min(), false, true}})
     for (const std::int64_t at : {std::int64_t(0), std::int64_t(64 * 64 + 17), std::int64_t(99 * 64 + 63)}) {
-      const float kept = values[at];
-      values[at] = p.value;
-      const cpu::RowSource in{k.view(), k.view(), v.view()};
-      std::vector<float> kt(std::size_t(d_count * tile_k)), v_rows(kt.size());
-      const cpu::KvFlags flags = cpu::pack_kv_tile(in, 0, 0, at / d_count / tile_k, tile_k, kt.data(), v_rows.data());
+      const cpu::KvFlags flags = probe.flags_with(false, at, p.value, FlagProbe::tile_of(at));
       EXPECT_EQ(flags.nonfinite, p.nonfinite) << p.value << " at " << at;
       EXPECT_EQ(flags.tiny, p.tiny) << p.value << " at " << at;
-      values[at] = kept;
     }
 }
 
 // fp16: an Inf or NaN in K sets k_nonfinite, in V nonfinite; the smallest
 // subnormal sets neither, nor tiny (no fp16 value, nor a low part, is below kTinyV).
 TEST(CpuPack, F16FlagsComeFromTheSplit) {
-  const std::int64_t tokens = 70, d_count = 64;
-  const int tile_k = 64;
-  Tensor k(DType::F16, 1, tokens, 1, d_count), v(DType::F16, 1, tokens, 1, d_count);
-  testing::fill_normal(k.view(), 3);
-  testing::fill_normal(v.view(), 4);
-  auto* k_bits = static_cast<std::uint16_t*>(k.view().data);
-  auto* v_bits = static_cast<std::uint16_t*>(v.view().data);
+  FlagProbe probe(DType::F16, 70, 3);
   struct Planted {
     bool in_k;
     std::uint16_t bits;
@@ -281,17 +294,10 @@ TEST(CpuPack, F16FlagsComeFromTheSplit) {
                           Planted{false, 0xfc00, false, true}, Planted{false, 0x7e00, false, true},
                           Planted{false, 0x0001, false, false}, Planted{true, 0x8001, false, false}})
     for (const std::int64_t at : {std::int64_t(5), std::int64_t(64 * 64 + 63)}) {
-      std::uint16_t* bits = p.in_k ? k_bits : v_bits;
-      const std::uint16_t kept = bits[at];
-      bits[at] = p.bits;
-      const cpu::RowSource in{k.view(), k.view(), v.view()};
-      Panels got = poisoned_panels(d_count, tile_k, 2);
-      const cpu::KvFlags flags = cpu::pack_kv_tile(in, 0, 0, at / d_count / tile_k, tile_k, nullptr, nullptr,
-                                                   got.kt.data(), got.v.data());
+      const cpu::KvFlags flags = probe.flags_with(p.in_k, at, p.bits, FlagProbe::tile_of(at));
       EXPECT_EQ(flags.k_nonfinite, p.k_nonfinite) << std::hex << p.bits << (p.in_k ? " in K" : " in V");
       EXPECT_EQ(flags.nonfinite, p.nonfinite) << std::hex << p.bits << (p.in_k ? " in K" : " in V");
       EXPECT_FALSE(flags.tiny);
-      bits[at] = kept;
     }
 }
 
@@ -348,9 +354,9 @@ TEST(CpuStore, VectorRowDivisionIsTheScalarOne) {
                           : uniform(rng);
       std::vector<float> fp32(a.size() + 1, 42.0f);
       std::vector<std::uint16_t> bf16(a.size() + 1, 0x1234), f16(a.size() + 1, 0x1234);
-      cpu::divide_row_avx512(a.data(), l, count, fp32.data());
-      cpu::divide_row_bf16_avx512(a.data(), l, count, bf16.data());
-      cpu::divide_row_f16_avx512(a.data(), l, count, f16.data());
+      cpu::divide_row_avx512(a.data(), l, count, DType::F32, fp32.data());
+      cpu::divide_row_avx512(a.data(), l, count, DType::BF16, bf16.data());
+      cpu::divide_row_avx512(a.data(), l, count, DType::F16, f16.data());
       for (std::size_t d = 0; d < a.size(); ++d) {
         const float want = a[d] / l;
         std::uint32_t got_bits, want_bits;

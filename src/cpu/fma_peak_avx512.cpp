@@ -1,6 +1,4 @@
 // The FMA-throughput loop for AVX-512 (what measure_fma_peak_gflops times).
-// GCC 12's AVX-512 intrinsics build their results from a self-initialised
-// variable (_mm512_undefined_ps) that -Wall reports; the values are fully set.
 #include "cpu/intrinsics.hpp"
 
 #include "cpu/kernel.hpp"

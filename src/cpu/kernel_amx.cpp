@@ -167,27 +167,26 @@ void split_p(const float* p, int rows, int cols, int stride, std::uint16_t* part
 }
 
 // O[16 * kRowTiles][kD] += (sum of the kParts parts of P) (sum of the kVParts
-// parts of V) over `cols` keys: the first `cols` of v[0] when count is 1, all
-// tile_k of v[0] then of v[1] when it is 2; v[t]: a key tile's pairs [kVParts]
-// [tile_k / 2][kD]; P's parts row stride p_stride; o: row stride kD. Part j of
-// P is below 2^-7j of P and part b
+// parts of V) over `keys` keys: up to tile_k from v[0], the rest from v[1]; v[t]:
+// a key tile's pairs [kVParts][tile_k / 2][kD]; P's parts row stride p_stride;
+// o: row stride kD. Part j of P is below 2^-7j of P and part b
 // of V below 2^-9b of V, so products with j + b >= kParts are left out, as the
 // split of P leaves out as much: with two parts of P, the one below 2^-16 of
 // the term; with three, the one below 2^-24.
 template <int kD, int kRowTiles, int kParts, int kVParts>
-void pv_tiles(const std::uint16_t* parts, int p_stride, const std::uint32_t* const* v, int count, int tile_k, int cols,
+void pv_tiles(const std::uint16_t* parts, int p_stride, const std::uint32_t* const* v, int tile_k, int keys,
               float* o) {
   constexpr long kVBytes = kD * 4;
   const long p_bytes = long(p_stride) * 2;
   const std::int64_t part = std::int64_t(kBlockRows) * p_stride;
   const std::int64_t v_part = std::int64_t(tile_k / 2) * kD;
-  const int keys = count == 1 ? cols : count * tile_k;
   for (int d0 = 0; d0 < kD; d0 += 32) {
     load_accumulators<kRowTiles>(o + d0, kD);
     for (int c = 0; c < keys; c += 32)
       for (int b = kVParts - 1; b >= 0; --b) {  // smallest parts first
-        const int t = c / tile_k;  // (0 when count is 1: cols <= tile_k)
-        const std::uint32_t* v_at = v[t] + b * v_part + std::int64_t((c - t * tile_k) / 2) * kD + d0;
+        const int t = c >= tile_k;           // the key's tile: v[0] or v[1]
+        const int c_in_tile = c - t * tile_k;
+        const std::uint32_t* v_at = v[t] + b * v_part + std::int64_t(c_in_tile / 2) * kD + d0;
         _tile_loadd(6, v_at, kVBytes);
         _tile_loadd(7, v_at + 16, kVBytes);
         for (int j = kParts - 1; j >= 0; --j) {
@@ -220,13 +219,7 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, const std::int32_t* 
   // Columns [begin, begin + cols) of a single tile (K and V are zero past the
   // sequence, which ends `valid` columns in).
   int begin = 0, cols = (valid_cols + 31) / 32 * 32;
-  if (partial) {
-    const ColumnSpan span = allowed_columns(block_mask, job.mask_words, rows, cols, 32);
-    if (span.begin >= span.end || span.begin >= valid_cols) return;  // these rows allow no key here
-    begin = span.begin;
-    cols = span.end - span.begin;
-    block_mask += begin / 64;
-  }
+  if (partial && !narrow_to_allowed(block_mask, job.mask_words, rows, valid_cols, 32, begin, cols)) return;
   const int step_cols = (count - 1) * tile_k + cols;
   const int valid = (count - 1) * tile_k + valid_cols - begin;
   float* o = job.o + std::int64_t(r0) * kD;
@@ -269,19 +262,19 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, const std::int32_t* 
   std::uint16_t* p_parts = job.p_parts + begin;
   if (job.p_part_count == 1) {  // (bf16 inputs only)
     split_p<1>(s, kRowTiles * 16, step_cols, s_stride, p_parts);
-    pv_tiles<kD, kRowTiles, 1, 1>(p_parts, s_stride, v_pairs, count, tile_k, cols, o);
+    pv_tiles<kD, kRowTiles, 1, 1>(p_parts, s_stride, v_pairs, tile_k, step_cols, o);
   } else if (job.p_part_count == 2) {
     split_p<2>(s, kRowTiles * 16, step_cols, s_stride, p_parts);
     if (in_parts == 1)
-      pv_tiles<kD, kRowTiles, 2, 1>(p_parts, s_stride, v_pairs, count, tile_k, cols, o);
+      pv_tiles<kD, kRowTiles, 2, 1>(p_parts, s_stride, v_pairs, tile_k, step_cols, o);
     else
-      pv_tiles<kD, kRowTiles, 2, 2>(p_parts, s_stride, v_pairs, count, tile_k, cols, o);
+      pv_tiles<kD, kRowTiles, 2, 2>(p_parts, s_stride, v_pairs, tile_k, step_cols, o);
   } else {
     split_p<3>(s, kRowTiles * 16, step_cols, s_stride, p_parts);
     if (in_parts == 1)
-      pv_tiles<kD, kRowTiles, 3, 1>(p_parts, s_stride, v_pairs, count, tile_k, cols, o);
+      pv_tiles<kD, kRowTiles, 3, 1>(p_parts, s_stride, v_pairs, tile_k, step_cols, o);
     else
-      pv_tiles<kD, kRowTiles, 3, 2>(p_parts, s_stride, v_pairs, count, tile_k, cols, o);
+      pv_tiles<kD, kRowTiles, 3, 2>(p_parts, s_stride, v_pairs, tile_k, step_cols, o);
   }
 }
 

@@ -1,6 +1,4 @@
 // The attention kernel for AVX-512 (built with the flags src/cpu/CMakeLists.txt gives *_avx512.cpp).
-// GCC 12's AVX-512 intrinsics build their results from a self-initialised
-// variable (_mm512_undefined_ps) that -Wall reports; the values are fully set.
 #include "cpu/intrinsics.hpp"
 
 #include "cpu/kernel.hpp"

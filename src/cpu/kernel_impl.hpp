@@ -185,6 +185,20 @@ inline ColumnSpan allowed_columns(const std::uint64_t* mask, int mask_words, int
   return {lowest / 64 * 64, end < cols ? end : cols};
 }
 
+// A partial tile's columns [begin, begin + cols) for a block of rows (begin 0 and
+// cols the whole tile on entry) narrowed to allowed_columns, with the block's
+// mask advanced to `begin`; false when the rows allow no key before the sequence
+// ends (valid_cols): the block then skips the tile.
+inline bool narrow_to_allowed(const std::uint64_t*& mask, int mask_words, int rows, int valid_cols, int align,
+                              int& begin, int& cols) {
+  const ColumnSpan span = allowed_columns(mask, mask_words, rows, cols, align);
+  if (span.begin >= span.end || span.begin >= valid_cols) return false;
+  begin = span.begin;
+  cols = span.end - span.begin;
+  mask += begin / 64;
+  return true;
+}
+
 // Lane bits of vector j (columns j*W ...) from a bitmask row; all ones when mask is null.
 inline unsigned lane_bits(const std::uint64_t* mask_row, int j) {
   constexpr unsigned kAll = Vec::W >= 32 ? ~0u : (1u << Vec::W) - 1u;
@@ -306,13 +320,7 @@ void attend(const QueryTileJob& job) {
       const std::uint64_t* block_mask = mask ? mask + std::int64_t(r0) * job.mask_words : nullptr;
       // Columns [begin, begin + cols) of the tile; past `valid` of them, the sequence has ended.
       int begin = 0, cols = tile_cols;
-      if (partial) {
-        const ColumnSpan span = allowed_columns(block_mask, job.mask_words, rows, tile_cols, kQkCols);
-        if (span.begin >= span.end || span.begin >= valid_cols) continue;  // these rows allow no key here
-        begin = span.begin;
-        cols = span.end - span.begin;
-        block_mask += begin / 64;
-      }
+      if (partial && !narrow_to_allowed(block_mask, job.mask_words, rows, valid_cols, kQkCols, begin, cols)) continue;
       const int valid = valid_cols - begin;
       const float* v = job.kv.v + (c0 + begin) * kD;
       float* s = job.scratch + begin;

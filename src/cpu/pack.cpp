@@ -112,15 +112,17 @@ void flag_floats(const float* values, std::int64_t count, KvFlags& flags) {
 KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
                      float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs) {
   const TensorView &k = in.k, &v = in.v;
-  // Pair panels are only asked for without kt and v_rows by the AMX kernel, whose hosts have AVX-512.
-  if (kt_pairs != nullptr && v_pairs != nullptr && kt == nullptr && v_rows == nullptr) {
-    KvFlags flags;
-    if (pack_pairs_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags)) return flags;
-  }
+  // The vector packers, where they apply: pair panels alone (the AMX kernel's)
+  // or fp32 panels alone; each declines what it cannot take.
   static const bool avx512 = machine_supports(Isa::Avx512);
-  if (avx512 && kt != nullptr && v_rows != nullptr && kt_pairs == nullptr && v_pairs == nullptr) {
+  if (avx512) {
     KvFlags flags;
-    if (pack_floats_tile_avx512(in, b, h, tile, tile_k, kt, v_rows, flags)) return flags;
+    if (kt == nullptr && v_rows == nullptr && kt_pairs != nullptr && v_pairs != nullptr &&
+        pack_pairs_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags))
+      return flags;
+    if (kt != nullptr && v_rows != nullptr && kt_pairs == nullptr && v_pairs == nullptr &&
+        pack_floats_tile_avx512(in, b, h, tile, tile_k, kt, v_rows, flags))
+      return flags;
   }
   const std::int64_t head = in.head(h);
   const std::int64_t d_count = k.head_dim();
@@ -267,12 +269,9 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
     const std::int64_t n = token(i);
     const std::int64_t base = o.offset(b, n, head, 0);
     const std::int64_t step = o.stride[3];
-    if (vector_rows && !empty && o.dtype == DType::F32) {
-      divide_row_avx512(a, l[i], d_count, static_cast<float*>(o.data) + base);
-    } else if (vector_rows && !empty && o.dtype == DType::BF16) {
-      divide_row_bf16_avx512(a, l[i], d_count, static_cast<std::uint16_t*>(o.data) + base);
-    } else if (vector_rows && !empty) {
-      divide_row_f16_avx512(a, l[i], d_count, static_cast<std::uint16_t*>(o.data) + base);
+    if (vector_rows && !empty) {
+      divide_row_avx512(a, l[i], d_count, o.dtype,
+                        static_cast<char*>(o.data) + base * std::int64_t(element_size(o.dtype)));
     } else {
       switch (o.dtype) {
         case DType::F32:

@@ -102,8 +102,8 @@ inline constexpr float kTinyV = 0x1p-64f;
 KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
                      float* v_rows, std::uint32_t* kt_pairs = nullptr, std::uint32_t* v_pairs = nullptr);
 // pack_kv_tile's work for bf16 or fp16 K and V (both the same) into pair panels
-// only (kt and v_rows not written), with AVX-512 (pack_pairs_amx.cpp; the caller
-// makes sure the CPU has it): false, and nothing written, where it does not apply
+// only (kt and v_rows not written), with AVX-512 (pack_pairs_amx.cpp; only for
+// CPUs with AVX-512): false, and nothing written, where it does not apply
 // (another dtype, channels not contiguous, a head dim not a multiple of 32 or
 // above 512, tile_k not a multiple of 16). Ors the flags into `flags`.
 bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
@@ -140,10 +140,9 @@ struct RowDestination {
 void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
                 const float* acc, const float* m, const float* l, double score_scale);
 
-// dst[d] = a[d] / l for `count` channels, as fp32 or rounded to bf16 or fp16 as
-// float_to_bf16 and float_to_f16 do (store_avx512.cpp; only for CPUs with AVX-512).
-void divide_row_avx512(const float* a, float l, std::int64_t count, float* dst);
-void divide_row_bf16_avx512(const float* a, float l, std::int64_t count, std::uint16_t* dst);
-void divide_row_f16_avx512(const float* a, float l, std::int64_t count, std::uint16_t* dst);
+// dst[d] = a[d] / l for `count` channels of `dtype`: fp32, or rounded to bf16 or
+// fp16 as float_to_bf16 and float_to_f16 do (store_avx512.cpp; only for CPUs
+// with AVX-512).
+void divide_row_avx512(const float* a, float l, std::int64_t count, DType dtype, void* dst);
 
 }  // namespace stsa::cpu

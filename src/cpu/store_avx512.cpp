@@ -16,41 +16,43 @@ __mmask16 lanes_before(std::int64_t count, std::int64_t d) {
   return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1u);
 }
 
+// 16 values rounded to bf16 as float_to_bf16 rounds one: to nearest even, NaN quieted.
+__m256i to_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i bits = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  bits = _mm512_mask_or_epi32(bits, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(bits);
+}
+
+// 16 values rounded to fp16 as float_to_f16 rounds one: to nearest even, NaN as sign | 0x7e00.
+__m256i to_f16(__m512 x) {
+  const __m256i bits = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m256i sign = _mm256_and_si256(bits, _mm256_set1_epi16(std::int16_t(0x8000)));
+  return _mm256_mask_mov_epi16(bits, nan, _mm256_or_si256(sign, _mm256_set1_epi16(0x7e00)));
+}
+
 }  // namespace
 
-void divide_row_avx512(const float* a, float l, std::int64_t count, float* dst) {
+void divide_row_avx512(const float* a, float l, std::int64_t count, DType dtype, void* dst) {
   const __m512 vl = _mm512_set1_ps(l);
-  for (std::int64_t d = 0; d < count; d += 16) {
-    const __mmask16 lanes = lanes_before(count, d);
-    _mm512_mask_storeu_ps(dst + d, lanes, _mm512_div_ps(_mm512_maskz_loadu_ps(lanes, a + d), vl));
-  }
-}
-
-void divide_row_bf16_avx512(const float* a, float l, std::int64_t count, std::uint16_t* dst) {
-  const __m512 vl = _mm512_set1_ps(l);
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf_bits = _mm512_set1_epi32(0x7f800000);
-  const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
-  for (std::int64_t d = 0; d < count; d += 16) {
-    const __mmask16 lanes = lanes_before(count, d);
-    const __m512i u = _mm512_castps_si512(_mm512_div_ps(_mm512_maskz_loadu_ps(lanes, a + d), vl));
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    __m512i bits = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, odd)), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
-    bits = _mm512_mask_or_epi32(bits, nan, _mm512_srli_epi32(u, 16), quiet);
-    _mm256_mask_storeu_epi16(dst + d, lanes, _mm512_cvtepi32_epi16(bits));
-  }
-}
-
-void divide_row_f16_avx512(const float* a, float l, std::int64_t count, std::uint16_t* dst) {
-  const __m512 vl = _mm512_set1_ps(l);
-  const __m256i sign_bit = _mm256_set1_epi16(std::int16_t(0x8000)), quiet_nan = _mm256_set1_epi16(0x7e00);
   for (std::int64_t d = 0; d < count; d += 16) {
     const __mmask16 lanes = lanes_before(count, d);
     const __m512 x = _mm512_div_ps(_mm512_maskz_loadu_ps(lanes, a + d), vl);
-    __m256i bits = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);  // float_to_f16: sign | 0x7e00
-    bits = _mm256_mask_mov_epi16(bits, nan, _mm256_or_si256(_mm256_and_si256(bits, sign_bit), quiet_nan));
-    _mm256_mask_storeu_epi16(dst + d, lanes, bits);
+    switch (dtype) {
+      case DType::F32:
+        _mm512_mask_storeu_ps(static_cast<float*>(dst) + d, lanes, x);
+        break;
+      case DType::BF16:
+        _mm256_mask_storeu_epi16(static_cast<std::uint16_t*>(dst) + d, lanes, to_bf16(x));
+        break;
+      case DType::F16:
+        _mm256_mask_storeu_epi16(static_cast<std::uint16_t*>(dst) + d, lanes, to_f16(x));
+        break;
+    }
   }
 }
 
