@@ -249,14 +249,14 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, const std::int32_t* 
     const float* v = job.kv.v + (std::int64_t(tiles[0]) * tile_k + begin) * kD;
     const int keys = valid < cols ? valid : cols;
     if (partial)
-      pv_rows_skipping_masked<kD>(s, tile_k, rows, v, keys, o, block_mask, job.mask_words);
+      pv_rows_skipping_masked<kD>(s, s_stride, rows, v, keys, o, block_mask, job.mask_words);
     else
-      pv_rows<kD, PvShape<kD>::kRows>(s, tile_k, rows, v, keys, o);
+      pv_rows<kD, PvShape<kD>::kRows>(s, s_stride, rows, v, keys, o);
     return;
   }
   // Padding rows (zero Q) are split and multiplied too: a tile product keeps rows
   // apart, and their O rows are never stored.
-  const std::uint32_t* v_pairs[2];
+  const std::uint32_t* v_pairs[kAmxKeyTilesPerStep];
   for (int t = 0; t < count; ++t)
     v_pairs[t] = job.kv.v_pairs + std::int64_t(tiles[t]) * in_parts * (tile_k / 2) * kD + begin / 2 * kD;
   std::uint16_t* p_parts = job.p_parts + begin;

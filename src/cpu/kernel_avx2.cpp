@@ -36,7 +36,6 @@ struct Vec {
     const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(bits)), lane_bit), lane_bit);
     return _mm256_blendv_ps(fill, x, _mm256_castsi256_ps(set));
   }
-  static bool any_nan(reg x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0; }
   // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by kExp2Poly (kernel.hpp).
   // Clamping at -127 makes 2^n's exponent field 0, so -inf gives exactly 0; the
   // clamp keeps x when x is NaN (MAXPS returns its second operand then).

@@ -9,7 +9,6 @@
 //     load, store, zero, set1, fmadd(a, b, c) = a * b + c, mul, sub, max,
 //     reduce_max, reduce_add, exp2 (0 for -inf, NaN for NaN),
 //     select(bits, x, fill)  // lane i: bit i of bits ? x : fill
-//     any_nan(x)
 //     kHasBf16Dot            // true: also load_pairs(p) and dot_pairs(acc, pair, pairs) =
 //                            //   acc + a.lo * b.lo + a.hi * b.hi per lane (bf16 pairs, fp32 sums)
 //   };

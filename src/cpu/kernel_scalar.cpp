@@ -21,7 +21,6 @@ struct Vec {
   static float reduce_max(reg x) { return x; }
   static float reduce_add(reg x) { return x; }
   static reg select(unsigned bits, reg x, reg fill) { return (bits & 1u) ? x : fill; }
-  static bool any_nan(reg x) { return x != x; }
   static reg exp2(reg x) { return __builtin_exp2f(x); }
 };
 

@@ -17,7 +17,6 @@ struct Vec {
   static float reduce_max(reg x) { return _mm512_reduce_max_ps(x); }
   static float reduce_add(reg x) { return _mm512_reduce_add_ps(x); }
   static reg select(unsigned bits, reg x, reg fill) { return _mm512_mask_blend_ps(__mmask16(bits), fill, x); }
-  static bool any_nan(reg x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
   // VDPBF16PS: per lane acc + a.hi * b.hi + a.lo * b.lo, the products exact in fp32
   // and each sum rounded (two FMAs); bf16 subnormal inputs count as zero.
   static constexpr bool kHasBf16Dot = true;
