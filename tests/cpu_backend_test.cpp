@@ -684,7 +684,7 @@ AmxAgainstFp32P run_amx_and_fp32p(const VideoLayout& layout, DType in, DType out
 }
 
 // With an fp16 output, or fp16 inputs and a bf16 output, the AMX kernel splits P
-// in two parts, within 2^-17 of P: 64x (256x) below the output's own rounding,
+// in two parts, within 2^-16 of P: 32x (128x) below the output's own rounding,
 // so its output is the fp32-P kernel's (AVX-512, P V in fp32) but for the few
 // elements within that much of a rounding boundary. fp16 inputs add the product
 // of P's and V's low parts left out (below 2^-16 of a term). Measured on an AMX
@@ -699,7 +699,7 @@ TEST(CpuBackend, AmxSixteenBitOutputIsTheFp32PKernelsButForFewRoundings) {
     for (const DType out : {DType::BF16, DType::F16})
       for (std::int64_t head_dim : {64, 128}) {
         if (in == DType::BF16 && out == DType::BF16) continue;  // P in one part: the next test
-        // fp16's units are 8x finer, so more values lie within 2^-17 of a boundary.
+        // fp16's units are 8x finer, so more values lie within 2^-16 of a boundary.
         const double share = out == DType::BF16 ? 0.02 : 0.08;
         const VideoLayout layout{grid, 1, 4, head_dim};
         const auto runs = run_amx_and_fp32p(layout, in, out, four_heads(grid, 0.25, true, {128, 128}, Alignment::Exact));

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <set>
 
+#include "cpu/isa.hpp"
 #include "router/candidate_mask.hpp"
 #include "router/route_errors.hpp"
 #include "stsa/error.hpp"
@@ -90,12 +91,18 @@ TEST(CandidateMask, BlockCoverAgreesWithThePairsOnLargerGrids) {
       }
 }
 
+// Whether the router computes with AMX tile products under `isa` (RouterOptions::isa).
+bool takes_tiles(Isa isa, DType dtype, std::int64_t head_dim) {
+  return resolve_isa(isa) == Isa::Amx && dtype != DType::F32 && head_dim % 32 == 0;
+}
+
 // Router errors against fp64 outputs of the same sampled rows from reference_rows.
 void check_errors_against_reference(const VideoLayout& layout, DType dtype, TokenOrder order, std::uint64_t seed,
-                                    int samples = 24) {
+                                    int samples = 24, Isa isa = Isa::Auto) {
   SCOPED_TRACE(layout.grid.describe() + " B=" + std::to_string(layout.batch) + " D=" +
                std::to_string(layout.head_dim) + " " + std::string(to_string(dtype)) + " " +
-               std::string(to_string(order)) + " seed " + std::to_string(seed) + " samples " + std::to_string(samples));
+               std::string(to_string(order)) + " seed " + std::to_string(seed) + " samples " + std::to_string(samples) +
+               " isa " + std::string(to_string(isa)));
   testing::Problem p = testing::make_problem(
       layout, dtype, std::vector<HeadMask>(std::size_t(layout.heads), HeadMask{MaskSpec::dense(), order, nullptr, true}),
       seed);
@@ -106,9 +113,11 @@ void check_errors_against_reference(const VideoLayout& layout, DType dtype, Toke
   options.spatial_density = 0.2;
   options.temporal_density = 0.3;
   options.frame_window_density = 0.4;
+  options.isa = isa;
   const Router router(options);
   AttentionCall call = p.call();
   const RoutingReport report = router.route(layout, call.q, call.k, call.v, order, 0.f);
+  EXPECT_EQ(report.tile_products, takes_tiles(isa, dtype, layout.head_dim));
   ASSERT_EQ(report.heads.size(), std::size_t(layout.heads));
   ASSERT_EQ(report.sampled_rows.size(), std::size_t(std::min<std::int64_t>(samples, layout.tokens())));
 
@@ -132,7 +141,8 @@ void check_errors_against_reference(const VideoLayout& layout, DType dtype, Toke
       }
       const CandidateError& got = report.heads[std::size_t(h)].candidates[c];
       const double mse = err / double(count * layout.head_dim);
-      // fp32 accumulation against fp64: errors agree to a small absolute floor plus a relative share.
+      // fp32 accumulation against fp64 (tiles: weights within 2^-16 of themselves):
+      // errors agree to a small absolute floor plus a relative share.
       EXPECT_NEAR(got.mse, mse, 1e-7 + 1e-3 * mse) << "head " << h << " " << got.spec.describe();
       EXPECT_NEAR(got.rel_l2, std::sqrt(err / ref), 1e-4 + 1e-3 * std::sqrt(err / ref)) << "head " << h;
     }
@@ -569,6 +579,159 @@ TEST(Router, FlopsCountEveryCandidatesKeptPairs) {
   const RoutingReport a = Router(two).route(data.layout, data.q.view(), data.k.view(), data.v.view());
   const RoutingReport b = Router(three).route(data.layout, data.q.view(), data.k.view(), data.v.view());
   EXPECT_GT(b.flops, a.flops);
+}
+
+// Isa::Avx512 (the fp32 path everywhere) and, where this CPU has AMX, Isa::Amx.
+std::vector<Isa> router_paths() {
+  std::vector<Isa> paths{Isa::Avx512};
+  if (cpu::machine_supports(Isa::Amx)) paths.push_back(Isa::Amx);
+  return paths;
+}
+
+// Both ways of computing the sampled attention against the fp64 reference, on the
+// shapes the tile path takes (bf16 and fp16, head dims 64, 96 and 128) and two it
+// leaves to the fp32 path (D = 80, fp32), with ragged key blocks, several key
+// chunks and sub-chunks, text before and after, two batch entries, fewer rows
+// than a tile and more.
+TEST(Router, SampledErrorsMatchTheReferenceOnEitherPath) {
+  if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "needs AVX-512 to name the fp32 path";
+  const std::uint64_t seed = testing::fresh_seed();
+  for (const Isa isa : router_paths()) {
+    check_errors_against_reference({{5, 3, 9, 11, TextPlacement::Before}, 2, 2, 64}, DType::BF16,
+                                   TokenOrder::FrameMajor, seed, 24, isa);
+    check_errors_against_reference({{3, 6, 5, 9, TextPlacement::After}, 1, 2, 96}, DType::F16,
+                                   TokenOrder::SpatialMajor, seed + 1, 24, isa);
+    check_errors_against_reference({{7, 30, 45, 13, TextPlacement::Before}, 2, 2, 128}, DType::BF16,
+                                   TokenOrder::FrameMajor, seed + 2, 40, isa);
+    check_errors_against_reference({{4, 20, 24, 7, TextPlacement::After}, 1, 2, 64}, DType::F16,
+                                   TokenOrder::FrameMajor, seed + 3, 7, isa);
+    check_errors_against_reference({{2, 2, 3, 5, TextPlacement::Before}, 2, 2, 128}, DType::BF16,
+                                   TokenOrder::SpatialMajor, seed + 4, 64, isa);
+    check_errors_against_reference({{3, 5, 6, 0, TextPlacement::After}, 1, 2, 80}, DType::BF16,
+                                   TokenOrder::FrameMajor, seed + 5, 24, isa);
+    check_errors_against_reference({{3, 5, 6, 0, TextPlacement::After}, 1, 2, 64}, DType::F32,
+                                   TokenOrder::FrameMajor, seed + 6, 24, isa);
+  }
+}
+
+RoutingReport route_with(Isa isa, const synth::Data& data, int threads = 0, int samples = 64) {
+  RouterOptions ro;
+  ro.isa = isa;
+  ro.threads = threads;
+  ro.samples = samples;
+  ro.try_frame_window = true;
+  return Router(ro).route(data.layout, data.q.view(), data.k.view(), data.v.view());
+}
+
+// The tile path against the fp32 path on synthetic heads of known kind: the same
+// decisions (the true ones), flops and samples, each error within what the
+// weights' rounding moves it.
+TEST(Router, TilePathDecidesLikeTheFp32Path) {
+  if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
+  for (const DType dtype : {DType::BF16, DType::F16}) {
+    synth::Options o;
+    o.grid = {9, 20, 30, 0, TextPlacement::After};
+    o.heads = 6;
+    o.head_dim = 128;
+    o.dtype = dtype;
+    o.seed = testing::fresh_seed();
+    const synth::Data data = synth::make_video_tokens(o);
+    const RoutingReport fp32 = route_with(Isa::Avx512, data), tiles = route_with(Isa::Amx, data);
+    SCOPED_TRACE(std::string(to_string(dtype)) + " seed " + std::to_string(o.seed));
+    EXPECT_FALSE(fp32.tile_products);
+    EXPECT_TRUE(tiles.tile_products);
+    EXPECT_EQ(tiles.flops, fp32.flops);
+    EXPECT_EQ(tiles.sampled_rows, fp32.sampled_rows);
+    ASSERT_EQ(tiles.heads.size(), fp32.heads.size());
+    for (std::size_t h = 0; h < tiles.heads.size(); ++h) {
+      EXPECT_EQ(tiles.heads[h].route, fp32.heads[h].route) << "head " << h;
+      EXPECT_EQ(tiles.heads[h].route, data.truth[h]) << "head " << h;
+      for (std::size_t c = 0; c < tiles.heads[h].candidates.size(); ++c) {
+        const CandidateError &got = tiles.heads[h].candidates[c], &want = fp32.heads[h].candidates[c];
+        // The weights' rounding (2^-16) moves a well-fitting candidate's MSE, a
+        // difference of two close outputs, most: measured up to 1.5e-4 of itself.
+        EXPECT_NEAR(got.mse, want.mse, 1e-3 * want.mse + 1e-12) << "head " << h << " candidate " << c;
+        EXPECT_NEAR(got.rel_l2, want.rel_l2, 5e-4 * want.rel_l2 + 1e-7) << "head " << h << " candidate " << c;
+      }
+    }
+  }
+}
+
+TEST(Router, TilePathErrorsAreBitIdenticalForAnyThreadCount) {
+  if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
+  synth::Options o;
+  o.grid = {6, 30, 40, 7, TextPlacement::After};  // 7,207 tokens: two key chunks
+  o.heads = 5;
+  o.head_dim = 64;
+  o.batch = 2;
+  o.dtype = DType::BF16;
+  o.seed = testing::fresh_seed();
+  const synth::Data data = synth::make_video_tokens(o);
+  const RoutingReport one = route_with(Isa::Amx, data, 1, 20);
+  for (int threads : {2, 3, 7}) {
+    const RoutingReport many = route_with(Isa::Amx, data, threads, 20);
+    ASSERT_EQ(many.heads.size(), one.heads.size());
+    for (std::size_t h = 0; h < one.heads.size(); ++h)
+      for (std::size_t c = 0; c < one.heads[h].candidates.size(); ++c)
+        EXPECT_EQ(many.heads[h].candidates[c].mse, one.heads[h].candidates[c].mse)
+            << threads << " threads, head " << h << ", candidate " << c;
+  }
+}
+
+// Values below 2^-64 in V, whose products with small weights bf16 tiles flush
+// to zero: the chunks holding them are computed by the fp32 path, so a head of
+// tiny values gets the fp32 path's errors exactly (and its true route).
+TEST(Router, TinyValuesTakeTheFp32Path) {
+  if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
+  synth::Options o;
+  o.grid = {9, 20, 30, 0, TextPlacement::After};
+  o.heads = 2;
+  o.head_dim = 64;
+  o.dtype = DType::BF16;
+  o.seed = testing::fresh_seed();
+  synth::Data data = synth::make_video_tokens(o);
+  const TensorView v = data.v.view();
+  for (std::int64_t n = 0; n < data.layout.tokens(); ++n)
+    for (std::int64_t d = 0; d < data.layout.head_dim; ++d) v.store(0, n, 1, d, std::ldexp(v.load(0, n, 1, d), -100));
+  const RoutingReport fp32 = route_with(Isa::Avx512, data), tiles = route_with(Isa::Amx, data);
+  ASSERT_EQ(tiles.heads.size(), 2u);
+  EXPECT_EQ(tiles.heads[1].route, fp32.heads[1].route);
+  EXPECT_EQ(tiles.heads[1].route, data.truth[1]);
+  for (std::size_t c = 0; c < tiles.heads[1].candidates.size(); ++c) {
+    EXPECT_GT(tiles.heads[1].candidates[c].mse, 0.0) << c;
+    EXPECT_EQ(tiles.heads[1].candidates[c].rel_l2, fp32.heads[1].candidates[c].rel_l2) << c;
+  }
+}
+
+// Inf or NaN in bf16 or fp16 keys: on either path the head is reported
+// non-finite and stays dense (the tile products turn an Inf score into Inf or
+// NaN, the fp32 path into Inf; both are non-finite).
+TEST(Router, NonFiniteSixteenBitInputsKeepTheHeadDenseOnEitherPath) {
+  if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "needs AVX-512 to name the fp32 path";
+  const VideoLayout layout{{4, 4, 8, 0, TextPlacement::After}, 1, 2, 64};
+  for (const DType dtype : {DType::BF16, DType::F16})
+    for (const float bad : {NAN, -INFINITY})
+      for (const Isa isa : router_paths()) {
+        SCOPED_TRACE(std::string(to_string(dtype)) + " " + std::to_string(bad) + " " + std::string(to_string(isa)));
+        testing::Problem p = testing::make_problem(layout, dtype, std::vector<HeadMask>(2), testing::fresh_seed());
+        for (std::int64_t n = 0; n < layout.tokens(); ++n)
+          p.q.view().store(0, n, 1, 0, 0.5f + std::abs(p.q.view().load(0, n, 1, 0)));
+        p.k.view().store(0, 77, 1, 0, bad);
+        AttentionCall call = p.call();
+        RouterOptions lenient;
+        lenient.max_rel_l2 = 100;
+        lenient.isa = isa;
+        const RoutingReport r = Router(lenient).route(layout, call.q, call.k, call.v);
+        EXPECT_EQ(r.heads[1].route, Route::Dense);
+        EXPECT_TRUE(std::isnan(r.heads[1].candidates[0].mse));
+        EXPECT_NE(r.heads[0].route, Route::Dense);
+      }
+}
+
+TEST(Router, RejectsAnUnknownInstructionSet) {
+  RouterOptions bad;
+  bad.isa = static_cast<Isa>(9);
+  EXPECT_THROW(Router{bad}, InvalidArgument);
 }
 
 }  // namespace

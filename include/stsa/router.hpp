@@ -12,6 +12,10 @@
 //
 // Cost per head: 2 S N D FLOPs for the scores plus 2 S D (N + kept keys of each
 // candidate) for the outputs, i.e. O(S x N x D); the report gives the exact count.
+// On CPUs with AMX, bf16 and fp16 inputs (head dims a multiple of 32) run these
+// as tile products: every candidate's output over all keys, with the weights as
+// two bf16 parts each (within 2^-16 of themselves); the counted FLOPs stay the
+// ones above.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "stsa/cpu.hpp"
 #include "stsa/layout.hpp"
 #include "stsa/mask.hpp"
 #include "stsa/tensor.hpp"
@@ -39,6 +44,10 @@ struct RouterOptions {
   bool anchor = true;                 // symmetric frame-0 anchor in every candidate
   std::uint64_t seed = 1;
   int threads = 0;                    // 0: all hardware threads
+  // Auto or Amx: AMX tile products where they apply (bf16 or fp16 inputs, head
+  // dim a multiple of 32), resolved as CpuOptions::isa is (STSA_ISA; Amx on a CPU
+  // without it throws Unsupported). Any other: fp32 vector arithmetic throughout.
+  Isa isa = Isa::Auto;
   void validate() const;              // throws InvalidArgument naming the field and its range
 };
 
@@ -66,6 +75,7 @@ struct RoutingReport {
   double routing_ms = 0;         // wall time of the whole call
   double routing_device_ms = 0;  // the GPU router's kernels alone (CUDA events); 0 from the CPU router
   double flops = 0;  // floating-point operations of the sampled attention (scores and outputs)
+  bool tile_products = false;  // the CPU router computed them on AMX tiles (RouterOptions::isa)
 };
 
 class Router {

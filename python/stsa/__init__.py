@@ -164,8 +164,9 @@ def route(q, k, v, grid, density: float = 0.25, *, spatial_density: float | None
     """Routing alone, for attention run elsewhere: each head's decision as
     ``routed_attention`` makes it (on the GPU for CUDA arrays), without computing
     the attention. Returns ``routes``, ``heads`` (route, mask, band, candidates'
-    errors), ``sampled_rows``, ``routing_ms`` and ``flops``; ``tile_lists(grid,
-    route, density)`` gives each route's plan."""
+    errors), ``sampled_rows``, ``routing_ms``, ``flops`` and ``tile_products``
+    (whether the CPU router computed on AMX tiles: bf16 or fp16 inputs on a CPU
+    with AMX); ``tile_lists(grid, route, density)`` gives each route's plan."""
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
     with _device_of(q):

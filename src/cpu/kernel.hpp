@@ -57,7 +57,7 @@ struct QueryTileJob {
   std::uint16_t* p_parts = nullptr;
   // attend_amx only: how many parts: 3 (P exactly) where the output is fp32;
   // 1 (P rounded to bf16, as bf16 FlashAttention kernels do) for bf16 inputs with
-  // a bf16 output; 2 (P within 2^-17 of itself) for the other 16-bit outputs.
+  // a bf16 output; 2 (P within 2^-16 of itself) for the other 16-bit outputs.
   int p_part_count = 3;
   // attend_amx only: 1 for bf16 Q, K and V; 2 for fp16 ones, each value split
   // into bf16 high and low parts that sum to it exactly (split_f16_to_bf16):

@@ -14,7 +14,7 @@
 // one part, P rounded to nearest bf16 (up to 2^-9 of each term, unbiased), which
 // is what bf16 FlashAttention kernels and PyTorch's CPU attention do, and gives
 // their error. Other 16-bit outputs (fp16, which rounds to 2^-11, or fp16 inputs):
-// two parts, hi + mid with mid rounded to nearest, each P within 2^-17 of itself.
+// two parts, hi + mid with mid rounded to nearest, each P within 2^-16 of itself.
 #include "cpu/intrinsics.hpp"
 
 #include <cstring>
@@ -135,7 +135,7 @@ void qk_from_values(const std::uint32_t* q, const std::uint32_t* kt, int tile_k,
 // their last part (a part under 2^-126 converts to 0), and below 2^-118 the
 // middle one too: at most 2^-7 of themselves, nothing next to a row's largest
 // P = 1 unless their V is 2^95 times larger than its. Two parts: the second is
-// the remainder rounded to nearest, so hi + mid is within 2^-17 of P.
+// the remainder rounded to nearest, so hi + mid is within 2^-16 of P.
 template <int kParts>
 void split_p(const float* p, int rows, int cols, int stride, std::uint16_t* parts) {
   static_assert(kParts >= 1 && kParts <= 3);

@@ -70,6 +70,7 @@ nb::dict routing_dict(const RoutingReport& report) {
   d["routing_ms"] = report.routing_ms;
   d["routing_device_ms"] = report.routing_device_ms;
   d["flops"] = report.flops;
+  d["tile_products"] = report.tile_products;
   return d;
 }
 

@@ -34,6 +34,8 @@ void RouterOptions::validate() const {
   STSA_CHECK(std::isfinite(max_rel_l2) && max_rel_l2 >= 0.0, InvalidArgument,
              "router max relative L2 error must be finite and >= 0, got ", max_rel_l2);
   STSA_CHECK(threads >= 0, InvalidArgument, "router threads must be >= 0 (0: all), got ", threads);
+  STSA_CHECK(isa <= Isa::Amx, InvalidArgument, "router isa must be auto, scalar, avx2, avx512 or amx, got value ",
+             int(isa));
 }
 
 MaskSpec route_spec(const VideoGrid& grid, Route route, const RouterOptions& options) {

@@ -110,6 +110,8 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
   // so the errors are bit-identical for any thread count (grouping only changes
   // which thread computes a head's chunk, not how). Groups shrink until every
   // thread has a couple of items.
+  const bool tiles = router_detail::tiles_apply(resolve_isa(options_.isa), q, k, v);
+  report.tile_products = tiles;
   const int threads = options_.threads > 0 ? options_.threads : router_detail::hardware_threads();
   const std::int64_t chunks = router_detail::key_chunks(layout.tokens());
   const auto sets = std::int64_t(row_sets.size()), heads_n = std::int64_t(which.size());
@@ -124,8 +126,11 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
     const std::int64_t first = item / (sets * chunks) * group, last = std::min(heads_n, first + group);
     const std::int64_t set = item / chunks % sets, chunk = item % chunks;
     std::vector<router_detail::ChunkPartial> out(std::size_t(last - first));
-    router_detail::sampled_chunk(q, k, v, std::span(which).subspan(std::size_t(first), std::size_t(last - first)),
-                                 scale, row_sets[std::size_t(set)], masks, chunk, scratch[std::size_t(worker)], out);
+    const auto group_heads = std::span(which).subspan(std::size_t(first), std::size_t(last - first));
+    const router_detail::RowSet& row_set = row_sets[std::size_t(set)];
+    router_detail::ChunkScratch& buffers = scratch[std::size_t(worker)];
+    if (!tiles || !router_detail::sampled_chunk_tiles(q, k, v, group_heads, scale, row_set, masks, chunk, buffers, out))
+      router_detail::sampled_chunk(q, k, v, group_heads, scale, row_set, masks, chunk, buffers, out);
     for (std::int64_t i = first; i < last; ++i)
       partials[std::size_t((i * sets + set) * chunks + chunk)] = std::move(out[std::size_t(i - first)]);
   });

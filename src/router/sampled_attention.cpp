@@ -17,27 +17,14 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__clang__)
-#pragma clang fp contract(fast)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=fast")  // let the multiply-adds below become FMAs
-#endif
+#include "router/sampled_weights.hpp"
+#include "router/vector_clones.hpp"
 
 namespace stsa::router_detail {
 namespace {
 
-constexpr std::int64_t kKeyBlock = CandidateMask::kBlock;  // keys per block
 constexpr std::int64_t kRowBlock = 4;   // sampled rows scored together (reuses each loaded key vector)
-constexpr std::int64_t kLane = 16;      // channels per accumulator (one AVX-512 register)
 constexpr double kUnderflowFloor = 1e-25;
-
-// Not under ThreadSanitizer: the clones' ifunc resolvers run while the dynamic
-// loader relocates, before the TSan runtime is up, and their instrumentation crashes.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-#define STSA_VECTOR_CLONES __attribute__((target_clones("avx512f", "fma", "default")))
-#else
-#define STSA_VECTOR_CLONES
-#endif
 
 // out[r][j] = sum_d q[r][d] * kt[d][j] for kRowBlock rows and kKeyBlock keys (kt: transposed key block).
 STSA_VECTOR_CLONES void score_rows(const float* __restrict q, std::int64_t dim, const float* __restrict kt,
@@ -51,64 +38,6 @@ STSA_VECTOR_CLONES void score_rows(const float* __restrict q, std::int64_t dim, 
     }
   }
   std::memcpy(out, acc, sizeof(acc));
-}
-
-// x[i] = exp(x[i]) for x <= 0 (arguments below -87 give 0): range reduction to
-// 2^n * exp(r), |r| <= ln2/2, and a degree-6 polynomial (relative error ~2e-7).
-STSA_VECTOR_CLONES void exp_nonpositive(float* __restrict x, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) {
-    const float v = std::max(x[i], -87.0f);
-    const float n = std::nearbyint(v * 1.44269504088896341f);
-    const float r = v - n * 0.693145751953125f - n * 1.42860682030941723212e-6f;
-    float p = 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    std::int32_t bits = (std::int32_t(n) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    x[i] = x[i] < -87.0f ? 0.0f : p * scale;
-  }
-}
-
-// Largest of x[0..count) (-inf when count is 0), or NaN when any entry is not
-// finite: a score of -inf, +inf or NaN comes only from non-finite or
-// overflowing input, and the row is then reported as NaN whatever the other
-// scores (the GPU router's rule too). x - x is 0 for a finite x and NaN
-// otherwise; 16 lanes so the comparisons do not form one serial chain.
-STSA_VECTOR_CLONES float row_max(const float* __restrict x, std::int64_t count) {
-  float lanes[kLane], poison[kLane] = {};
-  std::fill_n(lanes, kLane, -std::numeric_limits<float>::infinity());
-  std::int64_t j = 0;
-  for (; j + kLane <= count; j += kLane)
-    for (std::int64_t i = 0; i < kLane; ++i) {
-      lanes[i] = x[j + i] > lanes[i] ? x[j + i] : lanes[i];
-      poison[i] += x[j + i] - x[j + i];
-    }
-  float m = -std::numeric_limits<float>::infinity(), tail_poison = 0.f;
-  for (; j < count; ++j) {
-    m = x[j] > m ? x[j] : m;
-    tail_poison += x[j] - x[j];
-  }
-  for (std::int64_t i = 0; i < kLane; ++i) {
-    m = lanes[i] > m ? lanes[i] : m;
-    tail_poison += poison[i];
-  }
-  return std::isnan(tail_poison) ? std::numeric_limits<float>::quiet_NaN() : m;
-}
-
-// Sum of one block of kKeyBlock weights: fp32 partial sums over 16 lanes (each
-// adds kKeyBlock / 16 values in [0, 1]), then fp64 across the lanes.
-STSA_VECTOR_CLONES double block_sum(const float* __restrict x) {
-  float lanes[kLane] = {};
-  for (std::int64_t j = 0; j < kKeyBlock; j += kLane)
-    for (std::int64_t i = 0; i < kLane; ++i) lanes[i] += x[j + i];
-  double z = 0;
-  for (std::int64_t i = 0; i < kLane; ++i) z += lanes[i];
-  return z;
 }
 
 // kt[d][j] = rows[j][d] for a block of kKeyBlock key rows of `dim` channels.
@@ -162,23 +91,6 @@ STSA_VECTOR_CLONES void accumulate_rows(const float* const* __restrict w, const 
       std::memcpy(out[r] + d0, &sum, sizeof(sum));
     }
   }
-}
-
-// w[j] = e[j] where the mask allows (q, k0 + j), else 0, for the block's `len`
-// real keys (the rest get 0); returns how many are allowed.
-STSA_VECTOR_CLONES std::int64_t masked_weights(const float* __restrict e, const std::int32_t* __restrict code,
-                                               const std::uint8_t* __restrict forced, std::int64_t q_code,
-                                               bool q_forced, std::int64_t width, std::int64_t len,
-                                               float* __restrict w) {
-  std::int64_t kept = 0;
-  for (std::int64_t j = 0; j < len; ++j) {
-    const std::int64_t diff = std::int64_t(code[j]) - q_code;
-    const bool ok = q_forced || forced[j] || (diff <= width && -diff <= width);
-    w[j] = ok ? e[j] : 0.f;
-    kept += ok;
-  }
-  for (std::int64_t j = len; j < kKeyBlock; ++j) w[j] = 0.f;
-  return kept;
 }
 
 // out[d] = t[b, n, h, d] as float, with the dtype switch hoisted out of the channel loop.
@@ -245,7 +157,6 @@ void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v
   const auto rows_u = std::size_t(count);
   const std::size_t acc_row = outputs * std::size_t(padded);
   constexpr std::int64_t sub_width = kKeysPerSubChunk, sub_blocks = kKeysPerSubChunk / kKeyBlock;
-  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
   for (ChunkPartial& o : out) {
     o.max.assign(rows_u, -std::numeric_limits<float>::infinity());
@@ -277,10 +188,10 @@ void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v
   sc.masked.resize(rows_u * candidates * kKeyBlock);
   sc.zeros.assign(std::size_t(kKeyBlock), 0.f);
   sc.sink.resize(std::size_t(padded));
+  sc.factor.resize(rows_u);
 
   for (std::int64_t s0 = begin; s0 < end; s0 += sub_width) {
     const std::int64_t s1 = std::min(end, s0 + sub_width), blocks = (s1 - s0 + kKeyBlock - 1) / kKeyBlock;
-    std::fill(sc.e.begin(), sc.e.end(), -std::numeric_limits<float>::infinity());  // padding keys: weight 0
 
     // Pass 1: scores. Each key row is read once for all heads of the group.
     for (std::int64_t blk = 0; blk < blocks; ++blk) {
@@ -306,30 +217,9 @@ void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v
     // block whole adds to its normaliser).
     for (std::int64_t g = 0; g < group; ++g) {
       ChunkPartial& o = out[std::size_t(g)];
-      for (std::int64_t r = 0; r < count; ++r) {
-        float* row = sc.e.data() + std::size_t(g) * e_head + std::size_t(r * sub_width);
-        double* sums = sc.block_sum.data() + std::size_t(g) * sum_head + std::size_t(r * sub_blocks);
-        const float local = row_max(row, s1 - s0);
-        float& m = o.max[std::size_t(r)];
-        if (std::isnan(m) || !std::isfinite(local)) {  // a non-finite score: the row is reported as NaN
-          m = kNaN;
-          std::fill_n(row, sub_width, 0.f);
-          std::fill_n(sums, sub_blocks, 0.0);
-          continue;
-        }
-        if (local > m) {
-          if (std::isfinite(m)) {
-            const float factor = std::exp(m - local);
-            for (std::size_t i = 0; i < outputs; ++i) o.z[std::size_t(r) * outputs + i] *= double(factor);
-            float* acc = o.acc.data() + std::size_t(r) * acc_row;
-            for (std::size_t i = 0; i < acc_row; ++i) acc[i] *= factor;
-          }
-          m = local;
-        }
-        for (std::int64_t j = 0; j < sub_width; ++j) row[j] -= m;
-        exp_nonpositive(row, sub_width);
-        for (std::int64_t blk = 0; blk < sub_blocks; ++blk) sums[blk] = block_sum(row + blk * kKeyBlock);
-      }
+      softmax_sub_chunk(sc.e.data() + std::size_t(g) * e_head, sub_width, count, s1 - s0, sub_width, 1.f, o.max.data(),
+                        sc.factor.data(), sc.block_sum.data() + std::size_t(g) * sum_head);
+      rescale_partial(o, outputs, acc_row, sc.factor.data());
       o.flops += 2.0 * double(count) * double(s1 - s0) * double(dim);
     }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "router/candidate_mask.hpp"
+#include "stsa/cpu.hpp"
 #include "stsa/tensor.hpp"
 
 namespace stsa::router_detail {
@@ -47,10 +48,17 @@ struct ChunkPartial {
 
 // Per-thread buffers, reused across items.
 struct ChunkScratch {
-  std::vector<float> qs, key_rows, kt, vb, tile, e, masked, zeros, sink;
+  std::vector<float> qs, key_rows, kt, vb, tile, e, masked, zeros, sink, factor;
   std::vector<double> block_sum;
   std::vector<const float*> w_rows;
   std::vector<float*> o_rows;
+  // sampled_chunk_tiles: Q, K and V as bf16 pairs, the weights' bf16 parts, the
+  // outputs' accumulators, which tile products are not all zero, the row orders.
+  std::vector<std::uint32_t> q_pairs, kt_pairs, v_pairs;
+  std::vector<std::uint16_t> w_parts;
+  std::vector<float> acc_tiles;
+  std::vector<std::uint8_t> live;
+  std::vector<std::int64_t> order;
 };
 
 std::int64_t key_chunks(std::int64_t tokens);
@@ -59,6 +67,20 @@ std::int64_t key_chunks(std::int64_t tokens);
 void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v, std::span<const std::int64_t> heads,
                    float scale, const RowSet& rows, const std::vector<CandidateMask>& masks, std::int64_t chunk,
                    ChunkScratch& scratch, std::span<ChunkPartial> out);
+
+// Whether sampled_chunk_tiles takes these inputs: `isa` (resolved) is Amx, Q, K
+// and V are all bf16 or all fp16, and the head dim is a multiple of 32 up to 512.
+bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v);
+
+// sampled_chunk's partial sums from AMX tile products (sampled_attention_tiles.cpp):
+// scores exact products summed in fp32, as sampled_chunk's; the weights as two
+// bf16 parts each (within 2^-16 of themselves) times V. Returns false, with `out`
+// unspecified, when the chunk holds a nonzero |V| below kTinyV (pack.hpp), whose
+// products the tile unit would flush to zero: the caller then runs sampled_chunk.
+bool sampled_chunk_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
+                         std::span<const std::int64_t> heads, float scale, const RowSet& rows,
+                         const std::vector<CandidateMask>& masks, std::int64_t chunk, ChunkScratch& scratch,
+                         std::span<ChunkPartial> out);
 
 // Adds the rows' errors, merged over all chunks of the row set (in order), to `into`.
 void combine_chunks(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t head, float scale,

@@ -1,0 +1,132 @@
+// routing_tiles.hpp's tile products (built with the flags src/cpu/CMakeLists.txt
+// gives *_amx.cpp). Blocks of 32 rows x 32 columns in accumulator tiles 0-3,
+// left operands in 4-5, right operands in 6-7 (amx_tiles.hpp); a last block of
+// 16 rows uses tiles 0-1 only.
+#include "cpu/intrinsics.hpp"
+
+#include "cpu/routing_tiles.hpp"
+
+namespace stsa::cpu {
+namespace {
+
+#include "cpu/amx_tiles.hpp"
+
+// Loads (or stores) the accumulators of a block at `at`: tiles 0 and 1 side by
+// side, 2 and 3 below them when the block has two row tiles.
+void load_block(const float* at, long row_floats, bool two_row_tiles) {
+  const long bytes = row_floats * 4;
+  _tile_loadd(0, at, bytes);
+  _tile_loadd(1, at + 16, bytes);
+  if (two_row_tiles) {
+    _tile_loadd(2, at + 16 * row_floats, bytes);
+    _tile_loadd(3, at + 16 * row_floats + 16, bytes);
+  }
+}
+
+void store_block(float* at, long row_floats, bool two_row_tiles) {
+  const long bytes = row_floats * 4;
+  _tile_stored(0, at, bytes);
+  _tile_stored(1, at + 16, bytes);
+  if (two_row_tiles) {
+    _tile_stored(2, at + 16 * row_floats, bytes);
+    _tile_stored(3, at + 16 * row_floats + 16, bytes);
+  }
+}
+
+// With K's pairs in tiles 6 and 7: one or two row tiles of Q's pairs (rows
+// `q` and `q + 16 * row_words`) multiplied with both.
+void q_products(const std::uint32_t* q, long row_words, bool two_row_tiles) {
+  _tile_loadd(4, q, row_words * 4);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  if (two_row_tiles) {
+    _tile_loadd(5, q + 16 * row_words, row_words * 4);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
+}  // namespace
+
+void routing_scores_amx(const std::uint32_t* q, const std::uint32_t* kt, int kt_stride, int rows, int keys,
+                        int head_dim, int parts, float* s, int s_stride) {
+  const TileConfig config = square_tiles();
+  _tile_loadconfig(&config);
+  const long q_row_words = long(parts) * head_dim / 2;
+  const std::int64_t k_part = std::int64_t(head_dim / 2) * kt_stride;
+  for (int r0 = 0; r0 < rows; r0 += 32) {
+    const bool two = rows - r0 >= 32;
+    const std::uint32_t* q_rows = q + std::int64_t(r0) * q_row_words;
+    for (int n0 = 0; n0 < keys; n0 += 32) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int p0 = 0; p0 < head_dim / 2; p0 += 16)  // 16 pairs: 32 channels per product
+        for (int b = parts - 1; b >= 0; --b) {        // smallest parts first
+          const std::uint32_t* k_at = kt + b * k_part + std::int64_t(p0) * kt_stride + n0;
+          _tile_loadd(6, k_at, long(kt_stride) * 4);
+          _tile_loadd(7, k_at + 16, long(kt_stride) * 4);
+          for (int a = parts - 1; a >= 0; --a) q_products(q_rows + a * (head_dim / 2) + p0, q_row_words, two);
+        }
+      store_block(s + std::int64_t(r0) * s_stride + n0, s_stride, two);
+    }
+  }
+  _tile_release();
+}
+
+void routing_weighted_sums_amx(const std::uint16_t* w, std::int64_t w_part_stride, int w_parts, int w_stride,
+                               const std::uint32_t* v, std::int64_t v_part_stride, int v_parts, int rows, int keys,
+                               int head_dim, const std::uint8_t* live, int live_stride, float* acc, int acc_stride) {
+  const TileConfig config = square_tiles();
+  _tile_loadconfig(&config);
+  const int terms = w_parts > v_parts ? w_parts : v_parts;
+  for (int r0 = 0; r0 < rows; r0 += 32) {
+    const bool two = rows - r0 >= 32;
+    const std::uint8_t* live_first = live + std::int64_t(r0 / 16) * live_stride;
+    const std::uint8_t* live_second = two ? live_first + live_stride : nullptr;
+    for (int d0 = 0; d0 < head_dim; d0 += 32) {
+      float* out = acc + std::int64_t(r0) * acc_stride + d0;
+      load_block(out, acc_stride, two);
+      for (int c = 0; c < keys; c += 32) {
+        const bool first_live = live_first[c / 32] != 0, second_live = two && live_second[c / 32] != 0;
+        if (!first_live && !second_live) continue;
+        for (int b = v_parts - 1; b >= 0; --b) {  // smallest parts first
+          const std::uint32_t* v_at = v + b * v_part_stride + std::int64_t(c / 2) * head_dim + d0;
+          _tile_loadd(6, v_at, long(head_dim) * 4);
+          _tile_loadd(7, v_at + 16, long(head_dim) * 4);
+          for (int p = w_parts - 1; p >= 0; --p) {
+            if (p + b >= terms) continue;
+            const std::uint16_t* left = w + p * w_part_stride + std::int64_t(r0) * w_stride + c;
+            if (first_live) {
+              _tile_loadd(4, left, long(w_stride) * 2);
+              _tile_dpbf16ps(0, 4, 6);
+              _tile_dpbf16ps(1, 4, 7);
+            }
+            if (second_live) {
+              _tile_loadd(5, left + 16 * w_stride, long(w_stride) * 2);
+              _tile_dpbf16ps(2, 5, 6);
+              _tile_dpbf16ps(3, 5, 7);
+            }
+          }
+        }
+      }
+      store_block(out, acc_stride, two);
+    }
+  }
+  _tile_release();
+}
+
+void split_weights_amx(const float* w, int count, std::uint16_t* high, std::uint16_t* low) {
+  const __m512i upper = _mm512_set1_epi32(int(0xffff0000u));
+  for (int j = 0; j < count; j += 32) {
+    const __m512 x0 = _mm512_loadu_ps(w + j), x1 = _mm512_loadu_ps(w + j + 16);
+    const __m512 h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x0), upper));
+    const __m512 h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x1), upper));
+    // (lanes 0-15 of the result from the second operand; exact for the high parts)
+    _mm512_storeu_si512(high + j, __m512i(_mm512_cvtne2ps_pbh(h1, h0)));
+    _mm512_storeu_si512(low + j, __m512i(_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0))));
+  }
+}
+
+}  // namespace stsa::cpu
