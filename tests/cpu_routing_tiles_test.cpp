@@ -28,9 +28,10 @@ struct Operands {
   std::vector<std::uint32_t> q_pairs, kt_pairs, v_pairs;
 };
 
-// Random Q, K, V of `tokens` rows; Q's first `rows` rows and the key tile of
-// width `tile` (zero past `tokens`) packed as the router packs them.
-Operands make_operands(DType dtype, std::int64_t tokens, int rows, int tile, int head_dim, std::uint64_t seed) {
+// Random Q, K, V of `tokens` rows; Q's first `rows` rows, and K and V as the
+// router packs them: tiles of kRoutingPanelKeys keys, `keys` of them in all
+// (zero past `tokens`), the panels one after another.
+Operands make_operands(DType dtype, std::int64_t tokens, int rows, int keys, int head_dim, std::uint64_t seed) {
   Operands x{Tensor(dtype, 1, tokens, 1, head_dim), Tensor(dtype, 1, tokens, 1, head_dim),
              Tensor(dtype, 1, tokens, 1, head_dim), {}, {}, {}};
   testing::fill_normal(x.q.view(), seed);
@@ -45,10 +46,14 @@ Operands make_operands(DType dtype, std::int64_t tokens, int rows, int tile, int
     else
       cpu::load_row_split_pairs(x.q.view(), 0, r, 0, false, x.q_pairs.data() + r * row_words);
   }
-  x.kt_pairs.assign(std::size_t(parts * head_dim / 2 * tile), 0xdeadbeefu);
-  x.v_pairs.assign(std::size_t(parts * tile / 2 * head_dim), 0xdeadbeefu);
+  constexpr int kPanel = cpu::kRoutingPanelKeys;
+  const std::int64_t kt_panel = parts * head_dim / 2 * kPanel, v_panel = parts * kPanel / 2 * head_dim;
+  x.kt_pairs.assign(std::size_t(keys / kPanel * kt_panel), 0xdeadbeefu);
+  x.v_pairs.assign(std::size_t(keys / kPanel * v_panel), 0xdeadbeefu);
   const cpu::RowSource source{x.q.view(), x.k.view(), x.v.view()};
-  cpu::pack_kv_tile(source, 0, 0, 0, tile, nullptr, nullptr, x.kt_pairs.data(), x.v_pairs.data());
+  for (int t = 0; t < keys / kPanel; ++t)
+    cpu::pack_kv_tile(source, 0, 0, t, kPanel, nullptr, nullptr, x.kt_pairs.data() + t * kt_panel,
+                      x.v_pairs.data() + t * v_panel);
   return x;
 }
 
@@ -60,12 +65,12 @@ TEST(RoutingTiles, ScoresAreTheDotProducts) {
       for (int rows : {16, 48}) {
         SCOPED_TRACE(std::string(to_string(dtype)) + " D=" + std::to_string(head_dim) + " rows " +
                      std::to_string(rows) + " seed " + std::to_string(seed));
-        constexpr int kTile = 128, kKeys = 96;  // 90 real keys, the panel's stride 128
-        const Operands x = make_operands(dtype, 90, rows, kTile, head_dim, seed);
+        constexpr int kKeys = 96;  // 90 real keys: the last panel ragged
+        const Operands x = make_operands(dtype, 90, rows, kKeys, head_dim, seed);
         const int s_stride = kKeys + 16;
         std::vector<float> s(std::size_t(rows * s_stride), NAN);
-        cpu::routing_scores_amx(x.q_pairs.data(), x.kt_pairs.data(), kTile, rows, kKeys, head_dim,
-                                parts_of(dtype), s.data(), s_stride);
+        cpu::routing_scores_amx(x.q_pairs.data(), x.kt_pairs.data(), rows, kKeys, head_dim, parts_of(dtype), s.data(),
+                                s_stride);
         for (int r = 0; r < rows; ++r)
           for (int j = 0; j < s_stride; ++j) {
             const float got = s[std::size_t(r * s_stride + j)];
@@ -96,8 +101,8 @@ TEST(RoutingTiles, WeightedSumsAddTheLiveProductsOnly) {
       for (int rows : {32, 48}) {
         SCOPED_TRACE(std::string(to_string(dtype)) + " D=" + std::to_string(head_dim) + " rows " +
                      std::to_string(rows) + " seed " + std::to_string(seed));
-        constexpr int kTile = 128, kKeys = 128, kSteps = kKeys / 32, kWStride = kTile + 32;
-        const Operands x = make_operands(dtype, 100, 16, kTile, head_dim, seed);  // keys 100..127: V zero
+        constexpr int kKeys = 128, kSteps = kKeys / 32, kWStride = kKeys + 32;
+        const Operands x = make_operands(dtype, 100, 16, kKeys, head_dim, seed);  // keys 100..127: V zero
         const int row_tiles = rows / 16;
         std::vector<std::uint8_t> live(std::size_t(row_tiles * kSteps));
         for (auto& l : live) l = std::uint8_t(rng() % 3 != 0);
@@ -122,9 +127,8 @@ TEST(RoutingTiles, WeightedSumsAddTheLiveProductsOnly) {
         std::vector<float> acc(std::size_t(rows * acc_stride));
         for (float& a : acc) a = unit(rng);
         const std::vector<float> before = acc;
-        cpu::routing_weighted_sums_amx(parts.data(), w_part, 2, kWStride, x.v_pairs.data(), kTile / 2 * head_dim,
-                                       parts_of(dtype), rows, kKeys, head_dim, live.data(), kSteps, acc.data(),
-                                       acc_stride);
+        cpu::routing_weighted_sums_amx(parts.data(), w_part, 2, kWStride, x.v_pairs.data(), parts_of(dtype), rows,
+                                       kKeys, head_dim, live.data(), kSteps, acc.data(), acc_stride);
         for (int r = 0; r < rows; ++r)
           for (int d = 0; d < acc_stride; ++d) {
             const float got = acc[std::size_t(r * acc_stride + d)];

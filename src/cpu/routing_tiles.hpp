@@ -5,40 +5,41 @@
 // kernel.hpp gives.
 //
 // Operands are bf16 pairs as pack.hpp lays them out: Q rows from
-// load_row_pairs / load_row_split_pairs, K and V panels from pack_kv_tile.
-// `parts` is 1 for bf16 values and 2 for fp16 values split into a high and a
-// low bf16 part (split_f16_to_bf16); a panel of split values holds the high
-// parts' panel and then the low parts'.
+// load_row_pairs / load_row_split_pairs; K and V as pack_kv_tile packs tiles of
+// kRoutingPanelKeys keys, the tiles' panels one after another (tile t's K panel,
+// [parts][head_dim / 2][32], at kt + t * parts * head_dim * 16; its V panel,
+// [parts][16][head_dim], at v + t * parts * 16 * head_dim). `parts` is 1 for
+// bf16 values and 2 for fp16 values split into a high and a low bf16 part
+// (split_f16_to_bf16), a panel of split values holding the high parts' panel
+// and then the low parts'.
 #pragma once
 
 #include <cstdint>
 
 namespace stsa::cpu {
 
+inline constexpr int kRoutingPanelKeys = 32;
+
 // s[r][j] = sum_d q[r][d] k[j][d] (unscaled) for `rows` query rows (a multiple
-// of 16) and `keys` keys (a multiple of 32): q holds parts * head_dim / 2
-// words per row (part a at a * head_dim / 2), kt is [parts][head_dim / 2][kt_stride]
-// (pack_kv_tile's K panel of a tile of kt_stride keys), s has row stride
-// s_stride floats. Split values take all four products of their parts, so S is
-// what fp32 FMAs on the values give, up to the order of the sums.
-// head_dim: a multiple of 32.
-void routing_scores_amx(const std::uint32_t* q, const std::uint32_t* kt, int kt_stride, int rows, int keys,
-                        int head_dim, int parts, float* s, int s_stride);
+// of 16) and `keys` keys (a multiple of 32): q holds parts * head_dim / 2 words
+// per row (part a at a * head_dim / 2), s has row stride s_stride floats.
+// Split values take all four products of their parts, so S is what fp32 FMAs
+// on the values give, up to the order of the sums. head_dim: a multiple of 32.
+void routing_scores_amx(const std::uint32_t* q, const std::uint32_t* kt, int rows, int keys, int head_dim, int parts,
+                        float* s, int s_stride);
 
 // acc[i][d] += sum_j w[i][j] v[j][d] for `rows` weight rows (a multiple of 16)
 // over `keys` keys (a multiple of 32). w: w_parts bf16 parts of each weight
 // (1 or 2, part p's rows at w + p * w_part_stride, row stride w_stride); v:
-// pack_kv_tile's V panel, [v_parts][keys / 2][head_dim] pairs of consecutive
-// keys, v_part_stride words per part; acc: row stride acc_stride floats.
-// Products of a weight part p and a V part b with p + b >= max(w_parts,
-// v_parts) are left out (both below 2^-16 of their term, as split_weights
-// leaves out). live[t * live_stride + c / 32]: whether rows 16t .. 16t + 15
-// have a nonzero weight among keys c .. c + 31; the products of those that have
-// none are skipped (their weights need not even be written). head_dim: a
-// multiple of 32.
+// v_parts parts; acc: row stride acc_stride floats. Products of a weight part
+// p and a V part b with p + b >= max(w_parts, v_parts) are left out (below
+// 2^-16 of their term, as split_weights leaves out). live[t * live_stride + c
+// / 32]: whether rows 16t .. 16t + 15 have a nonzero weight among keys c .. c +
+// 31; the products of those that have none are skipped (their weights need
+// not even be written). head_dim: a multiple of 32.
 void routing_weighted_sums_amx(const std::uint16_t* w, std::int64_t w_part_stride, int w_parts, int w_stride,
-                               const std::uint32_t* v, std::int64_t v_part_stride, int v_parts, int rows, int keys,
-                               int head_dim, const std::uint8_t* live, int live_stride, float* acc, int acc_stride);
+                               const std::uint32_t* v, int v_parts, int rows, int keys, int head_dim,
+                               const std::uint8_t* live, int live_stride, float* acc, int acc_stride);
 
 // Two bf16 parts of each of `count` weights (a multiple of 32): high[j] =
 // w[j] with its low 16 bits dropped (so the remainder is exact in fp32), low[j]

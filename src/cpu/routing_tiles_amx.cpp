@@ -48,25 +48,26 @@ void q_products(const std::uint32_t* q, long row_words, bool two_row_tiles) {
 
 }  // namespace
 
-void routing_scores_amx(const std::uint32_t* q, const std::uint32_t* kt, int kt_stride, int rows, int keys,
-                        int head_dim, int parts, float* s, int s_stride) {
+void routing_scores_amx(const std::uint32_t* q, const std::uint32_t* kt, int rows, int keys, int head_dim, int parts,
+                        float* s, int s_stride) {
   const TileConfig config = square_tiles();
   _tile_loadconfig(&config);
   const long q_row_words = long(parts) * head_dim / 2;
-  const std::int64_t k_part = std::int64_t(head_dim / 2) * kt_stride;
+  const std::int64_t k_part = std::int64_t(head_dim / 2) * kRoutingPanelKeys, k_tile = parts * k_part;
   for (int r0 = 0; r0 < rows; r0 += 32) {
     const bool two = rows - r0 >= 32;
     const std::uint32_t* q_rows = q + std::int64_t(r0) * q_row_words;
-    for (int n0 = 0; n0 < keys; n0 += 32) {
+    for (int n0 = 0; n0 < keys; n0 += kRoutingPanelKeys) {
+      const std::uint32_t* k_panel = kt + std::int64_t(n0 / kRoutingPanelKeys) * k_tile;
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
       for (int p0 = 0; p0 < head_dim / 2; p0 += 16)  // 16 pairs: 32 channels per product
         for (int b = parts - 1; b >= 0; --b) {        // smallest parts first
-          const std::uint32_t* k_at = kt + b * k_part + std::int64_t(p0) * kt_stride + n0;
-          _tile_loadd(6, k_at, long(kt_stride) * 4);
-          _tile_loadd(7, k_at + 16, long(kt_stride) * 4);
+          const std::uint32_t* k_at = k_panel + b * k_part + std::int64_t(p0) * kRoutingPanelKeys;
+          _tile_loadd(6, k_at, kRoutingPanelKeys * 4);
+          _tile_loadd(7, k_at + 16, kRoutingPanelKeys * 4);
           for (int a = parts - 1; a >= 0; --a) q_products(q_rows + a * (head_dim / 2) + p0, q_row_words, two);
         }
       store_block(s + std::int64_t(r0) * s_stride + n0, s_stride, two);
@@ -76,11 +77,12 @@ void routing_scores_amx(const std::uint32_t* q, const std::uint32_t* kt, int kt_
 }
 
 void routing_weighted_sums_amx(const std::uint16_t* w, std::int64_t w_part_stride, int w_parts, int w_stride,
-                               const std::uint32_t* v, std::int64_t v_part_stride, int v_parts, int rows, int keys,
-                               int head_dim, const std::uint8_t* live, int live_stride, float* acc, int acc_stride) {
+                               const std::uint32_t* v, int v_parts, int rows, int keys, int head_dim,
+                               const std::uint8_t* live, int live_stride, float* acc, int acc_stride) {
   const TileConfig config = square_tiles();
   _tile_loadconfig(&config);
   const int terms = w_parts > v_parts ? w_parts : v_parts;
+  const std::int64_t v_part = std::int64_t(kRoutingPanelKeys / 2) * head_dim, v_tile = v_parts * v_part;
   for (int r0 = 0; r0 < rows; r0 += 32) {
     const bool two = rows - r0 >= 32;
     const std::uint8_t* live_first = live + std::int64_t(r0 / 16) * live_stride;
@@ -92,7 +94,7 @@ void routing_weighted_sums_amx(const std::uint16_t* w, std::int64_t w_part_strid
         const bool first_live = live_first[c / 32] != 0, second_live = two && live_second[c / 32] != 0;
         if (!first_live && !second_live) continue;
         for (int b = v_parts - 1; b >= 0; --b) {  // smallest parts first
-          const std::uint32_t* v_at = v + b * v_part_stride + std::int64_t(c / 2) * head_dim + d0;
+          const std::uint32_t* v_at = v + std::int64_t(c / kRoutingPanelKeys) * v_tile + b * v_part + d0;
           _tile_loadd(6, v_at, long(head_dim) * 4);
           _tile_loadd(7, v_at + 16, long(head_dim) * 4);
           for (int p = w_parts - 1; p >= 0; --p) {

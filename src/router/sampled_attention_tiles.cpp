@@ -1,18 +1,24 @@
-// sampled_chunk's work on AMX tiles, one head at a time. Per sub-chunk of keys:
+// sampled_chunk's work on AMX tiles. Per sub-chunk of keys:
 //   1. K and V packed as bf16 pairs (pack_kv_tile, the attention kernel's
-//      packer); S = Q K^T for all sampled rows as tile products, then scaled;
-//   2. the online softmax (sampled_weights.hpp) as in sampled_chunk;
-//   3. a weight matrix with one row per (sampled row, output): the dense
+//      packer) for a few heads at once, 32 keys at a time, so that each key's
+//      rows of those heads, side by side in a [B, N, H, D] tensor, are read
+//      together (one head at a time, rows a whole [H, D] row apart wait for
+//      memory: packing took a third longer);
+//   2. per head, S = Q K^T for all sampled rows as tile products, and the
+//      online softmax (sampled_weights.hpp) as in sampled_chunk;
+//   3. a weight matrix with one row per (output, sampled row): the dense
 //      weights, and per candidate mask the same with the keys it forbids set to
 //      0 (blocks it does not touch all 0, blocks it takes whole copied), each
-//      weight as two bf16 parts; then one tile product per 32 rows x 32
-//      channels adds W V to every output's accumulator at once.
-// Every output row multiplies every key here, where sampled_chunk skips the
-// blocks a mask does not touch: the tile unit does the extra products faster
-// than the vector unit would decide which to skip. The normalisers and the
-// kept-pair counts are those of sampled_chunk, block by block.
+//      weight as two bf16 parts; then tile products add W V to every output's
+//      accumulators at once. Each candidate's rows are sorted by the mask's
+//      codes, so the rows of a tile allow nearby keys, and products whose 16
+//      rows allow none of their 32 keys are skipped.
+// Apart from those skipped products every output row multiplies every key,
+// where sampled_chunk skips each row's blocks a mask does not touch: the tile
+// unit does the extra products faster than the vector unit would decide which
+// to skip. The normalisers and the kept-pair counts are sampled_chunk's,
+// block by block.
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -25,11 +31,238 @@ namespace stsa::router_detail {
 namespace {
 
 constexpr std::int64_t kRowTile = 16;  // rows of a tile product
+constexpr std::int64_t kPanelKeys = cpu::kRoutingPanelKeys;
 constexpr std::int64_t kWidth = kKeysPerSubChunk;
 constexpr std::int64_t kBlocksPerSubChunk = kWidth / kKeyBlock;
-constexpr std::int64_t kKeySteps = kWidth / 32;  // key steps of a tile product per sub-chunk
+constexpr std::int64_t kKeySteps = kWidth / kPanelKeys;  // key steps of a tile product per sub-chunk
+constexpr std::int64_t kPackHeads = 4;  // heads packed together (their panels stay in L2)
+static_assert(kWidth % kPanelKeys == 0 && kKeyBlock % kPanelKeys == 0);
 
 std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
+
+// One work item: a chunk of keys for a group of heads and one row set.
+class TileChunk {
+ public:
+  TileChunk(const TensorView& q, const TensorView& k, const TensorView& v, std::span<const std::int64_t> heads,
+            float scale, const RowSet& rows, const std::vector<CandidateMask>& masks, std::int64_t chunk,
+            ChunkScratch& sc, std::span<ChunkPartial> out)
+      : q_(q), k_(k), v_(v), heads_(heads), scale_(scale), rows_(rows), masks_(masks), sc_(sc), out_(out),
+        dim_(k.head_dim()),
+        begin_(chunk * kKeysPerChunk),
+        end_(std::min(k.tokens(), begin_ + kKeysPerChunk)),
+        candidates_(masks.size()),
+        outputs_(candidates_ + 1),
+        count_(std::int64_t(rows.positions.size())),
+        parts_(q.dtype == DType::F16 ? 2 : 1),
+        row_pad_(round_up(std::max<std::int64_t>(count_, 1), kRowTile)),
+        out_rows_(std::int64_t(outputs_) * row_pad_),
+        q_words_(row_pad_ * parts_ * dim_ / 2),
+        kt_panel_(parts_ * dim_ / 2 * kPanelKeys),
+        v_panel_(parts_ * kPanelKeys / 2 * dim_),
+        w_part_(out_rows_ * kWidth) {}
+
+  bool run() {
+    for (ChunkPartial& o : out_) {
+      o.max.assign(std::size_t(count_), -std::numeric_limits<float>::infinity());
+      o.z.assign(std::size_t(count_) * outputs_, 0.0);
+      o.acc.assign(std::size_t(count_) * outputs_ * std::size_t(dim_), 0.f);
+      o.kept.assign(candidates_, 0);
+      o.flops = 0;
+    }
+    if (count_ == 0 || begin_ >= end_) return true;
+    allocate();
+    sort_candidate_rows();
+    const auto group = std::int64_t(heads_.size());
+    for (std::int64_t first = 0; first < group; first += kPackHeads) {
+      const std::int64_t pack = std::min(kPackHeads, group - first);
+      for (std::int64_t i = 0; i < pack; ++i) load_queries(first, i);
+      std::fill(sc_.acc_tiles.begin(), sc_.acc_tiles.end(), 0.f);
+      for (std::int64_t s0 = begin_; s0 < end_; s0 += kWidth) {
+        const std::int64_t len = std::min(kWidth, end_ - s0);
+        if (!pack_keys(first, pack, s0, len)) return false;
+        for (std::int64_t i = 0; i < pack; ++i) head_step(first, i, s0, len);
+      }
+      for (std::int64_t i = 0; i < pack; ++i) finish(first + i, i);
+    }
+    return true;
+  }
+
+ private:
+  void allocate() {
+    sc_.q_pairs.assign(std::size_t(kPackHeads * q_words_), 0u);
+    sc_.kt_pairs.resize(std::size_t(kPackHeads * kKeySteps * kt_panel_));
+    sc_.v_pairs.resize(std::size_t(kPackHeads * kKeySteps * v_panel_));
+    sc_.acc_tiles.resize(std::size_t(kPackHeads * out_rows_ * dim_));
+    sc_.e.resize(std::size_t(row_pad_ * kWidth));
+    sc_.block_sum.resize(std::size_t(count_ * kBlocksPerSubChunk));
+    sc_.factor.resize(std::size_t(count_));
+    sc_.masked.resize(std::size_t(kKeyBlock));
+    sc_.live.resize(std::size_t(out_rows_ / kRowTile * kKeySteps));
+    sc_.w_parts.resize(std::size_t(2 * w_part_));
+    // Padding rows: weights 0 (their outputs are never read).
+    for (std::size_t s = 0; s < outputs_; ++s)
+      for (std::uint16_t* part : {high(), low()})
+        std::fill(part + (std::int64_t(s) * row_pad_ + count_) * kWidth,
+                  part + (std::int64_t(s) + 1) * row_pad_ * kWidth, std::uint16_t{0});
+  }
+
+  std::uint16_t* high() { return sc_.w_parts.data(); }
+  std::uint16_t* low() { return sc_.w_parts.data() + w_part_; }
+
+  // Each candidate's section holds the rows in the order of the mask's codes.
+  void sort_candidate_rows() {
+    sc_.order.resize(candidates_ * std::size_t(count_));
+    for (std::size_t c = 0; c < candidates_; ++c) {
+      const auto first = sc_.order.begin() + std::ptrdiff_t(c * std::size_t(count_));
+      std::iota(first, first + count_, std::int64_t{0});
+      const std::vector<std::int32_t>& code = masks_[c].code;
+      std::stable_sort(first, first + count_, [&](std::int64_t x, std::int64_t y) {
+        return code[std::size_t(rows_.positions[std::size_t(x)])] < code[std::size_t(rows_.positions[std::size_t(y)])];
+      });
+    }
+  }
+
+  // The sampled row at place i of output section s (0: dense, c + 1: candidate c).
+  std::int64_t sample(std::size_t s, std::int64_t i) const {
+    return s == 0 ? i : sc_.order[(s - 1) * std::size_t(count_) + std::size_t(i)];
+  }
+
+  void load_queries(std::int64_t first, std::int64_t i) {
+    const std::int64_t h = heads_[std::size_t(first + i)], row_words = parts_ * dim_ / 2;
+    for (std::int64_t r = 0; r < count_; ++r) {
+      std::uint32_t* row = sc_.q_pairs.data() + i * q_words_ + r * row_words;
+      if (parts_ == 1)
+        cpu::load_row_pairs(q_, rows_.batch, rows_.positions[std::size_t(r)], h, false, row);
+      else  // (an Inf or NaN gives a non-finite score, which is all the router asks of it)
+        cpu::load_row_split_pairs(q_, rows_.batch, rows_.positions[std::size_t(r)], h, false, row);
+    }
+  }
+
+  // K and V of keys [s0, s0 + len) for heads first .. first + pack - 1, 32 keys
+  // (one panel) at a time for all of them. False: a V value below kTinyV.
+  bool pack_keys(std::int64_t first, std::int64_t pack, std::int64_t s0, std::int64_t len) {
+    const cpu::RowSource source{q_, k_, v_};
+    for (std::int64_t t = 0; t * kPanelKeys < len; ++t)
+      for (std::int64_t i = 0; i < pack; ++i) {
+        const cpu::KvFlags flags = cpu::pack_kv_tile(
+            source, rows_.batch, heads_[std::size_t(first + i)], s0 / kPanelKeys + t, int(kPanelKeys), nullptr,
+            nullptr, sc_.kt_pairs.data() + (i * kKeySteps + t) * kt_panel_,
+            sc_.v_pairs.data() + (i * kKeySteps + t) * v_panel_);
+        if (flags.tiny) return false;
+      }
+    return true;
+  }
+
+  // Head first + i over keys [s0, s0 + len), its K and V packed.
+  void head_step(std::int64_t first, std::int64_t i, std::int64_t s0, std::int64_t len) {
+    ChunkPartial& o = out_[std::size_t(first + i)];
+    const int keys = int(round_up(len, kPanelKeys));
+    float* const scores = sc_.e.data();
+    float* const acc = sc_.acc_tiles.data() + i * out_rows_ * dim_;
+    cpu::routing_scores_amx(sc_.q_pairs.data() + i * q_words_, sc_.kt_pairs.data() + i * kKeySteps * kt_panel_,
+                            int(row_pad_), keys, int(dim_), parts_, scores, int(kWidth));
+    softmax_sub_chunk(scores, kWidth, count_, len, kWidth, scale_, o.max.data(), sc_.factor.data(),
+                      sc_.block_sum.data());
+    for (std::size_t s = 0; s < outputs_; ++s)
+      for (std::int64_t place = 0; place < count_; ++place) {
+        const std::int64_t r = sample(s, place);
+        const float factor = sc_.factor[std::size_t(r)];
+        if (factor == 1.f) continue;
+        if (s == 0)
+          for (std::size_t x = 0; x < outputs_; ++x) o.z[std::size_t(r) * outputs_ + x] *= double(factor);
+        float* row = acc + (std::int64_t(s) * row_pad_ + place) * dim_;
+        for (std::int64_t d = 0; d < dim_; ++d) row[d] *= factor;
+      }
+    o.flops += 2.0 * double(count_) * double(len) * double(dim_);
+    weights(o, s0, len, keys);
+    cpu::routing_weighted_sums_amx(high(), w_part_, 2, int(kWidth), sc_.v_pairs.data() + i * kKeySteps * v_panel_,
+                                   parts_, int(out_rows_), keys, int(dim_), sc_.live.data(), int(kKeySteps), acc,
+                                   int(dim_));
+  }
+
+  // The weight matrix of one sub-chunk from its softmax weights (sc_.e), each
+  // mask's normalisers and kept pairs, and which products are live.
+  void weights(ChunkPartial& o, std::int64_t s0, std::int64_t len, int keys) {
+    const float* scores = sc_.e.data();
+    const std::int64_t blocks = (len + kKeyBlock - 1) / kKeyBlock;
+    std::fill(sc_.live.begin(), sc_.live.end(), std::uint8_t{0});
+    for (std::int64_t t = 0; t < row_pad_ / kRowTile; ++t)  // the dense section: every key step
+      std::fill_n(sc_.live.begin() + t * kKeySteps, keys / kPanelKeys, std::uint8_t{1});
+    for (std::int64_t r = 0; r < count_; ++r) {
+      cpu::split_weights_amx(scores + r * kWidth, int(blocks * kKeyBlock), high() + r * kWidth, low() + r * kWidth);
+      for (std::int64_t blk = 0; blk < blocks; ++blk)
+        o.z[std::size_t(r) * outputs_] += sc_.block_sum[std::size_t(r * kBlocksPerSubChunk + blk)];
+    }
+    for (std::size_t c = 0; c < candidates_; ++c) {
+      const CandidateMask& mask = masks_[c];
+      for (std::int64_t place = 0; place < count_; ++place) {
+        const std::int64_t r = sample(c + 1, place), qpos = rows_.positions[std::size_t(r)];
+        const float* row_weights = scores + r * kWidth;
+        const double* sums = sc_.block_sum.data() + r * kBlocksPerSubChunk;
+        double& z = o.z[std::size_t(r) * outputs_ + c + 1];
+        const std::int64_t at_row = (std::int64_t(c) + 1) * row_pad_ + place;
+        std::uint8_t* live = sc_.live.data() + at_row / kRowTile * kKeySteps;
+        for (std::int64_t blk = 0; blk < blocks; ++blk) {
+          const std::int64_t k0 = s0 + blk * kKeyBlock, block_len = std::min(kKeyBlock, s0 + len - k0);
+          const std::int64_t col = blk * kKeyBlock, at = at_row * kWidth + col;
+          constexpr std::int64_t kStepsPerBlock = kKeyBlock / kPanelKeys;
+          switch (mask.cover(qpos, k0 / kKeyBlock)) {
+            case CandidateMask::Cover::None:
+              std::fill_n(high() + at, kKeyBlock, std::uint16_t{0});
+              std::fill_n(low() + at, kKeyBlock, std::uint16_t{0});
+              break;
+            case CandidateMask::Cover::All:
+              std::copy_n(high() + r * kWidth + col, kKeyBlock, high() + at);
+              std::copy_n(low() + r * kWidth + col, kKeyBlock, low() + at);
+              o.kept[c] += block_len;
+              z += sums[blk];
+              std::fill_n(live + blk * kStepsPerBlock, kStepsPerBlock, std::uint8_t{1});
+              break;
+            case CandidateMask::Cover::Some: {
+              const std::int64_t allowed =
+                  masked_weights(row_weights + col, mask.code.data() + k0, mask.forced.data() + k0,
+                                 mask.code[std::size_t(qpos)], mask.forced[std::size_t(qpos)] != 0, mask.width,
+                                 block_len, sc_.masked.data());
+              o.kept[c] += allowed;
+              if (allowed > 0) {
+                z += block_sum(sc_.masked.data());
+                std::fill_n(live + blk * kStepsPerBlock, kStepsPerBlock, std::uint8_t{1});
+              }
+              cpu::split_weights_amx(sc_.masked.data(), int(kKeyBlock), high() + at, low() + at);
+              break;
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // Head g's accumulators into its partial sums (rows in sampled order), and its FLOPs.
+  void finish(std::int64_t g, std::int64_t i) {
+    ChunkPartial& o = out_[std::size_t(g)];
+    const float* acc = sc_.acc_tiles.data() + i * out_rows_ * dim_;
+    for (std::size_t s = 0; s < outputs_; ++s)
+      for (std::int64_t place = 0; place < count_; ++place)
+        std::copy_n(acc + (std::int64_t(s) * row_pad_ + place) * dim_, dim_,
+                    o.acc.data() + (std::size_t(sample(s, place)) * outputs_ + s) * std::size_t(dim_));
+    for (std::size_t c = 0; c < candidates_; ++c) o.flops += 2.0 * double(o.kept[c]) * double(dim_);
+    o.flops += 2.0 * double(count_) * double(end_ - begin_) * double(dim_);
+  }
+
+  const TensorView &q_, &k_, &v_;
+  std::span<const std::int64_t> heads_;
+  float scale_;
+  const RowSet& rows_;
+  const std::vector<CandidateMask>& masks_;
+  ChunkScratch& sc_;
+  std::span<ChunkPartial> out_;
+  const std::int64_t dim_, begin_, end_;
+  const std::size_t candidates_, outputs_;
+  const std::int64_t count_;
+  const int parts_;  // split fp16 values: a high and a low bf16 part
+  // The weight matrix and the accumulators: one section of row_pad_ rows per output.
+  const std::int64_t row_pad_, out_rows_, q_words_, kt_panel_, v_panel_, w_part_;
+};
 
 }  // namespace
 
@@ -42,158 +275,9 @@ bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const Tensor
 
 bool sampled_chunk_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
                          std::span<const std::int64_t> heads, float scale, const RowSet& rows,
-                         const std::vector<CandidateMask>& masks, std::int64_t chunk, ChunkScratch& sc,
+                         const std::vector<CandidateMask>& masks, std::int64_t chunk, ChunkScratch& scratch,
                          std::span<ChunkPartial> out) {
-  const std::int64_t n = k.tokens(), dim = k.head_dim(), b = rows.batch;
-  const std::int64_t begin = chunk * kKeysPerChunk, end = std::min(n, begin + kKeysPerChunk);
-  const std::size_t candidates = masks.size(), outputs = candidates + 1;
-  const auto count = std::int64_t(rows.positions.size());
-  const int parts = q.dtype == DType::F16 ? 2 : 1;  // split fp16 values: a high and a low bf16 part
-  // The weight matrix and the accumulators: one section of row_pad rows per output.
-  const std::int64_t row_pad = round_up(std::max<std::int64_t>(count, 1), kRowTile);
-  const std::int64_t out_rows = std::int64_t(outputs) * row_pad, row_tiles = out_rows / kRowTile;
-  const std::size_t acc_row = outputs * std::size_t(dim);
-  const std::int64_t q_row_words = parts * dim / 2, w_part = out_rows * kWidth;
-  const std::int64_t kt_words = parts * dim / 2 * kWidth, v_part = kWidth / 2 * dim;
-
-  for (ChunkPartial& o : out) {
-    o.max.assign(std::size_t(count), -std::numeric_limits<float>::infinity());
-    o.z.assign(std::size_t(count) * outputs, 0.0);
-    o.acc.assign(std::size_t(count) * acc_row, 0.f);
-    o.kept.assign(candidates, 0);
-    o.flops = 0;
-  }
-  if (count == 0 || begin >= end) return true;
-
-  sc.q_pairs.resize(std::size_t(row_pad * q_row_words));
-  sc.kt_pairs.resize(std::size_t(kt_words));
-  sc.v_pairs.resize(std::size_t(parts * v_part));
-  sc.e.resize(std::size_t(row_pad * kWidth));
-  sc.block_sum.resize(std::size_t(count * kBlocksPerSubChunk));
-  sc.factor.resize(std::size_t(count));
-  sc.masked.resize(std::size_t(kKeyBlock));
-  sc.w_parts.resize(std::size_t(2 * w_part));
-  sc.acc_tiles.resize(std::size_t(out_rows * dim));
-  sc.live.resize(std::size_t(row_tiles * kKeySteps));
-  std::uint16_t* const high = sc.w_parts.data();
-  std::uint16_t* const low = high + w_part;
-  for (std::size_t s = 0; s < outputs; ++s)  // padding rows: weights 0 (their outputs are never read)
-    for (std::uint16_t* part : {high, low})
-      std::fill(part + (std::int64_t(s) * row_pad + count) * kWidth, part + (std::int64_t(s) + 1) * row_pad * kWidth,
-                std::uint16_t{0});
-  // Each candidate's section holds the rows in the order of the mask's codes, so
-  // that rows of a tile allow nearby keys and more of a tile's key steps allow
-  // none (those products are skipped). sample(s, i): the row at place i of section s.
-  sc.order.resize(candidates * std::size_t(count));
-  for (std::size_t c = 0; c < candidates; ++c) {
-    const auto first = sc.order.begin() + std::ptrdiff_t(c * std::size_t(count));
-    std::iota(first, first + count, std::int64_t{0});
-    const std::vector<std::int32_t>& code = masks[c].code;
-    std::stable_sort(first, first + count, [&](std::int64_t x, std::int64_t y) {
-      return code[std::size_t(rows.positions[std::size_t(x)])] < code[std::size_t(rows.positions[std::size_t(y)])];
-    });
-  }
-  const auto sample = [&](std::size_t s, std::int64_t i) {
-    return s == 0 ? i : sc.order[(s - 1) * std::size_t(count) + std::size_t(i)];
-  };
-  const cpu::RowSource source{q, k, v};
-
-  for (std::size_t g = 0; g < heads.size(); ++g) {
-    const std::int64_t h = heads[g];
-    ChunkPartial& o = out[g];
-    std::fill(sc.q_pairs.begin(), sc.q_pairs.end(), 0u);
-    for (std::int64_t r = 0; r < count; ++r) {
-      std::uint32_t* row = sc.q_pairs.data() + r * q_row_words;
-      if (parts == 1)
-        cpu::load_row_pairs(q, b, rows.positions[std::size_t(r)], h, false, row);
-      else  // (an Inf or NaN gives a non-finite score, which is all the router asks of it)
-        cpu::load_row_split_pairs(q, b, rows.positions[std::size_t(r)], h, false, row);
-    }
-    std::fill(sc.acc_tiles.begin(), sc.acc_tiles.end(), 0.f);
-
-    for (std::int64_t s0 = begin; s0 < end; s0 += kWidth) {
-      const std::int64_t len = std::min(kWidth, end - s0), blocks = (len + kKeyBlock - 1) / kKeyBlock;
-      const int keys = int(round_up(len, 32));
-      // Sub-chunks start at multiples of kWidth, so this is key tile s0 / kWidth of width kWidth (zero past the end).
-      const cpu::KvFlags flags = cpu::pack_kv_tile(source, b, h, s0 / kWidth, int(kWidth), nullptr, nullptr,
-                                                   sc.kt_pairs.data(), sc.v_pairs.data());
-      if (flags.tiny) return false;
-
-      float* const scores = sc.e.data();
-      cpu::routing_scores_amx(sc.q_pairs.data(), sc.kt_pairs.data(), int(kWidth), int(row_pad), keys, int(dim), parts,
-                              scores, int(kWidth));
-      softmax_sub_chunk(scores, kWidth, count, len, kWidth, scale, o.max.data(), sc.factor.data(),
-                        sc.block_sum.data());
-      for (std::size_t s = 0; s < outputs; ++s)
-        for (std::int64_t i = 0; i < count; ++i) {
-          const float factor = sc.factor[std::size_t(sample(s, i))];
-          if (factor == 1.f) continue;
-          if (s == 0)
-            for (std::size_t x = 0; x < outputs; ++x) o.z[std::size_t(i) * outputs + x] *= double(factor);
-          float* acc = sc.acc_tiles.data() + (std::int64_t(s) * row_pad + i) * dim;
-          for (std::int64_t d = 0; d < dim; ++d) acc[d] *= factor;
-        }
-      o.flops += 2.0 * double(count) * double(len) * double(dim);
-
-      std::fill(sc.live.begin(), sc.live.end(), std::uint8_t{0});
-      for (std::int64_t t = 0; t < row_pad / kRowTile; ++t)  // the dense section: every key step
-        std::fill_n(sc.live.begin() + t * kKeySteps, keys / 32, std::uint8_t{1});
-      for (std::int64_t r = 0; r < count; ++r) {
-        cpu::split_weights_amx(scores + r * kWidth, int(blocks * kKeyBlock), high + r * kWidth, low + r * kWidth);
-        double* z = o.z.data() + std::size_t(r) * outputs;
-        for (std::int64_t blk = 0; blk < blocks; ++blk) z[0] += sc.block_sum[std::size_t(r * kBlocksPerSubChunk + blk)];
-      }
-      for (std::size_t c = 0; c < candidates; ++c) {
-        const CandidateMask& mask = masks[c];
-        for (std::int64_t i = 0; i < count; ++i) {
-          const std::int64_t r = sample(c + 1, i), qpos = rows.positions[std::size_t(r)];
-          const float* weights = scores + r * kWidth;
-          const double* sums = sc.block_sum.data() + r * kBlocksPerSubChunk;
-          double& z = o.z[std::size_t(r) * outputs + c + 1];
-          const std::int64_t place = (std::int64_t(c) + 1) * row_pad + i, row_at = place * kWidth;
-          std::uint8_t* live = sc.live.data() + place / kRowTile * kKeySteps;
-          for (std::int64_t blk = 0; blk < blocks; ++blk) {
-            const std::int64_t k0 = s0 + blk * kKeyBlock, block_len = std::min(kKeyBlock, s0 + len - k0);
-            const std::int64_t col = blk * kKeyBlock, at = row_at + col;
-            switch (mask.cover(qpos, k0 / kKeyBlock)) {
-              case CandidateMask::Cover::None:
-                std::fill_n(high + at, kKeyBlock, std::uint16_t{0});
-                std::fill_n(low + at, kKeyBlock, std::uint16_t{0});
-                break;
-              case CandidateMask::Cover::All:
-                std::copy_n(high + r * kWidth + col, kKeyBlock, high + at);
-                std::copy_n(low + r * kWidth + col, kKeyBlock, low + at);
-                o.kept[c] += block_len;
-                z += sums[blk];
-                live[2 * blk] = live[2 * blk + 1] = 1;
-                break;
-              case CandidateMask::Cover::Some: {
-                const std::int64_t allowed = masked_weights(
-                    weights + col, mask.code.data() + k0, mask.forced.data() + k0, mask.code[std::size_t(qpos)],
-                    mask.forced[std::size_t(qpos)] != 0, mask.width, block_len, sc.masked.data());
-                o.kept[c] += allowed;
-                if (allowed > 0) {
-                  z += block_sum(sc.masked.data());
-                  live[2 * blk] = live[2 * blk + 1] = 1;
-                }
-                cpu::split_weights_amx(sc.masked.data(), int(kKeyBlock), high + at, low + at);
-                break;
-              }
-            }
-          }
-        }
-      }
-      cpu::routing_weighted_sums_amx(high, w_part, 2, int(kWidth), sc.v_pairs.data(), v_part, parts, int(out_rows),
-                                     keys, int(dim), sc.live.data(), int(kKeySteps), sc.acc_tiles.data(), int(dim));
-    }
-    for (std::size_t s = 0; s < outputs; ++s)
-      for (std::int64_t i = 0; i < count; ++i)
-        std::copy_n(sc.acc_tiles.data() + (std::int64_t(s) * row_pad + i) * dim, dim,
-                    o.acc.data() + (std::size_t(sample(s, i)) * outputs + s) * std::size_t(dim));
-    for (std::size_t c = 0; c < candidates; ++c) o.flops += 2.0 * double(o.kept[c]) * double(dim);
-    o.flops += 2.0 * double(count) * double(end - begin) * double(dim);
-  }
-  return true;
+  return TileChunk(q, k, v, heads, scale, rows, masks, chunk, scratch, out).run();
 }
 
 }  // namespace stsa::router_detail
