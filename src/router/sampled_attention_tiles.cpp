@@ -19,6 +19,7 @@
 // to skip. The normalisers and the kept-pair counts are sampled_chunk's,
 // block by block.
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -39,6 +40,13 @@ constexpr std::int64_t kPackHeads = 4;  // heads packed together (their panels s
 static_assert(kWidth % kPanelKeys == 0 && kKeyBlock % kPanelKeys == 0);
 
 std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
+
+// A block of kKeyBlock weight parts set to 0. (A copy of zeros: GCC makes a
+// 128-byte memset a rep stosq, whose start-up cost was most of building the weights.)
+void zero_block(std::uint16_t* at) {
+  static constexpr std::uint16_t kZeros[kKeyBlock] = {};
+  std::memcpy(at, kZeros, sizeof kZeros);
+}
 
 // One work item: a chunk of keys for a group of heads and one row set.
 class TileChunk {
@@ -185,6 +193,7 @@ class TileChunk {
   void weights(ChunkPartial& o, std::int64_t s0, std::int64_t len, int keys) {
     const float* scores = sc_.e.data();
     const std::int64_t blocks = (len + kKeyBlock - 1) / kKeyBlock;
+    constexpr std::int64_t kStepsPerBlock = kKeyBlock / kPanelKeys;
     std::fill(sc_.live.begin(), sc_.live.end(), std::uint8_t{0});
     for (std::int64_t t = 0; t < row_pad_ / kRowTile; ++t)  // the dense section: every key step
       std::fill_n(sc_.live.begin() + t * kKeySteps, keys / kPanelKeys, std::uint8_t{1});
@@ -205,15 +214,14 @@ class TileChunk {
         for (std::int64_t blk = 0; blk < blocks; ++blk) {
           const std::int64_t k0 = s0 + blk * kKeyBlock, block_len = std::min(kKeyBlock, s0 + len - k0);
           const std::int64_t col = blk * kKeyBlock, at = at_row * kWidth + col;
-          constexpr std::int64_t kStepsPerBlock = kKeyBlock / kPanelKeys;
           switch (mask.cover(qpos, k0 / kKeyBlock)) {
             case CandidateMask::Cover::None:
-              std::fill_n(high() + at, kKeyBlock, std::uint16_t{0});
-              std::fill_n(low() + at, kKeyBlock, std::uint16_t{0});
+              zero_block(high() + at);
+              zero_block(low() + at);
               break;
             case CandidateMask::Cover::All:
-              std::copy_n(high() + r * kWidth + col, kKeyBlock, high() + at);
-              std::copy_n(low() + r * kWidth + col, kKeyBlock, low() + at);
+              std::memcpy(high() + at, high() + r * kWidth + col, kKeyBlock * 2);
+              std::memcpy(low() + at, low() + r * kWidth + col, kKeyBlock * 2);
               o.kept[c] += block_len;
               z += sums[blk];
               std::fill_n(live + blk * kStepsPerBlock, kStepsPerBlock, std::uint8_t{1});

@@ -34,20 +34,24 @@ inline float exp_nonpositive(float x) {
 // or NaN when any is not finite: a score of -inf, +inf or NaN comes only from
 // non-finite or overflowing input, and the row is then reported as NaN
 // whatever the other scores (the GPU router's rule too). x - x is 0 for a
-// finite x and NaN otherwise; 16 lanes so the comparisons do not form one
-// serial chain. (A scale of 1 leaves x as it is.)
+// finite x and NaN otherwise. (A scale of 1 leaves x as it is.) Written with a
+// vector type: as a loop over an array of 16 lanes GCC left it scalar.
+typedef float Lane __attribute__((vector_size(kLane * sizeof(float))));
 STSA_VECTOR_CLONES float scale_and_max(float* __restrict x, std::int64_t count, float scale) {
-  float lanes[kLane], poison[kLane] = {};
-  std::fill_n(lanes, kLane, -std::numeric_limits<float>::infinity());
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  Lane lanes = {kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf,
+                kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf};
+  Lane poison = {};
   std::int64_t j = 0;
-  for (; j + kLane <= count; j += kLane)
-    for (std::int64_t i = 0; i < kLane; ++i) {
-      const float y = x[j + i] * scale;
-      x[j + i] = y;
-      lanes[i] = y > lanes[i] ? y : lanes[i];
-      poison[i] += y - y;
-    }
-  float m = -std::numeric_limits<float>::infinity(), tail_poison = 0.f;
+  for (; j + kLane <= count; j += kLane) {
+    Lane y;
+    std::memcpy(&y, x + j, sizeof(y));
+    y *= scale;
+    std::memcpy(x + j, &y, sizeof(y));
+    lanes = y > lanes ? y : lanes;
+    poison += y - y;
+  }
+  float m = kNegInf, tail_poison = 0.f;
   for (; j < count; ++j) {
     const float y = x[j] * scale;
     x[j] = y;
