@@ -1,5 +1,6 @@
-// The AMX tile configuration every *_amx.cpp file uses. Included inside an
-// anonymous namespace by files built with the AMX flags (see kernel.hpp for why).
+// The AMX tile configuration every *_amx.cpp file uses, and the moves of its
+// accumulators. Included inside an anonymous namespace, after <immintrin.h>, by
+// files built with the AMX flags (see kernel.hpp for why).
 
 // The 64-byte operand of LDTILECFG (palette 1).
 struct alignas(64) TileConfig {
@@ -20,4 +21,28 @@ TileConfig square_tiles() {
     config.rows[t] = 16;
   }
   return config;
+}
+
+// The accumulator tiles of a block, 0 and 1 side by side (16 rows x 32 columns),
+// 2 and 3 below them, to or from fp32 rows at `at`, `row_floats` apart.
+template <int kRowTiles>
+void store_accumulators(float* at, long row_floats) {
+  const long bytes = row_floats * 4;
+  _tile_stored(0, at, bytes);
+  _tile_stored(1, at + 16, bytes);
+  if constexpr (kRowTiles == 2) {
+    _tile_stored(2, at + 16 * row_floats, bytes);
+    _tile_stored(3, at + 16 * row_floats + 16, bytes);
+  }
+}
+
+template <int kRowTiles>
+void load_accumulators(const float* at, long row_floats) {
+  const long bytes = row_floats * 4;
+  _tile_loadd(0, at, bytes);
+  _tile_loadd(1, at + 16, bytes);
+  if constexpr (kRowTiles == 2) {
+    _tile_loadd(2, at + 16 * row_floats, bytes);
+    _tile_loadd(3, at + 16 * row_floats + 16, bytes);
+  }
 }

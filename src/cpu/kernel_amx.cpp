@@ -33,30 +33,6 @@ constexpr int kBlockRows = 32;  // query rows per block: two tiles
 static_assert(kAmxPartRows == 3 * kBlockRows * kAmxKeyTilesPerStep &&
               kAmxScratchRows == kBlockRows * kAmxKeyTilesPerStep && kAmxKeyTilesPerStep == 2 && kAmxRowPad == 16);
 
-// The accumulator tiles of a block, 0 and 1 side by side (16 rows x 32 columns),
-// 2 and 3 below them, to or from fp32 rows at `at`, `row_floats` apart.
-template <int kRowTiles>
-void store_accumulators(float* at, long row_floats) {
-  const long bytes = row_floats * 4;
-  _tile_stored(0, at, bytes);
-  _tile_stored(1, at + 16, bytes);
-  if constexpr (kRowTiles == 2) {
-    _tile_stored(2, at + 16 * row_floats, bytes);
-    _tile_stored(3, at + 16 * row_floats + 16, bytes);
-  }
-}
-
-template <int kRowTiles>
-void load_accumulators(const float* at, long row_floats) {
-  const long bytes = row_floats * 4;
-  _tile_loadd(0, at, bytes);
-  _tile_loadd(1, at + 16, bytes);
-  if constexpr (kRowTiles == 2) {
-    _tile_loadd(2, at + 16 * row_floats, bytes);
-    _tile_loadd(3, at + 16 * row_floats + 16, bytes);
-  }
-}
-
 // S[16 * kRowTiles][cols] = Q K^T for one block from kInParts parts of each
 // value (1: bf16; 2: fp16 as high + low, all four products, each exact);
 // q: bf16 pairs, kInParts * kD / 2 per row (part a at a * kD / 2); kt: the key

@@ -11,28 +11,6 @@ namespace {
 
 #include "cpu/amx_tiles.hpp"
 
-// Loads (or stores) the accumulators of a block at `at`: tiles 0 and 1 side by
-// side, 2 and 3 below them when the block has two row tiles.
-void load_block(const float* at, long row_floats, bool two_row_tiles) {
-  const long bytes = row_floats * 4;
-  _tile_loadd(0, at, bytes);
-  _tile_loadd(1, at + 16, bytes);
-  if (two_row_tiles) {
-    _tile_loadd(2, at + 16 * row_floats, bytes);
-    _tile_loadd(3, at + 16 * row_floats + 16, bytes);
-  }
-}
-
-void store_block(float* at, long row_floats, bool two_row_tiles) {
-  const long bytes = row_floats * 4;
-  _tile_stored(0, at, bytes);
-  _tile_stored(1, at + 16, bytes);
-  if (two_row_tiles) {
-    _tile_stored(2, at + 16 * row_floats, bytes);
-    _tile_stored(3, at + 16 * row_floats + 16, bytes);
-  }
-}
-
 // With K's pairs in tiles 6 and 7: one or two row tiles of Q's pairs (rows
 // `q` and `q + 16 * row_words`) multiplied with both.
 void q_products(const std::uint32_t* q, long row_words, bool two_row_tiles) {
@@ -70,7 +48,11 @@ void routing_scores_amx(const std::uint32_t* q, const std::uint32_t* kt, int row
           _tile_loadd(7, k_at + 16, kRoutingPanelKeys * 4);
           for (int a = parts - 1; a >= 0; --a) q_products(q_rows + a * (head_dim / 2) + p0, q_row_words, two);
         }
-      store_block(s + std::int64_t(r0) * s_stride + n0, s_stride, two);
+      float* at = s + std::int64_t(r0) * s_stride + n0;
+      if (two)
+        store_accumulators<2>(at, s_stride);
+      else
+        store_accumulators<1>(at, s_stride);
     }
   }
   _tile_release();
@@ -89,7 +71,10 @@ void routing_weighted_sums_amx(const std::uint16_t* w, std::int64_t w_part_strid
     const std::uint8_t* live_second = two ? live_first + live_stride : nullptr;
     for (int d0 = 0; d0 < head_dim; d0 += 32) {
       float* out = acc + std::int64_t(r0) * acc_stride + d0;
-      load_block(out, acc_stride, two);
+      if (two)
+        load_accumulators<2>(out, acc_stride);
+      else
+        load_accumulators<1>(out, acc_stride);
       for (int c = 0; c < keys; c += 32) {
         const bool first_live = live_first[c / 32] != 0, second_live = two && live_second[c / 32] != 0;
         if (!first_live && !second_live) continue;
@@ -113,7 +98,10 @@ void routing_weighted_sums_amx(const std::uint16_t* w, std::int64_t w_part_strid
           }
         }
       }
-      store_block(out, acc_stride, two);
+      if (two)
+        store_accumulators<2>(out, acc_stride);
+      else
+        store_accumulators<1>(out, acc_stride);
     }
   }
   _tile_release();

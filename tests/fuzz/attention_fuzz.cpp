@@ -549,12 +549,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     router.anchor = in.next(0, 3) != 0;
     router.seed = std::uint64_t(in.next(0, 1000));
     router.threads = int(in.next(1, 2));
+    // The fp32 path, or (Auto: for 16-bit inputs on a CPU with AMX) tile products.
+    router.isa = in.next(0, 1) ? stsa::Isa::Avx512 : stsa::Isa::Auto;
     if (in.next(0, 1)) {  // routed here
-      if (plant == Plant::RouterOptions) {  // a density outside [0, 1], or no sampled rows
-        if (in.next(0, 1))
-          router.spatial_density = in.next(0, 1) ? 1.5 : -0.25;
-        else
-          router.samples = 0;
+      if (plant == Plant::RouterOptions) {  // a density outside [0, 1], no sampled rows, or no such instruction set
+        switch (in.next(0, 2)) {
+          case 0:
+            router.spatial_density = in.next(0, 1) ? 1.5 : -0.25;
+            break;
+          case 1:
+            router.samples = 0;
+            break;
+          default:
+            router.isa = static_cast<stsa::Isa>(9);
+        }
         must_refuse = true;
       }
       run = [&, routed, router] {
