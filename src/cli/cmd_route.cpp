@@ -176,7 +176,7 @@ nlohmann::json run_route(const RouteArgs& args) {
   Inputs in = make_inputs(args, grid, memory);
   const VideoLayout& layout = in.layout;
 
-  Tensor o(DType::F32, layout.batch, layout.tokens(), layout.heads, layout.head_dim, memory);
+  Tensor o(parse_dtype(args.out_dtype), layout.batch, layout.tokens(), layout.heads, layout.head_dim, memory);
   LseBuffer lse(layout.batch, layout.heads, layout.tokens());
   RoutedCall call{layout, in.q.view(), in.k.view(), in.v.view(), o.view(), lse.view()};
   RoutedOptions options;
@@ -246,6 +246,7 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"heads", layout.heads},
       {"head_dim", layout.head_dim},
       {"dtype", std::string(to_string(in.q.dtype()))},
+      {"out_dtype", std::string(to_string(o.dtype()))},
       {"source", args.synthetic ? "synthetic" : "files"},
       {"memory", args.memory},
       {"output_file", args.save_output.empty() ? nlohmann::json(nullptr) : nlohmann::json(args.save_output)},
@@ -345,12 +346,17 @@ void add_route_command(CLI::App& app) {
                   "synthetic: write q.npy, k.npy, v.npy into this folder (created if needed; existing files are "
                   "refused, never replaced)");
   cmd->add_option("--save-output", args->save_output,
-                  "write the routed attention's O (fp32, frame-major tokens, --memory axis order) into this .npy "
-                  "file (an existing file is refused, never replaced)");
+                  "write the routed attention's O (in --out-dtype, frame-major tokens, --memory axis order) into "
+                  "this .npy file (an existing file is refused, never replaced)");
   cmd->add_option("--batch", args->batch, "synthetic: batch entries")->capture_default_str();
   cmd->add_option("--heads", args->heads, "synthetic: heads")->capture_default_str();
   cmd->add_option("--head-dim", args->head_dim, "synthetic: head dimension (even)")->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "synthetic: fp32 | bf16 | fp16")->capture_default_str();
+  cmd->add_option("--out-dtype", args->out_dtype,
+                  "O's dtype: fp32 (the errors are the sparsity's, not the output's rounding) | bf16 | fp16 (what a "
+                  "model's attention returns: the attention time a model sees)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
   cmd->add_option("--density", args->density, "kept fraction of each candidate mask, in [0, 1]")->capture_default_str();
   cmd->add_option("--samples", args->samples, "sampled query rows per head (every row where there are fewer tokens)")
       ->capture_default_str();

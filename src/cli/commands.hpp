@@ -58,9 +58,12 @@ struct RouteArgs {
   std::string tensor, q_tensor, k_tensor, v_tensor;
   std::string memory = "bnhd";  // axis order of the q/k/v files (and of synthetic data): "bnhd" or "bhnd"
   std::string save_inputs;      // synthetic: a folder to write q.npy, k.npy, v.npy into
-  std::string save_output;      // a .npy file to write the routed attention's O into (fp32, --memory order)
+  std::string save_output;      // a .npy file to write the routed attention's O into (out_dtype, --memory order)
   std::int64_t batch = 1, heads = 16, head_dim = 64;
   std::string dtype = "fp32";
+  // O's dtype. fp32 by default: the reported errors are then the sparsity's and
+  // the kernel's, not the output's rounding; bf16 / fp16 time what a model's call returns.
+  std::string out_dtype = "fp32";
   double density = 0.25;
   int samples = 64;
   double max_rel_l2 = 0.5;

@@ -11,6 +11,8 @@ namespace {
 
 #include "cpu/amx_tiles.hpp"
 
+static_assert(kRoutingPanelKeys == 32, "a panel's keys are one step of two 16-column tiles");
+
 // With K's pairs in tiles 6 and 7: one or two row tiles of Q's pairs (rows
 // `q` and `q + 16 * row_words`) multiplied with both.
 void q_products(const std::uint32_t* q, long row_words, bool two_row_tiles) {

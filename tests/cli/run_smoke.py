@@ -20,8 +20,9 @@ def run(binary, args, timeout=240):
 FILE_CHECKS = 5
 
 
-def read_npy_f32(path):
-    """(shape, values) of a C-order '<f4' .npy file (version 1 or 2 header)."""
+def read_npy_f32(path, descr="<f4"):
+    """(shape, values as floats) of a C-order .npy file (version 1 or 2 header) of
+    '<f4', or of '<V2' (bfloat16 as ml_dtypes saves it: the upper half of an fp32)."""
     data = open(path, "rb").read()
     if data[:6] != b"\x93NUMPY":
         raise SystemExit(f"FAIL {path} is not a .npy file")
@@ -29,11 +30,16 @@ def read_npy_f32(path):
     header_len = int.from_bytes(data[8:8 + size_bytes], "little")
     begin = 8 + size_bytes + header_len
     header = data[8 + size_bytes:begin].decode("latin1")
-    if "'descr': '<f4'" not in header or "'fortran_order': False" not in header:
+    if f"'descr': '{descr}'" not in header or "'fortran_order': False" not in header:
         raise SystemExit(f"FAIL {path}: unexpected header {header!r}")
     shape = tuple(int(x) for x in re.search(r"'shape': \(([^)]*)\)", header).group(1).split(",") if x.strip())
     values = array.array("f")
-    values.frombytes(data[begin:])
+    if descr == "<V2":
+        halves = array.array("H")
+        halves.frombytes(data[begin:])
+        values.frombytes(b"".join(int(h << 16).to_bytes(4, "little") for h in halves))
+    else:
+        values.frombytes(data[begin:])
     return shape, values
 
 
@@ -82,6 +88,19 @@ def check_inputs_from_files(binary):
             or reference["decisions"] != first["decisions"] or not rel < 1e-5):
         print(f"FAIL --save-output: shapes {shape} / {shape_bhnd}, orders agree "
               f"{as_bnhd(shape_bhnd, o_bhnd) == o_bnhd}, rel L2 vs the reference backend {rel:.3g}")
+        failures += 1
+
+    # --out-dtype bf16: O saved as bfloat16, each value the fp32 run's rounded (to
+    # within the kernels' own difference), the decisions unchanged.
+    bf16_run = json.loads(run(binary, ["route"] + files("bnhd") + grid + [
+        "--out-dtype", "bf16", "--save-output", os.path.join(folder, "o_bf16.npy")]))
+    shape_bf16, o_bf16 = read_npy_f32(os.path.join(folder, "o_bf16.npy"), "<V2")
+    # (P rounded to bf16 and the output's own rounding: a few 2^-9 of the largest |O|.)
+    worst = max(abs(x - y) for x, y in zip(o_bf16, o_bnhd)) / max(abs(y) for y in o_bnhd)
+    if (bf16_run["out_dtype"] != "bf16" or first["out_dtype"] != "fp32" or shape_bf16 != shape
+            or bf16_run["decisions"] != first["decisions"] or not worst < 2 ** -7):
+        print(f"FAIL --out-dtype bf16: out_dtype {bf16_run['out_dtype']} / {first['out_dtype']}, shape {shape_bf16}, "
+              f"decisions {bf16_run['decisions']} vs {first['decisions']}, worst difference {worst:.3g} of the largest |O|")
         failures += 1
 
     def outcome(r):
