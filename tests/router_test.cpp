@@ -98,14 +98,15 @@ bool takes_tiles(Isa isa, DType dtype, std::int64_t head_dim) {
 
 // Router errors against fp64 outputs of the same sampled rows from reference_rows.
 void check_errors_against_reference(const VideoLayout& layout, DType dtype, TokenOrder order, std::uint64_t seed,
-                                    int samples = 24, Isa isa = Isa::Auto) {
+                                    int samples = 24, Isa isa = Isa::Auto,
+                                    MemoryLayout memory = MemoryLayout::BNHD) {
   SCOPED_TRACE(layout.grid.describe() + " B=" + std::to_string(layout.batch) + " D=" +
                std::to_string(layout.head_dim) + " " + std::string(to_string(dtype)) + " " +
                std::string(to_string(order)) + " seed " + std::to_string(seed) + " samples " + std::to_string(samples) +
-               " isa " + std::string(to_string(isa)));
+               " isa " + std::string(to_string(isa)) + (memory == MemoryLayout::BHND ? " BHND" : ""));
   testing::Problem p = testing::make_problem(
       layout, dtype, std::vector<HeadMask>(std::size_t(layout.heads), HeadMask{MaskSpec::dense(), order, nullptr, true}),
-      seed);
+      seed, memory);
   RouterOptions options;
   options.samples = samples;
   options.seed = seed;
@@ -592,7 +593,7 @@ std::vector<Isa> router_paths() {
 // shapes the tile path takes (bf16 and fp16, head dims 64, 96 and 128) and two it
 // leaves to the fp32 path (D = 80, fp32), with ragged key blocks, several key
 // chunks and sub-chunks, text before and after, two batch entries, fewer rows
-// than a tile and more.
+// than a tile and more, and [B, H, N, D] tensors.
 TEST(Router, SampledErrorsMatchTheReferenceOnEitherPath) {
   if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "needs AVX-512 to name the fp32 path";
   const std::uint64_t seed = testing::fresh_seed();
@@ -611,6 +612,8 @@ TEST(Router, SampledErrorsMatchTheReferenceOnEitherPath) {
                                    TokenOrder::FrameMajor, seed + 5, 24, isa);
     check_errors_against_reference({{3, 5, 6, 0, TextPlacement::After}, 1, 2, 64}, DType::F32,
                                    TokenOrder::FrameMajor, seed + 6, 24, isa);
+    check_errors_against_reference({{4, 6, 7, 3, TextPlacement::Before}, 2, 3, 64}, DType::BF16,
+                                   TokenOrder::FrameMajor, seed + 7, 24, isa, MemoryLayout::BHND);
   }
 }
 
