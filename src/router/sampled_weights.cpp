@@ -65,20 +65,10 @@ STSA_VECTOR_CLONES float scale_and_max(float* __restrict x, std::int64_t count, 
   return std::isnan(tail_poison) ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
-// x[i] = exp(x[i] - m) for i < len and 0 for len <= i < width (a multiple of
-// kKeyBlock), and sums[blk] = block_sum of each block (the row is in L1 by then).
-STSA_VECTOR_CLONES void exp_and_block_sums(float* __restrict x, std::int64_t len, std::int64_t width, float m,
-                                           double* __restrict sums) {
+// x[i] = exp(x[i] - m) for i < len and 0 for len <= i < width.
+STSA_VECTOR_CLONES void exp_shifted(float* __restrict x, std::int64_t len, std::int64_t width, float m) {
   for (std::int64_t j = 0; j < len; ++j) x[j] = exp_nonpositive(x[j] - m);
   for (std::int64_t j = len; j < width; ++j) x[j] = 0.f;
-  for (std::int64_t b0 = 0; b0 < width; b0 += kKeyBlock) {
-    float lanes[kLane] = {};
-    for (std::int64_t j = 0; j < kKeyBlock; j += kLane)
-      for (std::int64_t i = 0; i < kLane; ++i) lanes[i] += x[b0 + j + i];
-    double z = 0;
-    for (std::int64_t i = 0; i < kLane; ++i) z += lanes[i];
-    sums[b0 / kKeyBlock] = z;
-  }
 }
 
 }  // namespace
@@ -126,7 +116,8 @@ void softmax_sub_chunk(float* scores, std::int64_t stride, std::int64_t count, s
       if (std::isfinite(m)) factor[r] = std::exp(m - local);
       m = local;
     }
-    exp_and_block_sums(row, len, width, m, row_sums);
+    exp_shifted(row, len, width, m);
+    for (std::int64_t blk = 0; blk < blocks; ++blk) row_sums[blk] = block_sum(row + blk * kKeyBlock);
   }
 }
 
