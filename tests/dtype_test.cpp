@@ -5,6 +5,10 @@
 // the test support rounds its expected outputs with the same functions.
 #include <gtest/gtest.h>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -43,6 +47,23 @@ TEST(DType, F16DecodesEveryBitPatternByItsFields) {
     EXPECT_EQ(std::signbit(got), (h & 0x8000u) != 0) << std::hex << bits;  // -0 stays -0
   }
 }
+
+#if defined(__x86_64__)
+// With flush-to-zero and denormals-are-zero on (torch.set_flush_denormal(True) sets
+// them), fp16's subnormals, which are normal in fp32, still decode exactly.
+TEST(DType, F16DecodesEveryBitPatternUnderFlushToZero) {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);  // FTZ | DAZ
+  int wrong = 0;
+  for (std::uint32_t bits = 0; bits <= 0xffffu; ++bits) {
+    const auto h = std::uint16_t(bits);
+    const float got = f16_to_float(h);
+    wrong += is_f16_nan(h) ? !std::isnan(got) : double(got) != f16_value(h) || std::signbit(got) != ((h & 0x8000u) != 0);
+  }
+  _mm_setcsr(saved);
+  EXPECT_EQ(wrong, 0);
+}
+#endif
 
 // Neighbouring finite fp16 values a < b (bits h, h + 1): their midpoint is exact
 // in fp32 and rounds to the one with the even bit pattern; one fp32 step below

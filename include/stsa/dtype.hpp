@@ -31,7 +31,30 @@ inline std::uint16_t float_to_bf16(float f) {
   return std::uint16_t(u >> 16);
 }
 
-float f16_to_float(std::uint16_t bits);
+// Exact for every fp16 value, without branches (so loops over it vectorise) and
+// without subnormal fp32 operands (so a flush-to-zero mode cannot change it):
+// the fields move into fp32's places and the exponent is rebiased; Inf and NaN
+// get fp32's all-ones exponent; subnormals, m x 2^-24, are made as 2^-14 (1 +
+// m / 1024) - 2^-14.
+inline float f16_to_float(std::uint16_t bits) {
+  constexpr std::uint32_t kExponentMask = 0x7c00u << 13;
+  const std::uint32_t magnitude = std::uint32_t(bits & 0x7fffu) << 13;
+  const std::uint32_t exponent = magnitude & kExponentMask;
+  std::uint32_t u = magnitude + ((127u - 15u) << 23);
+  if (exponent == kExponentMask) u += (128u - 16u) << 23;
+  float value, smallest_normal;
+  std::memcpy(&value, &u, 4);
+  if (exponent == 0) {
+    const std::uint32_t renormalised = u + (1u << 23), two_to_minus_14 = 113u << 23;
+    std::memcpy(&value, &renormalised, 4);
+    std::memcpy(&smallest_normal, &two_to_minus_14, 4);
+    value -= smallest_normal;
+  }
+  std::memcpy(&u, &value, 4);
+  u |= std::uint32_t(bits & 0x8000u) << 16;
+  std::memcpy(&value, &u, 4);
+  return value;
+}
 std::uint16_t float_to_f16(float f);
 
 // Loads element i of a buffer of type t as float.

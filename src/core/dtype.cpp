@@ -23,24 +23,6 @@ DType parse_dtype(std::string_view name) {
   throw InvalidArgument(detail::concat("dtype must be fp32, bf16 or fp16, got '", name, "'"));
 }
 
-float f16_to_float(std::uint16_t h) {
-  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
-  const std::uint32_t exponent = (h >> 10) & 0x1fu;
-  std::uint32_t mantissa = h & 0x3ffu;
-  std::uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal: value = mantissa * 2^-24
-    const float value = std::ldexp(float(mantissa), -24);
-    return sign ? -value : value;
-  }
-  return std::bit_cast<float>(bits);
-}
-
 std::uint16_t float_to_f16(float f) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(f);
   const std::uint16_t sign = std::uint16_t((bits >> 16) & 0x8000u);

@@ -93,25 +93,32 @@ STSA_VECTOR_CLONES void accumulate_rows(const float* const* __restrict w, const 
   }
 }
 
-// out[d] = t[b, n, h, d] as float, with the dtype switch hoisted out of the channel loop.
-void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float* __restrict out) {
+// out[d] = t[b, n, h, d] as float, with the dtype switch hoisted out of the
+// channel loop, and a unit-stride loop of its own for each (they vectorise).
+template <typename T, typename Convert>
+inline void convert_row(const T* __restrict p, std::int64_t step, std::int64_t dim, float* __restrict out,
+                        Convert convert) {
+  if (step == 1)
+    for (std::int64_t d = 0; d < dim; ++d) out[d] = convert(p[d]);
+  else
+    for (std::int64_t d = 0; d < dim; ++d) out[d] = convert(p[d * step]);
+}
+
+STSA_VECTOR_CLONES void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h,
+                                 float* __restrict out) {
   const std::int64_t dim = t.head_dim(), step = t.stride[3], base = t.offset(b, n, h, 0);
   switch (t.dtype) {
-    case DType::F32: {
-      const float* p = static_cast<const float*>(t.data) + base;
-      for (std::int64_t d = 0; d < dim; ++d) out[d] = p[d * step];
+    case DType::F32:
+      convert_row(static_cast<const float*>(t.data) + base, step, dim, out, [](float x) { return x; });
       return;
-    }
-    case DType::BF16: {
-      const std::uint16_t* p = static_cast<const std::uint16_t*>(t.data) + base;
-      for (std::int64_t d = 0; d < dim; ++d) out[d] = bf16_to_float(p[d * step]);
+    case DType::BF16:
+      convert_row(static_cast<const std::uint16_t*>(t.data) + base, step, dim, out,
+                  [](std::uint16_t x) { return bf16_to_float(x); });
       return;
-    }
-    case DType::F16: {
-      const std::uint16_t* p = static_cast<const std::uint16_t*>(t.data) + base;
-      for (std::int64_t d = 0; d < dim; ++d) out[d] = f16_to_float(p[d * step]);
+    case DType::F16:
+      convert_row(static_cast<const std::uint16_t*>(t.data) + base, step, dim, out,
+                  [](std::uint16_t x) { return f16_to_float(x); });
       return;
-    }
   }
 }
 
