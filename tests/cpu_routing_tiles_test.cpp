@@ -112,9 +112,7 @@ TEST(RoutingTiles, WeightedSumsAddTheLiveProductsOnly) {
         for (float& e : w) e = unit(rng);
         const std::int64_t w_part = std::int64_t(rows) * kWStride;
         std::vector<std::uint16_t> parts(std::size_t(2 * w_part));
-        for (int r = 0; r < rows; ++r)
-          cpu::split_weights_amx(w.data() + r * kWStride, kWStride, parts.data() + r * kWStride,
-                                 parts.data() + w_part + r * kWStride);
+        cpu::split_weights_amx(w.data(), rows, kWStride, kWStride, w_part, parts.data());
         // A dead product's weights are NaN: computing it anyway would poison its outputs.
         for (int t = 0; t < row_tiles; ++t)
           for (int c = 0; c < kSteps; ++c)
@@ -159,10 +157,11 @@ TEST(RoutingTiles, SplitWeightsSumToWithinTwoToTheMinus16) {
   w[0] = 0.f;
   w[1] = 1.f;
   w[2] = 0x1.fffffep-1f;  // the largest weight below 1: 24 significand bits
-  std::vector<std::uint16_t> high(w.size()), low(w.size());
-  cpu::split_weights_amx(w.data(), int(w.size()), high.data(), low.data());
+  // Two rows of 128: part p of weight i (row i / 128) at parts[p * 256 + i].
+  std::vector<std::uint16_t> parts(2 * w.size());
+  cpu::split_weights_amx(w.data(), 2, 128, 128, std::int64_t(w.size()), parts.data());
   for (std::size_t i = 0; i < w.size(); ++i) {
-    const float h = bf16_to_float(high[i]), l = bf16_to_float(low[i]);
+    const float h = bf16_to_float(parts[i]), l = bf16_to_float(parts[w.size() + i]);
     std::uint32_t w_bits, h_bits;
     std::memcpy(&w_bits, &w[i], 4);
     std::memcpy(&h_bits, &h, 4);

@@ -41,9 +41,12 @@ void routing_weighted_sums_amx(const std::uint16_t* w, std::int64_t w_part_strid
                                const std::uint32_t* v, int v_parts, int rows, int keys, int head_dim,
                                const std::uint8_t* live, int live_stride, float* acc, int acc_stride);
 
-// Two bf16 parts of each of `count` weights (a multiple of 32): high[j] =
-// w[j] with its low 16 bits dropped (so the remainder is exact in fp32), low[j]
-// = the remainder rounded to nearest; high + low is within 2^-16 of w[j] (the remainder is below 2^-7 of w[j] and rounds to 8 bits).
-void split_weights_amx(const float* w, int count, std::uint16_t* high, std::uint16_t* low);
+// Two bf16 parts of each weight of w[rows][cols] (row stride `stride`, cols a
+// multiple of 32), the attention kernel's split of P into two parts
+// (split_parts_avx512.hpp): part p of row i at parts + p * part_stride + i *
+// stride, the high part w with its low 16 bits dropped, the low part the
+// remainder rounded to nearest; their sum is within 2^-16 of w.
+void split_weights_amx(const float* w, int rows, int cols, int stride, std::int64_t part_stride,
+                       std::uint16_t* parts);
 
 }  // namespace stsa::cpu

@@ -10,6 +10,7 @@ namespace stsa::cpu {
 namespace {
 
 #include "cpu/amx_tiles.hpp"
+#include "cpu/split_parts_avx512.hpp"
 
 static_assert(kRoutingPanelKeys == 32, "a panel's keys are one step of two 16-column tiles");
 
@@ -109,16 +110,9 @@ void routing_weighted_sums_amx(const std::uint16_t* w, std::int64_t w_part_strid
   _tile_release();
 }
 
-void split_weights_amx(const float* w, int count, std::uint16_t* high, std::uint16_t* low) {
-  const __m512i upper = _mm512_set1_epi32(int(0xffff0000u));
-  for (int j = 0; j < count; j += 32) {
-    const __m512 x0 = _mm512_loadu_ps(w + j), x1 = _mm512_loadu_ps(w + j + 16);
-    const __m512 h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x0), upper));
-    const __m512 h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x1), upper));
-    // (lanes 0-15 of the result from the second operand; exact for the high parts)
-    _mm512_storeu_si512(high + j, __m512i(_mm512_cvtne2ps_pbh(h1, h0)));
-    _mm512_storeu_si512(low + j, __m512i(_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0))));
-  }
+void split_weights_amx(const float* w, int rows, int cols, int stride, std::int64_t part_stride,
+                       std::uint16_t* parts) {
+  split_into_parts<2>(w, rows, cols, stride, part_stride, parts);
 }
 
 }  // namespace stsa::cpu

@@ -95,6 +95,8 @@ STSA_VECTOR_CLONES void accumulate_rows(const float* const* __restrict w, const 
 
 // out[d] = t[b, n, h, d] as float, with the dtype switch hoisted out of the
 // channel loop, and a unit-stride loop of its own for each (they vectorise).
+// cpu::load_row does the same with a scale; this one is built as vector
+// clones (fp16 rows: 36 ms of routing against 45 with the plain build).
 template <typename T, typename Convert>
 inline void convert_row(const T* __restrict p, std::int64_t step, std::int64_t dim, float* __restrict out,
                         Convert convert) {

@@ -197,11 +197,10 @@ class TileChunk {
     std::fill(sc_.live.begin(), sc_.live.end(), std::uint8_t{0});
     for (std::int64_t t = 0; t < row_pad_ / kRowTile; ++t)  // the dense section: every key step
       std::fill_n(sc_.live.begin() + t * kKeySteps, keys / kPanelKeys, std::uint8_t{1});
-    for (std::int64_t r = 0; r < count_; ++r) {
-      cpu::split_weights_amx(scores + r * kWidth, int(blocks * kKeyBlock), high() + r * kWidth, low() + r * kWidth);
+    cpu::split_weights_amx(scores, int(count_), int(blocks * kKeyBlock), int(kWidth), w_part_, high());
+    for (std::int64_t r = 0; r < count_; ++r)
       for (std::int64_t blk = 0; blk < blocks; ++blk)
         o.z[std::size_t(r) * outputs_] += sc_.block_sum[std::size_t(r * kBlocksPerSubChunk + blk)];
-    }
     for (std::size_t c = 0; c < candidates_; ++c) {
       const CandidateMask& mask = masks_[c];
       for (std::int64_t place = 0; place < count_; ++place) {
@@ -236,7 +235,7 @@ class TileChunk {
                 z += block_sum(sc_.masked.data());
                 std::fill_n(live + blk * kStepsPerBlock, kStepsPerBlock, std::uint8_t{1});
               }
-              cpu::split_weights_amx(sc_.masked.data(), int(kKeyBlock), high() + at, low() + at);
+              cpu::split_weights_amx(sc_.masked.data(), 1, int(kKeyBlock), int(kKeyBlock), w_part_, high() + at);
               break;
             }
           }
