@@ -12,6 +12,7 @@
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "stsa/attention.hpp"
+#include "stsa/cpu.hpp"
 #include "stsa/error.hpp"
 #include "stsa/io.hpp"
 #include "stsa/permute.hpp"
@@ -160,12 +161,22 @@ nlohmann::json run_route(const RouteArgs& args) {
   ro.max_rel_l2 = args.max_rel_l2;
   STSA_CHECK(args.seed >= 0, InvalidArgument, "--seed must be >= 0, got ", args.seed);
   ro.seed = std::uint64_t(args.seed);
+  STSA_CHECK(args.backend != "cuda" || (args.threads == 0 && args.isa == "auto"), InvalidArgument,
+             "--threads and --isa choose the CPU router's and kernel's; they do not go with --backend cuda");
+  ro.threads = args.threads;
+  ro.isa = parse_isa(args.isa);
   ro.validate();
   STSA_CHECK(args.eval_rows >= 0, InvalidArgument, "--eval-rows must be >= 0 (0: all rows), got ", args.eval_rows);
   STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
              args.repeats);
   const bool on_gpu = args.backend == "cuda";
   const Backend* host_backend = on_gpu ? nullptr : &stsa::backend(args.backend);
+  // Tiles or vectors, and how many threads, as asked: the registry's CPU backend takes the defaults.
+  std::unique_ptr<Backend> cpu_backend;
+  if (args.backend == "cpu") {
+    cpu_backend = make_cpu_backend({resolve_isa(ro.isa), resolve_threads(args.threads)});
+    host_backend = cpu_backend.get();
+  }
   const Router router(ro);
 
   if (on_gpu) require_cuda_device();
@@ -254,6 +265,7 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"samples", args.samples},
       {"sampled_rows", report.sampled_rows.size()},  // fewer than samples where the call has fewer tokens
       {"backend", on_gpu ? std::string("cuda") : std::string(host_backend->name())},
+      {"isa", cpu_backend ? nlohmann::json(std::string(to_string(resolve_isa(ro.isa)))) : nlohmann::json(nullptr)},
       {"device", routed.device.empty() ? nlohmann::json(nullptr) : nlohmann::json(routed.device)},
       {"accuracy", in.truth.empty() ? nlohmann::json(nullptr)
                                     : nlohmann::json(double(correct) / double(layout.heads))},
@@ -286,10 +298,11 @@ nlohmann::json run_route(const RouteArgs& args) {
 namespace {
 
 void print_text(const nlohmann::json& r) {
-  std::printf("grid %s, %lld heads x %lld dims, %s %s inputs, density %.3f, backend %s\n",
+  std::printf("grid %s, %lld heads x %lld dims, %s %s inputs, density %.3f, backend %s%s%s\n",
               r["grid"].get<std::string>().c_str(), (long long)r["heads"].get<std::int64_t>(),
               (long long)r["head_dim"].get<std::int64_t>(), r["source"].get<std::string>().c_str(),
-              r["dtype"].get<std::string>().c_str(), r["density"].get<double>(), r["backend"].get<std::string>().c_str());
+              r["dtype"].get<std::string>().c_str(), r["density"].get<double>(), r["backend"].get<std::string>().c_str(),
+              r["isa"].is_null() ? "" : ", isa ", r["isa"].is_null() ? "" : r["isa"].get<std::string>().c_str());
   if (!r["device"].is_null()) std::printf("device %s\n", r["device"].get<std::string>().c_str());
   for (const auto& h : r["per_head"]) {
     std::printf("head %3lld: %-8s", (long long)h["head"].get<std::int64_t>(), h["decision"].get<std::string>().c_str());
@@ -365,6 +378,14 @@ void add_route_command(CLI::App& app) {
   cmd->add_flag("--frame-window", args->frame_window, "also try the frame-window mask");
   cmd->add_option("--seed", args->seed, "seed of the samples and the synthetic data")->capture_default_str();
   cmd->add_option("--backend", args->backend, "attention backend: cpu | reference | cuda (routing and the routed call on the GPU; bf16 or fp16 inputs)")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "threads of the router and the CPU backend (0: STSA_THREADS or all)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  cmd->add_option("--isa", args->isa,
+                  "the router's and the CPU backend's: auto | scalar | avx2 | avx512 | amx (auto and amx: AMX tile "
+                  "products for bf16 and fp16 where the CPU has them)")
+      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "amx"}))
+      ->capture_default_str();
   cmd->add_option("--scatter", args->scatter,
                   "temporal heads' O and LSE back to frame-major order: fused (stored in place by the attention, "
                   "where the backend can) | pass (a pass of its own)")

@@ -70,6 +70,8 @@ struct RouteArgs {
   bool frame_window = false;
   std::int64_t seed = 1;
   std::string backend = "cpu";
+  int threads = 0;            // the router's and the CPU backend's (0: STSA_THREADS or all)
+  std::string isa = "auto";   // the router's and the CPU backend's instruction set
   std::string scatter = "fused";  // the temporal heads' O and LSE: "fused" into the attention's stores, or a "pass"
   std::int64_t eval_rows = 128;
   int repeats = 1;  // > 1: one untimed warm-up, then medians of this many routing + attention runs

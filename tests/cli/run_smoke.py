@@ -103,6 +103,17 @@ def check_inputs_from_files(binary):
               f"decisions {bf16_run['decisions']} vs {first['decisions']}, worst difference {worst:.3g} of the largest |O|")
         failures += 1
 
+    # --isa scalar --threads 1 (every host has it): the router's fp32 path (no tile products) and
+    # the scalar kernel on one thread: the same decisions, candidate errors within the paths' difference.
+    vectors = json.loads(run(binary, ["route"] + files("bnhd") + grid + ["--isa", "scalar", "--threads", "1"]))
+    errors = [[c["rel_l2"] for c in h["candidates"]] for h in first["per_head"]]
+    vector_errors = [[c["rel_l2"] for c in h["candidates"]] for h in vectors["per_head"]]
+    if (vectors["isa"] != "scalar" or vectors["routing_tile_products"] or vectors["decisions"] != first["decisions"]
+            or any(abs(a - b) > 1e-3 * b for row, vrow in zip(errors, vector_errors) for a, b in zip(vrow, row))):
+        print(f"FAIL --isa scalar: isa {vectors['isa']}, tile products {vectors['routing_tile_products']}, decisions "
+              f"{vectors['decisions']} vs {first['decisions']}, candidate errors {vector_errors} vs {errors}")
+        failures += 1
+
     def outcome(r):
         return r["decisions"], r["rel_l2_err"], [h["candidates"] for h in r["per_head"]]
 
