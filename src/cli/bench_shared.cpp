@@ -12,6 +12,7 @@
 #include "bench/record.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
+#include "core/worker_threads.hpp"
 #include "stsa/error.hpp"
 
 namespace stsa::cli {
@@ -51,11 +52,13 @@ void fill_normal(const TensorView& t, std::uint64_t seed) {
   constexpr std::int64_t kPairsPerThread = 1 << 20;
   const auto threads = std::int64_t(std::clamp<std::int64_t>(pairs / kPairsPerThread, 1,
                                                               std::max(1u, std::thread::hardware_concurrency())));
-  std::vector<std::thread> workers;
-  for (std::int64_t w = 1; w < threads; ++w)
-    workers.emplace_back(fill_pairs, pairs * w / threads, pairs * (w + 1) / threads);
+  detail::WorkerThreads workers(std::size_t(threads - 1));
+  for (std::int64_t w = 1; w < threads; ++w) {
+    const std::int64_t first = pairs * w / threads, last = pairs * (w + 1) / threads;
+    if (!workers.start([&fill_pairs, first, last] { fill_pairs(first, last); })) fill_pairs(first, last);
+  }
   fill_pairs(0, pairs / threads);
-  for (std::thread& worker : workers) worker.join();
+  workers.join();
 }
 
 BenchSetup parse_bench_setup(const BenchArgs& args) {
@@ -121,12 +124,14 @@ Errors check_rows(const AttentionCall& call, const std::vector<std::int64_t>& ro
     return std::vector<std::int64_t>(rows.begin() + count * g / groups, rows.begin() + count * (g + 1) / groups);
   };
   {
-    std::vector<std::thread> workers;
+    const auto run_group = [&](std::int64_t g) {
+      reference_rows(call, group_rows(g), group_o[std::size_t(g)], group_lse[std::size_t(g)], computes);
+    };
+    detail::WorkerThreads workers(std::size_t(groups - 1));
     for (std::int64_t g = 1; g < groups; ++g)
-      workers.emplace_back(
-          [&, g] { reference_rows(call, group_rows(g), group_o[std::size_t(g)], group_lse[std::size_t(g)], computes); });
-    reference_rows(call, group_rows(0), group_o[0], group_lse[0], computes);
-    for (std::thread& worker : workers) worker.join();
+      if (!workers.start([&run_group, g] { run_group(g); })) run_group(g);
+    run_group(0);
+    workers.join();
   }
   const VideoLayout& layout = call.layout;
   const std::int64_t dims = layout.head_dim;

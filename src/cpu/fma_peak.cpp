@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/worker_threads.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernel.hpp"
 #include "stsa/cpu.hpp"
@@ -94,12 +95,15 @@ double measure_peak(Chains chains, int flops_per_iteration, int threads, double 
     elapsed[std::size_t(t)] = secs;
     sink[std::size_t(t)] = s;
   };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
+  detail::WorkerThreads pool(std::size_t(threads - 1));
+  for (int t = 1; t < threads; ++t)
+    if (!pool.start([&body, t] { body(t); })) break;
+  // Threads the system refused are not measured (their rates stay out of the sum).
+  threads = int(pool.size()) + 1;
   while (ready.load() < threads - 1) std::this_thread::yield();
   go.store(true);
   body(0);
-  for (auto& th : pool) th.join();
+  pool.join();
 
   // Sum of per-thread rates, each over its own CPU time; more threads than
   // hardware threads share the cores, so their sum is scaled back.

@@ -2,10 +2,10 @@
 
 namespace stsa::cpu {
 
-ThreadPool::ThreadPool(int threads) {
-  const int extra = threads > 1 ? threads - 1 : 0;
-  workers_.reserve(std::size_t(extra));
-  for (int w = 1; w <= extra; ++w) workers_.emplace_back([this, w] { worker_main(w); });
+ThreadPool::ThreadPool(int threads) : workers_(std::size_t(threads > 1 ? threads - 1 : 0)) {
+  // Workers the system refuses leave a smaller pool: items are handed out to whoever is there.
+  for (int w = 1; w < threads; ++w)
+    if (!workers_.start([this, w] { worker_main(w); })) break;
 }
 
 ThreadPool::~ThreadPool() {
@@ -14,7 +14,7 @@ ThreadPool::~ThreadPool() {
     stopping_ = true;
   }
   start_cv_.notify_all();
-  for (auto& t : workers_) t.join();
+  workers_.join();
 }
 
 void ThreadPool::run_items(int worker) {
@@ -53,7 +53,7 @@ void ThreadPool::worker_main(int worker) {
 
 void ThreadPool::parallel_for(std::int64_t count, const std::function<void(std::int64_t, int)>& fn) {
   if (count <= 0) return;
-  if (workers_.empty() || count == 1) {
+  if (workers_.size() == 0 || count == 1) {
     for (std::int64_t i = 0; i < count; ++i) fn(i, 0);
     return;
   }

@@ -13,11 +13,14 @@
 #include <thread>
 #include <vector>
 
+#include "core/worker_threads.hpp"
+
 namespace stsa::cpu {
 
 class ThreadPool {
  public:
-  // `threads` workers in all, the calling thread included (so threads - 1 are started).
+  // `threads` workers in all, the calling thread included (so threads - 1 are
+  // started; fewer where the system refuses some: size() says how many run).
   explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -34,7 +37,7 @@ class ThreadPool {
   void worker_main(int worker);
   void run_items(int worker);
 
-  std::vector<std::thread> workers_;
+  detail::WorkerThreads workers_;
   std::mutex mutex_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/worker_threads.hpp"
+
 namespace stsa::router_detail {
 
 inline int hardware_threads() {
@@ -18,28 +20,27 @@ inline int hardware_threads() {
 }
 
 // Calls body(begin, end) on `threads` disjoint chunks of [0, count); rethrows the first exception.
+// The caller takes the first chunk, and any chunk whose thread the system refused.
 template <class Body>
 void parallel_for(std::int64_t count, int threads, const Body& body) {
   if (count <= 0) return;
   threads = int(std::clamp<std::int64_t>(threads, 1, count));
-  if (threads == 1) {
-    body(std::int64_t(0), count);
-    return;
-  }
-  std::vector<std::thread> workers;
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
   const std::int64_t chunk = (count + threads - 1) / threads;
-  for (int t = 0; t < threads; ++t) {
+  const auto run_chunk = [&](int t) {
     const std::int64_t begin = std::min(count, t * chunk), end = std::min(count, begin + chunk);
-    workers.emplace_back([&, t, begin, end] {
-      try {
-        body(begin, end);
-      } catch (...) {
-        errors[std::size_t(t)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& w : workers) w.join();
+    try {
+      body(begin, end);
+    } catch (...) {
+      errors[std::size_t(t)] = std::current_exception();
+    }
+  };
+  detail::WorkerThreads workers(std::size_t(threads - 1));
+  int started = 1;
+  while (started < threads && workers.start([&run_chunk, t = started] { run_chunk(t); })) ++started;
+  for (int t = started; t < threads; ++t) run_chunk(t);
+  run_chunk(0);
+  workers.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
 }
@@ -48,6 +49,7 @@ void parallel_for(std::int64_t count, int threads, const Body& body) {
 // (items may differ in cost), worker in [0, threads). Results must not depend on
 // which worker ran an item: callers write per-item outputs and reduce them in item
 // order. Stops handing out items after an exception and rethrows the first one.
+// Workers whose threads the system refused leave their items to the others.
 template <class Body>
 void parallel_items(std::int64_t count, int threads, const Body& body) {
   if (count <= 0) return;
@@ -63,10 +65,11 @@ void parallel_items(std::int64_t count, int threads, const Body& body) {
       failed = true;
     }
   };
-  std::vector<std::thread> workers;
-  for (int t = 1; t < threads; ++t) workers.emplace_back(run, t);
+  detail::WorkerThreads workers(std::size_t(threads - 1));
+  for (int t = 1; t < threads; ++t)
+    if (!workers.start([&run, t] { run(t); })) break;
   run(0);
-  for (auto& w : workers) w.join();
+  workers.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
 }
