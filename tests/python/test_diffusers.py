@@ -6,6 +6,7 @@ reference, with each head's mask evaluated from what the call reports it ran, is
 yardstick for the attention."""
 
 import dataclasses
+import faulthandler
 import functools
 import inspect
 import types
@@ -378,6 +379,15 @@ def test_wan_pipeline_with_two_experts(rng):
 
 def _ulysses_rank(rank: int, ranks: int, rendezvous: str) -> None:
     """One rank of test_ulysses_context_parallelism (a process of its own, gloo on the CPU)."""
+    # A rank killed by a signal leaves no Python error: its last stage and, from
+    # faulthandler, every thread's stack go to this file for the test to show.
+    trace = open(f"{rendezvous}.rank{rank}", "w")
+    faulthandler.enable(file=trace, all_threads=True)
+
+    def reached(stage):
+        trace.write(f"reached: {stage}\n")
+        trace.flush()
+
     # A file rendezvous: a free port probed beforehand can be taken before rank 0 binds it.
     torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=ranks)
     try:
@@ -400,6 +410,7 @@ def _ulysses_rank(rank: int, ranks: int, rendezvous: str) -> None:
         for name, policy in (("dense", stsa.Policy(dense_steps=1)), ("routed", stsa.Policy(density=0.4, **ALL_SPARSE))):
             with stsa.diffusers.enable(model, policy) as sparse, torch.no_grad():
                 single[name] = (model(**x, return_dict=False)[0], [r.routes for r in sparse.records])
+        reached("one process's outputs")
         heads = slice(2 * rank, 2 * rank + 2)  # 4 heads over 2 ranks: rank r attends to heads 2r and 2r + 1
         # A mesh of the CPU's gloo groups, whatever accelerator the host has (the model runs on the CPU).
         mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (1, ranks), mesh_dim_names=("ring", "ulysses"))
@@ -424,11 +435,14 @@ def _ulysses_rank(rank: int, ranks: int, rendezvous: str) -> None:
                 assert [r.routes for r in sparse.records] == [routes[heads] for routes in reference_routes]
                 assert [r.grid for r in sparse.records] == [WAN.grid] * 2
             assert relative_l2(out, single["own"]) > 1e-3  # the routed pass ran sparse
+            reached(f"parallel outputs, stsa enabled {'before' if stsa_first else 'after'} parallelism")
         # Neither rank tears its group down while the other is still in a collective (gloo
         # aborts the other then: "terminate called without an active exception", seen 1 in ~10).
         torch.distributed.barrier()
+        reached("the last barrier")
     finally:
         torch.distributed.destroy_process_group()
+        reached("the group destroyed")
 
 
 def test_ulysses_context_parallelism(tmp_path):
@@ -440,7 +454,14 @@ def test_ulysses_context_parallelism(tmp_path):
         pytest.skip("torch without torch.distributed")
     if "mesh" not in inspect.signature(getattr(diffusers, "ContextParallelConfig", lambda: None)).parameters:
         pytest.skip(f"diffusers {diffusers.__version__} has no context parallelism on a mesh of CPU groups")
-    torch.multiprocessing.spawn(_ulysses_rank, args=(2, str(tmp_path / "rendezvous")), nprocs=2)
+    rendezvous = tmp_path / "rendezvous"
+    try:
+        torch.multiprocessing.spawn(_ulysses_rank, args=(2, str(rendezvous)), nprocs=2)
+    except torch.multiprocessing.ProcessExitedException as died:
+        # Seen twice in about 500 runs (sessions 38-39): both ranks print "terminate
+        # called without an active exception" and one dies of SIGABRT; what each had reached says where.
+        traces = [f"rank {r}:\n" + (rendezvous.parent / f"rendezvous.rank{r}").read_text() for r in range(2)]
+        raise AssertionError("\n".join([str(died)] + traces)) from died
 
 
 def test_ring_attention_is_refused(rng):
