@@ -170,13 +170,11 @@ nlohmann::json run_route(const RouteArgs& args) {
   STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
              args.repeats);
   const bool on_gpu = args.backend == "cuda";
-  const Backend* host_backend = on_gpu ? nullptr : &stsa::backend(args.backend);
+  const Isa host_isa = resolve_isa(ro.isa);  // the router's on the host (Unsupported here for amx without AMX)
   // Tiles or vectors, and how many threads, as asked: the registry's CPU backend takes the defaults.
-  std::unique_ptr<Backend> cpu_backend;
-  if (args.backend == "cpu") {
-    cpu_backend = make_cpu_backend({resolve_isa(ro.isa), resolve_threads(args.threads)});
-    host_backend = cpu_backend.get();
-  }
+  const std::unique_ptr<Backend> cpu_backend =
+      args.backend == "cpu" ? make_cpu_backend({host_isa, resolve_threads(args.threads)}) : nullptr;
+  const Backend* host_backend = on_gpu ? nullptr : cpu_backend ? cpu_backend.get() : &stsa::backend(args.backend);
   const Router router(ro);
 
   if (on_gpu) require_cuda_device();
@@ -265,7 +263,7 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"samples", args.samples},
       {"sampled_rows", report.sampled_rows.size()},  // fewer than samples where the call has fewer tokens
       {"backend", on_gpu ? std::string("cuda") : std::string(host_backend->name())},
-      {"isa", cpu_backend ? nlohmann::json(std::string(to_string(resolve_isa(ro.isa)))) : nlohmann::json(nullptr)},
+      {"isa", on_gpu ? nlohmann::json(nullptr) : nlohmann::json(std::string(to_string(host_isa)))},
       {"device", routed.device.empty() ? nlohmann::json(nullptr) : nlohmann::json(routed.device)},
       {"accuracy", in.truth.empty() ? nlohmann::json(nullptr)
                                     : nlohmann::json(double(correct) / double(layout.heads))},
