@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <random>
 #include <thread>
 
@@ -124,14 +125,22 @@ Errors check_rows(const AttentionCall& call, const std::vector<std::int64_t>& ro
     return std::vector<std::int64_t>(rows.begin() + count * g / groups, rows.begin() + count * (g + 1) / groups);
   };
   {
+    // An error on a worker (out of memory) is rethrown here, not left to end the process.
+    std::vector<std::exception_ptr> errors(group_count);
     const auto run_group = [&](std::int64_t g) {
-      reference_rows(call, group_rows(g), group_o[std::size_t(g)], group_lse[std::size_t(g)], computes);
+      try {
+        reference_rows(call, group_rows(g), group_o[std::size_t(g)], group_lse[std::size_t(g)], computes);
+      } catch (...) {
+        errors[std::size_t(g)] = std::current_exception();
+      }
     };
     detail::WorkerThreads workers(std::size_t(groups - 1));
     for (std::int64_t g = 1; g < groups; ++g)
       if (!workers.start([&run_group, g] { run_group(g); })) run_group(g);
     run_group(0);
     workers.join();
+    for (const std::exception_ptr& error : errors)
+      if (error) std::rethrow_exception(error);
   }
   const VideoLayout& layout = call.layout;
   const std::int64_t dims = layout.head_dim;
