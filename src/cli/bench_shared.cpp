@@ -53,13 +53,7 @@ void fill_normal(const TensorView& t, std::uint64_t seed) {
   constexpr std::int64_t kPairsPerThread = 1 << 20;
   const auto threads = std::int64_t(std::clamp<std::int64_t>(pairs / kPairsPerThread, 1,
                                                               std::max(1u, std::thread::hardware_concurrency())));
-  detail::WorkerThreads workers(std::size_t(threads - 1));
-  for (std::int64_t w = 1; w < threads; ++w) {
-    const std::int64_t first = pairs * w / threads, last = pairs * (w + 1) / threads;
-    if (!workers.start([&fill_pairs, first, last] { fill_pairs(first, last); })) fill_pairs(first, last);
-  }
-  fill_pairs(0, pairs / threads);
-  workers.join();
+  detail::run_shares(int(threads), [&](int w) { fill_pairs(pairs * w / threads, pairs * (w + 1) / threads); });
 }
 
 BenchSetup parse_bench_setup(const BenchArgs& args) {
@@ -127,18 +121,13 @@ Errors check_rows(const AttentionCall& call, const std::vector<std::int64_t>& ro
   {
     // An error on a worker (out of memory) is rethrown here, not left to end the process.
     std::vector<std::exception_ptr> errors(group_count);
-    const auto run_group = [&](std::int64_t g) {
+    detail::run_shares(int(groups), [&](int g) {
       try {
         reference_rows(call, group_rows(g), group_o[std::size_t(g)], group_lse[std::size_t(g)], computes);
       } catch (...) {
         errors[std::size_t(g)] = std::current_exception();
       }
-    };
-    detail::WorkerThreads workers(std::size_t(groups - 1));
-    for (std::int64_t g = 1; g < groups; ++g)
-      if (!workers.start([&run_group, g] { run_group(g); })) run_group(g);
-    run_group(0);
-    workers.join();
+    });
     for (const std::exception_ptr& error : errors)
       if (error) std::rethrow_exception(error);
   }

@@ -161,7 +161,8 @@ nlohmann::json run_route(const RouteArgs& args) {
   ro.max_rel_l2 = args.max_rel_l2;
   STSA_CHECK(args.seed >= 0, InvalidArgument, "--seed must be >= 0, got ", args.seed);
   ro.seed = std::uint64_t(args.seed);
-  STSA_CHECK(args.backend != "cuda" || (args.threads == 0 && args.isa == "auto"), InvalidArgument,
+  const bool on_gpu = args.backend == "cuda";
+  STSA_CHECK(!on_gpu || (args.threads == 0 && args.isa == "auto"), InvalidArgument,
              "--threads and --isa choose the CPU router's and kernel's; they do not go with --backend cuda");
   ro.threads = args.threads;
   ro.isa = parse_isa(args.isa);
@@ -169,7 +170,6 @@ nlohmann::json run_route(const RouteArgs& args) {
   STSA_CHECK(args.eval_rows >= 0, InvalidArgument, "--eval-rows must be >= 0 (0: all rows), got ", args.eval_rows);
   STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
              args.repeats);
-  const bool on_gpu = args.backend == "cuda";
   const Isa host_isa = resolve_isa(ro.isa);  // the router's on the host (Unsupported here for amx without AMX)
   // Tiles or vectors, and how many threads, as asked: the registry's CPU backend takes the defaults.
   const std::unique_ptr<Backend> cpu_backend =

@@ -2,7 +2,7 @@
 // std::thread throws when the system refuses a thread (a process or memory
 // limit), and a vector of joinable threads destroyed by that exception ends the
 // process (std::terminate). Here a refused thread is not an error: start() says
-// false and the caller runs that share of the work itself.
+// false and the caller runs that share of the work itself (run_shares does).
 #pragma once
 
 #include <cstddef>
@@ -42,5 +42,18 @@ class WorkerThreads {
  private:
   std::vector<std::thread> threads_;
 };
+
+// Calls share(s) for every s in [0, shares) and returns when all are done:
+// shares 1, 2, ... on threads of their own while the system gives them, the rest
+// and share 0 on the calling thread. `share` must not throw into the threads.
+template <class Share>
+void run_shares(int shares, const Share& share) {
+  WorkerThreads workers(std::size_t(shares > 1 ? shares - 1 : 0));
+  for (int s = 1; s < shares; ++s)
+    if (!workers.start([&share, s] { share(s); })) break;
+  for (int s = int(workers.size()) + 1; s < shares; ++s) share(s);
+  share(0);
+  workers.join();
+}
 
 }  // namespace stsa::detail

@@ -198,17 +198,18 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, const std::int32_t* 
   for (int t = 0; t < count; ++t)
     v_pairs[t] = job.kv.v_pairs + std::int64_t(tiles[t]) * in_parts * (tile_k / 2) * kD + begin / 2 * kD;
   std::uint16_t* p_parts = job.p_parts + begin;
+  const std::int64_t part_stride = std::int64_t(kBlockRows) * s_stride;
   if (job.p_part_count == 1) {  // (bf16 inputs only)
-    split_into_parts<1>(s, kRowTiles * 16, step_cols, s_stride, std::int64_t(kBlockRows) * s_stride, p_parts);
+    split_into_parts<1>(s, kRowTiles * 16, step_cols, s_stride, part_stride, p_parts);
     pv_tiles<kD, kRowTiles, 1, 1>(p_parts, s_stride, v_pairs, tile_k, step_cols, o);
   } else if (job.p_part_count == 2) {
-    split_into_parts<2>(s, kRowTiles * 16, step_cols, s_stride, std::int64_t(kBlockRows) * s_stride, p_parts);
+    split_into_parts<2>(s, kRowTiles * 16, step_cols, s_stride, part_stride, p_parts);
     if (in_parts == 1)
       pv_tiles<kD, kRowTiles, 2, 1>(p_parts, s_stride, v_pairs, tile_k, step_cols, o);
     else
       pv_tiles<kD, kRowTiles, 2, 2>(p_parts, s_stride, v_pairs, tile_k, step_cols, o);
   } else {
-    split_into_parts<3>(s, kRowTiles * 16, step_cols, s_stride, std::int64_t(kBlockRows) * s_stride, p_parts);
+    split_into_parts<3>(s, kRowTiles * 16, step_cols, s_stride, part_stride, p_parts);
     if (in_parts == 1)
       pv_tiles<kD, kRowTiles, 3, 1>(p_parts, s_stride, v_pairs, tile_k, step_cols, o);
     else

@@ -35,12 +35,7 @@ void parallel_for(std::int64_t count, int threads, const Body& body) {
       errors[std::size_t(t)] = std::current_exception();
     }
   };
-  detail::WorkerThreads workers(std::size_t(threads - 1));
-  int started = 1;
-  while (started < threads && workers.start([&run_chunk, t = started] { run_chunk(t); })) ++started;
-  for (int t = started; t < threads; ++t) run_chunk(t);
-  run_chunk(0);
-  workers.join();
+  detail::run_shares(threads, run_chunk);
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
 }
@@ -65,11 +60,7 @@ void parallel_items(std::int64_t count, int threads, const Body& body) {
       failed = true;
     }
   };
-  detail::WorkerThreads workers(std::size_t(threads - 1));
-  for (int t = 1; t < threads; ++t)
-    if (!workers.start([&run, t] { run(t); })) break;
-  run(0);
-  workers.join();
+  detail::run_shares(threads, run);
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
 }
