@@ -119,6 +119,11 @@ bool refuse_threads_after(int allowed) {
   }
   check(same, "the router with 4 threads asked and fewer started differs from 1 thread");
 
+  std::vector<std::atomic<int>> shares(4);
+  detail::run_shares(4, [&](int s) { shares[std::size_t(s)].fetch_add(1); });
+  check(std::all_of(shares.begin(), shares.end(), [](const std::atomic<int>& n) { return n.load() == 1; }),
+        "run_shares ran a share twice or not at all");
+
   {
     cpu::ThreadPool pool(4);
     check(pool.size() == 1 + allowed, "the pool reports threads it could not start");
