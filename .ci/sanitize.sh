@@ -29,5 +29,14 @@ cmake -S . -B build-tsan "${common[@]}" -DSTSA_SANITIZE=thread -DSTSA_MPI=OFF >/
 cmake --build build-tsan -j "$jobs" --target stsa_threaded_tests  # the CLI and single-threaded tests add nothing here
 # The long correctness matrices add no thread interleavings the others lack and
 # take minutes under TSan's instrumentation; every other threaded test runs.
+# Each name must still be a threaded test: a renamed test would silently run again
+# (one did, for 72 s, after its rename).
+slow_matrices=(CpuBackend.MatchesReferenceOnAwkwardShapes CpuBackend.RoundedPlansComputeWhatTheyClaim
+               RoutedAttention.GivenDecisionsMatchTheReferenceOnAwkwardShapes
+               CpuBackend.AmxTileKernelMatchesReferenceOnBf16AndF16Inputs)
+for name in "${slow_matrices[@]}"; do
+  ctest --test-dir build-tsan -N -L threads -R "^${name}\$" | grep -q "Total Tests: 1$" ||
+    { echo "sanitize: $name is not one threaded test: update slow_matrices" >&2; exit 1; }
+done
 ctest --test-dir build-tsan --output-on-failure -j "$jobs" -L threads \
-  -E "MatchesReferenceOnAwkwardShapes|RoundedPlansComputeWhatTheyClaim|GivenDecisionsMatchTheReferenceOnAwkwardShapes|AmxTileKernelMatchesReferenceOnBf16Inputs"
+  -E "^($(IFS='|'; echo "${slow_matrices[*]}"))\$"
