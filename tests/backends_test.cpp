@@ -191,6 +191,10 @@ TEST(Backends, ValidateRefusesEachBrokenCallAndAcceptsAnyStrideOfASizeOneDim) {
   call = problem.call();
   call.v = v_bf16.view();  // q and k fp32, v bf16
   expect_refused(call, "share a dtype");
+  Tensor o_fp8(DType::F8E4M3, 1, layout.tokens(), 2, 16);
+  call = problem.call();
+  call.o = o_fp8.view();  // fp8 is an input type only
+  expect_refused(call, "o must be fp32, bf16 or fp16, got fp8_e4m3");
   std::vector<float> lse_in_o(std::size_t(layout.tokens() * 2 * 16));
   call = problem.call();
   call.o = TensorView::contiguous(lse_in_o.data(), DType::F32, 1, layout.tokens(), 2, 16, MemoryLayout::BNHD);

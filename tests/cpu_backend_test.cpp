@@ -107,7 +107,7 @@ TEST(CpuBackend, MatchesReferenceOnAwkwardShapes) {
         // Cycle the remaining parameters so each value meets every grid.
         c.head_dim = dims[index % 4];
         c.tile = tiles[(index / 2) % 3];
-        c.in = index % 3 == 1 ? DType::BF16 : index % 6 == 2 ? DType::F16 : DType::F32;
+        c.in = index % 3 == 1 ? DType::BF16 : index % 6 == 2 ? DType::F16 : index % 6 == 5 ? DType::F8E4M3 : DType::F32;
         c.out = index % 5 == 2 ? DType::BF16 : index % 5 == 4 ? DType::F16 : DType::F32;
         c.memory = (index / 3) % 2 ? MemoryLayout::BHND : MemoryLayout::BNHD;
         c.align = index % 5 == 1 ? Alignment::Round : Alignment::Exact;
@@ -133,7 +133,7 @@ TEST(CpuBackend, DensityOneEqualsDenseBitForBit) {
   const VideoGrid grid{3, 5, 7, 4, TextPlacement::After};
   const VideoLayout layout{grid, 1, 2, 128};
   for (Isa isa : testing::isas_of_this_machine())
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3}) {
       SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)));
       const TileShape tile{64, 64};
       const MaskSpec full = mask_for_density(grid, SparseKind::Spatial, 1.0);
@@ -262,13 +262,15 @@ TEST(CpuBackend, OwnKeyOnlyGivesVExactly) {
   const VideoLayout layout{grid, 1, 2, 64};
   const MaskSpec own_key = MaskSpec::spatial(0, /*anchor=*/false);
   for (Isa isa : testing::isas_of_this_machine())
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16})
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3})
       for (const TileShape tile : {TileShape{64, 64}, TileShape{128, 128}}) {
         SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) + " tile " +
                      std::to_string(tile.q));
+        // fp8 is no output type; its values are exact in bf16.
+        const DType out = dtype == DType::F8E4M3 ? DType::BF16 : dtype;
         auto problem = testing::make_problem(layout, dtype, {head_for(grid, own_key, tile, Alignment::Exact),
                                                              head_for(grid, own_key, tile, Alignment::Exact)},
-                                             testing::fresh_seed(), MemoryLayout::BNHD, dtype);
+                                             testing::fresh_seed(), MemoryLayout::BNHD, out);
         make_cpu_backend({isa, 2})->run(problem.call());
         const AttentionCall call = problem.call();
         for (std::int64_t n = 0; n < layout.tokens(); ++n)
@@ -299,8 +301,8 @@ TEST(CpuBackend, NonFiniteInputsReachOnlyRowsThatSeeThem) {
   const VideoGrid grid{4, 4, 5, 0, TextPlacement::After};  // 80 tokens
   const VideoLayout layout{grid, 1, 1, 64};
   for (Isa isa : testing::isas_of_this_machine())
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16})
-      for (int which : {1, 2}) {  // NaN in K, then Inf in V
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3})
+      for (int which : {1, 2}) {  // NaN in K, then Inf in V (NaN in fp8, which has no Inf)
         SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) +
                      (which == 1 ? " NaN in K" : " Inf in V"));
         const MaskSpec spec = MaskSpec::spatial(1, /*anchor=*/false);

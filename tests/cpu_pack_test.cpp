@@ -375,5 +375,22 @@ TEST(CpuStore, VectorRowDivisionIsTheScalarOne) {
     }
 }
 
+// The vector fp8 -> bf16 conversion gives f8e4m3_to_bf16's bits for every byte
+// (the 256 of them in each lane position), at counts that end mid-vector, and
+// writes nothing past the row.
+TEST(CpuConvert, VectorFp8ToBf16IsTheScalarOne) {
+  if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512 for the vector conversion";
+  for (const std::int64_t count : {std::int64_t(1), std::int64_t(31), std::int64_t(80), std::int64_t(256 + 32)})
+    for (int offset = 0; offset < 256; offset += 37) {
+      std::vector<std::uint8_t> src(static_cast<std::size_t>(count));
+      for (std::size_t i = 0; i < src.size(); ++i) src[i] = std::uint8_t(i + std::size_t(offset));
+      std::vector<std::uint16_t> got(src.size() + 1, 0x1234);
+      cpu::f8e4m3_to_bf16_avx512(src.data(), count, got.data());
+      for (std::size_t i = 0; i < src.size(); ++i)
+        ASSERT_EQ(got[i], f8e4m3_to_bf16(src[i])) << "byte " << std::hex << int(src[i]);
+      EXPECT_EQ(got.back(), 0x1234) << "written past the row";
+    }
+}
+
 }  // namespace
 }  // namespace stsa

@@ -68,7 +68,7 @@ TEST(CpuThreads, OutputIsBitIdenticalForAnyThreadCount) {
   // bf16 inputs take the bf16 dot product on AVX-512 and the tile products on AMX,
   // as do fp16 ones (in two parts) on AMX.
   for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx})
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3}) {
       if (!cpu::machine_supports(isa)) continue;
       SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) + " seed " + std::to_string(seed));
       std::vector<std::byte> first_o;

@@ -123,12 +123,85 @@ TEST(DType, Bf16EncodesToTheNearestValueWithTiesToEven) {
     }
 }
 
+bool is_f8_nan(std::uint8_t b) { return (b & 0x7fu) == 0x7fu; }
+
+// The value of an E4M3FN bit pattern from the format's definition (bias 7, no
+// infinities; NaN: none).
+double f8e4m3_value(std::uint8_t b) {
+  const int exponent = (b >> 3) & 0xf, mantissa = b & 0x7;
+  const double sign = (b & 0x80u) ? -1.0 : 1.0;
+  if (exponent == 0) return sign * std::ldexp(double(mantissa), -9);  // subnormal (and zero)
+  return sign * std::ldexp(double(8 + mantissa), exponent - 10);
+}
+
+TEST(DType, F8E4M3DecodesEveryBitPatternByItsFields) {
+  EXPECT_EQ(f8e4m3_value(0x7e), 448.0);  // the format's largest finite value
+  EXPECT_EQ(f8e4m3_value(0x01), 0x1p-9);
+#if defined(__x86_64__)
+  const unsigned saved = _mm_getcsr();
+  for (const unsigned mode : {saved, saved | 0x8040u}) {  // and under FTZ | DAZ
+    _mm_setcsr(mode);
+#endif
+    for (std::uint32_t bits = 0; bits <= 0xffu; ++bits) {
+      const auto b = std::uint8_t(bits);
+      const float got = f8e4m3_to_float(b);
+      if (is_f8_nan(b)) {
+        EXPECT_TRUE(std::isnan(got)) << std::hex << bits;
+        EXPECT_EQ(f8e4m3_to_bf16(b), (b & 0x80u ? 0x8000u : 0u) | 0x7fc0u) << std::hex << bits;  // quiet NaN
+        continue;
+      }
+      EXPECT_EQ(double(got), f8e4m3_value(b)) << std::hex << bits;
+      EXPECT_EQ(std::signbit(got), (b & 0x80u) != 0) << std::hex << bits;
+      EXPECT_EQ(load_as_float(&b, DType::F8E4M3, 0), got);
+      EXPECT_EQ(bf16_to_float(f8e4m3_to_bf16(b)), got) << std::hex << bits;  // exact in bf16
+    }
+#if defined(__x86_64__)
+  }
+  _mm_setcsr(saved);
+#endif
+}
+
+// As for fp16: the midpoint of neighbours rounds to the even pattern, a float
+// step either side to the nearer one. Past the top pair (448 and the NaN pattern
+// 0x7f, "480"): 464 rounds down to 448, anything above is NaN (E4M3FN has no
+// infinity), as are Inf and NaN themselves.
+TEST(DType, F8E4M3EncodesToTheNearestValueWithTiesToEven) {
+  for (std::uint8_t b = 0; b < 0x7e; ++b) {
+    const double a = f8e4m3_value(b), next = f8e4m3_value(std::uint8_t(b + 1));
+    const auto mid = float((a + next) / 2);
+    ASSERT_EQ(double(mid), (a + next) / 2);
+    for (const float sign : {1.0f, -1.0f}) {
+      const std::uint8_t s = sign < 0 ? 0x80u : 0u;
+      const auto up = std::uint8_t(b + 1), even = (b & 1u) ? up : b;
+      EXPECT_EQ(float_to_f8e4m3(sign * float(a)), s | b) << std::hex << int(b);
+      EXPECT_EQ(float_to_f8e4m3(sign * mid), s | even) << std::hex << int(b) << " midpoint";
+      EXPECT_EQ(float_to_f8e4m3(sign * std::nextafter(mid, 0.0f)), s | b) << std::hex << int(b) << " below";
+      EXPECT_EQ(float_to_f8e4m3(sign * std::nextafter(mid, 1e9f)), s | up) << std::hex << int(b) << " above";
+    }
+  }
+  EXPECT_EQ(float_to_f8e4m3(448.0f), 0x7e);
+  EXPECT_EQ(float_to_f8e4m3(464.0f), 0x7e);
+  EXPECT_EQ(float_to_f8e4m3(-464.0f), 0xfe);
+  for (const float x : {std::nextafter(464.0f, 1e9f), 480.0f, 1e30f, std::numeric_limits<float>::infinity(),
+                        std::numeric_limits<float>::quiet_NaN()}) {
+    EXPECT_TRUE(is_f8_nan(float_to_f8e4m3(x))) << x;
+    EXPECT_TRUE(is_f8_nan(float_to_f8e4m3(-x))) << -x;
+  }
+  EXPECT_EQ(float_to_f8e4m3(0x1p-11f), 0x00);  // a quarter of the smallest subnormal
+  EXPECT_EQ(float_to_f8e4m3(-0.0f), 0x80);
+}
+
 TEST(DType, NamesParseAndPrint) {
-  for (DType t : {DType::F32, DType::BF16, DType::F16}) EXPECT_EQ(parse_dtype(to_string(t)), t);
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3}) EXPECT_EQ(parse_dtype(to_string(t)), t);
   EXPECT_EQ(parse_dtype("float16"), DType::F16);
   EXPECT_EQ(parse_dtype("bfloat16"), DType::BF16);
   EXPECT_EQ(parse_dtype("float32"), DType::F32);
-  EXPECT_THROW(parse_dtype("fp8"), InvalidArgument);
+  for (const char* name : {"fp8", "e4m3", "float8_e4m3fn"}) EXPECT_EQ(parse_dtype(name), DType::F8E4M3);
+  EXPECT_THROW(parse_dtype("fp8_e5m2"), InvalidArgument);
+  EXPECT_THROW(parse_dtype("int8"), InvalidArgument);
+  EXPECT_EQ(element_size(DType::F8E4M3), 1u);
+  EXPECT_FALSE(is_output_dtype(DType::F8E4M3));
+  EXPECT_TRUE(is_output_dtype(DType::BF16));
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ void expect_io_error(const std::vector<std::byte>& bytes, const std::string& nee
 }
 
 TEST_F(IoTest, NpyRoundTripsEveryDtypeAndShape) {
-  for (DType dtype : {DType::F32, DType::F16, DType::BF16})
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::F8E4M3})
     for (const auto& shape : std::vector<std::vector<std::int64_t>>{{}, {0}, {3}, {2, 3, 4}, {1, 5, 2, 8}}) {
       const HostArray a = counting(dtype, shape);
       const std::string p = path("a.npy");

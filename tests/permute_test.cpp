@@ -62,7 +62,7 @@ std::uint64_t element_bits(const TensorView& t, std::int64_t b, std::int64_t n, 
 TEST(Permute, GatherPlacesTokensAndRoundTripIsBitIdentical) {
   const std::uint64_t seed = testing::fresh_seed();
   for (const auto& g : kGrids)
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16})
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3})
       for (MemoryLayout memory : {MemoryLayout::BNHD, MemoryLayout::BHND}) {
         SCOPED_TRACE(g.describe() + " " + std::string(to_string(dtype)) + " seed " + std::to_string(seed));
         const std::int64_t batch = 2, heads = 5, dim = 3, n = g.tokens();

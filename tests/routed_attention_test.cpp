@@ -54,6 +54,7 @@ TEST(RoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
   check_given_decisions({{5, 7, 9, 13, TextPlacement::Before}, 2, 5, 80}, DType::BF16, seed + 1);  // text before
   check_given_decisions({{4, 5, 6, 70, TextPlacement::After}, 1, 4, 128}, DType::F32, seed + 2);   // text after
   check_given_decisions({{6, 11, 13, 0, TextPlacement::After}, 1, 4, 64}, DType::BF16, seed + 3);  // 858 tokens
+  check_given_decisions({{3, 5, 7, 6, TextPlacement::After}, 1, 4, 128}, DType::F8E4M3, seed + 4);  // fp8 inputs
 }
 
 TEST(RoutedAttention, RoutesSyntheticHeadsAndMatchesTheReference) {

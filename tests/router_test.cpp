@@ -170,6 +170,9 @@ TEST(Router, SampledErrorsMatchTheReference) {
                                  seed + 5, 64);
   check_errors_against_reference({{1, 3, 3, 0, TextPlacement::After}, 1, 2, 128}, DType::BF16, TokenOrder::FrameMajor,
                                  seed + 6, 64);
+  // fp8 inputs (the fp32 path on any isa), text before, heads of 80.
+  check_errors_against_reference({{4, 6, 7, 9, TextPlacement::Before}, 2, 2, 80}, DType::F8E4M3,
+                                 TokenOrder::SpatialMajor, seed + 7);
 }
 
 // A call with fewer tokens than samples (a small debug video under the default

@@ -1,6 +1,7 @@
 // Element types and their scalar conversions (round to nearest even).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -8,13 +9,27 @@
 
 namespace stsa {
 
-enum class DType : std::uint8_t { F32, BF16, F16 };
+// F8E4M3 is OCP FP8 E4M3FN (PyTorch's float8_e4m3fn): 4 exponent bits (bias 7), 3
+// mantissa bits, no infinities, NaN = S.1111.111, largest finite 448. It is an
+// input type only: q, k and v may hold it, o may not (an fp8 O would lose more to
+// its rounding than the sparsity costs). A model's per-tensor descales fold in
+// exactly: q's and k's into the softmax scale, v's onto O.
+enum class DType : std::uint8_t { F32, BF16, F16, F8E4M3 };
 
-constexpr std::size_t element_size(DType t) { return t == DType::F32 ? 4 : 2; }
+constexpr std::size_t element_size(DType t) { return t == DType::F32 ? 4 : t == DType::F8E4M3 ? 1 : 2; }
 // Round-off of one element relative to its magnitude (half an ulp of 1): what storing a value costs.
-constexpr double unit_roundoff(DType t) { return t == DType::F32 ? 0x1p-24 : t == DType::BF16 ? 0x1p-8 : 0x1p-11; }
+constexpr double unit_roundoff(DType t) {
+  return t == DType::F32 ? 0x1p-24 : t == DType::BF16 ? 0x1p-8 : t == DType::F16 ? 0x1p-11 : 0x1p-4;
+}
+// Whether o may have this type (every type but fp8).
+constexpr bool is_output_dtype(DType t) { return t != DType::F8E4M3; }
+// The O a caller gets by default for inputs of type t: the same type, bf16 for fp8
+// (every fp8 value is exact in bf16).
+constexpr DType default_output_dtype(DType t) { return is_output_dtype(t) ? t : DType::BF16; }
 std::string_view to_string(DType t);
-DType parse_dtype(std::string_view name);  // "fp32"/"f32"/"float32", "bf16", "fp16"/"f16"; throws InvalidArgument
+// "fp32"/"f32"/"float32", "bf16"/"bfloat16", "fp16"/"f16"/"float16",
+// "fp8"/"fp8_e4m3"/"e4m3"/"float8_e4m3fn"; throws InvalidArgument.
+DType parse_dtype(std::string_view name);
 
 inline float bf16_to_float(std::uint16_t bits) {
   std::uint32_t u = std::uint32_t(bits) << 16;
@@ -57,12 +72,43 @@ inline float f16_to_float(std::uint16_t bits) {
 }
 std::uint16_t float_to_f16(float f);
 
+// Exact for every E4M3FN value and branch-free like f16_to_float: normals move
+// their fields into fp32's places with the exponent rebiased (7 -> 127);
+// subnormals, m x 2^-9, are computed as such (exact, and normal in fp32); the
+// one NaN magnitude 0x7f becomes fp32's NaN.
+inline float f8e4m3_to_float(std::uint8_t bits) {
+  const std::uint32_t magnitude = bits & 0x7fu;
+  std::uint32_t u = (magnitude << 20) + (120u << 23);
+  if (magnitude == 0x7fu) u = 0x7fc00000u;
+  float value;
+  std::memcpy(&value, &u, 4);
+  if (magnitude < 8u) value = float(magnitude) * 0x1p-9f;
+  std::memcpy(&u, &value, 4);
+  u |= std::uint32_t(bits & 0x80u) << 24;
+  std::memcpy(&value, &u, 4);
+  return value;
+}
+// The bf16 bits of an E4M3FN value (exact: bf16 has E4M3's exponent range and more
+// mantissa), branch-free so that row loops vectorise: normals rebias their fields
+// in place, the eight subnormals go through fp32, NaN is bf16's quiet NaN.
+inline std::uint16_t f8e4m3_to_bf16(std::uint8_t bits) {
+  const std::uint32_t magnitude = bits & 0x7fu;
+  const std::uint32_t normal = (magnitude << 4) + (120u << 7);
+  const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(float(int(magnitude)) * 0x1p-9f) >> 16;
+  const std::uint32_t out = magnitude == 0x7fu ? 0x7fc0u : magnitude < 8u ? subnormal : normal;
+  return std::uint16_t(out | (std::uint32_t(bits & 0x80u) << 8));
+}
+// Round to nearest even; what rounds past 448 (|f| > 464), Inf and NaN become
+// NaN, as PyTorch's and ml_dtypes' conversions do (E4M3FN has no infinity).
+std::uint8_t float_to_f8e4m3(float f);
+
 // Loads element i of a buffer of type t as float.
 inline float load_as_float(const void* base, DType t, std::int64_t i) {
   switch (t) {
     case DType::F32: return static_cast<const float*>(base)[i];
     case DType::BF16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
     case DType::F16: return f16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::F8E4M3: return f8e4m3_to_float(static_cast<const std::uint8_t*>(base)[i]);
   }
   return 0.f;
 }
@@ -72,6 +118,7 @@ inline void store_from_float(void* base, DType t, std::int64_t i, float value) {
     case DType::F32: static_cast<float*>(base)[i] = value; break;
     case DType::BF16: static_cast<std::uint16_t*>(base)[i] = float_to_bf16(value); break;
     case DType::F16: static_cast<std::uint16_t*>(base)[i] = float_to_f16(value); break;
+    case DType::F8E4M3: static_cast<std::uint8_t*>(base)[i] = float_to_f8e4m3(value); break;
   }
 }
 

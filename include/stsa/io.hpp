@@ -20,8 +20,10 @@ struct HostArray {
 };
 
 // Parses a whole .npy file held in memory (`name` only labels errors): dtypes
-// '<f4' (fp32), '<f2' (fp16) and '<V2' / '|V2' (bfloat16 bits, as ml_dtypes saves
-// them); C order only (fortran_order True is rejected).
+// '<f4' (fp32), '<f2' (fp16), '<V2' / '|V2' (bfloat16 bits, as ml_dtypes saves
+// them) and '<V1' / '|V1' (float8_e4m3fn bits, likewise; NumPy cannot tell that
+// from other one-byte types, so .safetensors' F8_E4M3 is the unambiguous form);
+// C order only (fortran_order True is rejected).
 HostArray parse_npy(const std::byte* bytes, std::size_t size, const std::string& name = "<memory>");
 HostArray read_npy(const std::string& path);
 // Refuses to overwrite an existing file unless overwrite is true.

@@ -88,7 +88,8 @@ BenchCase::BenchCase(const BenchOptions& o, std::uint64_t seed) {
   // Temporal heads run in spatial-major order: random inputs are simply taken as already permuted.
   plan = TilePlan::build(l.grid, o.spec, o.tile, o.alignment);
   dense_plan = TilePlan::build(l.grid, MaskSpec::dense(), o.tile, Alignment::Exact);
-  for (Tensor* t : {&q, &k, &v, &o_dense, &o_sparse}) *t = Tensor(o.dtype, l.batch, n, l.heads, l.head_dim);
+  for (Tensor* t : {&q, &k, &v}) *t = Tensor(o.dtype, l.batch, n, l.heads, l.head_dim);
+  for (Tensor* t : {&o_dense, &o_sparse}) *t = Tensor(default_output_dtype(o.dtype), l.batch, n, l.heads, l.head_dim);
   lse_dense = LseBuffer(l.batch, l.heads, n);
   lse_sparse = LseBuffer(l.batch, l.heads, n);
   fill_normal(q.view(), seed * 3 + 1);
@@ -227,6 +228,7 @@ nlohmann::json bench_case_record(const BenchArgs& args, const BenchOptions& opti
       {"mask", options.spec.describe()},
       {"density", args.density},
       {"dtype", std::string(to_string(options.dtype))},
+      {"out_dtype", std::string(to_string(default_output_dtype(options.dtype)))},
       {"align", std::string(to_string(plan.alignment()))},
       {"tile", args.tile},
       {"repeats", args.repeats},

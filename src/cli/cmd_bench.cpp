@@ -152,8 +152,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--density", args->density, "kept fraction of pairs, in [0, 1]")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  CLI::Option* dtype = cmd->add_option("--dtype", args->dtype, "fp32 | bf16 | fp16 (inputs and output; default bf16 with --backend cuda)")
-                           ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+  CLI::Option* dtype = cmd->add_option("--dtype", args->dtype,
+                                       "fp32 | bf16 | fp16 | fp8_e4m3 (inputs, and the output but for fp8, whose "
+                                       "output is bf16; default bf16 with --backend cuda)")
+                           ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8_e4m3", "fp8"}))
                            ->capture_default_str();
   cmd->add_option("--align", args->align, "exact | round (partial tiles become full or empty)")
       ->check(CLI::IsMember({"exact", "round"}))

@@ -362,7 +362,7 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--batch", args->batch, "synthetic: batch entries")->capture_default_str();
   cmd->add_option("--heads", args->heads, "synthetic: heads")->capture_default_str();
   cmd->add_option("--head-dim", args->head_dim, "synthetic: head dimension (even)")->capture_default_str();
-  cmd->add_option("--dtype", args->dtype, "synthetic: fp32 | bf16 | fp16")->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "synthetic: fp32 | bf16 | fp16 | fp8_e4m3")->capture_default_str();
   cmd->add_option("--out-dtype", args->out_dtype,
                   "O's dtype: fp32 (the errors are the sparsity's, not the output's rounding) | bf16 | fp16 (what a "
                   "model's attention returns: the attention time a model sees)")

@@ -165,6 +165,8 @@ void validate(const AttentionCall& call, bool require_plans) {
   validate_tensor("k", call.k, call.layout);
   validate_tensor("v", call.v, call.layout);
   validate_tensor("o", call.o, call.layout);
+  STSA_CHECK(is_output_dtype(call.o.dtype), InvalidArgument, "o must be fp32, bf16 or fp16, got ",
+             to_string(call.o.dtype), " (fp8 is an input type)");
   STSA_CHECK(call.q.dtype == call.k.dtype && call.k.dtype == call.v.dtype, InvalidArgument,
              "q, k and v must share a dtype, got ", to_string(call.q.dtype), ", ", to_string(call.k.dtype), ", ",
              to_string(call.v.dtype));

@@ -12,6 +12,7 @@ std::string_view to_string(DType t) {
     case DType::F32: return "fp32";
     case DType::BF16: return "bf16";
     case DType::F16: return "fp16";
+    case DType::F8E4M3: return "fp8_e4m3";
   }
   return "?";
 }
@@ -20,7 +21,21 @@ DType parse_dtype(std::string_view name) {
   if (name == "fp32" || name == "f32" || name == "float32") return DType::F32;
   if (name == "bf16" || name == "bfloat16") return DType::BF16;
   if (name == "fp16" || name == "f16" || name == "float16") return DType::F16;
-  throw InvalidArgument(detail::concat("dtype must be fp32, bf16 or fp16, got '", name, "'"));
+  if (name == "fp8" || name == "fp8_e4m3" || name == "e4m3" || name == "float8_e4m3fn") return DType::F8E4M3;
+  throw InvalidArgument(detail::concat("dtype must be fp32, bf16, fp16 or fp8_e4m3, got '", name, "'"));
+}
+
+std::uint8_t float_to_f8e4m3(float f) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(f);
+  const std::uint8_t sign = std::uint8_t((bits >> 24) & 0x80u);
+  const std::uint32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits > 0x43e80000u) return sign | 0x7fu;  // NaN, Inf, or rounds past 448 (> 464)
+  if (abs_bits < 0x3c800000u) {                      // below the smallest normal 2^-6
+    const float scaled = std::bit_cast<float>(abs_bits) * 512.0f;  // units of 2^-9
+    return sign | std::uint8_t(std::nearbyint(scaled));            // round to nearest even
+  }
+  const std::uint32_t rounded = abs_bits + 0x7ffffu + ((abs_bits >> 20) & 1u);
+  return sign | std::uint8_t((rounded - (120u << 23)) >> 20);
 }
 
 std::uint16_t float_to_f16(float f) {

@@ -185,10 +185,11 @@ class CpuBackend final : public Backend {
     const float exp_scale = float(score_scale * 1.44269504088896340736);
     // bf16 inputs on AVX-512 (which here includes BF16) compute S = Q K^T from bf16
     // pairs with VDPBF16PS or tile products: the values are exact either way, the products too.
-    // fp16 inputs on the AMX kernel do too, each value split into two bf16 parts.
+    // fp16 inputs on the AMX kernel do too, each value split into two bf16 parts,
+    // and fp8 ones as their values' bf16 bits.
     const int in_parts = amx && call.q.dtype == DType::F16 ? 2 : 1;
-    const bool bf16_pairs =
-        in_parts == 2 || (isa_.isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16);
+    const bool bf16_pairs = in_parts == 2 || (amx && call.q.dtype == DType::F8E4M3) ||
+                            (isa_.isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16);
 
     std::vector<PairWork> pairs;
     for (std::int64_t b = 0; b < layout.batch; ++b)
@@ -415,9 +416,10 @@ int resolve_threads(int requested) {
 Isa kernel_isa(Isa isa, const AttentionCall& call) {
   if (isa != Isa::Amx) return isa;
   // The tile products read V as bf16 pairs too, so all three must be bf16 (exact),
-  // or all three fp16 (each split into two bf16 parts, exactly).
+  // all three fp16 (each split into two bf16 parts, exactly) or all three fp8
+  // (converted to bf16, exactly).
   const DType in = call.q.dtype;
-  const bool tiles = (in == DType::BF16 || in == DType::F16) && call.k.dtype == in && call.v.dtype == in &&
+  const bool tiles = (in == DType::BF16 || in == DType::F16 || in == DType::F8E4M3) && call.k.dtype == in && call.v.dtype == in &&
                      call.layout.head_dim > 0 && call.layout.head_dim <= 1024 &&
                      cpu::attend_amx(int(call.layout.head_dim)) != nullptr;
   return tiles ? Isa::Amx : Isa::Avx512;

@@ -42,11 +42,44 @@ void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t 
       }
       return;
     }
+    case DType::F8E4M3: {
+      const std::uint8_t* src = static_cast<const std::uint8_t*>(t.data) + base;
+      if (step == 1) {
+        for (std::int64_t d = 0; d < d_count; ++d) out[d] = f8e4m3_to_float(src[d]) * scale;
+      } else {
+        for (std::int64_t d = 0; d < d_count; ++d) out[d] = f8e4m3_to_float(src[d * step]) * scale;
+      }
+      return;
+    }
   }
 }
 
+namespace {
+
+// Row (b, n, h, :) of an fp8 tensor as its values' bf16 bits.
+void load_row_f8_as_bf16(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, std::uint16_t* out) {
+  const std::uint8_t* src = static_cast<const std::uint8_t*>(t.data) + t.offset(b, n, h, 0);
+  const std::int64_t step = t.stride[3];
+  static const bool avx512 = machine_supports(Isa::Avx512);
+  if (step == 1 && avx512) {
+    f8e4m3_to_bf16_avx512(src, t.head_dim(), out);
+  } else if (step == 1) {
+    for (std::int64_t d = 0; d < t.head_dim(); ++d) out[d] = f8e4m3_to_bf16(src[d]);
+  } else {
+    for (std::int64_t d = 0; d < t.head_dim(); ++d) out[d] = f8e4m3_to_bf16(src[d * step]);
+  }
+}
+
+}  // namespace
+
 void load_row_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool negate,
                     std::uint32_t* out) {
+  if (t.dtype == DType::F8E4M3) {  // a row of pairs is its bf16 values in order
+    load_row_f8_as_bf16(t, b, n, h, reinterpret_cast<std::uint16_t*>(out));
+    if (negate)
+      for (std::int64_t i = 0; i < t.head_dim() / 2; ++i) out[i] ^= 0x80008000u;
+    return;
+  }
   const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0);
   const std::int64_t step = t.stride[3];
   const std::uint32_t sign = negate ? 0x80008000u : 0u;  // flips both halves' sign bits: exact, NaN stays NaN
@@ -70,6 +103,14 @@ void load_row_bits(const TensorView& t, std::int64_t b, std::int64_t n, std::int
     return;
   }
   for (std::int64_t d = 0; d < t.head_dim(); ++d) out[d] = src[d * step];
+}
+
+// Row (b, n, h, :) of a bf16 or fp8 tensor as bf16 bits.
+void load_row_as_bf16(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, std::uint16_t* out) {
+  if (t.dtype == DType::F8E4M3)
+    load_row_f8_as_bf16(t, b, n, h, out);
+  else
+    load_row_bits(t, b, n, h, out);
 }
 
 // Row (b, n, h, :) of an fp16 tensor as bf16 high and low parts
@@ -134,11 +175,11 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
   // bf16 K and V move as bits: K's pairs are its rows' own words, V's pairs two
   // keys' values side by side; nothing goes through fp32 on the way. fp16 ones
-  // given pairs move as the bits of their two bf16 parts.
+  // given pairs move as the bits of their two bf16 parts, fp8 ones as their bf16 bits.
   const bool k_split = kt_pairs != nullptr && k.dtype == DType::F16;
-  const bool k_bits = kt_pairs != nullptr && k.dtype == DType::BF16;
+  const bool k_bits = kt_pairs != nullptr && (k.dtype == DType::BF16 || k.dtype == DType::F8E4M3);
   const bool v_split = v_pairs != nullptr && v.dtype == DType::F16;
-  const bool v_bits = v.dtype == DType::BF16 || v_split;
+  const bool v_bits = v.dtype == DType::BF16 || (v_pairs != nullptr && v.dtype == DType::F8E4M3) || v_split;
   const int parts = v_split ? 2 : 1;
   const std::int64_t k_part = d_count / 2 * tile_k, v_part = std::int64_t(tile_k) / 2 * d_count;
   float row[1024];  // head dims the kernels support are far below this
@@ -167,7 +208,7 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
         for (std::int64_t d = 0; d < d_count; ++d) kt[d * tile_k + c] = row[d];
       }
     }
-    if (!v_bits) {  // (v_pairs is only asked for with bf16 or fp16 V)
+    if (!v_bits) {  // (v_pairs is only asked for with bf16, fp16 or fp8 V)
       float* vr = v_rows + c * d_count;
       load_row(v, b, n, head, 1.0f, vr);
       flag_floats(vr, d_count, flags);
@@ -176,7 +217,7 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
     if (v_split) {
       flags.nonfinite |= split_row(v, b, n, head, v_keys[0][c % 2], v_keys[1][c % 2]);
     } else {
-      load_row_bits(v, b, n, head, v_keys[0][c % 2]);
+      load_row_as_bf16(v, b, n, head, v_keys[0][c % 2]);
       flag_bf16(v_keys[0][c % 2], d_count, flags);
     }
     if (v_rows != nullptr)
@@ -286,6 +327,8 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
           break;
         case DType::F16:
           store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, l[i], empty, float_to_f16);
+          break;
+        case DType::F8E4M3:  // not an output type: validate() refuses an fp8 o
           break;
       }
     }

@@ -13,7 +13,8 @@ namespace stsa::cpu {
 void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out);
 
 // Reads row (b, n, h, :) of a bf16 tensor as head_dim / 2 bf16 pairs (bf16_pair),
-// negated when `negate`: its own bits, with no rounding.
+// negated when `negate`: its own bits, with no rounding; of an fp8 one, likewise
+// from its values' bf16 bits (exact).
 void load_row_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool negate,
                     std::uint32_t* out);
 
@@ -144,5 +145,9 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
 // fp16 as float_to_bf16 and float_to_f16 do (store_avx512.cpp; only for CPUs
 // with AVX-512).
 void divide_row_avx512(const float* a, float l, std::int64_t count, DType dtype, void* dst);
+
+// count contiguous fp8 (E4M3FN) values as their bf16 bits, each as f8e4m3_to_bf16
+// gives it (convert_f8_avx512.cpp; only where the CPU has AVX-512).
+void f8e4m3_to_bf16_avx512(const std::uint8_t* src, std::int64_t count, std::uint16_t* dst);
 
 }  // namespace stsa::cpu

@@ -3,7 +3,8 @@
 // only AMX hosts, which all have AVX-512, call it). Element by element, the
 // transpose of K and the interleaving of V took a third of a bf16 call at density
 // 0.1. fp16 rows are first split into their two bf16 parts (split_f16_to_bf16),
-// each part then packed as a bf16 row is, into its own panel.
+// each part then packed as a bf16 row is, into its own panel; fp8 rows are first
+// converted to their bf16 bits (exactly), then packed as bf16 rows.
 #include "cpu/intrinsics.hpp"
 
 #include <cstring>
@@ -25,8 +26,8 @@ bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, st
                          std::uint32_t* kt_pairs, std::uint32_t* v_pairs, KvFlags& flags) {
   const TensorView &k = in.k, &v = in.v;
   const int d_count = int(k.head_dim());
-  const bool split = k.dtype == DType::F16;
-  if ((k.dtype != DType::BF16 && !split) || v.dtype != k.dtype || k.stride[3] != 1 || v.stride[3] != 1 ||
+  const bool split = k.dtype == DType::F16, fp8 = k.dtype == DType::F8E4M3;
+  if ((k.dtype != DType::BF16 && !split && !fp8) || v.dtype != k.dtype || k.stride[3] != 1 || v.stride[3] != 1 ||
       d_count % 32 != 0 || d_count > kMaxHeadDim || tile_k % kKeys != 0)
     return false;
   const int parts = split ? 2 : 1;
@@ -61,7 +62,20 @@ bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, st
   for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
     const std::uint16_t* k_in[kKeys];
     const std::uint16_t* v_in[kKeys];
-    key_rows(in, b, head, n0, c0, valid, kKeys, k_in, v_in);
+    if (fp8) {  // bf16 rows made in k_split / v_split's first part
+      const std::uint8_t* k_bytes[kKeys];
+      const std::uint8_t* v_bytes[kKeys];
+      key_rows(in, b, head, n0, c0, valid, kKeys, k_bytes, v_bytes);
+      for (int i = 0; i < kKeys; ++i) {
+        k_in[i] = k_bytes[i] ? k_split[i][0] : nullptr;
+        v_in[i] = v_bytes[i] ? v_split[i][0] : nullptr;
+        if (k_bytes[i] == nullptr) continue;
+        f8e4m3_to_bf16_avx512(k_bytes[i], d_count, k_split[i][0]);
+        f8e4m3_to_bf16_avx512(v_bytes[i], d_count, v_split[i][0]);
+      }
+    } else {
+      key_rows(in, b, head, n0, c0, valid, kKeys, k_in, v_in);
+    }
     for (int i = 0; i < kKeys; ++i) {
       if (!split || k_in[i] == nullptr) {
         k_rows[0][i] = k_in[i];

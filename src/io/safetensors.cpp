@@ -124,8 +124,9 @@ DType dtype_of(const std::string& dtype, const std::string& tensor, const std::s
   if (dtype == "F32") return DType::F32;
   if (dtype == "BF16") return DType::BF16;
   if (dtype == "F16") return DType::F16;
+  if (dtype == "F8_E4M3") return DType::F8E4M3;
   throw IoError(stsa::detail::concat(name, ": tensor '", tensor, "' has unsupported dtype ", dtype,
-                               " (supported: F32, BF16, F16)"));
+                               " (supported: F32, BF16, F16, F8_E4M3)"));
 }
 
 const Entry& find_tensor(const Index& index, const std::string& tensor, const std::string& name) {

@@ -16,19 +16,27 @@ namespace {
 // type switch runs once per row, not once per channel.
 void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, double* out) {
   const std::int64_t dim = t.head_dim(), step = t.stride[3], base = t.offset(b, n, h, 0);
-  const auto* halves = static_cast<const std::uint16_t*>(t.data) + base;
   switch (t.dtype) {
     case DType::F32: {
       const float* p = static_cast<const float*>(t.data) + base;
       for (std::int64_t d = 0; d < dim; ++d) out[d] = p[d * step];
       return;
     }
-    case DType::BF16:
+    case DType::BF16: {
+      const auto* halves = static_cast<const std::uint16_t*>(t.data) + base;
       for (std::int64_t d = 0; d < dim; ++d) out[d] = bf16_to_float(halves[d * step]);
       return;
-    case DType::F16:
+    }
+    case DType::F16: {
+      const auto* halves = static_cast<const std::uint16_t*>(t.data) + base;
       for (std::int64_t d = 0; d < dim; ++d) out[d] = f16_to_float(halves[d * step]);
       return;
+    }
+    case DType::F8E4M3: {
+      const auto* bytes = static_cast<const std::uint8_t*>(t.data) + base;
+      for (std::int64_t d = 0; d < dim; ++d) out[d] = f8e4m3_to_float(bytes[d * step]);
+      return;
+    }
   }
 }
 

@@ -121,6 +121,10 @@ STSA_VECTOR_CLONES void load_row(const TensorView& t, std::int64_t b, std::int64
       convert_row(static_cast<const std::uint16_t*>(t.data) + base, step, dim, out,
                   [](std::uint16_t x) { return f16_to_float(x); });
       return;
+    case DType::F8E4M3:
+      convert_row(static_cast<const std::uint8_t*>(t.data) + base, step, dim, out,
+                  [](std::uint8_t x) { return f8e4m3_to_float(x); });
+      return;
   }
 }
 

@@ -85,6 +85,8 @@ void GuardedTensor::poison() {
   if (shape_.dtype == DType::F32) {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (std::size_t i = 0; i < payload_bytes_; i += 4) std::memcpy(payload + i, &nan, 4);
+  } else if (shape_.dtype == DType::F8E4M3) {
+    std::memset(payload, 0x7f, payload_bytes_);  // E4M3FN's NaN
   } else {
     const std::uint16_t nan = nan_bits(shape_.dtype);
     for (std::size_t i = 0; i < payload_bytes_; i += 2) std::memcpy(payload + i, &nan, 2);
