@@ -4,9 +4,11 @@ Arrays are NumPy arrays or PyTorch tensors (anything that speaks DLPack or the
 buffer protocol), float32, float16 or bfloat16, addressed as [B, N, H, D]
 (``layout="bnhd"``) or [B, H, N, D] (``layout="bhnd"``), with any strides; tokens
 come in frame-major order (frame, row, column), text tokens before or after the
-video as the grid says. Nothing is copied: the library reads the inputs where
-they are and writes ``out`` (allocated like ``q`` in its own framework when not
-given). Accumulation is fp32; ``lse`` is the natural-log sum of exp per row,
+video as the grid says. q, k and v may also be float8_e4m3fn (torch's, or
+ml_dtypes' in NumPy) on the host, with ``out`` then bfloat16 (or float32, float16):
+fold per-tensor descales into ``scale`` (q's and k's) and onto ``out`` (v's).
+Nothing is copied: the library reads the inputs where they are and writes ``out``
+(allocated like ``q`` in its own framework when not given; bfloat16 for float8). Accumulation is fp32; ``lse`` is the natural-log sum of exp per row,
 [B, H, N] float32. Host arrays run on the CPU backend, CUDA arrays on the CUDA
 backend (bf16 or fp16, head dims 64 and 128; routing, permutation and attention
 all on the GPU, enqueued on torch's current stream or ``stream``: ``attention``
@@ -403,26 +405,30 @@ def _stream(array, stream: int | None) -> int:
     return 0
 
 
+# NumPy (ml_dtypes) types that neither DLPack nor the buffer protocol carries: their
+# arrays go to the module as unsigned-integer views, with the type named in ``bit_views``.
+_NUMPY_BIT_VIEWS = {"bfloat16": ("uint16", "bf16"), "float8_e4m3fn": ("uint8", "fp8_e4m3")}
+
+
 def _arrays(q, k, v, out=None, lse=None) -> dict[str, Any]:
-    """The arrays as the module takes them (keywords), NumPy bfloat16 (ml_dtypes) passed
-    as uint16 views named in ``bf16_bits`` (DLPack cannot carry that type); routing
-    alone takes no ``out`` or ``lse``."""
+    """The arrays as the module takes them (keywords), NumPy bfloat16 and float8_e4m3fn
+    (ml_dtypes) passed as unsigned-integer views named in ``bit_views``; routing alone
+    takes no ``out`` or ``lse``."""
     _check_rank(q)
     arrays = {"q": q, "k": k, "v": v} if out is None else {"q": q, "k": k, "v": v, "out": out}
-    bf16_bits = []
+    bit_views = {}
     for name, array in arrays.items():
         if not hasattr(array, "shape"):
             raise InvalidArgument(f"{name} must be an array (NumPy, PyTorch or any DLPack array), got {type(array)}")
-        if _framework(array) == "numpy" and getattr(array.dtype, "name", "") == "bfloat16":
-            import numpy
-
-            arrays[name] = array.view(numpy.uint16)
-            bf16_bits.append(name)
+        view = _NUMPY_BIT_VIEWS.get(getattr(array.dtype, "name", "")) if _framework(array) == "numpy" else None
+        if view is not None:
+            arrays[name] = array.view(view[0])
+            bit_views[name] = view[1]
     if out is not None:
         if lse is not None and not hasattr(lse, "shape"):
             raise InvalidArgument(f"lse must be an array (NumPy, PyTorch or any DLPack array), got {type(lse)}")
         arrays["lse"] = lse
-    return {**arrays, "bf16_bits": bf16_bits}
+    return {**arrays, "bit_views": bit_views}
 
 
 def _where(q, grid, scale, backend, stream, tile, align, layout) -> dict[str, Any]:
@@ -514,11 +520,23 @@ def _writable(array) -> bool:
     return flags is None or bool(getattr(flags, "writeable", True))
 
 
+def _is_float8(array) -> bool:
+    return str(getattr(array, "dtype", "")).split(".")[-1] == "float8_e4m3fn"
+
+
 def _empty_like(array, shape, dtype: str | None):
+    """An array of ``shape`` in ``array``'s framework and place, of ``dtype`` or else of
+    ``array``'s own type (bfloat16 for float8, which is no output type)."""
+    if dtype is None and _is_float8(array):
+        dtype = "bfloat16"
     if _framework(array) == "torch":
         import torch
 
         return torch.empty(shape, dtype=array.dtype if dtype is None else getattr(torch, dtype), device=array.device)
     import numpy
 
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return numpy.empty(shape, dtype=ml_dtypes.bfloat16)
     return numpy.empty(shape, dtype=array.dtype if dtype is None else dtype)

@@ -29,9 +29,10 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: list[i
 
 
 def _outputs_like(q, layout):
-    # As the calls allocate them: out like q (contiguous), lse [B, H, N] float32.
+    # As the calls allocate them: out like q (contiguous; bfloat16 for float8 q), lse [B, H, N] float32.
     batch, tokens, heads = _batch_tokens_heads(q.shape, layout)
-    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    return (torch.empty(q.shape, dtype=out_dtype, device=q.device),
             torch.empty((batch, heads, tokens), dtype=torch.float32, device=q.device))
 
 

@@ -2,11 +2,13 @@
 // It binds the library's entry points on arrays the caller owns; allocating
 // outputs in the caller's framework and the keyword defaults live in Python.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,15 +45,18 @@ auto without_gil(Work&& work) -> decltype(work()) {
   return work();
 }
 
-// The tensors of a call, as the Python layer hands them over; `bf16_bits`
-// names those that are uint16 views of bfloat16 values ("q", "k", "v", "out").
+// The tensors of a call, as the Python layer hands them over; `bit_views`
+// maps those that are unsigned-integer views ("q", "k", "v", "out") to the type
+// of their values ("bf16", "fp8_e4m3").
 struct Tensors {
   InputArray q, k, v;
   std::optional<OutputArray> o, lse;  // none for routing alone
-  std::vector<std::string> bf16_bits;
+  std::map<std::string, std::string> bit_views;
 
-  bool is_bf16_bits(const char* name) const {
-    return std::find(bf16_bits.begin(), bf16_bits.end(), name) != bf16_bits.end();
+  std::optional<DType> bits_of(const char* name) const {
+    const auto view = bit_views.find(name);
+    if (view == bit_views.end()) return std::nullopt;
+    return parse_dtype(view->second);
   }
 };
 
@@ -75,10 +80,10 @@ Placement call_placement(const Tensors& t) {
 RoutedCall routed_call(const Tensors& t, const VideoGrid& grid, const std::string& layout, float scale) {
   const AxisOrder axes = parse_axis_order(layout);
   RoutedCall call;
-  call.q = tensor_view(t.q, "q", axes, t.is_bf16_bits("q"));
-  call.k = tensor_view(t.k, "k", axes, t.is_bf16_bits("k"));
-  call.v = tensor_view(t.v, "v", axes, t.is_bf16_bits("v"));
-  if (t.o) call.o = tensor_view(*t.o, "out", axes, t.is_bf16_bits("out"));
+  call.q = tensor_view(t.q, "q", axes, t.bits_of("q"));
+  call.k = tensor_view(t.k, "k", axes, t.bits_of("k"));
+  call.v = tensor_view(t.v, "v", axes, t.bits_of("v"));
+  if (t.o) call.o = tensor_view(*t.o, "out", axes, t.bits_of("out"));
   if (t.lse) call.lse = lse_view(*t.lse, "lse");
   call.layout = VideoLayout{grid, call.q.batch(), call.q.heads(), call.q.head_dim()};
   call.softmax_scale = scale;
@@ -194,7 +199,7 @@ void register_errors(nb::module_& m) {
 }
 
 // The tensor arguments every attention entry point takes, in this order.
-#define STSA_TENSOR_ARGS "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "bf16_bits"_a
+#define STSA_TENSOR_ARGS "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "bit_views"_a
 
 }  // namespace
 }  // namespace stsa::python
@@ -231,10 +236,10 @@ NB_MODULE(_stsa, m) {
   m.def(
       "attention",
       [](InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
-         const std::vector<std::string>& bf16_bits, const VideoGrid& grid, const std::vector<std::string>& masks,
+         const std::map<std::string, std::string>& bit_views, const VideoGrid& grid, const std::vector<std::string>& masks,
          double density, bool anchor, float scale, const std::string& backend, std::uintptr_t stream,
          std::int32_t tile_q, std::int32_t tile_k, const std::string& align, const std::string& layout) {
-        const Tensors t{q, k, v, out, lse, bf16_bits};
+        const Tensors t{q, k, v, out, lse, bit_views};
         return attention(t, grid, masks, density, anchor, scale, target_for(backend, call_placement(t), stream), tile_q,
                          tile_k, align, layout);
       },
@@ -244,13 +249,13 @@ NB_MODULE(_stsa, m) {
   m.def(
       "routed_attention",
       [](InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
-         const std::vector<std::string>& bf16_bits, const VideoGrid& grid, int samples, double spatial_density,
+         const std::map<std::string, std::string>& bit_views, const VideoGrid& grid, int samples, double spatial_density,
          double temporal_density, double frames_density, bool try_frames, double max_rel_l2, bool anchor,
          std::uint64_t seed, float scale, const std::string& backend, std::uintptr_t stream, std::int32_t tile_q,
          std::int32_t tile_k, const std::string& align, const std::string& layout, bool timed) {
         const RouterOptions router = router_options(samples, spatial_density, temporal_density, frames_density,
                                                     try_frames, max_rel_l2, anchor, seed);
-        const Tensors t{q, k, v, out, lse, bf16_bits};
+        const Tensors t{q, k, v, out, lse, bit_views};
         return routed_attention(t, grid, router, scale, target_for(backend, call_placement(t), stream), tile_q, tile_k,
                                 align, layout, timed);
       },
@@ -260,18 +265,18 @@ NB_MODULE(_stsa, m) {
 
   m.def(
       "route",
-      [](InputArray q, InputArray k, InputArray v, const std::vector<std::string>& bf16_bits, const VideoGrid& grid,
+      [](InputArray q, InputArray k, InputArray v, const std::map<std::string, std::string>& bit_views, const VideoGrid& grid,
          int samples, double spatial_density, double temporal_density, double frames_density, bool try_frames,
          double max_rel_l2, bool anchor, std::uint64_t seed, float scale, std::uintptr_t stream,
          const std::string& layout) {
         const Router router(router_options(samples, spatial_density, temporal_density, frames_density, try_frames,
                                            max_rel_l2, anchor, seed));
-        const Tensors t{q, k, v, std::nullopt, std::nullopt, bf16_bits};
+        const Tensors t{q, k, v, std::nullopt, std::nullopt, bit_views};
         const Target target = target_for("", call_placement(t), stream);
         const RoutedCall call = routed_call(t, grid, layout, scale);
         return routing_dict(without_gil([&] { return route_on(target, router, call, {}); }));
       },
-      "q"_a, "k"_a, "v"_a, "bf16_bits"_a, "grid"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a,
+      "q"_a, "k"_a, "v"_a, "bit_views"_a, "grid"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a,
       "frames_density"_a, "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a, "scale"_a, "stream"_a, "layout"_a);
 
   nb::class_<Policy>(m, "Policy")
@@ -294,10 +299,10 @@ NB_MODULE(_stsa, m) {
       .def("dense", &Policy::dense, "step"_a, "layer"_a)
       .def(
           "route",
-          [](Policy& policy, InputArray q, InputArray k, InputArray v, const std::vector<std::string>& bf16_bits,
+          [](Policy& policy, InputArray q, InputArray k, InputArray v, const std::map<std::string, std::string>& bit_views,
              const VideoGrid& grid, std::int64_t step, std::int64_t layer, float scale, std::uintptr_t stream,
              const std::string& layout) {
-            const Tensors t{q, k, v, std::nullopt, std::nullopt, bf16_bits};
+            const Tensors t{q, k, v, std::nullopt, std::nullopt, bit_views};
             const Target target = target_for("", call_placement(t), stream);
             const RoutedCall call = routed_call(t, grid, layout, scale);
             const Router router(policy.options().router);
@@ -307,16 +312,16 @@ NB_MODULE(_stsa, m) {
               });
             }));
           },
-          "q"_a, "k"_a, "v"_a, "bf16_bits"_a, "grid"_a, "step"_a, "layer"_a, "scale"_a, "stream"_a, "layout"_a)
+          "q"_a, "k"_a, "v"_a, "bit_views"_a, "grid"_a, "step"_a, "layer"_a, "scale"_a, "stream"_a, "layout"_a)
       .def_prop_ro("cached_count", &Policy::cached_count)
       .def("clear", &Policy::clear)
       .def(
           "attention",
           [](Policy& policy, InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
-             const std::vector<std::string>& bf16_bits, const VideoGrid& grid, std::int64_t step, std::int64_t layer,
+             const std::map<std::string, std::string>& bit_views, const VideoGrid& grid, std::int64_t step, std::int64_t layer,
              float scale, const std::string& backend, std::uintptr_t stream, std::int32_t tile_q, std::int32_t tile_k,
              const std::string& align, const std::string& layout, bool timed) {
-            const Tensors t{q, k, v, out, lse, bf16_bits};
+            const Tensors t{q, k, v, out, lse, bit_views};
             const Target target = target_for(backend, call_placement(t), stream);
             const RoutedCall call = routed_call(t, grid, layout, scale);
             const RoutedOptions options = routed_options(tile_q, tile_k, align, timed);

@@ -7,18 +7,20 @@ namespace nb = nanobind;
 namespace stsa::python {
 namespace {
 
-DType element_type(const nb::dlpack::dtype& t, const char* name, bool bf16_bits = false) {
+DType element_type(const nb::dlpack::dtype& t, const char* name, std::optional<DType> bits_of = std::nullopt) {
   using Code = nb::dlpack::dtype_code;
-  if (bf16_bits) {
-    STSA_CHECK(t.lanes == 1 && t.code == std::uint8_t(Code::UInt) && t.bits == 16, InvalidArgument, name,
-               ": a bfloat16 view must be uint16");
-    return DType::BF16;
+  if (bits_of) {
+    const auto bits = std::uint8_t(8 * element_size(*bits_of));
+    STSA_CHECK(*bits_of != DType::F32 && t.lanes == 1 && t.code == std::uint8_t(Code::UInt) && t.bits == bits,
+               InvalidArgument, name, ": a view of ", to_string(*bits_of), " values must be uint", int(bits));
+    return *bits_of;
   }
   if (t.lanes == 1 && t.code == std::uint8_t(Code::Float) && t.bits == 32) return DType::F32;
   if (t.lanes == 1 && t.code == std::uint8_t(Code::Float) && t.bits == 16) return DType::F16;
   if (t.lanes == 1 && t.code == std::uint8_t(Code::Bfloat) && t.bits == 16) return DType::BF16;
-  throw InvalidArgument(detail::concat(name, " must be float32, float16 or bfloat16 (DLPack type code ", int(t.code),
-                                       ", ", int(t.bits), " bits, ", int(t.lanes), " lanes given)"));
+  if (t.lanes == 1 && t.code == std::uint8_t(Code::Float8_E4M3FN) && t.bits == 8) return DType::F8E4M3;
+  throw InvalidArgument(detail::concat(name, " must be float32, float16, bfloat16 or float8_e4m3fn (DLPack type code ",
+                                       int(t.code), ", ", int(t.bits), " bits, ", int(t.lanes), " lanes given)"));
 }
 
 }  // namespace
@@ -41,12 +43,12 @@ AxisOrder parse_axis_order(std::string_view name) {
 }
 
 template <class Array>
-TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, bool bf16_bits) {
+TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, std::optional<DType> bits_of) {
   STSA_CHECK(array.ndim() == 4, InvalidArgument, name, " must have 4 dimensions (",
              axes == AxisOrder::BNHD ? "[B, N, H, D]" : "[B, H, N, D]", "), got ", array.ndim());
   TensorView view;
   view.data = const_cast<void*>(static_cast<const void*>(array.data()));
-  view.dtype = element_type(array.dtype(), name, bf16_bits);
+  view.dtype = element_type(array.dtype(), name, bits_of);
   for (int axis = 0; axis < 4; ++axis) {
     view.shape[std::size_t(axis)] = std::int64_t(array.shape(std::size_t(axis)));
     view.stride[std::size_t(axis)] = std::int64_t(array.stride(std::size_t(axis)));
@@ -58,8 +60,8 @@ TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, boo
   return view;
 }
 
-template TensorView tensor_view(const InputArray&, const char*, AxisOrder, bool);
-template TensorView tensor_view(const OutputArray&, const char*, AxisOrder, bool);
+template TensorView tensor_view(const InputArray&, const char*, AxisOrder, std::optional<DType>);
+template TensorView tensor_view(const OutputArray&, const char*, AxisOrder, std::optional<DType>);
 
 LseView lse_view(const OutputArray& array, const char* name) {
   STSA_CHECK(array.ndim() == 3, InvalidArgument, name, " must have 3 dimensions [B, H, N], got ", array.ndim());

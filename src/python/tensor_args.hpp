@@ -3,6 +3,8 @@
 // views, without copies.
 #pragma once
 
+#include <optional>
+
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
@@ -29,13 +31,14 @@ struct Placement {
 template <class Array>
 Placement placement_of(const Array& array, const char* name);
 
-// A 4-D fp32, fp16 or bf16 array as a logical [B, N, H, D] view
-// (strides in elements, as the array has them). `bf16_bits`: the array is a
-// uint16 view of bfloat16 values (what the Python layer passes for NumPy's
-// ml_dtypes bfloat16, which neither DLPack nor the buffer protocol carries).
+// A 4-D fp32, fp16, bf16 or fp8 (E4M3FN) array as a logical [B, N, H, D] view
+// (strides in elements, as the array has them). `bits_of`: the array is an
+// unsigned-integer view of that type's values, uint16 for bf16 and uint8 for fp8
+// (what the Python layer passes for NumPy's ml_dtypes bfloat16 and
+// float8_e4m3fn, which neither DLPack nor the buffer protocol carries).
 // Throws InvalidArgument naming `name` for another rank or dtype.
 template <class Array>
-TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, bool bf16_bits);
+TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, std::optional<DType> bits_of);
 
 // A [B, H, N] fp32 array as an LSE view.
 LseView lse_view(const OutputArray& array, const char* name);

@@ -143,6 +143,45 @@ def check_inputs_from_files(binary):
     return failures
 
 
+def check_fp8(binary):
+    """fp8 (E4M3FN) inputs: the bench gives a bf16 O within bf16's rounding of the fp64
+    reference; synthetic fp8 heads saved with --save-inputs ('<V1' files) and routed
+    from them give the synthetic run's decisions and errors bit for bit, against the
+    reference backend's routed output within the CPU kernel's fp32 error. Returns the
+    number of failed checks."""
+    failures = 0
+    bench = json.loads(run(binary, ["bench", "--frames", "3", "--height", "7", "--width", "9", "--text", "5",
+                                    "--heads", "2", "--head-dim", "128", "--mask", "spatial", "--density", "0.3",
+                                    "--dtype", "fp8_e4m3", "--repeats", "1", "--json"]))
+    # (bf16's rounding of O, 2^-9 relative at most, bounds the error.)
+    if (bench["dtype"], bench["out_dtype"]) != ("fp8_e4m3", "bf16") or not (
+            bench["rel_l2_err"] <= 4e-3 and bench["dense_rel_l2_err"] <= 4e-3):
+        print(f"FAIL fp8 bench: {bench['dtype']} -> {bench['out_dtype']}, rel_l2_err {bench['rel_l2_err']} / "
+              f"{bench['dense_rel_l2_err']}")
+        failures += 1
+    folder = tempfile.mkdtemp()
+    grid = ["--frames", "13", "--height", "6", "--width", "8", "--text", "5", "--seed", "3", "--json"]
+    files = [arg for t in "qkv" for arg in (f"--{t}", os.path.join(folder, "in", f"{t}.npy"))]
+    synthetic = json.loads(run(binary, ["route", "--synthetic", "--dtype", "fp8", "--heads", "4", "--head-dim", "64",
+                                        "--save-inputs", os.path.join(folder, "in")] + grid))
+    from_files = json.loads(run(binary, ["route"] + files + grid + ["--save-output", os.path.join(folder, "o.npy")]))
+    reference = json.loads(run(binary, ["route", "--backend", "reference"] + files + grid + [
+        "--save-output", os.path.join(folder, "o_reference.npy")]))
+    with open(os.path.join(folder, "in", "q.npy"), "rb") as f:
+        header = f.read(128)
+    _, o = read_npy_f32(os.path.join(folder, "o.npy"))
+    _, o_ref = read_npy_f32(os.path.join(folder, "o_reference.npy"))
+    rel = math.sqrt(sum((x - y) ** 2 for x, y in zip(o, o_ref)) / sum(y * y for y in o_ref))
+    same = (from_files["decisions"], from_files["rel_l2_err"]) == (synthetic["decisions"], synthetic["rel_l2_err"])
+    if (synthetic["dtype"] != "fp8_e4m3" or b"'<V1'" not in header or not same
+            or reference["decisions"] != synthetic["decisions"] or not rel < 1e-5
+            or not {"spatial", "temporal"} <= set(synthetic["decisions"])):
+        print(f"FAIL fp8 route: dtype {synthetic['dtype']}, header {header[:60]!r}, from files the same {same}, "
+              f"decisions {synthetic['decisions']} / {reference['decisions']}, rel L2 vs the reference {rel:.3g}")
+        failures += 1
+    return failures
+
+
 def main():
     binary = sys.argv[1]
     failures = 0
@@ -256,6 +295,7 @@ def main():
         print(f"FAIL route on 12 tokens: {tiny['sampled_rows']} of {tiny['samples']} samples, {tiny['tokens']} tokens")
         failures += 1
     failures += check_inputs_from_files(binary)
+    failures += check_fp8(binary)
     png = os.path.join(tempfile.mkdtemp(), "tiles.png")
     run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", png])
     with open(png, "rb") as f:

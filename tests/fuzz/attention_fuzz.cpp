@@ -108,11 +108,13 @@ enum class Defect { None, Shape, NegativeStride, ZeroStride, Misaligned, Null };
 // output's heads), where a size change is no defect.
 template <std::size_t Rank>
 Defect pick_defect(Reader& in, std::array<std::int64_t, Rank>& shape, std::array<std::int64_t, Rank>& stride,
-                   bool allowed, std::int64_t free_dim = -1) {
+                   std::size_t element_size, bool allowed, std::int64_t free_dim = -1) {
   if (!allowed) return Defect::None;
   const auto defect = Defect(in.next(1, 5));
   const std::size_t dim = std::size_t(in.next(0, Rank - 1));
   switch (defect) {
+    case Defect::Misaligned:  // one byte off: no defect for one-byte (fp8) elements
+      return element_size > 1 ? defect : Defect::None;
     case Defect::Shape:
       if (std::int64_t(dim) == free_dim) return Defect::None;
       shape[dim] += in.next(0, 1) ? 1 : -1;
@@ -146,7 +148,7 @@ Tensor make_tensor(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& la
                    bool allow_defect, bool fill, std::int64_t free_dim = -1) {
   Tensor t;
   t.view = padded_view(in, layout, dtype);
-  t.defect = pick_defect(in, t.view.shape, t.view.stride, allow_defect, free_dim);
+  t.defect = pick_defect(in, t.view.shape, t.view.stride, stsa::element_size(dtype), allow_defect, free_dim);
   void* data = allocate(t.buffer, rng, t.view.shape, t.view.stride, stsa::element_size(dtype),
                         t.defect == Defect::Misaligned);
   if (fill && t.view.shape[0] > 0 && t.view.shape[1] > 0 && t.view.shape[2] > 0 && t.view.shape[3] > 0) {
@@ -176,7 +178,7 @@ Lse make_lse(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& layout, 
   const std::int64_t row = n + in.next(0, 2);
   l.view.shape = {layout.batch, layout.heads, layout.tokens()};
   l.view.stride = {h * row, row, 1};
-  l.defect = pick_defect(in, l.view.shape, l.view.stride, allow_defect);
+  l.defect = pick_defect(in, l.view.shape, l.view.stride, sizeof(float), allow_defect);
   void* data = allocate(l.buffer, rng, l.view.shape, l.view.stride, sizeof(float), l.defect == Defect::Misaligned);
   // A null LSE means "not wanted", so the null defect is not one here.
   if (l.defect == Defect::Null) l.defect = Defect::None;
@@ -186,7 +188,14 @@ Lse make_lse(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& layout, 
   return l;
 }
 
-stsa::DType pick_dtype(Reader& in) {
+// Q, K and V's type: any, fp8 included.
+stsa::DType pick_input_dtype(Reader& in) {
+  constexpr stsa::DType kinds[] = {stsa::DType::F32, stsa::DType::BF16, stsa::DType::F16, stsa::DType::F8E4M3};
+  return kinds[in.next(0, 3)];
+}
+
+// O's type: any but fp8 (an fp8 O is a planted defect).
+stsa::DType pick_output_dtype(Reader& in) {
   constexpr stsa::DType kinds[] = {stsa::DType::F32, stsa::DType::BF16, stsa::DType::F16};
   return kinds[in.next(0, 2)];
 }
@@ -400,7 +409,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // At most one planted defect per input, so that every refusal of one is its own.
   enum class Plant {
-    None, Q, K, V, O, Lse, KDtype, OverQ, LseOverO, Scale,
+    None, Q, K, V, O, Lse, KDtype, ODtype, OverQ, LseOverO, Scale,
     ExtraHead, BadPlan, ScatterHeads,  // direct and scattered calls
     RouterOptions, Decisions,          // routed calls
     Count
@@ -408,10 +417,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const Plant plant = in.one_in(3) ? Plant(in.next(1, int(Plant::Count) - 1)) : Plant::None;
   bool must_refuse = false;
 
-  const stsa::DType input_dtype = pick_dtype(in);
+  const stsa::DType input_dtype = pick_input_dtype(in);
   stsa::DType k_dtype = input_dtype;
   if (plant == Plant::KDtype) {
-    k_dtype = stsa::DType((int(input_dtype) + in.next(1, 2)) % 3);
+    k_dtype = stsa::DType((int(input_dtype) + in.next(1, 3)) % 4);
     must_refuse = true;
   }
   Tensor q = make_tensor(in, rng, layout, input_dtype, plant == Plant::Q, true);
@@ -450,9 +459,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
   // A scattered output's head count is its own (at least the heads mapped into it).
-  Tensor o = make_tensor(in, rng, out_layout, pick_dtype(in), plant == Plant::O, false,
-                         mode == Mode::Scattered ? 2 : -1);
-  must_refuse |= o.defect != Defect::None;
+  const stsa::DType out_dtype = plant == Plant::ODtype ? stsa::DType::F8E4M3 : pick_output_dtype(in);
+  Tensor o = make_tensor(in, rng, out_layout, out_dtype, plant == Plant::O, false, mode == Mode::Scattered ? 2 : -1);
+  must_refuse |= o.defect != Defect::None || plant == Plant::ODtype;
   if (plant == Plant::OverQ) {  // O written over Q's bytes
     o.view.data = q.view.data;
     must_refuse = true;

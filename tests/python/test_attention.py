@@ -47,6 +47,37 @@ def test_half_precision_inputs(dtype, backend, rng):
     reference.check(out, q, k, v, masks_for(grid, ["temporal", "spatial"], DENSITY))  # on the same rounded inputs
 
 
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+def test_float8_inputs_give_a_bfloat16_out_unless_one_is_given(backend, head_dim, rng):
+    grid = stsa.VideoGrid(9, 5, 4, text=3, text_placement="after")
+    q, k, v = random_qkv(rng, (2, grid.tokens, 2, head_dim), ml_dtypes.float8_e4m3fn)
+    masks = masks_for(grid, ["temporal", "spatial"], DENSITY)
+    out, lse = stsa.attention(q, k, v, grid, ["temporal", "spatial"], DENSITY, backend=backend, return_lse=True)
+    assert out.dtype == ml_dtypes.bfloat16  # float8 is no output type
+    reference.check(out, q, k, v, masks, lse=lse)  # on the float8 values themselves
+    given = np.empty(q.shape, np.float32)
+    assert stsa.attention(q, k, v, grid, ["temporal", "spatial"], DENSITY, backend=backend, out=given) is given
+    reference.check(given, q, k, v, masks)
+    with pytest.raises(stsa.InvalidArgument, match="o must be fp32, bf16 or fp16, got fp8_e4m3"):
+        stsa.attention(q, k, v, grid, out=np.empty_like(q))
+    with pytest.raises(stsa.InvalidArgument, match="share a dtype"):
+        stsa.attention(q, k, v.astype(ml_dtypes.bfloat16), grid)
+
+
+def test_float8_descales_fold_into_scale_and_out(rng):
+    """A model's per-tensor descales (x = x8 * descale) fold in exactly as the docs say:
+    q's and k's into the softmax scale, v's onto out."""
+    grid = stsa.VideoGrid(4, 4, 5)
+    q, k, v = random_qkv(rng, (1, grid.tokens, 1, 64), np.float32)
+    descales = [0.37, 2.5, 0.06]
+    q8, k8, v8 = ((x / s).astype(ml_dtypes.float8_e4m3fn) for x, s in zip((q, k, v), descales))
+    out = stsa.attention(q8, k8, v8, grid, "spatial", DENSITY, scale=descales[0] * descales[1] / 8.0,
+                         out=np.empty(q.shape, np.float32)) * descales[2]
+    dequantized = [x.astype(np.float32) * s for x, s in zip((q8, k8, v8), descales)]
+    reference.check(out, *dequantized, masks_for(grid, ["spatial"], DENSITY))
+
+
 def test_one_mask_per_head_and_head_major_memory(rng):
     grid = stsa.VideoGrid(10, 4, 3, text=3)
     routes = ["dense", "temporal", "spatial", "frames"]

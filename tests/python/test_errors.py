@@ -27,7 +27,7 @@ def test_exception_hierarchy():
     [
         (lambda q, k, v: (q[:, :-1], k, v), "q has shape"),
         (lambda q, k, v: (q, k[..., :32], v), "k has shape"),
-        (lambda q, k, v: (q.astype(np.float64), k, v), "q must be float32, float16 or bfloat16"),
+        (lambda q, k, v: (q.astype(np.float64), k, v), "q must be float32, float16, bfloat16 or float8_e4m3fn"),
         (lambda q, k, v: (q, k, v.astype(np.float16)), "dtype"),
         (lambda q, k, v: (q[..., 0], k, v), "q must have 4 dimensions"),
         (lambda q, k, v: (q.tolist(), k, v), "q must have 4 dimensions"),

@@ -1,6 +1,7 @@
 """stsa.routed_attention and stsa.Policy: heads with a known structure are routed
 to it, and every head's output matches the fp64 reference under the mask it ran with."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -23,6 +24,15 @@ def test_heads_go_to_their_structure(rng):
     assert info["routing_ms"] > 0 and info["attention_ms"] > 0 and info["kept_tile_flops"] > 0
     reference.check(out, q, k, v, reference.head_masks(grid, info["heads"]))
     assert lse.shape == (1, 4, grid.tokens) and np.all(np.isfinite(lse))
+
+
+def test_float8_heads_go_to_their_structure(rng):
+    grid = stsa.VideoGrid(9, 6, 6, text=4)
+    kinds = ["spatial", "temporal", "temporal", "spatial"]
+    q, k, v = (x.astype(ml_dtypes.float8_e4m3fn) for x in structured_heads(rng, grid, 64, kinds))
+    out, info = stsa.routed_attention(q, k, v, grid, density=0.4)
+    assert info["routes"] == kinds and out.dtype == ml_dtypes.bfloat16
+    reference.check(out, q, k, v, reference.head_masks(grid, info["heads"]))
 
 
 def test_each_kind_gets_its_own_density_and_the_anchor_option(rng):

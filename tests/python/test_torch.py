@@ -36,6 +36,19 @@ def test_cpu_tensors(dtype, rng):
     check(out, q, k, v, masks_for(grid, ["temporal", "spatial"], 0.5), lse)
 
 
+def test_cpu_float8_tensors(rng):
+    grid = stsa.VideoGrid(9, 4, 6, text=5)
+    q, k, v = random_qkv(rng, grid, 2, 128, torch.float8_e4m3fn)
+    out, lse = stsa.attention(q, k, v, grid, ["temporal", "spatial"], 0.5, return_lse=True)
+    assert out.dtype == torch.bfloat16  # float8 is no output type
+    check(out, q, k, v, masks_for(grid, ["temporal", "spatial"], 0.5), lse)
+    routed, info = stsa.routed_attention(q, k, v, grid, density=0.5)
+    assert routed.dtype == torch.bfloat16
+    check(routed, q, k, v, reference.head_masks(grid, info["heads"]))
+    with pytest.raises(stsa.InvalidArgument, match="float8_e4m3fn"):  # another float8 is refused by name
+        stsa.attention(*(x.to(torch.float8_e5m2) for x in (q, k, v)), grid)
+
+
 def test_head_major_view_of_a_tensor():
     grid = stsa.VideoGrid(4, 4, 4)
     q, k, v = (torch.randn(1, 3, grid.tokens, 64) for _ in range(3))  # [B, H, N, D]
