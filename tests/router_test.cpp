@@ -613,6 +613,8 @@ TEST(Router, SampledErrorsMatchTheReferenceOnEitherPath) {
                                    TokenOrder::SpatialMajor, seed + 4, 64, isa);
     check_errors_against_reference({{3, 5, 6, 0, TextPlacement::After}, 1, 2, 80}, DType::BF16,
                                    TokenOrder::FrameMajor, seed + 5, 24, isa);
+    check_errors_against_reference({{6, 9, 11, 5, TextPlacement::Before}, 2, 2, 64}, DType::F8E4M3,
+                                   TokenOrder::SpatialMajor, seed + 6, 24, isa);
     check_errors_against_reference({{3, 5, 6, 0, TextPlacement::After}, 1, 2, 64}, DType::F32,
                                    TokenOrder::FrameMajor, seed + 6, 24, isa);
     check_errors_against_reference({{4, 6, 7, 3, TextPlacement::Before}, 2, 3, 64}, DType::BF16,
@@ -634,7 +636,7 @@ RoutingReport route_with(Isa isa, const synth::Data& data, int threads = 0, int 
 // weights' rounding moves it.
 TEST(Router, TilePathDecidesLikeTheFp32Path) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
-  for (const DType dtype : {DType::BF16, DType::F16}) {
+  for (const DType dtype : {DType::BF16, DType::F16, DType::F8E4M3}) {
     synth::Options o;
     o.grid = {9, 20, 30, 0, TextPlacement::After};
     o.heads = 6;
@@ -716,8 +718,8 @@ TEST(Router, TinyValuesTakeTheFp32Path) {
 TEST(Router, NonFiniteSixteenBitInputsKeepTheHeadDenseOnEitherPath) {
   if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "needs AVX-512 to name the fp32 path";
   const VideoLayout layout{{4, 4, 8, 0, TextPlacement::After}, 1, 2, 64};
-  for (const DType dtype : {DType::BF16, DType::F16})
-    for (const float bad : {NAN, -INFINITY})
+  for (const DType dtype : {DType::BF16, DType::F16, DType::F8E4M3})
+    for (const float bad : {NAN, -INFINITY})  // (-Inf is NaN in fp8, which has no infinity)
       for (const Isa isa : router_paths()) {
         SCOPED_TRACE(std::string(to_string(dtype)) + " " + std::to_string(bad) + " " + std::string(to_string(isa)));
         testing::Problem p = testing::make_problem(layout, dtype, std::vector<HeadMask>(2), testing::fresh_seed());
