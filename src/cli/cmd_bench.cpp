@@ -33,10 +33,12 @@ bench::TimedRuns time_kernel(const Backend& backend, const AttentionCall& call, 
 
 void print_text(const nlohmann::json& r) {
   const auto f = [&](const char* key) { return json_double(r[key]); };
+  const std::string dtype = r["dtype"].get<std::string>(), out_dtype = r["out_dtype"].get<std::string>();
   std::printf("grid %s: %lld tokens, batch %lld, %lld heads x %lld, %s, tiles %lldx%lld %s\n",
               r["grid"].get<std::string>().c_str(), (long long)r["tokens"].get<std::int64_t>(),
               (long long)r["batch"].get<std::int64_t>(), (long long)r["heads"].get<std::int64_t>(),
-              (long long)r["head_dim"].get<std::int64_t>(), r["dtype"].get<std::string>().c_str(),
+              (long long)r["head_dim"].get<std::int64_t>(),
+              (dtype == out_dtype ? dtype : dtype + " in, " + out_dtype + " out").c_str(),
               (long long)r["tile"].get<std::int64_t>(), (long long)r["tile"].get<std::int64_t>(),
               r["align"].get<std::string>().c_str());
   std::printf("mask %s: kept fraction %.4f, tile density %.4f (%lld full, %lld partial tiles)\n",
