@@ -89,15 +89,11 @@ inline float f8e4m3_to_float(std::uint8_t bits) {
   std::memcpy(&value, &u, 4);
   return value;
 }
-// The bf16 bits of an E4M3FN value (exact: bf16 has E4M3's exponent range and more
-// mantissa), branch-free so that row loops vectorise: normals rebias their fields
-// in place, the eight subnormals go through fp32, NaN is bf16's quiet NaN.
+// The bf16 bits of an E4M3FN value: its fp32 value's upper half, exact (4
+// significant bits at most) and NaN as bf16's quiet NaN. (The AVX-512 packer
+// converts 32 at a time: cpu::f8e4m3_to_bf16_avx512.)
 inline std::uint16_t f8e4m3_to_bf16(std::uint8_t bits) {
-  const std::uint32_t magnitude = bits & 0x7fu;
-  const std::uint32_t normal = (magnitude << 4) + (120u << 7);
-  const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(float(int(magnitude)) * 0x1p-9f) >> 16;
-  const std::uint32_t out = magnitude == 0x7fu ? 0x7fc0u : magnitude < 8u ? subnormal : normal;
-  return std::uint16_t(out | (std::uint32_t(bits & 0x80u) << 8));
+  return std::uint16_t(std::bit_cast<std::uint32_t>(f8e4m3_to_float(bits)) >> 16);
 }
 // Round to nearest even; what rounds past 448 (|f| > 464), Inf and NaN become
 // NaN, as PyTorch's and ml_dtypes' conversions do (E4M3FN has no infinity).

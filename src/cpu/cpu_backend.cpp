@@ -419,8 +419,8 @@ Isa kernel_isa(Isa isa, const AttentionCall& call) {
   // all three fp16 (each split into two bf16 parts, exactly) or all three fp8
   // (converted to bf16, exactly).
   const DType in = call.q.dtype;
-  const bool tiles = (in == DType::BF16 || in == DType::F16 || in == DType::F8E4M3) && call.k.dtype == in && call.v.dtype == in &&
-                     call.layout.head_dim > 0 && call.layout.head_dim <= 1024 &&
+  const bool tiles = (in == DType::BF16 || in == DType::F16 || in == DType::F8E4M3) && call.k.dtype == in &&
+                     call.v.dtype == in && call.layout.head_dim > 0 && call.layout.head_dim <= 1024 &&
                      cpu::attend_amx(int(call.layout.head_dim)) != nullptr;
   return tiles ? Isa::Amx : Isa::Avx512;
 }

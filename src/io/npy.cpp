@@ -139,7 +139,8 @@ DType dtype_of_descr(const std::string& descr, const std::string& name) {
   if (descr == "<V2" || descr == "|V2") return DType::BF16;  // ml_dtypes bfloat16 saved by np.save
   if (descr == "<V1" || descr == "|V1") return DType::F8E4M3;  // ml_dtypes float8_e4m3fn saved by np.save
   throw IoError(stsa::detail::concat(name, ": unsupported dtype '", descr,
-                               "' (supported: '<f4' fp32, '<f2' fp16, '<V2'/'|V2' bfloat16, '<V1'/'|V1' float8_e4m3fn)"));
+                                     "' (supported: '<f4' fp32, '<f2' fp16, '<V2'/'|V2' bfloat16, '<V1'/'|V1' ",
+                                     "float8_e4m3fn)"));
 }
 
 std::string_view descr_of(DType t) {

@@ -45,13 +45,15 @@ auto without_gil(Work&& work) -> decltype(work()) {
   return work();
 }
 
+using BitViews = std::map<std::string, std::string>;
+
 // The tensors of a call, as the Python layer hands them over; `bit_views`
 // maps those that are unsigned-integer views ("q", "k", "v", "out") to the type
 // of their values ("bf16", "fp8_e4m3").
 struct Tensors {
   InputArray q, k, v;
   std::optional<OutputArray> o, lse;  // none for routing alone
-  std::map<std::string, std::string> bit_views;
+  BitViews bit_views;
 
   std::optional<DType> bits_of(const char* name) const {
     const auto view = bit_views.find(name);
@@ -236,7 +238,7 @@ NB_MODULE(_stsa, m) {
   m.def(
       "attention",
       [](InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
-         const std::map<std::string, std::string>& bit_views, const VideoGrid& grid, const std::vector<std::string>& masks,
+         const BitViews& bit_views, const VideoGrid& grid, const std::vector<std::string>& masks,
          double density, bool anchor, float scale, const std::string& backend, std::uintptr_t stream,
          std::int32_t tile_q, std::int32_t tile_k, const std::string& align, const std::string& layout) {
         const Tensors t{q, k, v, out, lse, bit_views};
@@ -249,7 +251,7 @@ NB_MODULE(_stsa, m) {
   m.def(
       "routed_attention",
       [](InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
-         const std::map<std::string, std::string>& bit_views, const VideoGrid& grid, int samples, double spatial_density,
+         const BitViews& bit_views, const VideoGrid& grid, int samples, double spatial_density,
          double temporal_density, double frames_density, bool try_frames, double max_rel_l2, bool anchor,
          std::uint64_t seed, float scale, const std::string& backend, std::uintptr_t stream, std::int32_t tile_q,
          std::int32_t tile_k, const std::string& align, const std::string& layout, bool timed) {
@@ -265,7 +267,7 @@ NB_MODULE(_stsa, m) {
 
   m.def(
       "route",
-      [](InputArray q, InputArray k, InputArray v, const std::map<std::string, std::string>& bit_views, const VideoGrid& grid,
+      [](InputArray q, InputArray k, InputArray v, const BitViews& bit_views, const VideoGrid& grid,
          int samples, double spatial_density, double temporal_density, double frames_density, bool try_frames,
          double max_rel_l2, bool anchor, std::uint64_t seed, float scale, std::uintptr_t stream,
          const std::string& layout) {
@@ -299,7 +301,7 @@ NB_MODULE(_stsa, m) {
       .def("dense", &Policy::dense, "step"_a, "layer"_a)
       .def(
           "route",
-          [](Policy& policy, InputArray q, InputArray k, InputArray v, const std::map<std::string, std::string>& bit_views,
+          [](Policy& policy, InputArray q, InputArray k, InputArray v, const BitViews& bit_views,
              const VideoGrid& grid, std::int64_t step, std::int64_t layer, float scale, std::uintptr_t stream,
              const std::string& layout) {
             const Tensors t{q, k, v, std::nullopt, std::nullopt, bit_views};
@@ -318,7 +320,7 @@ NB_MODULE(_stsa, m) {
       .def(
           "attention",
           [](Policy& policy, InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
-             const std::map<std::string, std::string>& bit_views, const VideoGrid& grid, std::int64_t step, std::int64_t layer,
+             const BitViews& bit_views, const VideoGrid& grid, std::int64_t step, std::int64_t layer,
              float scale, const std::string& backend, std::uintptr_t stream, std::int32_t tile_q, std::int32_t tile_k,
              const std::string& align, const std::string& layout, bool timed) {
             const Tensors t{q, k, v, out, lse, bit_views};

@@ -1,7 +1,7 @@
 // sampled_chunk's work on AMX tiles. Per sub-chunk of keys:
 //   1. K and V packed as bf16 pairs (pack_kv_tile, the attention kernel's
-//      packer; fp16 as two bf16 parts, fp8 as its bf16 bits) for a few heads at once, 32 keys at a time, so that each key's
-//      rows of those heads, side by side in a [B, N, H, D] tensor, are read
+//      packer; fp16 as two bf16 parts, fp8 as its bf16 bits) for a few heads
+//      at once, 32 keys at a time, so that each key's rows of those heads, side by side in a [B, N, H, D] tensor, are read
 //      together (one head at a time, rows a whole [H, D] row apart wait for
 //      memory: packing took a third longer);
 //   2. per head, S = Q K^T for all sampled rows as tile products, and the
@@ -276,8 +276,8 @@ class TileChunk {
 bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v) {
   const DType dtype = q.dtype;
   const std::int64_t dim = q.head_dim();
-  return isa == Isa::Amx && (dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F8E4M3) && k.dtype == dtype &&
-         v.dtype == dtype && dim % 32 == 0 && dim <= 512;
+  return isa == Isa::Amx && (dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F8E4M3) &&
+         k.dtype == dtype && v.dtype == dtype && dim % 32 == 0 && dim <= 512;
 }
 
 bool sampled_chunk_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
