@@ -1,9 +1,10 @@
 // sampled_chunk's work on AMX tiles. Per sub-chunk of keys:
 //   1. K and V packed as bf16 pairs (pack_kv_tile, the attention kernel's
 //      packer; fp16 as two bf16 parts, fp8 as its bf16 bits) for a few heads
-//      at once, 32 keys at a time, so that each key's rows of those heads, side by side in a [B, N, H, D] tensor, are read
-//      together (one head at a time, rows a whole [H, D] row apart wait for
-//      memory: packing took a third longer);
+//      at once, 32 keys at a time, so that each key's rows of those heads,
+//      side by side in a [B, N, H, D] tensor, are read together (one head at
+//      a time, rows a whole [H, D] row apart wait for memory: packing took a
+//      third longer);
 //   2. per head, S = Q K^T for all sampled rows as tile products, and the
 //      online softmax (sampled_weights.hpp) as in sampled_chunk;
 //   3. a weight matrix with one row per (output, sampled row): the dense
