@@ -211,6 +211,27 @@ TEST_F(IoTest, SafetensorsReadsEachTensorFromMemoryAndFile) {
   EXPECT_THROW(read_array(dir_.string()), IoError);  // a directory
 }
 
+// fp8 as safetensors names it (F8_E4M3, one byte each); its other fp8 type is refused by name.
+TEST(Safetensors, ReadsFp8E4M3AndRefusesE5M2) {
+  const std::vector<std::byte> data{std::byte(0x38), std::byte(0x7e), std::byte(0x80), std::byte(0x01),
+                                    std::byte(0xff), std::byte(0x40)};
+  const auto file = safetensors(R"({"q": {"dtype": "F8_E4M3", "shape": [2, 3], "data_offsets": [0, 6]},)"
+                                R"( "k": {"dtype": "F8_E5M2", "shape": [6], "data_offsets": [0, 6]}})",
+                                data);
+  const HostArray q = parse_safetensors(file.data(), file.size(), "q");
+  EXPECT_EQ(q.dtype, DType::F8E4M3);
+  EXPECT_EQ(q.shape, (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(q.data, data);
+  EXPECT_EQ(f8e4m3_to_float(std::uint8_t(q.data[0])), 1.0f);
+  EXPECT_EQ(f8e4m3_to_float(std::uint8_t(q.data[1])), 448.0f);
+  try {
+    parse_safetensors(file.data(), file.size(), "k", "fp8.safetensors");
+    ADD_FAILURE() << "F8_E5M2 accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("unsupported dtype F8_E5M2"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Safetensors, RejectsMalformedFiles) {
   const auto data = sample_data();
   expect_st_error(kHeader, data, "nope", "no tensor named 'nope'");

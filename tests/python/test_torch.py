@@ -177,6 +177,8 @@ def test_cuda_refusals(rng):
         stsa.attention(q, k, v, grid, backend="cpu")
     with pytest.raises(stsa.Unsupported):  # the CUDA backend takes bf16 and fp16
         stsa.attention(q.float(), k.float(), v.float(), grid)
+    with pytest.raises(stsa.Unsupported, match="fp8_e4m3"):  # no FP8 kernel yet
+        stsa.attention(*(x.to(torch.float8_e4m3fn) for x in (q, k, v)), grid)
     out = torch.full_like(q, 7.0)
     with pytest.raises(stsa.InvalidArgument):
         stsa.attention(q, k, v, grid, mask="causal", out=out)
