@@ -231,6 +231,20 @@ def test_compiled_attention_is_one_operator(layout, rng):
 
 
 @needs_operators
+def test_compiled_float8_attention_gives_the_eager_bfloat16_out(rng):
+    """The operator's fake implementation allocates what the call does: bfloat16 for float8 inputs."""
+    grid = stsa.VideoGrid(5, 4, 6)
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float8_e4m3fn)
+
+    def layer(q, k, v):
+        return stsa.attention(q, k, v, grid, "spatial", 0.5)
+
+    out, ops = compiled_graph_ops(layer, q, k, v)
+    assert ops.count("stsa.attention") == 1, ops
+    assert out.dtype == torch.bfloat16 and torch.equal(out, layer(q, k, v))
+
+
+@needs_operators
 def test_a_compiled_call_follows_its_grid_and_batch(rng):
     """The trace reads the grid's fields and guards on them: another grid (here two
     fewer text tokens) recompiles instead of reusing the first one's constants, and
