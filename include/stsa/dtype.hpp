@@ -1,6 +1,7 @@
 // Element types and their scalar conversions (round to nearest even).
 #pragma once
 
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -72,22 +73,25 @@ inline float f16_to_float(std::uint16_t bits) {
 }
 std::uint16_t float_to_f16(float f);
 
-// Exact for every E4M3FN value and branch-free like f16_to_float (so loops over
-// it vectorise where AVX-512 masks the selects): normals move their fields into
-// fp32's places with the exponent rebiased (7 -> 127); a subnormal m x 2^-9 reads
-// 2^-7 (1 + m/8) that way, so it is twice that less 2^-7 (exact, with no subnormal
-// fp32 operand); the one NaN magnitude 0x7f becomes fp32's NaN.
+namespace detail {
+// The fp32 bits of every E4M3FN magnitude (f8e4m3_to_float ORs the sign in):
+// normals move their fields into fp32's places with the exponent rebiased
+// (7 -> 127), subnormals are m x 2^-9, the one NaN magnitude is fp32's NaN.
+constexpr std::array<std::uint32_t, 128> f8e4m3_magnitude_bits() {
+  std::array<std::uint32_t, 128> bits{};
+  for (std::uint32_t m = 1; m < 128; ++m)
+    bits[m] = m < 8 ? std::bit_cast<std::uint32_t>(float(m) * 0x1p-9f) : (m << 20) + (120u << 23);
+  bits[0x7f] = 0x7fc00000u;
+  return bits;
+}
+inline constexpr std::array<std::uint32_t, 128> kF8E4M3MagnitudeBits = f8e4m3_magnitude_bits();
+}  // namespace detail
+
+// Exact for every E4M3FN value. A table lookup, because loops over it then
+// vectorise (as gathers, under AVX2 and AVX-512), which no branch-free
+// arithmetic form did with GCC 12.
 inline float f8e4m3_to_float(std::uint8_t bits) {
-  const std::uint32_t magnitude = bits & 0x7fu;
-  std::uint32_t u = (magnitude << 20) + (120u << 23);
-  if (magnitude == 0x7fu) u = 0x7fc00000u;
-  float value;
-  std::memcpy(&value, &u, 4);
-  if (magnitude < 8u) value = (value - 0x1p-7f) * 2.0f;
-  std::memcpy(&u, &value, 4);
-  u |= std::uint32_t(bits & 0x80u) << 24;
-  std::memcpy(&value, &u, 4);
-  return value;
+  return std::bit_cast<float>(detail::kF8E4M3MagnitudeBits[bits & 0x7fu] | (std::uint32_t(bits & 0x80u) << 24));
 }
 // The bf16 bits of an E4M3FN value: its fp32 value's upper half, exact (4
 // significant bits at most) and NaN as bf16's quiet NaN. (The AVX-512 packer
