@@ -10,47 +10,34 @@
 
 namespace stsa::cpu {
 
+namespace {
+
+// The row's values times scale, one converted element at a time; a unit stride
+// (the usual case) gets a loop of its own, which the compiler vectorises.
+template <typename T, typename Convert>
+void convert_row(const void* data, std::int64_t base, std::int64_t step, std::int64_t count, float scale, float* out,
+                 Convert convert) {
+  const T* src = static_cast<const T*>(data) + base;
+  if (step == 1) {
+    for (std::int64_t d = 0; d < count; ++d) out[d] = convert(src[d]) * scale;
+  } else {
+    for (std::int64_t d = 0; d < count; ++d) out[d] = convert(src[d * step]) * scale;
+  }
+}
+
+}  // namespace
+
 void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out) {
-  const std::int64_t d_count = t.head_dim();
-  const std::int64_t base = t.offset(b, n, h, 0);
-  const std::int64_t step = t.stride[3];
+  const std::int64_t d_count = t.head_dim(), base = t.offset(b, n, h, 0), step = t.stride[3];
   switch (t.dtype) {
-    case DType::F32: {
-      const float* src = static_cast<const float*>(t.data) + base;
-      if (step == 1) {  // the usual case; a unit stride lets the compiler vectorise
-        for (std::int64_t d = 0; d < d_count; ++d) out[d] = src[d] * scale;
-      } else {
-        for (std::int64_t d = 0; d < d_count; ++d) out[d] = src[d * step] * scale;
-      }
-      return;
-    }
-    case DType::BF16: {
-      const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + base;
-      if (step == 1) {
-        for (std::int64_t d = 0; d < d_count; ++d) out[d] = bf16_to_float(src[d]) * scale;
-      } else {
-        for (std::int64_t d = 0; d < d_count; ++d) out[d] = bf16_to_float(src[d * step]) * scale;
-      }
-      return;
-    }
-    case DType::F16: {
-      const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + base;
-      if (step == 1) {  // (f16_to_float is inline and branchless: this loop vectorises too)
-        for (std::int64_t d = 0; d < d_count; ++d) out[d] = f16_to_float(src[d]) * scale;
-      } else {
-        for (std::int64_t d = 0; d < d_count; ++d) out[d] = f16_to_float(src[d * step]) * scale;
-      }
-      return;
-    }
-    case DType::F8E4M3: {
-      const std::uint8_t* src = static_cast<const std::uint8_t*>(t.data) + base;
-      if (step == 1) {
-        for (std::int64_t d = 0; d < d_count; ++d) out[d] = f8e4m3_to_float(src[d]) * scale;
-      } else {
-        for (std::int64_t d = 0; d < d_count; ++d) out[d] = f8e4m3_to_float(src[d * step]) * scale;
-      }
-      return;
-    }
+    case DType::F32:
+      return convert_row<float>(t.data, base, step, d_count, scale, out, [](float x) { return x; });
+    case DType::BF16:
+      return convert_row<std::uint16_t>(t.data, base, step, d_count, scale, out, bf16_to_float);
+    case DType::F16:
+      return convert_row<std::uint16_t>(t.data, base, step, d_count, scale, out, f16_to_float);
+    case DType::F8E4M3:
+      return convert_row<std::uint8_t>(t.data, base, step, d_count, scale, out, f8e4m3_to_float);
   }
 }
 
