@@ -17,20 +17,39 @@ constexpr float kLseSentinel = -12345.678f;
 
 std::uint16_t nan_bits(DType t) { return t == DType::BF16 ? 0x7fc0 : 0x7e00; }
 
+// One (batch, head)'s K and V as floats, [token][dim]: converted once, not at every
+// score of every row (the comparisons' largest cost, ~80% under ASan, was these loads).
+struct HeadKeysValues {
+  std::vector<float> k, v;
+  HeadKeysValues(const AttentionCall& call, std::int64_t b, std::int64_t h) {
+    const std::int64_t n = call.layout.tokens(), dims = call.layout.head_dim;
+    k.resize(std::size_t(n * dims));
+    v.resize(std::size_t(n * dims));
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t d = 0; d < dims; ++d) {
+        k[std::size_t(j * dims + d)] = call.k.load(b, j, h, d);
+        v[std::size_t(j * dims + d)] = call.v.load(b, j, h, d);
+      }
+  }
+};
+
 // What a straightforward same-precision implementation computes: fp32 scores,
 // max, exp and sums over the allowed keys, output rounded to o's dtype.
-void naive_row(const AttentionCall& call, std::int64_t b, std::int64_t h, std::int64_t i,
+void naive_row(const AttentionCall& call, const HeadKeysValues& kv, std::int64_t b, std::int64_t h, std::int64_t i,
                const PairPredicate& keep, std::vector<float>& scores, float* out, float& lse) {
   const std::int64_t n = call.layout.tokens(), dims = call.layout.head_dim;
   const float scale = call.scale();
+  std::vector<float> q(static_cast<std::size_t>(dims));
+  for (std::int64_t d = 0; d < dims; ++d) q[std::size_t(d)] = call.q.load(b, i, h, d);
   float max_score = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < n; ++j) {
     if (!keep(h, i, j)) {
       scores[std::size_t(j)] = -std::numeric_limits<float>::infinity();
       continue;
     }
+    const float* k = kv.k.data() + j * dims;
     float dot = 0;
-    for (std::int64_t d = 0; d < dims; ++d) dot += call.q.load(b, i, h, d) * call.k.load(b, j, h, d);
+    for (std::int64_t d = 0; d < dims; ++d) dot += q[std::size_t(d)] * k[d];
     scores[std::size_t(j)] = dot * scale;
     max_score = std::max(max_score, scores[std::size_t(j)]);
   }
@@ -44,7 +63,8 @@ void naive_row(const AttentionCall& call, std::int64_t b, std::int64_t h, std::i
     if (scores[std::size_t(j)] == -std::numeric_limits<float>::infinity()) continue;
     const float p = std::exp(scores[std::size_t(j)] - max_score);
     sum += p;
-    for (std::int64_t d = 0; d < dims; ++d) out[d] += p * call.v.load(b, j, h, d);
+    const float* v = kv.v.data() + j * dims;
+    for (std::int64_t d = 0; d < dims; ++d) out[d] += p * v[d];
   }
   for (std::int64_t d = 0; d < dims; ++d) {
     float x = out[d] / sum;
@@ -202,13 +222,14 @@ Comparison compare_with_reference(const Problem& problem, int sample_rows, std::
   std::ostringstream why;
   for (std::int64_t h = 0; h < layout.heads; ++h) {
     if (!call.heads[std::size_t(h)].compute) continue;
-    for (std::int64_t b = 0; b < layout.batch; ++b)
+    for (std::int64_t b = 0; b < layout.batch; ++b) {
+      const HeadKeysValues kv(call, b, h);
       for (std::int64_t r = 0; r < count; ++r) {
         const std::int64_t i = rows[std::size_t(r)];
         const double* ref = ref_o.data() + std::size_t(((b * count + r) * layout.heads + h) * dims);
         const double ref_l = ref_lse[std::size_t((b * layout.heads + h) * count + r)];
         float naive_lse = 0;
-        naive_row(call, b, h, i, keep, scores, naive.data(), naive_lse);
+        naive_row(call, kv, b, h, i, keep, scores, naive.data(), naive_lse);
         for (std::int64_t d = 0; d < dims; ++d) {
           const double got = call.o.load(b, i, h, d);
           if (std::isnan(ref[d]) != std::isnan(got)) {
@@ -242,6 +263,7 @@ Comparison compare_with_reference(const Problem& problem, int sample_rows, std::
           }
         }
       }
+    }
   }
   c.rel_l2_err = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
   // Twice what the naive same-precision implementation gets wrong, plus a rounding floor
