@@ -3,10 +3,8 @@
 // measured peak of the units the kernel runs on (FMA, or AMX tiles for bf16)
 // and checked against the fp64 reference. (--dist hands over
 // to cmd_bench_dist.cpp.)
-#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 
 #include "bench/figures.hpp"
 #include "bench/record.hpp"
@@ -139,100 +137,36 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   return record;
 }
 
-void add_bench_command(CLI::App& app) {
-  auto args = std::make_shared<BenchArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "bench", "time the CPU kernel (or the CUDA one), dense vs sparse, checked against the fp64 reference");
-  add_grid_options(cmd, args->grid);
-  cmd->add_option("--batch", args->batch, "batch size")->capture_default_str();
-  cmd->add_option("--heads", args->heads, "attention heads")->capture_default_str();
-  cmd->add_option("--head-dim", args->head_dim, "head dimension (the CPU kernel has 64, 80, 96, 128)")
-      ->capture_default_str();
-  cmd->add_option("--mask", args->mask, "spatial | temporal | frames | dense; with --dist also mixed | routed")
-      ->check(CLI::IsMember({"dense", "spatial", "temporal", "frames", "mixed", "routed"}))
-      ->capture_default_str();
-  cmd->add_option("--density", args->density, "kept fraction of pairs, in [0, 1]")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
-  CLI::Option* dtype = cmd->add_option("--dtype", args->dtype,
-                                       "fp32 | bf16 | fp16 | fp8_e4m3 (inputs, and the output but for fp8, whose "
-                                       "output is bf16; default bf16 with --backend cuda)")
-                           ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8_e4m3", "fp8"}))
-                           ->capture_default_str();
-  cmd->add_option("--align", args->align, "exact | round (partial tiles become full or empty)")
-      ->check(CLI::IsMember({"exact", "round"}))
-      ->capture_default_str();
-  cmd->add_option("--tile", args->tile, "tile size (query rows = key columns; a multiple of 64)")
-      ->capture_default_str();
-  cmd->add_option("--threads", args->threads, "threads (0: STSA_THREADS or all)")
-      ->check(CLI::Range(0, 4096))
-      ->capture_default_str();
-  cmd->add_option("--isa", args->isa, "auto | scalar | avx2 | avx512 | amx (AVX-512 with AMX tiles for bf16, fp16)")
-      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "amx"}))
-      ->capture_default_str();
-  cmd->add_option("--repeats", args->repeats, "timed runs (median; after one warm-up)")
-      ->check(CLI::Range(1, 1000))
-      ->capture_default_str();
-  cmd->add_option("--check-rows", args->check_rows, "random rows checked against the fp64 reference")
-      ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
-  // (The check runs on the text: an unsigned parse alone would wrap "-1" around.)
-  cmd->add_option("--seed", args->seed, "seed of the random inputs")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--backend", args->backend, "cpu | cuda (bf16 or fp16, head dims 64 and 128, a GPU)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
-  cmd->add_option("--kernel", args->kernel, "with --backend cuda: auto | sm80 | sm90 | sm90-overlap | sm90-pingpong")
-      ->capture_default_str();
-  cmd->add_option("--work-order", args->work_order,
-                  "with --backend cuda: auto | across-heads | head-by-head | heavy-first")
-      ->check(CLI::IsMember({"auto", "across-heads", "head-by-head", "heavy-first"}))
-      ->capture_default_str();
-  cmd->add_option("--persistent-blocks", args->persistent_blocks,
-                  "with --backend cuda: blocks of the persistent Hopper kernels (0: one per SM)")
-      ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
-  cmd->add_option("--block-schedule", args->block_schedule,
-                  "with --backend cuda: balanced | round-robin | snake (how the persistent Hopper blocks share "
-                  "the work)")
-      ->check(CLI::IsMember({"balanced", "round-robin", "snake"}))
-      ->capture_default_str();
-  cmd->add_flag("--json", args->json, "print one JSON object");
-  cmd->add_flag("--dist", args->dist, "run the sequence-parallel benchmark under mpirun instead");
-  cmd->callback([args, dtype, cmd] {
-    apply_preset(*cmd, args->grid, &args->heads, &args->head_dim);
-    if (args->backend == "cuda" && dtype->count() == 0) args->dtype = "bf16";  // what the CUDA kernels read
-    STSA_CHECK(args->dist || (args->mask != "mixed" && args->mask != "routed"), InvalidArgument,
-               "--mask ", args->mask, " needs --dist (one process runs one mask kind for all heads)");
-    STSA_CHECK(args->backend == "cuda" || (args->kernel == "auto" && args->work_order == "auto" &&
-                                           args->persistent_blocks == 0 && args->block_schedule == "round-robin"),
-               InvalidArgument, "--kernel, --work-order, --persistent-blocks and --block-schedule set up the CUDA "
-                                "kernel: they need --backend cuda");
-    STSA_CHECK(!(args->dist && args->backend == "cuda"), InvalidArgument,
-               "--dist runs the CPU backend on every rank; --backend cuda is single-process");
-    if (args->backend == "cuda") {
-      const nlohmann::json record = run_cuda_bench(*args, /*progress=*/true);
-      if (args->json)
-        std::printf("%s\n", record.dump().c_str());
-      else
-        print_cuda_bench(record);
-      return;
-    }
-    if (args->dist) {
-      const int code = run_dist_bench(*args);
-      if (code != 0) {
-        std::fflush(stdout);
-        std::exit(code);
-      }
-      return;
-    }
-    const nlohmann::json record = run_cpu_bench(*args, /*progress=*/true);
-    if (args->json)
+void run_bench_command(const BenchArgs& args) {
+  STSA_CHECK(args.dist || (args.mask != "mixed" && args.mask != "routed"), InvalidArgument,
+             "--mask ", args.mask, " needs --dist (one process runs one mask kind for all heads)");
+  STSA_CHECK(args.backend == "cuda" || (args.kernel == "auto" && args.work_order == "auto" &&
+                                         args.persistent_blocks == 0 && args.block_schedule == "round-robin"),
+             InvalidArgument, "--kernel, --work-order, --persistent-blocks and --block-schedule set up the CUDA "
+                              "kernel: they need --backend cuda");
+  STSA_CHECK(!(args.dist && args.backend == "cuda"), InvalidArgument,
+             "--dist runs the CPU backend on every rank; --backend cuda is single-process");
+  if (args.backend == "cuda") {
+    const nlohmann::json record = run_cuda_bench(args, /*progress=*/true);
+    if (args.json)
       std::printf("%s\n", record.dump().c_str());
     else
-      print_text(record);
-  });
+      print_cuda_bench(record);
+    return;
+  }
+  if (args.dist) {
+    const int code = run_dist_bench(args);
+    if (code != 0) {
+      std::fflush(stdout);
+      std::exit(code);
+    }
+    return;
+  }
+  const nlohmann::json record = run_cpu_bench(args, /*progress=*/true);
+  if (args.json)
+    std::printf("%s\n", record.dump().c_str());
+  else
+    print_text(record);
 }
 
 }  // namespace stsa::cli

@@ -1,5 +1,4 @@
 // `stsa plan`: build one head's tile plan and report its statistics.
-#include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "bench/record.hpp"
@@ -12,20 +11,6 @@
 
 namespace stsa::cli {
 namespace {
-
-struct PlanArgs {
-  GridArgs grid;
-  std::int64_t heads = 40, head_dim = 128;
-  std::string mask = "spatial";
-  double density = 0.25;
-  int tile = 128;
-  int tile_k = -1;  // -1: same as tile
-  std::string align = "exact";
-  bool no_anchor = false;
-  std::string png;
-  bool force = false;
-  bool json = false;
-};
 
 nlohmann::json plan_record(const PlanArgs& args) {
   const VideoGrid grid = args.grid.grid();
@@ -96,27 +81,10 @@ void print_text(const nlohmann::json& r) {
 
 }  // namespace
 
-void add_plan_command(CLI::App& app) {
-  auto args = std::make_shared<PlanArgs>();
-  CLI::App* cmd = app.add_subcommand("plan", "build a tile plan and print its statistics");
-  add_grid_options(cmd, args->grid);
-  cmd->add_option("--heads", args->heads, "attention heads (they share one plan)")->capture_default_str();
-  cmd->add_option("--head-dim", args->head_dim, "head dimension")->capture_default_str();
-  cmd->add_option("--mask", args->mask, "dense | spatial | temporal | frames")->capture_default_str();
-  cmd->add_option("--density", args->density, "kept fraction of pairs, in [0, 1]")->capture_default_str();
-  cmd->add_option("--tile", args->tile, "query tile rows (and key tile columns unless --tile-k)")->capture_default_str();
-  cmd->add_option("--tile-k", args->tile_k, "key tile columns (multiple of 64)");
-  cmd->add_option("--align", args->align, "exact | round (partial tiles become full or empty)")->capture_default_str();
-  cmd->add_flag("--no-anchor", args->no_anchor, "drop the symmetric frame-0 anchor");
-  cmd->add_option("--png", args->png, "write a picture of the tile map (refuses to overwrite)");
-  cmd->add_flag("--force", args->force, "allow --png to overwrite an existing file");
-  cmd->add_flag("--json", args->json, "print one JSON object");
-  cmd->callback([args, cmd] {
-    apply_preset(*cmd, args->grid, &args->heads, &args->head_dim);
-    const nlohmann::json record = plan_record(*args);
-    if (args->json) std::printf("%s\n", record.dump().c_str());
-    else print_text(record);
-  });
+void run_plan_command(const PlanArgs& args) {
+  const nlohmann::json record = plan_record(args);
+  if (args.json) std::printf("%s\n", record.dump().c_str());
+  else print_text(record);
 }
 
 }  // namespace stsa::cli

@@ -1,7 +1,6 @@
 // `stsa route`: route every head of one attention call (synthetic heads with a
 // known kind, or Q/K/V dumped from a model), run the routed sparse attention on
 // a backend and report decisions, errors and costs.
-#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -333,75 +332,10 @@ void print_text(const nlohmann::json& r) {
 
 }  // namespace
 
-void add_route_command(CLI::App& app) {
-  auto args = std::make_shared<RouteArgs>();
-  args->grid.frames = 13;
-  args->grid.height = 12;
-  args->grid.width = 16;
-  CLI::App* cmd = app.add_subcommand("route", "route every head to a spatial, temporal or dense mask and report errors");
-  add_grid_options(cmd, args->grid);
-  cmd->add_flag("--synthetic", args->synthetic, "synthetic heads with known kinds (not model data)");
-  cmd->add_option("--q", args->q_path, "queries: .npy or .safetensors, shape [N, H, D] or [B, N, H, D] (see --memory)");
-  cmd->add_option("--k", args->k_path, "keys (same shape and dtype as --q)");
-  cmd->add_option("--v", args->v_path, "values (same shape and dtype as --q)");
-  cmd->add_option("--tensor", args->tensor, "tensor name inside .safetensors files");
-  cmd->add_option("--q-tensor", args->q_tensor, "tensor name for --q (overrides --tensor)");
-  cmd->add_option("--k-tensor", args->k_tensor, "tensor name for --k (overrides --tensor)");
-  cmd->add_option("--v-tensor", args->v_tensor, "tensor name for --v (overrides --tensor)");
-  cmd->add_option("--memory", args->memory,
-                  "axis order of the --q/--k/--v files: bnhd, or bhnd for [B, H, N, D] (PyTorch's "
-                  "scaled_dot_product_attention order); also the synthetic data's and --save-inputs'")
-      ->check(CLI::IsMember({"bnhd", "bhnd"}))
-      ->capture_default_str();
-  cmd->add_option("--save-inputs", args->save_inputs,
-                  "synthetic: write q.npy, k.npy, v.npy into this folder (created if needed; existing files are "
-                  "refused, never replaced)");
-  cmd->add_option("--save-output", args->save_output,
-                  "write the routed attention's O (in --out-dtype, frame-major tokens, --memory axis order) into "
-                  "this .npy file (an existing file is refused, never replaced)");
-  cmd->add_option("--batch", args->batch, "synthetic: batch entries")->capture_default_str();
-  cmd->add_option("--heads", args->heads, "synthetic: heads")->capture_default_str();
-  cmd->add_option("--head-dim", args->head_dim, "synthetic: head dimension (even)")->capture_default_str();
-  cmd->add_option("--dtype", args->dtype, "synthetic: fp32 | bf16 | fp16 | fp8_e4m3")->capture_default_str();
-  cmd->add_option("--out-dtype", args->out_dtype,
-                  "O's dtype: fp32 (the errors are the sparsity's, not the output's rounding) | bf16 | fp16 (what a "
-                  "model's attention returns: the attention time a model sees)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
-      ->capture_default_str();
-  cmd->add_option("--density", args->density, "kept fraction of each candidate mask, in [0, 1]")->capture_default_str();
-  cmd->add_option("--samples", args->samples, "sampled query rows per head (every row where there are fewer tokens)")
-      ->capture_default_str();
-  cmd->add_option("--max-rel-l2", args->max_rel_l2, "heads whose best mask errs more stay dense (>= 0)")
-      ->capture_default_str();
-  cmd->add_flag("--frame-window", args->frame_window, "also try the frame-window mask");
-  cmd->add_option("--seed", args->seed, "seed of the samples and the synthetic data")->capture_default_str();
-  cmd->add_option("--backend", args->backend, "attention backend: cpu | reference | cuda (routing and the routed call on the GPU; bf16 or fp16 inputs)")->capture_default_str();
-  cmd->add_option("--threads", args->threads, "threads of the router and the CPU backend (0: STSA_THREADS or all)")
-      ->check(CLI::Range(0, 4096))
-      ->capture_default_str();
-  cmd->add_option("--isa", args->isa,
-                  "the router's and the CPU backend's: auto | scalar | avx2 | avx512 | amx (auto and amx: AMX tile "
-                  "products for bf16 and fp16 where the CPU has them)")
-      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "amx"}))
-      ->capture_default_str();
-  cmd->add_option("--scatter", args->scatter,
-                  "temporal heads' O and LSE back to frame-major order: fused (stored in place by the attention, "
-                  "where the backend can) | pass (a pass of its own)")
-      ->check(CLI::IsMember({"fused", "pass"}))
-      ->capture_default_str();
-  cmd->add_option("--eval-rows", args->eval_rows, "rows checked against fp64 dense attention (0: all)")
-      ->capture_default_str();
-  cmd->add_option("--repeats", args->repeats,
-                  "routing + attention runs whose median times are reported (more than 1: after an untimed warm-up; "
-                  "1: one cold call)")
-      ->capture_default_str();
-  cmd->add_flag("--json", args->json, "print one JSON object");
-  cmd->callback([args, cmd] {
-    apply_preset(*cmd, args->grid, &args->heads, &args->head_dim);
-    const nlohmann::json record = run_route(*args);
-    if (args->json) std::printf("%s\n", record.dump().c_str());
-    else print_text(record);
-  });
+void run_route_command(const RouteArgs& args) {
+  const nlohmann::json record = run_route(args);
+  if (args.json) std::printf("%s\n", record.dump().c_str());
+  else print_text(record);
 }
 
 }  // namespace stsa::cli

@@ -1,6 +1,6 @@
-// The `stsa` command's subcommands. main.cpp only dispatches; each command lives
-// in its own file, adds its options to the app and throws stsa::Error (or
-// CLI::Error) on bad input, which main turns into one line on stderr and exit 2.
+// The `stsa` command's subcommands. main.cpp declares every option and dispatches;
+// each command runs in its own file from its parsed options and throws stsa::Error
+// on bad input, which main turns into one line on stderr and exit 2.
 #pragma once
 
 #include <cstdint>
@@ -13,19 +13,22 @@
 #include "stsa/routed.hpp"
 #include "stsa/router.hpp"
 
-// CLI11 2.1 defines its validators (ExistingFile, NonNegativeNumber...) in every
-// file that includes it, which costs about 30 s per file under ASan: only the
-// files that register options include <CLI/CLI.hpp>.
-namespace CLI {
-class App;
-}  // namespace CLI
-
 namespace stsa::cli {
 
-void add_plan_command(CLI::App& app);   // cmd_plan.cpp
-void add_bench_command(CLI::App& app);  // cmd_bench.cpp (--dist is handled by cmd_bench_dist.cpp)
-void add_route_command(CLI::App& app);  // cmd_route.cpp
-void run_demo();                        // cmd_demo.cpp: `stsa` with no arguments
+// Options of `stsa plan`.
+struct PlanArgs {
+  GridArgs grid;
+  std::int64_t heads = 40, head_dim = 128;
+  std::string mask = "spatial";
+  double density = 0.25;
+  int tile = 128;
+  int tile_k = -1;  // -1: same as tile
+  std::string align = "exact";
+  bool no_anchor = false;
+  std::string png;
+  bool force = false;
+  bool json = false;
+};
 
 // Options of `stsa bench`, shared by the single-process and the --dist path.
 struct BenchArgs {
@@ -77,6 +80,12 @@ struct RouteArgs {
   int repeats = 1;  // > 1: one untimed warm-up, then medians of this many routing + attention runs
   bool json = false;
 };
+
+// The commands, as parsed: each prints its report (text, or JSON with --json).
+void run_plan_command(const PlanArgs& args);    // cmd_plan.cpp
+void run_bench_command(const BenchArgs& args);  // cmd_bench.cpp (--dist: cmd_bench_dist.cpp)
+void run_route_command(const RouteArgs& args);  // cmd_route.cpp
+void run_demo();                                // cmd_demo.cpp: `stsa` with no arguments
 
 // Routes every head and runs the routed attention; returns the JSON record (also used by the demo).
 nlohmann::json run_route(const RouteArgs& args);
