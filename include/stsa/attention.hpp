@@ -54,6 +54,11 @@ void validate(const AttentionCall& call, bool require_plans);
 // element alignment); InvalidArgument naming `name` otherwise.
 void validate_tensor(const char* name, const TensorView& t, const VideoLayout& layout);
 void validate_lse(const char* name, const LseView& lse, const VideoLayout& layout);
+// Their memory parts alone, for a view of any shape (a sequence shard's, a text
+// slice's): strides within the address space, non-negative, under which no two
+// elements share an address, and a pointer aligned to the element.
+void validate_view_memory(const char* name, const TensorView& t);
+void validate_lse_memory(const char* name, const LseView& lse);
 
 // Builds HeadMasks for all heads with the given spec and tensor order (plans from `cache`).
 std::vector<HeadMask> uniform_heads(const VideoLayout& layout, const MaskSpec& spec, PlanCache& cache,

@@ -176,6 +176,10 @@ struct UlyssesCall {
   // Text tokens (layout.grid.text_tokens = T > 0), the same on every rank: logical
   // [B, T, H, D]; leave unset when T == 0. text_o (and text_lse [B, H, T], required
   // when lse is given) receive every head.
+  // Every view follows validate()'s rules (attention.hpp): non-negative strides under
+  // which no two elements share an address, pointers aligned to the element, O of
+  // fp32, bf16 or fp16, and no output sharing a byte with an input or another output
+  // (inputs may share bytes: the text's and the video's views of one tensor).
   TensorView text_q, text_k, text_v, text_o;
   LseView text_lse;
   // What each head runs with: H masks (indexed by global head) or one for every

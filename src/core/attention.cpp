@@ -136,6 +136,10 @@ void validate_tensor(const char* name, const TensorView& t, const VideoLayout& l
   STSA_CHECK(t.shape == expected, InvalidArgument, name, " has shape [", t.shape[0], ", ", t.shape[1], ", ",
              t.shape[2], ", ", t.shape[3], "] but the layout needs [B, N, H, D] = [", expected[0], ", ", expected[1],
              ", ", expected[2], ", ", expected[3], "]");
+  validate_view_memory(name, t);
+}
+
+void validate_view_memory(const char* name, const TensorView& t) {
   t.byte_extent();  // throws when the strides reach past the address space
   check_distinct_addresses(name, t.shape, t.stride);
   const auto address = reinterpret_cast<std::uintptr_t>(t.data);
@@ -149,6 +153,10 @@ void validate_lse(const char* name, const LseView& lse, const VideoLayout& layou
              lse.shape[2], "] but the layout needs [B, H, N] = [", expected[0], ", ", expected[1], ", ", expected[2],
              "]");
   STSA_CHECK(lse.data != nullptr, InvalidArgument, name, " is null");
+  validate_lse_memory(name, lse);
+}
+
+void validate_lse_memory(const char* name, const LseView& lse) {
   lse.byte_extent();  // throws when the strides reach past the address space
   check_distinct_addresses(name, lse.shape, lse.stride);
   STSA_CHECK(reinterpret_cast<std::uintptr_t>(lse.data) % alignof(float) == 0, InvalidArgument, name,

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
+#include <iterator>
 #include <string_view>
+#include <utility>
 
 namespace stsa::dist::detail {
 namespace {
@@ -76,13 +79,38 @@ void check_view(const char* name, const TensorView& t, std::int64_t b, std::int6
   const std::array<std::int64_t, 4> expected{b, n, h, d};
   STSA_CHECK(t.shape == expected, InvalidArgument, name, " has shape ", shape_text(t), ", expected [B, tokens, H, D] = [",
              b, ", ", n, ", ", h, ", ", d, "]");
-  if (b * n * h * d > 0) STSA_CHECK(t.data != nullptr, InvalidArgument, name, " is null");
+  if (b * n * h * d == 0) return;  // a rank without tokens: nothing is read or written there
+  STSA_CHECK(t.data != nullptr, InvalidArgument, name, " is null");
+  validate_view_memory(name, t);
 }
 
 void check_lse(const char* name, const LseView& l, std::int64_t b, std::int64_t h, std::int64_t n) {
   const std::array<std::int64_t, 3> expected{b, h, n};
   STSA_CHECK(l.shape == expected, InvalidArgument, name, " has shape [", l.shape[0], ", ", l.shape[1], ", ",
              l.shape[2], "], expected [B, H, tokens] = [", b, ", ", h, ", ", n, "]");
+  if (b * h * n > 0) validate_lse_memory(name, l);
+}
+
+// No output shares a byte with an input or with another output: validate()'s rule,
+// over the shard's and the text's views (the exchanges would read what they write).
+void check_outputs_apart(const UlyssesCall& call) {
+  using Extent = std::pair<const std::byte*, const std::byte*>;
+  const std::pair<const char*, Extent> inputs[] = {
+      {"q", call.q.byte_extent()},           {"k", call.k.byte_extent()},
+      {"v", call.v.byte_extent()},           {"text_q", call.text_q.byte_extent()},
+      {"text_k", call.text_k.byte_extent()}, {"text_v", call.text_v.byte_extent()}};
+  const std::pair<const char*, Extent> outputs[] = {{"o", call.o.byte_extent()},
+                                                    {"lse", call.lse.byte_extent()},
+                                                    {"text_o", call.text_o.byte_extent()},
+                                                    {"text_lse", call.text_lse.byte_extent()}};
+  for (std::size_t i = 0; i < std::size(outputs); ++i) {
+    for (const auto& input : inputs)
+      STSA_CHECK(!extents_overlap(outputs[i].second, input.second), InvalidArgument, outputs[i].first,
+                 " overlaps an input tensor (", input.first, ")");
+    for (std::size_t j = 0; j < i; ++j)
+      STSA_CHECK(!extents_overlap(outputs[i].second, outputs[j].second), InvalidArgument, outputs[i].first,
+                 " overlaps an output tensor (", outputs[j].first, ")");
+  }
 }
 
 // Everything one rank can check alone; throws InvalidArgument.
@@ -110,6 +138,10 @@ void check_local(const Communicator& comm, const UlyssesCall& call) {
   STSA_CHECK(call.q.dtype == call.k.dtype && call.k.dtype == call.v.dtype, InvalidArgument,
              "q, k and v must share a dtype, got ", to_string(call.q.dtype), ", ", to_string(call.k.dtype), ", ",
              to_string(call.v.dtype));
+  STSA_CHECK(is_output_dtype(call.o.dtype), InvalidArgument, "o must be fp32, bf16 or fp16, got ",
+             to_string(call.o.dtype), " (fp8 is an input type)");
+  STSA_CHECK(std::isfinite(call.softmax_scale), InvalidArgument, "softmax scale must be finite, got ",
+             call.softmax_scale);
   const bool with_lse = call.lse.data != nullptr;
   if (with_lse) check_lse("lse", call.lse, b, h, shard.count);
   const std::int64_t text = layout.grid.text_tokens;
@@ -117,18 +149,19 @@ void check_local(const Communicator& comm, const UlyssesCall& call) {
     STSA_CHECK(call.text_q.data == nullptr && call.text_k.data == nullptr && call.text_v.data == nullptr &&
                    call.text_o.data == nullptr && call.text_lse.data == nullptr,
                InvalidArgument, "text tensors given, but the layout has no text tokens");
-    return;
+  } else {
+    check_view("text_q", call.text_q, b, text, h, d);
+    check_view("text_k", call.text_k, b, text, h, d);
+    check_view("text_v", call.text_v, b, text, h, d);
+    check_view("text_o", call.text_o, b, text, h, d);
+    STSA_CHECK(call.text_q.dtype == call.q.dtype && call.text_k.dtype == call.q.dtype &&
+                   call.text_v.dtype == call.q.dtype && call.text_o.dtype == call.o.dtype,
+               InvalidArgument, "text tensors must have the dtypes of q (inputs) and o (output)");
+    STSA_CHECK((call.text_lse.data != nullptr) == with_lse, InvalidArgument,
+               "give text_lse exactly when lse is given (text outputs are returned like video outputs)");
+    if (with_lse) check_lse("text_lse", call.text_lse, b, h, text);
   }
-  check_view("text_q", call.text_q, b, text, h, d);
-  check_view("text_k", call.text_k, b, text, h, d);
-  check_view("text_v", call.text_v, b, text, h, d);
-  check_view("text_o", call.text_o, b, text, h, d);
-  STSA_CHECK(call.text_q.dtype == call.q.dtype && call.text_k.dtype == call.q.dtype &&
-                 call.text_v.dtype == call.q.dtype && call.text_o.dtype == call.o.dtype,
-             InvalidArgument, "text tensors must have the dtypes of q (inputs) and o (output)");
-  STSA_CHECK((call.text_lse.data != nullptr) == with_lse, InvalidArgument,
-             "give text_lse exactly when lse is given (text outputs are returned like video outputs)");
-  if (with_lse) check_lse("text_lse", call.text_lse, b, h, text);
+  check_outputs_apart(call);
 }
 
 Descriptor describe(const Communicator& comm, const UlyssesCall& call, const Backend& backend) {

@@ -3,9 +3,13 @@
 // the one-rank LocalCommunicator.
 #include <gtest/gtest.h>
 
-#include <numeric>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numeric>
 #include <string>
+#include <vector>
 
 #include "dist_testing.hpp"
 #include "stsa/permute.hpp"
@@ -360,6 +364,102 @@ TEST(UlyssesLocal, RejectsBadViewsAndDtypesAtTheAgreement) {
     auto r = shard_problem(p, masks, 1, 0, true);
     r.call.text_lse = LseView{};  // lse is given
     expect_rejected(r.call, "give text_lse exactly when lse is given");
+  }
+}
+
+// What the single-device path refuses in a view (validate_tensor, validate_lse,
+// validate) the Ulysses call refuses too, at the agreement, before its exchanges
+// read the inputs or write the outputs: strides that step backwards or make two
+// elements share an address, a misaligned pointer, an output over an input or
+// over another output, an fp8 output and a non-finite scale. None of these may
+// run (a zero stride in O would keep one of two results; an O over Q would
+// overwrite what the caller gave), and the user's outputs stay as they were.
+TEST(UlyssesLocal, RejectsWhatTheSingleDevicePathRejects) {
+  VideoGrid g{2, 4, 4, 3, TextPlacement::After};
+  const VideoLayout l = make_layout(g, 2, 64);
+  const std::vector<MaskSpec> masks{MaskSpec::dense()};
+  auto p = make_problem(l, DType::F32, reference_heads(l, masks), fresh_seed());
+  auto comm = make_local_communicator();
+  PlanCache plans;
+  const Backend& cpu = backend("cpu");
+  // The bits of an fp32 view's elements.
+  const auto bits_of = [](const TensorView& t) {
+    std::vector<std::uint32_t> bits;
+    for (std::int64_t b = 0; b < t.shape[0]; ++b)
+      for (std::int64_t n = 0; n < t.shape[1]; ++n)
+        for (std::int64_t h = 0; h < t.shape[2]; ++h)
+          for (std::int64_t d = 0; d < t.shape[3]; ++d) {
+            const float x = t.load(b, n, h, d);
+            std::uint32_t u;
+            std::memcpy(&u, &x, sizeof u);
+            bits.push_back(u);
+          }
+    return bits;
+  };
+  const auto expect_rejected = [&](RankProblem& r, const std::string& reason) {
+    const auto o_before = bits_of(r.o.view()), text_o_before = bits_of(r.text_o.view());
+    try {
+      ulysses_attention(*comm, r.call, cpu, plans);
+      ADD_FAILURE() << "not rejected: " << reason;
+    } catch (const DistError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rejected on every rank because of bad input"), std::string::npos) << what;
+      EXPECT_NE(what.find(reason), std::string::npos) << what;
+    }
+    EXPECT_EQ(bits_of(r.o.view()), o_before) << reason << ": o was written";
+    EXPECT_EQ(bits_of(r.text_o.view()), text_o_before) << reason << ": text_o was written";
+  };
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.o.stride[2] = 0;  // both heads of a token at one address
+    expect_rejected(r, "o has overlapping strides");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.text_o.stride[1] = 0;
+    expect_rejected(r, "text_o has overlapping strides");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    // The tokens walked backwards from the last one: a valid NumPy view, which no stsa call takes.
+    r.call.k.data = static_cast<float*>(r.call.k.data) + (r.call.k.shape[1] - 1) * r.call.k.stride[1];
+    r.call.k.stride[1] = -r.call.k.stride[1];
+    expect_rejected(r, "k has negative stride");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.o.data = static_cast<std::byte*>(r.call.o.data) + 2;
+    expect_rejected(r, "o is not aligned");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.o.data = r.call.q.data;
+    expect_rejected(r, "o overlaps an input tensor");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.text_o.data = r.call.v.data;  // text O over the video V
+    expect_rejected(r, "text_o overlaps an input tensor");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.lse.data = static_cast<float*>(r.call.o.data);
+    expect_rejected(r, "lse overlaps an output tensor");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.text_o.data = r.call.o.data;
+    expect_rejected(r, "text_o overlaps an output tensor");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.o.dtype = r.call.text_o.dtype = DType::F8E4M3;
+    expect_rejected(r, "o must be fp32, bf16 or fp16");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.softmax_scale = std::numeric_limits<float>::quiet_NaN();
+    expect_rejected(r, "softmax scale must be finite");
   }
 }
 
