@@ -1,7 +1,9 @@
 // Fuzzes the attention call through the CPU backend: run(), run_scattered()
-// (half of those reading a gathered input, run_gathered()), and routed
+// (half of those reading a gathered input, run_gathered()), routed
 // attention (routed_attention() with a Router, run_routed() with given
-// decisions). Small random layouts, dtypes, memory layouts, padded and
+// decisions), and sequence-parallel attention (ulysses_attention() on the
+// one-rank local communicator, with masks or a router, the text tokens as views
+// of their own into the same tensors). Small random layouts, dtypes, memory layouts, padded and
 // strided tensors, masks, tile plans (exact and rounded), skipped heads, scales,
 // router options, instruction sets and thread counts, with at most one planted
 // defect per input (a wrong shape, a negative or overlapping stride, a
@@ -12,7 +14,8 @@
 //     agree with the fp64 reference (reference_rows: the mask from its
 //     definition, or what a rounded plan claims to compute; a routed head's
 //     mask is the one its decision names);
-//   - a call carrying a planted defect is refused with InvalidArgument;
+//   - a call carrying a planted defect is refused with InvalidArgument (a
+//     sequence-parallel one with DistError, which names the rank and why);
 //   - Q, K and V are unchanged, and no byte of the output buffers outside the
 //     computed heads' elements is written (none at all when the call is refused).
 // Buffers are sized to what their views can reach, so an access past a view
@@ -28,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -35,6 +39,7 @@
 #include "fuzz_reader.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/cpu.hpp"
+#include "stsa/dist.hpp"
 #include "stsa/error.hpp"
 #include "stsa/permute.hpp"
 #include "stsa/reference.hpp"
@@ -306,14 +311,14 @@ bool only_marked_changed(const Buffer& buffer, const std::vector<bool>& written)
 // What the inputs came to, printed at exit (libFuzzer ends with exit(), which
 // runs this destructor): a run that compared nothing would show here.
 struct Tally {
-  long ran[3] = {}, ran_gathered = 0, ran_non_finite = 0, refused_invalid = 0, refused_unsupported = 0;
+  long ran[4] = {}, ran_gathered = 0, ran_non_finite = 0, refused_invalid = 0, refused_unsupported = 0;
   long defects_refused = 0, compared_elements = 0;
   ~Tally() {
     std::fprintf(stderr,
-                 "attention_fuzz: ran %ld direct, %ld scattered (%ld of them from a gathered input) and %ld routed "
-                 "calls (%ld with a NaN or infinity in Q, K or V; %ld O elements checked against the reference); "
-                 "refused %ld as invalid (%ld with a planted defect), %ld as unsupported\n",
-                 ran[0], ran[1], ran_gathered, ran[2], ran_non_finite, compared_elements, refused_invalid,
+                 "attention_fuzz: ran %ld direct, %ld scattered (%ld of them from a gathered input), %ld routed "
+                 "and %ld sequence-parallel calls (%ld with a NaN or infinity in Q, K or V; %ld O elements checked "
+                 "against the reference); refused %ld as invalid (%ld with a planted defect), %ld as unsupported\n",
+                 ran[0], ran[1], ran_gathered, ran[2], ran[3], ran_non_finite, compared_elements, refused_invalid,
                  defects_refused, refused_unsupported);
   }
 } tally;
@@ -385,7 +390,65 @@ bool pair_computed(const stsa::VideoGrid& grid, const stsa::MaskSpec& spec, cons
   return plan->computes(in_plan(qp), in_plan(kp));
 }
 
-enum class Mode { Direct, Scattered, Routed };
+enum class Mode { Direct, Scattered, Routed, Ulysses };
+
+// The video and the text tokens of a whole [B, N, H, D] view, as a one-rank
+// Ulysses call takes them: views of their own into the same bytes (the text
+// before or after the video). `tokens` is the view's own count, planted
+// defects included; the text part is empty (data null) without text.
+struct SplitView {
+  stsa::TensorView video, text;
+};
+SplitView split_tokens(const stsa::TensorView& t, const stsa::VideoGrid& grid) {
+  const std::int64_t text = std::max<std::int64_t>(grid.text_tokens, 0);
+  const std::int64_t video = std::max<std::int64_t>(t.shape[1] - text, 0);
+  const bool before = grid.text_placement == stsa::TextPlacement::Before;
+  const auto part = [&](std::int64_t first, std::int64_t count) {
+    stsa::TensorView v = t;
+    v.shape[1] = count;
+    if (v.data != nullptr)
+      v.data = static_cast<std::byte*>(v.data) + first * t.stride[1] * std::int64_t(stsa::element_size(t.dtype));
+    return v;
+  };
+  SplitView out{part(before ? text : 0, video), part(before ? 0 : video, text)};
+  if (text == 0) out.text = stsa::TensorView{};
+  return out;
+}
+struct SplitLse {
+  stsa::LseView video, text;
+};
+SplitLse split_tokens(const stsa::LseView& l, const stsa::VideoGrid& grid) {
+  if (l.data == nullptr) return {};
+  const std::int64_t text = std::max<std::int64_t>(grid.text_tokens, 0);
+  const std::int64_t video = std::max<std::int64_t>(l.shape[2] - text, 0);
+  const bool before = grid.text_placement == stsa::TextPlacement::Before;
+  const auto part = [&](std::int64_t first, std::int64_t count) {
+    stsa::LseView v = l;
+    v.shape[2] = count;
+    v.data += first * l.stride[2];
+    return v;
+  };
+  SplitLse out{part(before ? text : 0, video), part(before ? 0 : video, text)};
+  if (text == 0) out.text = stsa::LseView{};
+  return out;
+}
+
+// Whether a whole view's defect survives its split into video and text views
+// (`token_stride`, `tokens`: the view's along its token dimension): a zero token
+// stride makes two elements share an address only inside a part of two tokens
+// or more, or, for an output, across the two parts; two inputs may alias.
+bool defect_survives_split(Defect defect, std::int64_t token_stride, std::int64_t tokens,
+                           const stsa::VideoGrid& grid, bool output) {
+  if (defect != Defect::ZeroStride || token_stride != 0) return defect != Defect::None;
+  const std::int64_t text = std::max<std::int64_t>(grid.text_tokens, 0);
+  const std::int64_t video = std::max<std::int64_t>(tokens - text, 0);
+  return video >= 2 || text >= 2 || (output && video >= 1 && text >= 1);
+}
+
+stsa::dist::Communicator& one_rank() {
+  static const auto comm = stsa::dist::make_local_communicator();
+  return *comm;
+}
 
 }  // namespace
 
@@ -405,13 +468,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // 72 and 32 are valid layouts the CPU kernels do not take (Unsupported).
   constexpr std::int64_t head_dims[] = {64, 80, 96, 128, 64, 128, 72, 32, 0};
   layout.head_dim = head_dims[in.one_in(8) ? in.next(6, 8) : in.next(0, 5)];
-  const Mode mode = Mode(in.next(0, 2));
+  const Mode mode = Mode(in.next(0, 3));
 
   // At most one planted defect per input, so that every refusal of one is its own.
   enum class Plant {
     None, Q, K, V, O, Lse, KDtype, ODtype, OverQ, LseOverO, Scale,
     ExtraHead, BadPlan, ScatterHeads,  // direct and scattered calls
-    RouterOptions, Decisions,          // routed calls
+    RouterOptions, Decisions,          // routed and sequence-parallel calls (Decisions: a mask too many)
     Count
   };
   const Plant plant = in.one_in(3) ? Plant(in.next(1, int(Plant::Count) - 1)) : Plant::None;
@@ -426,7 +489,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Tensor q = make_tensor(in, rng, layout, input_dtype, plant == Plant::Q, true);
   Tensor k = make_tensor(in, rng, layout, k_dtype, plant == Plant::K, true);
   Tensor v = make_tensor(in, rng, layout, input_dtype, plant == Plant::V, true);
-  must_refuse |= q.defect != Defect::None || k.defect != Defect::None || v.defect != Defect::None;
+  const auto defective = [&](const Tensor& t, bool output) {
+    if (mode != Mode::Ulysses) return t.defect != Defect::None;
+    return defect_survives_split(t.defect, t.view.stride[1], t.view.shape[1], layout.grid, output);
+  };
+  must_refuse |= defective(q, false) || defective(k, false) || defective(v, false);
   bool non_finite = false;
   if (!must_refuse && in.one_in(6)) {
     // One NaN or infinity in Q, K or V: the rows that see it become non-finite
@@ -461,7 +528,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // A scattered output's head count is its own (at least the heads mapped into it).
   const stsa::DType out_dtype = plant == Plant::ODtype ? stsa::DType::F8E4M3 : pick_output_dtype(in);
   Tensor o = make_tensor(in, rng, out_layout, out_dtype, plant == Plant::O, false, mode == Mode::Scattered ? 2 : -1);
-  must_refuse |= o.defect != Defect::None || plant == Plant::ODtype;
+  must_refuse |= defective(o, true) || plant == Plant::ODtype;
   if (plant == Plant::OverQ) {  // O written over Q's bytes
     o.view.data = q.view.data;
     must_refuse = true;
@@ -469,7 +536,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Lse lse;
   if (plant == Plant::Lse || plant == Plant::LseOverO || in.next(0, 1)) {
     lse = make_lse(in, rng, out_layout, plant == Plant::Lse);
-    must_refuse |= lse.defect != Defect::None;
+    must_refuse |= mode == Mode::Ulysses
+                       ? defect_survives_split(lse.defect, lse.view.stride[2], lse.view.shape[2], layout.grid, true)
+                       : lse.defect != Defect::None;
     if (plant == Plant::LseOverO) {  // LSE over O's bytes
       lse.view.data = static_cast<float*>(o.view.data);
       must_refuse = true;
@@ -504,7 +573,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // Filled by a routed call: what its heads ran with.
   std::vector<stsa::HeadRoute> routes;
   stsa::RoutedOptions routed_options;
-  if (mode != Mode::Routed) {
+  // Filled by a sequence-parallel call.
+  stsa::dist::UlyssesCall ulysses;
+  std::optional<stsa::RouterOptions> ulysses_router;
+  if (mode == Mode::Direct || mode == Mode::Scattered) {
     Heads heads = make_heads(in, layout, plant == Plant::ExtraHead, plant == Plant::BadPlan);
     must_refuse |= heads.defect;
     call.heads = heads.masks;
@@ -540,6 +612,57 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       in_place.q = in_place.k = in_place.v = stsa::TensorView{};
       run = [&] { backend.run_gathered(in_place, gather, scatter); };
     }
+  } else if (mode == Mode::Ulysses) {
+    // One rank holds every video token; the text tokens are views of their own.
+    const SplitView qs = split_tokens(q.view, layout.grid), ks = split_tokens(k.view, layout.grid),
+                    vs = split_tokens(v.view, layout.grid), os = split_tokens(o.view, layout.grid);
+    const SplitLse ls = split_tokens(lse.view, layout.grid);
+    ulysses.layout = layout;
+    ulysses.q = qs.video;
+    ulysses.k = ks.video;
+    ulysses.v = vs.video;
+    ulysses.o = os.video;
+    ulysses.lse = ls.video;
+    ulysses.text_q = qs.text;
+    ulysses.text_k = ks.text;
+    ulysses.text_v = vs.text;
+    ulysses.text_o = os.text;
+    ulysses.text_lse = ls.text;
+    ulysses.softmax_scale = softmax_scale;
+    const stsa::TileShape tiles[] = {{128, 128}, {64, 64}, {37, 128}, {128, 192}};
+    ulysses.tile = tiles[in.next(0, 3)];
+    ulysses.alignment = in.one_in(4) ? stsa::Alignment::Round : stsa::Alignment::Exact;
+    // Routed on the rank, or given masks: one per head (one more when planted), or one for all.
+    if (in.next(0, 1)) {
+      stsa::RouterOptions router;
+      router.samples = int(in.next(1, 24));
+      router.spatial_density = double(in.next(0, 20)) / 20;
+      router.temporal_density = double(in.next(0, 20)) / 20;
+      router.try_frame_window = in.next(0, 1) == 1;
+      router.seed = std::uint64_t(in.next(0, 1000));
+      router.threads = int(in.next(1, 2));
+      if (plant == Plant::RouterOptions) {
+        router.temporal_density = in.next(0, 1) ? 1.5 : -0.25;
+        must_refuse = true;
+      }
+      ulysses_router = router;
+    } else {
+      const std::int64_t heads = std::max<std::int64_t>(layout.heads, 0);
+      const std::int64_t count = plant == Plant::Decisions ? heads + 1 : in.one_in(3) ? 1 : heads;
+      must_refuse |= plant == Plant::Decisions && count != 1;
+      for (std::int64_t h = 0; h < count; ++h) ulysses.masks.push_back(pick_spec(in, layout.grid));
+    }
+    static stsa::dist::UlyssesWorkspace workspace;  // kept across inputs, as a rank keeps it across calls
+    run = [&] {
+      // Built here, as a caller builds it before the call: bad options are refused by its constructor.
+      std::optional<stsa::Router> router;
+      if (ulysses_router) {
+        router.emplace(*ulysses_router);
+        ulysses.router = &*router;
+      }
+      routes = stsa::dist::ulysses_attention(one_rank(), ulysses, backend, plans, workspace).routes;
+      ulysses.router = nullptr;
+    };
   } else {
     const stsa::RoutedCall routed{layout, q.view, k.view, v.view, o.view, lse.view, softmax_scale};
     const stsa::TileShape tiles[] = {{128, 128}, {64, 64}, {37, 128}, {128, 192}};
@@ -605,6 +728,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const stsa::Unsupported&) {
     require(!must_refuse, "a defective call was refused as unsupported, not as invalid");
     ++tally.refused_unsupported;
+  } catch (const stsa::DistError&) {
+    // Every refusal of a sequence-parallel call, Unsupported ones included: all ranks throw the same.
+    require(mode == Mode::Ulysses, "a single-device call threw DistError");
+    ++tally.refused_invalid;
+    tally.defects_refused += must_refuse;
   }
   require(q.buffer.unchanged() && k.buffer.unchanged() && v.buffer.unchanged(), "an input was written");
   if (!ran) {
@@ -617,14 +745,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   tally.ran_non_finite += non_finite;
 
   const auto same = [](std::int64_t i) { return i; };
-  if (mode == Mode::Routed) {
+  if (mode == Mode::Routed || mode == Mode::Ulysses) {
     // Each head against its decision's mask, in the caller's frame-major order.
     require(std::int64_t(routes.size()) == layout.heads, "a routed call returned the wrong number of decisions");
     stsa::AttentionCall reference = call;
     std::vector<std::shared_ptr<const stsa::TilePlan>> head_plans;
     for (const auto& route : routes) {
       reference.heads.push_back({route.spec, stsa::TokenOrder::FrameMajor, nullptr, true});
-      head_plans.push_back(plans.get(layout.grid, route.spec, routed_options.tile, routed_options.alignment));
+      head_plans.push_back(mode == Mode::Ulysses
+                               ? plans.get(layout.grid, route.spec, ulysses.tile, ulysses.alignment)
+                               : plans.get(layout.grid, route.spec, routed_options.tile, routed_options.alignment));
     }
     const auto predicate = [&](std::int64_t h, std::int64_t qp, std::int64_t kp) {
       return pair_computed(layout.grid, reference.heads[std::size_t(h)].spec, head_plans[std::size_t(h)].get(),
