@@ -245,5 +245,66 @@ TEST(Permute, ScatterRefusesBadLseViews) {
   EXPECT_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, narrow, d), InvalidArgument);
 }
 
+// What a permutation writes must be writable element by element: two elements of
+// one destination at one address would keep one of two values, and a destination
+// over another pair's source would be read after it was written. Refused before
+// any copy, so the caller's tensors are as they were.
+TEST(Permute, RefusesDestinationsThatWouldLoseValues) {
+  const VideoGrid g{3, 2, 2, 0, TextPlacement::After};
+  const std::int64_t n = g.tokens();
+  Tensor q(DType::F32, 1, n, 4, 8), k(DType::F32, 1, n, 4, 8), pq(DType::F32, 1, n, 2, 8), pk(DType::F32, 1, n, 2, 8);
+  testing::fill_normal(q.view(), 1);
+  testing::fill_normal(k.view(), 2);
+  testing::fill_normal(pq.view(), 3);
+  testing::fill_normal(pk.view(), 4);
+  const auto values = [](const Tensor& t) {
+    std::vector<float> out;
+    const TensorView v = t.view();
+    for (std::int64_t b = 0; b < v.shape[0]; ++b)
+      for (std::int64_t i = 0; i < v.shape[1]; ++i)
+        for (std::int64_t h = 0; h < v.shape[2]; ++h)
+          for (std::int64_t d = 0; d < v.shape[3]; ++d) out.push_back(v.load(b, i, h, d));
+    return out;
+  };
+  const auto before = std::vector{values(q), values(k), values(pq), values(pk)};
+  const auto unchanged = [&] { return std::vector{values(q), values(k), values(pq), values(pk)} == before; };
+  const std::vector<std::int64_t> heads = {1, 3};
+  const auto gather = [&](TensorView packed_q, TensorView packed_k) {
+    const TensorView sources[] = {q.view(), k.view()}, packed[] = {packed_q, packed_k};
+    gather_heads(g, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, heads, sources, packed);
+  };
+  TensorView same_address = pq.view();
+  same_address.stride[2] = 0;  // both packed heads at one address
+  EXPECT_THROW(gather(same_address, pk.view()), InvalidArgument);
+  TensorView over_k = k.view();  // the packed Q over heads 0-1 of K, which the second pair reads after
+  over_k.shape[2] = 2;
+  EXPECT_THROW(gather(over_k, pk.view()), InvalidArgument);
+  EXPECT_THROW(gather(pq.view(), pq.view()), InvalidArgument);  // both pairs write one tensor
+  EXPECT_TRUE(unchanged());
+
+  const TensorView packed[] = {pq.view(), pk.view()};
+  TensorView q_same_address = q.view();
+  q_same_address.stride[1] = 0;  // every token of the destination at one address
+  const TensorView bad_dests[] = {q_same_address, k.view()};
+  EXPECT_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, packed, bad_dests),
+               InvalidArgument);
+  // The second pair writes into pq, which the first pair reads.
+  const TensorView crossing[] = {q.view(), pq.view()};
+  EXPECT_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, std::vector<std::int64_t>{0, 1},
+                             packed, crossing),
+               InvalidArgument);
+  const TensorView dests[] = {q.view(), k.view()};
+  LseBuffer plse(1, 2, n), lse(1, 4, n);
+  LseView lse_same_address = lse.view();
+  lse_same_address.stride[2] = 0;
+  EXPECT_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, packed, dests, plse.view(),
+                             lse_same_address),
+               InvalidArgument);
+  EXPECT_TRUE(unchanged());
+  EXPECT_NO_THROW(gather(pq.view(), pk.view()));
+  EXPECT_NO_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, packed, dests, plse.view(),
+                                lse.view()));
+}
+
 }  // namespace
 }  // namespace stsa

@@ -24,7 +24,9 @@ std::vector<std::int64_t> permutation_map(const VideoGrid& grid, TokenOrder from
 // Copies heads `heads` of every sources[i] (logical [B, N, H, D], tokens in `from`
 // order) into packed[i] (logical [B, N, heads.size(), D], tokens in `to` order):
 // source head heads[j] becomes packed head j. Shapes, dtypes (equal per pair),
-// head indices (in range, distinct) and overlap are checked before any copy.
+// head indices (in range, distinct) and overlap are checked before any copy: each
+// destination's elements at distinct, aligned addresses, and no destination over a
+// source or over another destination (of any pair).
 // threads = 0 picks a count from the work size.
 void gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
                   std::span<const TensorView> sources, std::span<const TensorView> packed, int threads = 0);

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "router/parallel.hpp"
+#include "stsa/attention.hpp"
 #include "stsa/error.hpp"
 
 namespace stsa {
@@ -43,6 +44,23 @@ void check_pair(const char* what, std::size_t i, const VideoGrid& grid, const Te
   if (packed_heads > 0)
     STSA_CHECK(!extents_overlap(full.byte_extent(), packed.byte_extent()), InvalidArgument, what, " tensor ", i,
                ": source and destination overlap");
+}
+
+// What a permutation writes: each destination's elements at distinct, aligned
+// addresses, and no destination over another pair's source or another destination
+// (one pass copies every pair, so such a byte would be read after it was written,
+// or keep one of two values).
+void check_destinations(const char* what, std::span<const TensorView> sources, std::span<const TensorView> dests) {
+  for (std::size_t i = 0; i < dests.size(); ++i) {
+    validate_view_memory(detail::concat(what, " destination ", i).c_str(), dests[i]);
+    const auto extent = dests[i].byte_extent();
+    for (std::size_t j = 0; j < sources.size(); ++j)
+      STSA_CHECK(j == i || !extents_overlap(extent, sources[j].byte_extent()), InvalidArgument, what, " destination ",
+                 i, " overlaps source ", j);
+    for (std::size_t j = 0; j < i; ++j)
+      STSA_CHECK(!extents_overlap(extent, dests[j].byte_extent()), InvalidArgument, what, " destinations ", j, " and ",
+                 i, " overlap");
+  }
 }
 
 // Copies `bytes` (a multiple of 64) as 64-byte pieces the compiler turns into
@@ -126,6 +144,7 @@ void gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::sp
     check_pair("gather", i, grid, sources[i], packed[i], count);
     check_heads(heads, sources[i].heads());
   }
+  if (count > 0) check_destinations("gather", sources, packed);
   if (count == 0 || sources.empty()) return;
   const std::vector<std::int64_t> map = permutation_map(grid, from, to);
   const std::int64_t n = grid.tokens(), batch = sources[0].batch();
@@ -156,6 +175,7 @@ void scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::s
     check_pair("scatter", i, grid, dests[i], packed[i], count);
     check_heads(heads, dests[i].heads());
   }
+  if (count > 0) check_destinations("scatter", packed, dests);
   const bool with_lse = packed_lse.data != nullptr && lse.data != nullptr;
   STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument,
              "scatter: give both LSE views or neither");
@@ -171,9 +191,11 @@ void scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::s
     for (int d = 0; d < 3; ++d)
       STSA_CHECK(packed_lse.stride[d] >= 0 && lse.stride[d] >= 0, InvalidArgument,
                  "scatter: negative LSE strides are not supported");
-    if (count > 0)
+    if (count > 0) {
       STSA_CHECK(!extents_overlap(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
                  "scatter: LSE source and destination overlap");
+      validate_lse_memory("scatter: LSE destination", lse);
+    }
   }
   if (count == 0 || batch == 0) return;
   const std::vector<std::int64_t> map = permutation_map(grid, from, to);  // packed position of each destination token
