@@ -324,57 +324,14 @@ TEST(ShardedPermutationBytes, OneTemporalMaskForAllHeadsCountsEveryHead) {
 }
 
 // Each of these is caught by the rank's own checks before any exchange, and the
-// message says which: not later, as a failure inside the local attention (or not at all).
+// message says which: not later, as a failure inside the local attention (or not
+// at all), and no output byte is written. Among them, what the single-device path
+// refuses in a view (validate_tensor, validate_lse, validate): strides that step
+// backwards or make two elements share an address, a misaligned pointer, an
+// output over an input or over another output, an fp8 output, a non-finite scale
+// (a zero stride in O would keep one of two results; an O over Q would overwrite
+// what the caller gave).
 TEST(UlyssesLocal, RejectsBadViewsAndDtypesAtTheAgreement) {
-  VideoGrid g{2, 4, 4, 3, TextPlacement::After};
-  const VideoLayout l = make_layout(g, 2, 64);
-  const std::vector<MaskSpec> masks{MaskSpec::dense()};
-  auto p = make_problem(l, DType::F32, reference_heads(l, masks), fresh_seed());
-  auto comm = make_local_communicator();
-  PlanCache plans;
-  const Backend& reference = backend("reference");
-  const auto expect_rejected = [&](const UlyssesCall& call, const std::string& reason) {
-    try {
-      ulysses_attention(*comm, call, reference, plans);
-      ADD_FAILURE() << "not rejected: " << reason;
-    } catch (const DistError& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("rejected on every rank because of bad input"), std::string::npos) << what;
-      EXPECT_NE(what.find(reason), std::string::npos) << what;
-    }
-  };
-  {
-    auto r = shard_problem(p, masks, 1, 0, true);
-    r.call.k.data = nullptr;  // shape says 32 tokens
-    expect_rejected(r.call, "k is null");
-  }
-  {
-    auto r = shard_problem(p, masks, 1, 0, true);
-    Tensor v16(DType::BF16, 1, g.video_tokens(), 2, 64);
-    r.call.v = v16.view();
-    expect_rejected(r.call, "q, k and v must share a dtype");
-  }
-  {
-    auto r = shard_problem(p, masks, 1, 0, true);
-    Tensor text_o16(DType::BF16, 1, g.text_tokens, 2, 64);
-    r.call.text_o = text_o16.view();  // o is fp32
-    expect_rejected(r.call, "text tensors must have the dtypes");
-  }
-  {
-    auto r = shard_problem(p, masks, 1, 0, true);
-    r.call.text_lse = LseView{};  // lse is given
-    expect_rejected(r.call, "give text_lse exactly when lse is given");
-  }
-}
-
-// What the single-device path refuses in a view (validate_tensor, validate_lse,
-// validate) the Ulysses call refuses too, at the agreement, before its exchanges
-// read the inputs or write the outputs: strides that step backwards or make two
-// elements share an address, a misaligned pointer, an output over an input or
-// over another output, an fp8 output and a non-finite scale. None of these may
-// run (a zero stride in O would keep one of two results; an O over Q would
-// overwrite what the caller gave), and the user's outputs stay as they were.
-TEST(UlyssesLocal, RejectsWhatTheSingleDevicePathRejects) {
   VideoGrid g{2, 4, 4, 3, TextPlacement::After};
   const VideoLayout l = make_layout(g, 2, 64);
   const std::vector<MaskSpec> masks{MaskSpec::dense()};
@@ -409,6 +366,28 @@ TEST(UlyssesLocal, RejectsWhatTheSingleDevicePathRejects) {
     EXPECT_EQ(bits_of(r.o.view()), o_before) << reason << ": o was written";
     EXPECT_EQ(bits_of(r.text_o.view()), text_o_before) << reason << ": text_o was written";
   };
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.k.data = nullptr;  // shape says 32 tokens
+    expect_rejected(r, "k is null");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    Tensor v16(DType::BF16, 1, g.video_tokens(), 2, 64);
+    r.call.v = v16.view();
+    expect_rejected(r, "q, k and v must share a dtype");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    Tensor text_o16(DType::BF16, 1, g.text_tokens, 2, 64);
+    r.call.text_o = text_o16.view();  // o is fp32
+    expect_rejected(r, "text tensors must have the dtypes");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    r.call.text_lse = LseView{};  // lse is given
+    expect_rejected(r, "give text_lse exactly when lse is given");
+  }
   {
     auto r = shard_problem(p, masks, 1, 0, true);
     r.call.o.stride[2] = 0;  // both heads of a token at one address

@@ -33,6 +33,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -392,45 +393,26 @@ bool pair_computed(const stsa::VideoGrid& grid, const stsa::MaskSpec& spec, cons
 
 enum class Mode { Direct, Scattered, Routed, Ulysses };
 
-// The video and the text tokens of a whole [B, N, H, D] view, as a one-rank
-// Ulysses call takes them: views of their own into the same bytes (the text
-// before or after the video). `tokens` is the view's own count, planted
-// defects included; the text part is empty (data null) without text.
-struct SplitView {
-  stsa::TensorView video, text;
-};
-SplitView split_tokens(const stsa::TensorView& t, const stsa::VideoGrid& grid) {
+// The video and the text tokens of a whole view (tokens along dimension `dim`:
+// 1 of a [B, N, H, D] tensor, 2 of a [B, H, N] LSE), as a one-rank Ulysses call
+// takes them: views of their own into the same bytes, the text before or after
+// the video. The view's own token count counts, planted defects included; the
+// text part is empty without text, and a null view's parts are null.
+template <class View>
+std::pair<View, View> split_tokens(const View& whole, std::size_t dim, std::size_t element_bytes,
+                                   const stsa::VideoGrid& grid) {
   const std::int64_t text = std::max<std::int64_t>(grid.text_tokens, 0);
-  const std::int64_t video = std::max<std::int64_t>(t.shape[1] - text, 0);
+  const std::int64_t video = std::max<std::int64_t>(whole.shape[dim] - text, 0);
   const bool before = grid.text_placement == stsa::TextPlacement::Before;
   const auto part = [&](std::int64_t first, std::int64_t count) {
-    stsa::TensorView v = t;
-    v.shape[1] = count;
+    View v = whole;
+    v.shape[dim] = count;
     if (v.data != nullptr)
-      v.data = static_cast<std::byte*>(v.data) + first * t.stride[1] * std::int64_t(stsa::element_size(t.dtype));
+      v.data = reinterpret_cast<decltype(v.data)>(reinterpret_cast<std::byte*>(v.data) +
+                                                  first * whole.stride[dim] * std::int64_t(element_bytes));
     return v;
   };
-  SplitView out{part(before ? text : 0, video), part(before ? 0 : video, text)};
-  if (text == 0) out.text = stsa::TensorView{};
-  return out;
-}
-struct SplitLse {
-  stsa::LseView video, text;
-};
-SplitLse split_tokens(const stsa::LseView& l, const stsa::VideoGrid& grid) {
-  if (l.data == nullptr) return {};
-  const std::int64_t text = std::max<std::int64_t>(grid.text_tokens, 0);
-  const std::int64_t video = std::max<std::int64_t>(l.shape[2] - text, 0);
-  const bool before = grid.text_placement == stsa::TextPlacement::Before;
-  const auto part = [&](std::int64_t first, std::int64_t count) {
-    stsa::LseView v = l;
-    v.shape[2] = count;
-    v.data += first * l.stride[2];
-    return v;
-  };
-  SplitLse out{part(before ? text : 0, video), part(before ? 0 : video, text)};
-  if (text == 0) out.text = stsa::LseView{};
-  return out;
+  return {part(before ? text : 0, video), text > 0 ? part(before ? 0 : video, text) : View{}};
 }
 
 // Whether a whole view's defect survives its split into video and text views
@@ -614,20 +596,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   } else if (mode == Mode::Ulysses) {
     // One rank holds every video token; the text tokens are views of their own.
-    const SplitView qs = split_tokens(q.view, layout.grid), ks = split_tokens(k.view, layout.grid),
-                    vs = split_tokens(v.view, layout.grid), os = split_tokens(o.view, layout.grid);
-    const SplitLse ls = split_tokens(lse.view, layout.grid);
+    const auto split = [&](const stsa::TensorView& t) {
+      return split_tokens(t, 1, stsa::element_size(t.dtype), layout.grid);
+    };
     ulysses.layout = layout;
-    ulysses.q = qs.video;
-    ulysses.k = ks.video;
-    ulysses.v = vs.video;
-    ulysses.o = os.video;
-    ulysses.lse = ls.video;
-    ulysses.text_q = qs.text;
-    ulysses.text_k = ks.text;
-    ulysses.text_v = vs.text;
-    ulysses.text_o = os.text;
-    ulysses.text_lse = ls.text;
+    std::tie(ulysses.q, ulysses.text_q) = split(q.view);
+    std::tie(ulysses.k, ulysses.text_k) = split(k.view);
+    std::tie(ulysses.v, ulysses.text_v) = split(v.view);
+    std::tie(ulysses.o, ulysses.text_o) = split(o.view);
+    std::tie(ulysses.lse, ulysses.text_lse) = split_tokens(lse.view, 2, sizeof(float), layout.grid);
     ulysses.softmax_scale = softmax_scale;
     const stsa::TileShape tiles[] = {{128, 128}, {64, 64}, {37, 128}, {128, 192}};
     ulysses.tile = tiles[in.next(0, 3)];
