@@ -15,6 +15,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK=/tmp/stsa-dry-run
+# A bare machine every time, as the GPU machine is: a CMake cache left by an earlier
+# rehearsal keeps the libraries it found then (a /usr libpng that --hide-system now
+# hides failed the configure: "IMPORTED_LOCATION not set for imported target PNG::PNG").
+rm -rf "$WORK/build" "$WORK/out"
 mkdir -p "$WORK/bin"
 printf '#!/bin/sh\necho "fake nvidia-smi (no GPU here)"\n' > "$WORK/bin/nvidia-smi"
 chmod +x "$WORK/bin/nvidia-smi"
