@@ -407,6 +407,19 @@ TEST(Router, RejectsBadArguments) {
   EXPECT_THROW(router.route(layout, call.q, call.k, call.v, TokenOrder::FrameMajor, 0.f, heads), InvalidArgument);
   const std::vector<std::int64_t> one = {1};
   EXPECT_EQ(router.route(layout, call.q, call.k, call.v, TokenOrder::FrameMajor, 0.f, one).heads.size(), 1u);
+
+  // The views' memory, by validate()'s rules, before any element is read: strides
+  // past the address space (their offsets would overflow), two elements at one
+  // address, a pointer that is not aligned to its element.
+  TensorView huge = call.k;
+  huge.stride[1] = std::int64_t(1) << 61;
+  EXPECT_THROW(router.route(layout, call.q, huge, call.v), InvalidArgument);
+  TensorView shared = call.v;
+  shared.stride[2] = 0;
+  EXPECT_THROW(router.route(layout, call.q, call.k, shared), InvalidArgument);
+  TensorView misaligned = call.q;
+  misaligned.data = static_cast<std::byte*>(misaligned.data) + 1;
+  EXPECT_THROW(router.route(layout, misaligned, call.k, call.v), InvalidArgument);
 }
 
 // The sampled population at its edges: exactly as many samples as non-anchor

@@ -89,7 +89,8 @@ class Router {
                    std::vector<std::int64_t>& batch) const;
 
   // Routes heads `heads` (all when empty) of q, k, v (logical [B, N, H, D], tokens in `order`).
-  // softmax_scale 0 means 1 / sqrt(D).
+  // softmax_scale 0 means 1 / sqrt(D). The views follow validate()'s rules (attention.hpp);
+  // InvalidArgument otherwise, before any element is read.
   RoutingReport route(const VideoLayout& layout, const TensorView& q, const TensorView& k, const TensorView& v,
                       TokenOrder order = TokenOrder::FrameMajor, float softmax_scale = 0.f,
                       std::span<const std::int64_t> heads = {}) const;

@@ -9,6 +9,7 @@
 #include "router/parallel.hpp"
 #include "router/route_errors.hpp"
 #include "router/sampled_attention.hpp"
+#include "stsa/attention.hpp"
 #include "stsa/error.hpp"
 
 namespace stsa {
@@ -20,8 +21,10 @@ void check_input(const char* name, const TensorView& t, const VideoLayout& layou
   STSA_CHECK(t.shape == expected, InvalidArgument, "router: ", name, " has shape [", t.shape[0], ", ", t.shape[1],
              ", ", t.shape[2], ", ", t.shape[3], "] but the layout ", layout.grid.describe(), " needs [", expected[0],
              ", ", expected[1], ", ", expected[2], ", ", expected[3], "]");
-  for (int i = 0; i < 4; ++i)
-    STSA_CHECK(t.stride[i] >= 0, InvalidArgument, "router: ", name, " has a negative stride");
+  // validate()'s memory rules, before any element is read: strides within the
+  // address space (an offset past it would overflow), non-negative, no two elements
+  // at one address, aligned to the element.
+  validate_view_memory(detail::concat("router: ", name).c_str(), t);
 }
 
 }  // namespace
