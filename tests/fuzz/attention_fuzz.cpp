@@ -6,10 +6,10 @@
 // of their own into the same tensors). Small random layouts, dtypes, memory layouts, padded and
 // strided tensors, masks, tile plans (exact and rounded), skipped heads, scales,
 // router options, instruction sets and thread counts, with at most one planted
-// defect per input (a wrong shape, a negative or overlapping stride, a
-// misaligned or null pointer, an output over an input, a plan for another grid
-// or mask or token order, a non-finite scale, a bad head map, router options out
-// of range, a decision too many). Whatever the input:
+// defect per input (a wrong shape, a negative or overlapping stride, a stride
+// whose offsets overflow, a misaligned or null pointer, an output over an input,
+// a plan for another grid or mask or token order, a non-finite scale, a bad head
+// map, router options out of range, a decision too many). Whatever the input:
 //   - the call is refused with stsa::Error, or every computed head's O and LSE
 //     agree with the fp64 reference (reference_rows: the mask from its
 //     definition, or what a rounded plan claims to compute; a routed head's
@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -106,19 +107,32 @@ stsa::TensorView padded_view(Reader& in, const stsa::VideoLayout& layout, stsa::
   return v;
 }
 
-enum class Defect { None, Shape, NegativeStride, ZeroStride, Misaligned, Null };
+enum class Defect { None, Shape, NegativeStride, ZeroStride, Misaligned, Null, HugeStride };
+
+// A stride whose byte extent overflows 64 bits once its dimension has two elements,
+// whatever the element size (set after the bytes exist). A smaller huge stride (2^61
+// of 2-byte elements) can span less than the address space: a view the library cannot
+// tell from a valid one, which points at memory that is not there.
+constexpr std::int64_t kHugeStride = std::numeric_limits<std::int64_t>::max();
 
 // Picks a defect for a view (when `allowed`) and applies the ones that change its
-// shape or strides; the pointer defects are applied once the bytes exist.
-// `free_dim`: a dimension whose size the view chooses itself (a scattered
-// output's heads), where a size change is no defect.
+// shape or strides; the pointer defects and a huge stride (in dimension
+// `huge_dim`) are applied once the bytes exist. `free_dim`: a dimension whose size
+// the view chooses itself (a scattered output's heads), where a size change is no
+// defect; `kept_dim`: one whose stride the caller needs as it is (a sequence-parallel
+// call's tokens, split into video and text views by it).
 template <std::size_t Rank>
 Defect pick_defect(Reader& in, std::array<std::int64_t, Rank>& shape, std::array<std::int64_t, Rank>& stride,
-                   std::size_t element_size, bool allowed, std::int64_t free_dim = -1) {
+                   std::size_t element_size, bool allowed, std::size_t& huge_dim, std::int64_t free_dim = -1,
+                   std::int64_t kept_dim = -1) {
   if (!allowed) return Defect::None;
-  const auto defect = Defect(in.next(1, 5));
+  const auto defect = Defect(in.next(1, 6));
   const std::size_t dim = std::size_t(in.next(0, Rank - 1));
   switch (defect) {
+    case Defect::HugeStride:  // only a defect where the dimension has two elements
+      if (shape[dim] < 2 || std::int64_t(dim) == kept_dim) return Defect::None;
+      huge_dim = dim;
+      return defect;
     case Defect::Misaligned:  // one byte off: no defect for one-byte (fp8) elements
       return element_size > 1 ? defect : Defect::None;
     case Defect::Shape:
@@ -151,10 +165,12 @@ struct Tensor {
 };
 
 Tensor make_tensor(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& layout, stsa::DType dtype,
-                   bool allow_defect, bool fill, std::int64_t free_dim = -1) {
+                   bool allow_defect, bool fill, std::int64_t free_dim = -1, std::int64_t kept_dim = -1) {
   Tensor t;
   t.view = padded_view(in, layout, dtype);
-  t.defect = pick_defect(in, t.view.shape, t.view.stride, stsa::element_size(dtype), allow_defect, free_dim);
+  std::size_t huge_dim = 0;
+  t.defect = pick_defect(in, t.view.shape, t.view.stride, stsa::element_size(dtype), allow_defect, huge_dim, free_dim,
+                         kept_dim);
   void* data = allocate(t.buffer, rng, t.view.shape, t.view.stride, stsa::element_size(dtype),
                         t.defect == Defect::Misaligned);
   if (fill && t.view.shape[0] > 0 && t.view.shape[1] > 0 && t.view.shape[2] > 0 && t.view.shape[3] > 0) {
@@ -167,6 +183,7 @@ Tensor make_tensor(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& la
           for (std::int64_t d = 0; d < filled.shape[3]; ++d) filled.store(b, n, h, d, value(rng));
   }
   apply_pointer_defect(t.defect, data);
+  if (t.defect == Defect::HugeStride) t.view.stride[huge_dim] = kHugeStride;
   t.view.data = data;
   t.buffer.remember();
   return t;
@@ -178,17 +195,20 @@ struct Lse {
   Defect defect = Defect::None;
 };
 
-Lse make_lse(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& layout, bool allow_defect) {
+Lse make_lse(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& layout, bool allow_defect,
+             std::int64_t kept_dim = -1) {
   Lse l;
   const std::int64_t n = std::max<std::int64_t>(layout.tokens(), 1), h = std::max<std::int64_t>(layout.heads, 1);
   const std::int64_t row = n + in.next(0, 2);
   l.view.shape = {layout.batch, layout.heads, layout.tokens()};
   l.view.stride = {h * row, row, 1};
-  l.defect = pick_defect(in, l.view.shape, l.view.stride, sizeof(float), allow_defect);
+  std::size_t huge_dim = 0;
+  l.defect = pick_defect(in, l.view.shape, l.view.stride, sizeof(float), allow_defect, huge_dim, -1, kept_dim);
   void* data = allocate(l.buffer, rng, l.view.shape, l.view.stride, sizeof(float), l.defect == Defect::Misaligned);
   // A null LSE means "not wanted", so the null defect is not one here.
   if (l.defect == Defect::Null) l.defect = Defect::None;
   apply_pointer_defect(l.defect, data);
+  if (l.defect == Defect::HugeStride) l.view.stride[huge_dim] = kHugeStride;
   l.view.data = static_cast<float*>(data);
   l.buffer.remember();
   return l;
@@ -468,9 +488,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     k_dtype = stsa::DType((int(input_dtype) + in.next(1, 3)) % 4);
     must_refuse = true;
   }
-  Tensor q = make_tensor(in, rng, layout, input_dtype, plant == Plant::Q, true);
-  Tensor k = make_tensor(in, rng, layout, k_dtype, plant == Plant::K, true);
-  Tensor v = make_tensor(in, rng, layout, input_dtype, plant == Plant::V, true);
+  // A sequence-parallel call splits the tokens into video and text views with their stride.
+  const std::int64_t kept_dim = mode == Mode::Ulysses ? 1 : -1;
+  Tensor q = make_tensor(in, rng, layout, input_dtype, plant == Plant::Q, true, -1, kept_dim);
+  Tensor k = make_tensor(in, rng, layout, k_dtype, plant == Plant::K, true, -1, kept_dim);
+  Tensor v = make_tensor(in, rng, layout, input_dtype, plant == Plant::V, true, -1, kept_dim);
   const auto defective = [&](const Tensor& t, bool output) {
     if (mode != Mode::Ulysses) return t.defect != Defect::None;
     return defect_survives_split(t.defect, t.view.stride[1], t.view.shape[1], layout.grid, output);
@@ -509,7 +531,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // A scattered output's head count is its own (at least the heads mapped into it).
   const stsa::DType out_dtype = plant == Plant::ODtype ? stsa::DType::F8E4M3 : pick_output_dtype(in);
-  Tensor o = make_tensor(in, rng, out_layout, out_dtype, plant == Plant::O, false, mode == Mode::Scattered ? 2 : -1);
+  Tensor o = make_tensor(in, rng, out_layout, out_dtype, plant == Plant::O, false, mode == Mode::Scattered ? 2 : -1,
+                         kept_dim);
   must_refuse |= defective(o, true) || plant == Plant::ODtype;
   if (plant == Plant::OverQ) {  // O written over Q's bytes
     o.view.data = q.view.data;
@@ -517,7 +540,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   Lse lse;
   if (plant == Plant::Lse || plant == Plant::LseOverO || in.next(0, 1)) {
-    lse = make_lse(in, rng, out_layout, plant == Plant::Lse);
+    lse = make_lse(in, rng, out_layout, plant == Plant::Lse, mode == Mode::Ulysses ? 2 : -1);
     must_refuse |= mode == Mode::Ulysses
                        ? defect_survives_split(lse.defect, lse.view.stride[2], lse.view.shape[2], layout.grid, true)
                        : lse.defect != Defect::None;
