@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "stsa/layout.hpp"
@@ -59,6 +60,18 @@ void validate_lse(const char* name, const LseView& lse, const VideoLayout& layou
 // elements share an address, and a pointer aligned to the element.
 void validate_view_memory(const char* name, const TensorView& t);
 void validate_lse_memory(const char* name, const LseView& lse);
+
+// A view's name and the bytes it spans (its byte_extent()).
+struct NamedExtent {
+  std::string_view name;
+  std::pair<const std::byte*, const std::byte*> bytes;
+};
+// validate()'s aliasing rule, for any set of views: no output shares a byte with an
+// input ("<what><output> overlaps an input tensor (<input>)") or with an earlier
+// output ("<what><output> overlaps <earlier>"); InvalidArgument otherwise. Empty
+// extents (null or empty views) overlap nothing; inputs may share bytes.
+void check_outputs_apart(std::string_view what, std::span<const NamedExtent> outputs,
+                         std::span<const NamedExtent> inputs);
 
 // Builds HeadMasks for all heads with the given spec and tensor order (plans from `cache`).
 std::vector<HeadMask> uniform_heads(const VideoLayout& layout, const MaskSpec& spec, PlanCache& cache,

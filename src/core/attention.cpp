@@ -77,16 +77,9 @@ AttentionCall scattered_call_for_checks(const AttentionCall& call, const Scatter
   if (out.lse.data != nullptr) validate_lse("scattered lse", out.lse, full);
   const std::int64_t count = call.layout.heads;
   check_head_map("scattered output", "output", out.heads, count, out.o.heads());
-  for (const TensorView* input : {&call.q, &call.k, &call.v}) {
-    STSA_CHECK(!extents_overlap(out.o.byte_extent(), input->byte_extent()), InvalidArgument,
-               "scattered output: o overlaps an input tensor");
-    if (out.lse.data != nullptr)
-      STSA_CHECK(!extents_overlap(out.lse.byte_extent(), input->byte_extent()), InvalidArgument,
-                 "scattered output: lse overlaps an input tensor");
-  }
-  if (out.lse.data != nullptr)
-    STSA_CHECK(!extents_overlap(out.lse.byte_extent(), out.o.byte_extent()), InvalidArgument,
-               "scattered output: lse overlaps o");
+  const NamedExtent outputs[] = {{"o", out.o.byte_extent()}, {"lse", out.lse.byte_extent()}};
+  const NamedExtent inputs[] = {{"q", call.q.byte_extent()}, {"k", call.k.byte_extent()}, {"v", call.v.byte_extent()}};
+  check_outputs_apart("scattered output: ", outputs, inputs);
   AttentionCall checked = call;
   checked.o = out.o;
   checked.o.shape[2] = count;
@@ -163,6 +156,18 @@ void validate_lse_memory(const char* name, const LseView& lse) {
              " is not aligned to 4 bytes");
 }
 
+void check_outputs_apart(std::string_view what, std::span<const NamedExtent> outputs,
+                         std::span<const NamedExtent> inputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (const NamedExtent& input : inputs)
+      STSA_CHECK(!extents_overlap(outputs[i].bytes, input.bytes), InvalidArgument, what, outputs[i].name,
+                 " overlaps an input tensor (", input.name, ")");
+    for (std::size_t j = 0; j < i; ++j)
+      STSA_CHECK(!extents_overlap(outputs[i].bytes, outputs[j].bytes), InvalidArgument, what, outputs[i].name,
+                 " overlaps ", outputs[j].name);
+  }
+}
+
 float AttentionCall::scale() const {
   return softmax_scale != 0.f ? softmax_scale : float(1.0 / std::sqrt(double(layout.head_dim)));
 }
@@ -180,16 +185,10 @@ void validate(const AttentionCall& call, bool require_plans) {
              to_string(call.v.dtype));
   STSA_CHECK(std::isfinite(call.softmax_scale), InvalidArgument, "softmax scale must be finite, got ",
              call.softmax_scale);
-  const auto o_extent = call.o.byte_extent();
-  for (const auto* input : {&call.q, &call.k, &call.v})
-    STSA_CHECK(!extents_overlap(o_extent, input->byte_extent()), InvalidArgument, "o overlaps an input tensor");
-  if (call.lse.data != nullptr) {
-    validate_lse("lse", call.lse, call.layout);
-    const auto lse_extent = call.lse.byte_extent();
-    STSA_CHECK(!extents_overlap(lse_extent, o_extent), InvalidArgument, "lse overlaps o");
-    for (const auto* input : {&call.q, &call.k, &call.v})
-      STSA_CHECK(!extents_overlap(lse_extent, input->byte_extent()), InvalidArgument, "lse overlaps an input tensor");
-  }
+  if (call.lse.data != nullptr) validate_lse("lse", call.lse, call.layout);
+  const NamedExtent outputs[] = {{"o", call.o.byte_extent()}, {"lse", call.lse.byte_extent()}};
+  const NamedExtent inputs[] = {{"q", call.q.byte_extent()}, {"k", call.k.byte_extent()}, {"v", call.v.byte_extent()}};
+  check_outputs_apart("", outputs, inputs);
   STSA_CHECK(std::int64_t(call.heads.size()) == call.layout.heads, InvalidArgument, "expected one mask per head (",
              call.layout.heads, "), got ", call.heads.size());
   for (std::size_t h = 0; h < call.heads.size(); ++h) {

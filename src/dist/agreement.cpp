@@ -4,9 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <iterator>
 #include <string_view>
-#include <utility>
 
 namespace stsa::dist::detail {
 namespace {
@@ -91,28 +89,6 @@ void check_lse(const char* name, const LseView& l, std::int64_t b, std::int64_t 
   if (b * h * n > 0) validate_lse_memory(name, l);
 }
 
-// No output shares a byte with an input or with another output: validate()'s rule,
-// over the shard's and the text's views (the exchanges would read what they write).
-void check_outputs_apart(const UlyssesCall& call) {
-  using Extent = std::pair<const std::byte*, const std::byte*>;
-  const std::pair<const char*, Extent> inputs[] = {
-      {"q", call.q.byte_extent()},           {"k", call.k.byte_extent()},
-      {"v", call.v.byte_extent()},           {"text_q", call.text_q.byte_extent()},
-      {"text_k", call.text_k.byte_extent()}, {"text_v", call.text_v.byte_extent()}};
-  const std::pair<const char*, Extent> outputs[] = {{"o", call.o.byte_extent()},
-                                                    {"lse", call.lse.byte_extent()},
-                                                    {"text_o", call.text_o.byte_extent()},
-                                                    {"text_lse", call.text_lse.byte_extent()}};
-  for (std::size_t i = 0; i < std::size(outputs); ++i) {
-    for (const auto& input : inputs)
-      STSA_CHECK(!extents_overlap(outputs[i].second, input.second), InvalidArgument, outputs[i].first,
-                 " overlaps an input tensor (", input.first, ")");
-    for (std::size_t j = 0; j < i; ++j)
-      STSA_CHECK(!extents_overlap(outputs[i].second, outputs[j].second), InvalidArgument, outputs[i].first,
-                 " overlaps an output tensor (", outputs[j].first, ")");
-  }
-}
-
 // Everything one rank can check alone; throws InvalidArgument.
 void check_local(const Communicator& comm, const UlyssesCall& call) {
   const VideoLayout& layout = call.layout;
@@ -161,7 +137,14 @@ void check_local(const Communicator& comm, const UlyssesCall& call) {
                "give text_lse exactly when lse is given (text outputs are returned like video outputs)");
     if (with_lse) check_lse("text_lse", call.text_lse, b, h, text);
   }
-  check_outputs_apart(call);
+  const NamedExtent outputs[] = {{"o", call.o.byte_extent()},
+                                 {"lse", call.lse.byte_extent()},
+                                 {"text_o", call.text_o.byte_extent()},
+                                 {"text_lse", call.text_lse.byte_extent()}};
+  const NamedExtent inputs[] = {{"q", call.q.byte_extent()},           {"k", call.k.byte_extent()},
+                                {"v", call.v.byte_extent()},           {"text_q", call.text_q.byte_extent()},
+                                {"text_k", call.text_k.byte_extent()}, {"text_v", call.text_v.byte_extent()}};
+  check_outputs_apart("", outputs, inputs);
 }
 
 Descriptor describe(const Communicator& comm, const UlyssesCall& call, const Backend& backend) {

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <string>
+#include <vector>
 
 #include "router/parallel.hpp"
 #include "stsa/attention.hpp"
@@ -51,16 +53,16 @@ void check_pair(const char* what, std::size_t i, const VideoGrid& grid, const Te
 // (one pass copies every pair, so such a byte would be read after it was written,
 // or keep one of two values).
 void check_destinations(const char* what, std::span<const TensorView> sources, std::span<const TensorView> dests) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < dests.size(); ++i) names.push_back(detail::concat("destination ", i));
+  for (std::size_t i = 0; i < sources.size(); ++i) names.push_back(detail::concat("source ", i));
+  std::vector<NamedExtent> outputs, inputs;
   for (std::size_t i = 0; i < dests.size(); ++i) {
-    validate_view_memory(detail::concat(what, " destination ", i).c_str(), dests[i]);
-    const auto extent = dests[i].byte_extent();
-    for (std::size_t j = 0; j < sources.size(); ++j)
-      STSA_CHECK(j == i || !extents_overlap(extent, sources[j].byte_extent()), InvalidArgument, what, " destination ",
-                 i, " overlaps source ", j);
-    for (std::size_t j = 0; j < i; ++j)
-      STSA_CHECK(!extents_overlap(extent, dests[j].byte_extent()), InvalidArgument, what, " destinations ", j, " and ",
-                 i, " overlap");
+    validate_view_memory(detail::concat(what, " ", names[i]).c_str(), dests[i]);
+    outputs.push_back({names[i], dests[i].byte_extent()});
   }
+  for (std::size_t i = 0; i < sources.size(); ++i) inputs.push_back({names[dests.size() + i], sources[i].byte_extent()});
+  check_outputs_apart(detail::concat(what, " "), outputs, inputs);
 }
 
 // Copies `bytes` (a multiple of 64) as 64-byte pieces the compiler turns into
