@@ -18,15 +18,27 @@ Isa parse_isa(std::string_view name);  // "auto" | "scalar" | "avx2" | "avx512" 
 Isa best_isa();                        // what this machine supports (STSA_ISA in the environment caps it)
 
 struct CpuOptions {
-  Isa isa = Isa::Auto;
-  int threads = 0;  // 0: all hardware threads (STSA_THREADS overrides)
+  Isa isa = Isa::Auto;  // Auto: the process default, STSA_ISA, the machine's best
+  int threads = 0;      // 0: the process default, STSA_THREADS, all hardware threads
 };
 
+// A backend resolves Auto and 0 at each call, so set_cpu_defaults reaches it
+// (and the backend the registry holds) from the next call on.
 std::unique_ptr<Backend> make_cpu_backend(CpuOptions options = {});
 
-// What a backend made with these options runs: the instruction set (Auto resolved
-// through STSA_ISA and the machine; throws Unsupported for one this CPU lacks) and
-// the thread count (0 resolved through STSA_THREADS, then all hardware threads).
+// The process defaults: what Isa::Auto and threads = 0 mean for the CPU backends,
+// the router and the permutation, from their next call on (a call running keeps
+// what it started with). They come before STSA_ISA and STSA_THREADS; {Auto, 0},
+// the initial value, defers to those. Throws Unsupported for an instruction set
+// this CPU lacks and InvalidArgument for threads outside [0, 4096], and then
+// changes nothing. Python's stsa.set_num_threads and stsa.set_isa set them.
+void set_cpu_defaults(CpuOptions defaults);
+CpuOptions cpu_defaults();
+
+// What a call with these options runs now: the instruction set (Auto resolved
+// through the defaults, STSA_ISA and the machine; throws Unsupported for one this
+// CPU lacks) and the thread count (0 resolved through the defaults, STSA_THREADS,
+// then all hardware threads; InvalidArgument for a malformed STSA_THREADS).
 Isa resolve_isa(Isa requested);
 int resolve_threads(int requested);
 

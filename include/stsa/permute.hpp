@@ -27,7 +27,7 @@ std::vector<std::int64_t> permutation_map(const VideoGrid& grid, TokenOrder from
 // head indices (in range, distinct) and overlap are checked before any copy: each
 // destination's elements at distinct, aligned addresses, and no destination over a
 // source or over another destination (of any pair).
-// threads = 0 picks a count from the work size.
+// threads = 0 picks a count from the work size, at most resolve_threads(0) (cpu.hpp).
 void gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
                   std::span<const TensorView> sources, std::span<const TensorView> packed, int threads = 0);
 
@@ -39,7 +39,7 @@ void scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::s
                    const LseView& lse = {}, int threads = 0);
 
 // Copy bandwidth of this machine: memcpy of a `bytes` buffer with `threads`
-// threads (0: all), best of a few runs, counting bytes read + bytes written
+// threads (0: resolve_threads(0), cpu.hpp), best of a few runs, counting bytes read + bytes written
 // (the same accounting as permutation_bytes() in flops.hpp), in GB/s.
 double measure_copy_gbps(std::size_t bytes = std::size_t(64) << 20, int threads = 0);
 

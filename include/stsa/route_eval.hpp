@@ -27,6 +27,7 @@ struct RouteEvaluation {
 
 // eval_rows = 0: every row; otherwise that many rows, stratified over the sequence (seeded).
 // `routed_o` is the output the backend produced with `heads` (logical [B, N, H, D], frame-major).
+// threads 0: resolve_threads(0) (cpu.hpp).
 RouteEvaluation evaluate_routes(const VideoLayout& layout, const TensorView& q, const TensorView& k,
                                 const TensorView& v, const TensorView& routed_o, const std::vector<HeadRoute>& heads,
                                 std::int64_t eval_rows, std::uint64_t seed, float softmax_scale = 0.f,

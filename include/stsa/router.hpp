@@ -43,7 +43,7 @@ struct RouterOptions {
   double max_rel_l2 = 0.5;            // best candidate above this relative L2 error -> dense
   bool anchor = true;                 // symmetric frame-0 anchor in every candidate
   std::uint64_t seed = 1;
-  int threads = 0;                    // 0: all hardware threads
+  int threads = 0;                    // 0: resolve_threads(0) (cpu.hpp): the process default, STSA_THREADS, all
   // Auto or Amx: AMX tile products where they apply (bf16 or fp16 inputs, head
   // dim a multiple of 32), resolved as CpuOptions::isa is (STSA_ISA; Amx on a CPU
   // without it throws Unsupported). Any other: fp32 vector arithmetic throughout.

@@ -47,7 +47,7 @@ from ._stsa import Error, InvalidArgument, IoError, ResourceError, Unsupported
 __all__ = [
     "Error", "InvalidArgument", "IoError", "ResourceError", "Unsupported", "VideoGrid", "Policy", "attention",
     "routed_attention", "route", "plan", "tile_lists", "token_order", "model_presets", "model_preset", "backends",
-    "clear_plan_cache",
+    "clear_plan_cache", "set_num_threads", "get_num_threads", "set_isa", "get_isa",
 ]
 
 _DEFAULT_TILE = (128, 128)
@@ -330,6 +330,37 @@ def model_preset(name: str) -> dict[str, Any]:
 def backends() -> list[str]:
     """The backends of this build: "reference" (fp64 loops), "cpu", and "cuda" where built."""
     return _stsa.backends()
+
+
+def set_num_threads(threads: int) -> None:
+    """The threads of host calls (the CPU backend, the router, the permutation) from the next
+    call on, before ``STSA_THREADS``, as ``torch.set_num_threads`` is before ``OMP_NUM_THREADS``;
+    0 goes back to ``STSA_THREADS``, then all cores. For the whole process, in [0, 4096]."""
+    if not isinstance(threads, numbers.Integral) or isinstance(threads, bool):
+        raise InvalidArgument(f"threads must be an int in [0, 4096] (0: STSA_THREADS, then all), got {threads!r}")
+    isa, _ = _stsa.cpu_defaults()
+    _stsa.set_cpu_defaults(isa, int(threads))
+
+
+def get_num_threads() -> int:
+    """The threads a host call starting now runs with (``set_num_threads``, ``STSA_THREADS``, all cores)."""
+    return _stsa.resolved_cpu()[1]
+
+
+def set_isa(isa: str) -> None:
+    """The instruction set of host calls (the CPU backend's kernels, the router's tile products)
+    from the next call on, before ``STSA_ISA``: "scalar", "avx2", "avx512" or "amx", or "auto"
+    (back to ``STSA_ISA``, then the best this CPU has). ``stsa.Unsupported`` for one it lacks."""
+    if not isinstance(isa, str):
+        raise InvalidArgument(f"isa must be a str (auto, scalar, avx2, avx512 or amx), got {isa!r}")
+    _, threads = _stsa.cpu_defaults()
+    _stsa.set_cpu_defaults(isa, threads)
+
+
+def get_isa() -> str:
+    """The instruction set a host call starting now runs with (``set_isa``, ``STSA_ISA``, this CPU's best);
+    the CPU backend runs a call the AMX tiles cannot take (fp32 inputs, say) on AVX-512 under "amx"."""
+    return _stsa.resolved_cpu()[0]
 
 
 def clear_plan_cache() -> None:

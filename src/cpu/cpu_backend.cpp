@@ -3,12 +3,10 @@
 // in kernel_impl.hpp, compiled per instruction set, and in kernel_amx.cpp.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cpu/isa.hpp"
@@ -63,20 +61,6 @@ AttendFn kernel_for(Isa isa, std::int64_t head_dim) {
   }
 }
 
-int threads_from(int requested, std::string& why) {
-  if (requested > 0) return requested;
-  if (const char* env = std::getenv("STSA_THREADS"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    if (*end != '\0' || n < 0 || n > 4096) {
-      why = detail::concat("STSA_THREADS='", env, "' is not a thread count in [0, 4096]");
-      return 1;
-    }
-    if (n > 0) return int(n);
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 // One (batch, head) to compute, and where its packed K/V live.
 struct PairWork {
   std::int64_t batch = 0, head = 0;
@@ -103,19 +87,11 @@ struct WorkerScratch {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(CpuOptions options) : isa_(choose_isa(options.isa)) {
-    threads_ = threads_from(options.threads, config_error_);
-    if (!isa_.why.empty()) config_error_ = isa_.why;
-  }
+  explicit CpuBackend(CpuOptions options) : requested_(options) {}
 
   std::string_view name() const override { return "cpu"; }
 
-  Support supports(const AttentionCall& call) const override {
-    if (!config_error_.empty()) return {false, "cpu backend: " + config_error_};
-    if (kernel_for(isa_.isa, call.layout.head_dim) == nullptr)
-      return {false, detail::concat("cpu backend supports head dims 64, 80, 96 and 128, got ", call.layout.head_dim)};
-    return {};
-  }
+  Support supports(const AttentionCall& call) const override { return supports(call, configuration()); }
 
   void run(const AttentionCall& call) const override {
     validate(call, /*require_plans=*/true);
@@ -161,24 +137,51 @@ class CpuBackend final : public Backend {
     return map;
   }
 
+  // What this call runs with: Auto and 0 resolved now (cpu_defaults and the environment may have changed).
+  struct Configuration {
+    Isa isa = Isa::Scalar;
+    int threads = 1;
+    std::string error;  // why the backend cannot run at all
+  };
+  Configuration configuration() const {
+    Configuration c;
+    const IsaChoice isa = choose_isa(requested_.isa);
+    c.isa = isa.isa;
+    c.threads = threads_from(requested_.threads, c.error);
+    if (!isa.why.empty()) c.error = isa.why;
+    return c;
+  }
+
+  static Support supports(const AttentionCall& call, const Configuration& c) {
+    if (!c.error.empty()) return {false, "cpu backend: " + c.error};
+    if (kernel_for(c.isa, call.layout.head_dim) == nullptr)
+      return {false, detail::concat("cpu backend supports head dims 64, 80, 96 and 128, got ", call.layout.head_dim)};
+    return {};
+  }
+
   // `call` gives the layout, dtypes, heads and scale; its rows are read from `in` and stored to `out`.
   void run_checked(const AttentionCall& call, const RowSource& in, const RowDestination& out) const {
-    const Support support = supports(call);
+    const Configuration config = configuration();
+    const Support support = supports(call, config);
     if (!support.ok) throw Unsupported(support.why);
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!pool_) pool_ = std::make_unique<ThreadPool>(threads_);
+    if (!pool_ || pool_threads_ != config.threads) {
+      pool_.reset();  // its workers end before the new pool's start
+      pool_ = std::make_unique<ThreadPool>(config.threads);
+      pool_threads_ = config.threads;
+    }
     try {
-      compute(call, in, out);
+      compute(call, config.isa, in, out);
     } catch (const std::bad_alloc&) {
       throw ResourceError("cpu backend: out of memory for the packed K/V panels or scratch buffers");
     }
   }
 
-  void compute(const AttentionCall& call, const RowSource& in, const RowDestination& out) const {
+  void compute(const AttentionCall& call, Isa isa, const RowSource& in, const RowDestination& out) const {
     const VideoLayout& layout = call.layout;
     const std::int64_t d = layout.head_dim;
-    const bool amx = kernel_isa(isa_.isa, call) == Isa::Amx;
-    const AttendFn attend = amx ? attend_amx(int(d)) : kernel_for(isa_.isa, d);
+    const bool amx = kernel_isa(isa, call) == Isa::Amx;
+    const AttendFn attend = amx ? attend_amx(int(d)) : kernel_for(isa, d);
     // Q only takes the scale's sign (exact); its magnitude goes into the kernel's exp2.
     const float q_scale = call.scale() < 0 ? -1.0f : 1.0f;
     const double score_scale = std::abs(double(call.scale()));
@@ -189,7 +192,7 @@ class CpuBackend final : public Backend {
     // and fp8 ones as their values' bf16 bits.
     const int in_parts = amx && call.q.dtype == DType::F16 ? 2 : 1;
     const bool bf16_pairs = in_parts == 2 || (amx && call.q.dtype == DType::F8E4M3) ||
-                            (isa_.isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16);
+                            (isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16);
 
     std::vector<PairWork> pairs;
     for (std::int64_t b = 0; b < layout.batch; ++b)
@@ -384,11 +387,10 @@ class CpuBackend final : public Backend {
     });
   }
 
-  IsaChoice isa_;
-  int threads_ = 1;
-  std::string config_error_;
+  CpuOptions requested_;
   mutable std::mutex mutex_;
-  mutable std::unique_ptr<ThreadPool> pool_;  // started on the first run
+  mutable std::unique_ptr<ThreadPool> pool_;  // started on the first run, again when the thread count changes
+  mutable int pool_threads_ = 0;              // the count pool_ was asked for (it may run fewer)
   // Kept across runs (guarded by mutex_): fresh pages would be faulted in on every call.
   mutable FloatBuffer panels_;
   mutable PairBuffer pair_panels_;
@@ -397,21 +399,6 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 }  // namespace cpu
-
-Isa resolve_isa(Isa requested) {
-  const cpu::IsaChoice choice = cpu::choose_isa(requested);
-  if (!choice.why.empty()) throw Unsupported("cpu backend: " + choice.why);
-  return choice.isa;
-}
-
-int resolve_threads(int requested) {
-  STSA_CHECK(requested >= 0 && requested <= 4096, InvalidArgument, "threads must be in [0, 4096] (0: all), got ",
-             requested);
-  std::string why;
-  const int threads = cpu::threads_from(requested, why);
-  if (!why.empty()) throw InvalidArgument(why);
-  return threads;
-}
 
 Isa kernel_isa(Isa isa, const AttentionCall& call) {
   if (isa != Isa::Amx) return isa;

@@ -108,6 +108,7 @@ Isa machine_best_isa() {
 
 IsaChoice choose_isa(Isa requested) {
   IsaChoice choice;
+  if (requested == Isa::Auto) requested = cpu_defaults().isa;  // set_cpu_defaults comes before STSA_ISA
   if (requested == Isa::Auto) {
     // STSA_ISA picks the instruction set; naming one this CPU lacks is an error, not a silent downgrade.
     try {

@@ -12,12 +12,17 @@ bool machine_supports(Isa isa);
 // The best instruction set of this machine, ignoring STSA_ISA.
 Isa machine_best_isa();
 // The instruction set a backend built with `requested` runs: an explicit request
-// is taken as is, Auto means best_isa(). Returns an empty `why` when this machine
+// is taken as is, Auto means the process default (set_cpu_defaults), else best_isa(). Returns an empty `why` when this machine
 // can run it, otherwise the reason (the backend then reports Unsupported).
 struct IsaChoice {
   Isa isa = Isa::Scalar;
   std::string why;
 };
 IsaChoice choose_isa(Isa requested);
+
+// The thread count a backend built with `requested` runs (defaults.cpp): requested
+// when > 0, else the process default (set_cpu_defaults), STSA_THREADS, all hardware
+// threads. A malformed STSA_THREADS sets `why` (and gives 1).
+int threads_from(int requested, std::string& why);
 
 }  // namespace stsa::cpu

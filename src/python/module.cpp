@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -15,6 +16,7 @@
 
 #include "plan_arrays.hpp"
 #include "stsa/attention.hpp"
+#include "stsa/cpu.hpp"
 #include "stsa/error.hpp"
 #include "stsa/plan.hpp"
 #include "stsa/policy.hpp"
@@ -360,6 +362,19 @@ NB_MODULE(_stsa, m) {
     std::vector<std::string> names;
     for (const Backend* b : backends()) names.emplace_back(b->name());
     return names;
+  });
+  // The process defaults of the CPU backend and the router (stsa.set_num_threads, stsa.set_isa).
+  m.def(
+      "set_cpu_defaults",
+      [](const std::string& isa, int threads) { set_cpu_defaults({parse_isa(isa), threads}); }, "isa"_a,
+      "threads"_a);
+  m.def("cpu_defaults", [] {
+    const CpuOptions defaults = cpu_defaults();
+    return std::make_pair(std::string(to_string(defaults.isa)), defaults.threads);
+  });
+  // What a host call starting now runs with: the defaults resolved through the environment and the machine.
+  m.def("resolved_cpu", [] {
+    return std::make_pair(std::string(to_string(resolve_isa(Isa::Auto))), resolve_threads(0));
   });
   m.def("plan_cache_size", [] { return plan_cache().size(); });
   m.def("clear_plan_cache", [] { plan_cache().clear(); });

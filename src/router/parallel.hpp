@@ -7,17 +7,11 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
-#include <thread>
 #include <vector>
 
 #include "core/worker_threads.hpp"
 
 namespace stsa::router_detail {
-
-inline int hardware_threads() {
-  const unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : int(n);
-}
 
 // Calls body(begin, end) on `threads` disjoint chunks of [0, count); rethrows the first exception.
 // The caller takes the first chunk, and any chunk whose thread the system refused.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "router/parallel.hpp"
+#include "stsa/cpu.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/error.hpp"
 
@@ -124,7 +125,7 @@ struct CopyPlan {
 
 int pick_threads(int threads, double bytes) {
   if (threads > 0) return threads;
-  return int(std::clamp<double>(bytes / kBytesPerThread, 1.0, double(router_detail::hardware_threads())));
+  return int(std::clamp<double>(bytes / kBytesPerThread, 1.0, double(resolve_threads(0))));
 }
 
 }  // namespace
@@ -221,7 +222,7 @@ void scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::s
 double measure_copy_gbps(std::size_t bytes, int threads) {
   STSA_CHECK(bytes >= 4096, InvalidArgument, "copy bandwidth buffer must be >= 4096 bytes, got ", bytes);
   check_host_allocation(2 * std::uint64_t(bytes), "copy bandwidth measurement");
-  if (threads <= 0) threads = router_detail::hardware_threads();
+  if (threads <= 0) threads = resolve_threads(0);
   std::unique_ptr<std::byte[]> src(new std::byte[bytes]), dst(new std::byte[bytes]);
   std::memset(src.get(), 1, bytes);
   std::memset(dst.get(), 0, bytes);  // touch every page before timing

@@ -47,7 +47,7 @@ RouteEvaluation evaluate_routes(const VideoLayout& layout, const TensorView& q, 
   const PairPredicate first_block = first_block_predicate(layout.grid, heads, TokenOrder::FrameMajor);
 
   // One head per task: reference_rows computes only the heads marked compute.
-  if (threads <= 0) threads = router_detail::hardware_threads();
+  if (threads <= 0) threads = resolve_threads(0);
   router_detail::parallel_for(layout.heads, threads, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t h = begin; h < end; ++h) {
       AttentionCall call;

@@ -115,7 +115,7 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
   // thread has a couple of items.
   const bool tiles = router_detail::tiles_apply(resolve_isa(options_.isa), q, k, v);
   report.tile_products = tiles;
-  const int threads = options_.threads > 0 ? options_.threads : router_detail::hardware_threads();
+  const int threads = resolve_threads(options_.threads);
   const std::int64_t chunks = router_detail::key_chunks(layout.tokens());
   const auto sets = std::int64_t(row_sets.size()), heads_n = std::int64_t(which.size());
   const std::int64_t group = std::clamp<std::int64_t>(heads_n * sets * chunks / (2 * std::int64_t(threads)), 1, 8);
