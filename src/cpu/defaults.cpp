@@ -57,7 +57,9 @@ int threads_from(int requested, std::string& why) {
     }
     if (n > 0) return int(n);
   }
-  return int(std::max(1u, std::thread::hardware_concurrency()));
+  // Read once: it costs a read of /sys (~2 us), and a thread count is resolved at every call.
+  static const int hardware = int(std::max(1u, std::thread::hardware_concurrency()));
+  return hardware;
 }
 
 }  // namespace cpu

@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <string_view>
 
@@ -78,9 +79,7 @@ bool amx_permitted() {
   return permitted;
 }
 
-}  // namespace
-
-bool machine_supports(Isa isa) {
+bool detect_support(Isa isa) {
   __builtin_cpu_init();
   switch (isa) {
     case Isa::Auto:
@@ -90,13 +89,26 @@ bool machine_supports(Isa isa) {
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case Isa::Avx512:
       // Everything the *_avx512.cpp files are compiled with, since the compiler may use any of it.
-      return machine_supports(Isa::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-             has_avx512_bf16();
+      return detect_support(Isa::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && has_avx512_bf16();
     case Isa::Amx:
-      return machine_supports(Isa::Avx512) && has_amx_tile() && has_amx_bf16() && amx_permitted();
+      return detect_support(Isa::Avx512) && has_amx_tile() && has_amx_bf16() && amx_permitted();
   }
   return false;
+}
+
+}  // namespace
+
+bool machine_supports(Isa isa) {
+  // Detected once: under a hypervisor every CPUID traps (~66 us for one resolution of
+  // Auto, measured), and the backends and the router resolve Auto at every call.
+  static const std::array<bool, 5> supported = [] {
+    std::array<bool, 5> table{};
+    for (Isa i : {Isa::Auto, Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx}) table[std::size_t(i)] = detect_support(i);
+    return table;
+  }();
+  const auto index = std::size_t(isa);
+  return index < supported.size() && supported[index];
 }
 
 Isa machine_best_isa() {

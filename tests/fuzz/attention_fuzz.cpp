@@ -560,6 +560,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   constexpr stsa::Isa isas[] = {stsa::Isa::Auto, stsa::Isa::Scalar, stsa::Isa::Avx2, stsa::Isa::Avx512,
                                 stsa::Isa::Amx};
   const stsa::Backend& backend = cpu_backend(isas[in.next(0, 4)], int(in.next(1, 3)));
+  // The process defaults change between calls, as stsa.set_num_threads / stsa.set_isa change them:
+  // the Auto backend and the router resolve them at every call (a new count remakes the pool).
+  try {
+    stsa::set_cpu_defaults({isas[in.next(0, 4)], int(in.next(0, 3))});
+  } catch (const stsa::Unsupported&) {  // an instruction set this CPU lacks: the defaults stay
+  }
 
   stsa::AttentionCall call;
   call.layout = layout;
