@@ -20,15 +20,24 @@ namespace {
 
 RoutedCall routed_call(const testing::Problem& p) {
   const AttentionCall c = p.call();
-  return RoutedCall{c.layout, c.q, c.k, c.v, c.o, c.lse, c.softmax_scale};
+  return RoutedCall{c.layout, c.q, c.k, c.v, c.o, c.lse, c.softmax_scale, c.descales};
+}
+
+// Per-(batch, head) descales in [1/2, 2], a different one for every factor.
+void give_descales(testing::Problem& p) {
+  const std::int64_t count = p.layout.batch * p.layout.heads;
+  for (std::vector<float>* factors : {&p.q_descale, &p.k_descale, &p.v_descale})
+    for (std::int64_t i = 0; i < count; ++i) factors->push_back(0.5f + float((i * 7 + factors->size()) % 13) / 8.f);
 }
 
 // Decisions cycling through every route, checked on every backend that supports the call.
-void check_given_decisions(const VideoLayout& layout, DType dtype, std::uint64_t seed) {
+// With descales, the temporal heads' (gathered, packed) calls must carry their own heads' factors.
+void check_given_decisions(const VideoLayout& layout, DType dtype, std::uint64_t seed, bool descales = false) {
   const testing::CyclingDecisions given = testing::cycling_decisions(layout);
   const std::vector<HeadRoute>& decisions = given.decisions;
   for (const Backend* backend : backends()) {
     testing::Problem p = testing::make_problem(layout, dtype, given.reference_masks, seed);
+    if (descales) give_descales(p);
     SCOPED_TRACE(std::string(backend->name()) + " " + p.label);
     AttentionCall probe = p.call();
     if (!backend->supports(probe).ok) continue;
@@ -55,6 +64,8 @@ TEST(RoutedAttention, GivenDecisionsMatchTheReferenceOnAwkwardShapes) {
   check_given_decisions({{4, 5, 6, 70, TextPlacement::After}, 1, 4, 128}, DType::F32, seed + 2);   // text after
   check_given_decisions({{6, 11, 13, 0, TextPlacement::After}, 1, 4, 64}, DType::BF16, seed + 3);  // 858 tokens
   check_given_decisions({{3, 5, 7, 6, TextPlacement::After}, 1, 4, 128}, DType::F8E4M3, seed + 4);  // fp8 inputs
+  check_given_decisions({{3, 5, 7, 6, TextPlacement::After}, 2, 5, 64}, DType::F8E4M3, seed + 5, /*descales=*/true);
+  check_given_decisions({{4, 6, 5, 9, TextPlacement::Before}, 1, 6, 80}, DType::F32, seed + 6, /*descales=*/true);
 }
 
 TEST(RoutedAttention, RoutesSyntheticHeadsAndMatchesTheReference) {

@@ -33,6 +33,26 @@ struct HeadMask {
   bool compute = true;                    // false: the head is skipped, its O and LSE left untouched
 };
 
+// Per-(batch, head) dequantization factors, FlashAttention-3's q_descale, k_descale
+// and v_descale: Q, K and V hold a head's values divided by its factor (FP8 quantized
+// per head), and the call computes with the values themselves:
+//   O[b, i, h, :] = v[b, h] * sum_j softmax_j(scale * q[b, h] * k[b, h] * q_i . k_j) v_j
+//   LSE[b, h, i]  = log sum_j exp(scale * q[b, h] * k[b, h] * q_i . k_j)
+// Each is empty (every factor 1) or B x H floats, (b, h) at b * H + h, finite and
+// > 0 (validate()). Any input dtype; the CPU and reference backends take them.
+struct Descales {
+  std::span<const float> q, k, v;
+
+  bool empty() const { return q.empty() && k.empty() && v.empty(); }
+  // q[b, h] * k[b, h] and v[b, h] for a call of `heads` heads (1 where empty).
+  double score(std::int64_t b, std::int64_t h, std::int64_t heads) const;
+  double out(std::int64_t b, std::int64_t h, std::int64_t heads) const;
+  // The factors of heads `map` (each in [0, heads)) of every batch entry, in that
+  // order, into `storage` (3 x B x map.size() floats): a call on those heads alone.
+  Descales for_heads(std::span<const std::int64_t> map, std::int64_t batch, std::int64_t heads,
+                     std::vector<float>& storage) const;
+};
+
 struct AttentionCall {
   VideoLayout layout;
   TensorView q, k, v;  // logical [B, N, H, D]
@@ -40,9 +60,16 @@ struct AttentionCall {
   LseView lse;         // logical [B, H, N]; optional (data == nullptr)
   std::vector<HeadMask> heads;  // one per head
   float softmax_scale = 0.f;    // 0 means 1 / sqrt(D)
+  Descales descales = {};       // none by default
 
   float scale() const;
+  // What multiplies q_i . k_j in (b, h)'s scores: scale() * q and k descales.
+  double score_scale(std::int64_t b, std::int64_t h) const;
 };
+
+// Descales' checks, for a call of `batch` x `heads` (the first failure, named, as
+// InvalidArgument): sizes, finite and positive values.
+void validate_descales(const Descales& descales, std::int64_t batch, std::int64_t heads);
 
 // Checks everything a backend relies on: layout, shapes and strides against the
 // layout, dtypes, that o/lse do not overlap q/k/v or each other, one mask per
@@ -60,6 +87,9 @@ void validate_lse(const char* name, const LseView& lse, const VideoLayout& layou
 // elements share an address, and a pointer aligned to the element.
 void validate_view_memory(const char* name, const TensorView& t);
 void validate_lse_memory(const char* name, const LseView& lse);
+
+// The bytes a span of floats covers (empty: {nullptr, nullptr}), for NamedExtent.
+std::pair<const std::byte*, const std::byte*> span_extent(std::span<const float> values);
 
 // A view's name and the bytes it spans (its byte_extent()).
 struct NamedExtent {

@@ -188,6 +188,9 @@ struct UlyssesCall {
   std::vector<MaskSpec> masks;
   const Router* router = nullptr;
   float softmax_scale = 0.f;
+  // Per-(batch, head) descales (attention.hpp), indexed by global head: every rank
+  // gives the same B x H values (the agreement compares them) and runs its heads' own.
+  Descales descales = {};
   TileShape tile{};
   Alignment alignment = Alignment::Exact;
 };

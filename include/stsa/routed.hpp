@@ -34,6 +34,7 @@ struct RoutedCall {
   TensorView q, k, v, o;
   LseView lse;
   float softmax_scale = 0.f;  // 0: 1 / sqrt(D)
+  Descales descales = {};     // per-(batch, head) q, k, v descales (attention.hpp); the router's too
 
   // The same tensors as a backend call, without head masks yet.
   AttentionCall attention_call() const {
@@ -45,6 +46,7 @@ struct RoutedCall {
     a.o = o;
     a.lse = lse;
     a.softmax_scale = softmax_scale;
+    a.descales = descales;
     return a;
   }
   // The same with every head skipped (compute = false, no plan): what validate()

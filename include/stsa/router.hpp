@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "stsa/attention.hpp"
 #include "stsa/cpu.hpp"
 #include "stsa/layout.hpp"
 #include "stsa/mask.hpp"
@@ -89,11 +90,13 @@ class Router {
                    std::vector<std::int64_t>& batch) const;
 
   // Routes heads `heads` (all when empty) of q, k, v (logical [B, N, H, D], tokens in `order`).
-  // softmax_scale 0 means 1 / sqrt(D). The views follow validate()'s rules (attention.hpp);
-  // InvalidArgument otherwise, before any element is read.
+  // softmax_scale 0 means 1 / sqrt(D); `descales` (attention.hpp) scale each (batch, head)'s
+  // scores and outputs as the attention's, so the errors are those of the dequantized
+  // values. The views follow validate()'s rules (attention.hpp), the descales
+  // validate_descales'; InvalidArgument otherwise, before any element is read.
   RoutingReport route(const VideoLayout& layout, const TensorView& q, const TensorView& k, const TensorView& v,
                       TokenOrder order = TokenOrder::FrameMajor, float softmax_scale = 0.f,
-                      std::span<const std::int64_t> heads = {}) const;
+                      std::span<const std::int64_t> heads = {}, const Descales& descales = {}) const;
 
  private:
   RouterOptions options_;

@@ -89,7 +89,7 @@ class VideoGrid:
 def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: float = 0.25, *, anchor: bool = True,
               layout: str = "bnhd", out=None, lse=None, return_lse: bool = False, scale: float | None = None,
               backend: str | None = None, stream: int | None = None, tile: int | tuple[int, int] = _DEFAULT_TILE,
-              align: str = "exact"):
+              align: str = "exact", q_descale=None, k_descale=None, v_descale=None):
     """Sparse attention with the mask you name, for every head or one per head.
 
     mask: "dense", "spatial" (a band in frame-major order), "temporal" (a band in
@@ -102,6 +102,9 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     ``return_lse`` or ``lse`` is given. ``backend``: "cpu" or "reference" for host
     arrays, "cuda" for CUDA arrays (None: where the arrays are); ``stream``: the
     cudaStream_t of a GPU call (None: torch's current stream, else the default).
+    ``q_descale``, ``k_descale``, ``v_descale``: FlashAttention-3's per-(batch, head)
+    dequantization factors of quantized (float8) inputs, [B, H] float32 host arrays or
+    numbers: the scores are scaled by q's times k's, the output by v's (host backends).
     Under torch.compile (torch tensors, a VideoGrid, no ``out``, ``lse`` or
     ``stream``) the call is one operator in the compiled graph,
     ``torch.ops.stsa.attention``, not a graph break.
@@ -112,12 +115,14 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
         from ._torch_op import traced_attention
 
         out, lse = traced_attention(q, k, v, _video_grid(grid), masks, density, anchor, layout, scale, _tile(tile),
-                                    align, backend)
+                                    align, backend, (q_descale, k_descale, v_descale))
         return (out, lse) if return_lse else out
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
+    descales = _descales(q, layout, q_descale, k_descale, v_descale)
     with _device_of(q):
-        _stsa.attention(**_arrays(q, k, v, out, lse), **_where(q, grid, scale, backend, stream, tile, align, layout),
-                        masks=masks, density=density, anchor=anchor)
+        _stsa.attention(**_arrays(q, k, v, out, lse), **descales,
+                        **_where(q, grid, scale, backend, stream, tile, align, layout), masks=masks, density=density,
+                        anchor=anchor)
     return (out, lse) if want_lse else out
 
 
@@ -126,7 +131,8 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
                      try_frames: bool = False, samples: int = 64, seed: int = 1, max_rel_l2: float = 0.5,
                      anchor: bool = True, layout: str = "bnhd", out=None, lse=None, return_lse: bool = False,
                      scale: float | None = None, backend: str | None = None, stream: int | None = None,
-                     tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact", timed: bool = True):
+                     tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact", timed: bool = True,
+                     q_descale=None, k_descale=None, v_descale=None):
     """Routes every head online, then runs each with its mask.
 
     For each head, ``samples`` query rows spread over all frames (every row of a
@@ -139,6 +145,7 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     routing, permutation and attention times in ms. ``timed=False``: no permutation
     and attention times (None), and a GPU call returns once its work is enqueued
     instead of waiting to time it (it still waits for its routing decisions).
+    Descales as ``attention`` takes them; the routing errors are then the dequantized outputs'.
     Under torch.compile (torch tensors, no ``out``, ``lse`` or ``stream``) the call
     is one operator, ``torch.ops.stsa.routed_attention``, and ``info`` is None.
     """
@@ -149,11 +156,12 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
         from ._torch_op import traced_routed_attention
 
         out, lse = traced_routed_attention(q, k, v, _video_grid(grid), router, layout, scale, _tile(tile), align,
-                                           backend, _flag("timed", timed))
+                                           backend, _flag("timed", timed), (q_descale, k_descale, v_descale))
         return (out, lse, None) if return_lse else (out, None)
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
+    descales = _descales(q, layout, q_descale, k_descale, v_descale)
     with _device_of(q):
-        info = _stsa.routed_attention(**_arrays(q, k, v, out, lse),
+        info = _stsa.routed_attention(**_arrays(q, k, v, out, lse), **descales,
                                       **_where(q, grid, scale, backend, stream, tile, align, layout), **router,
                                       timed=_flag("timed", timed))
     return (out, lse, info) if want_lse else (out, info)
@@ -162,7 +170,8 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
 def route(q, k, v, grid, density: float = 0.25, *, spatial_density: float | None = None,
           temporal_density: float | None = None, frames_density: float | None = None, try_frames: bool = False,
           samples: int = 64, seed: int = 1, max_rel_l2: float = 0.5, anchor: bool = True, layout: str = "bnhd",
-          scale: float | None = None, stream: int | None = None) -> dict[str, Any]:
+          scale: float | None = None, stream: int | None = None, q_descale=None, k_descale=None,
+          v_descale=None) -> dict[str, Any]:
     """Routing alone, for attention run elsewhere: each head's decision as
     ``routed_attention`` makes it (on the GPU for CUDA arrays), without computing
     the attention. Returns ``routes``, ``heads`` (route, mask, band, candidates'
@@ -172,7 +181,7 @@ def route(q, k, v, grid, density: float = 0.25, *, spatial_density: float | None
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
     with _device_of(q):
-        return _stsa.route(**_arrays(q, k, v), grid=_grid(grid), scale=_scale(scale), stream=_stream(q, stream),
+        return _stsa.route(**_arrays(q, k, v), **_descales(q, layout, q_descale, k_descale, v_descale), grid=_grid(grid), scale=_scale(scale), stream=_stream(q, stream),
                            layout=layout, **router)
 
 
@@ -227,13 +236,14 @@ class Policy:
         return self._policy.dense(step, layer)
 
     def route(self, q, k, v, grid, step: int, layer: int, *, layout: str = "bnhd", scale: float | None = None,
-              stream: int | None = None) -> dict[str, Any]:
+              stream: int | None = None, q_descale=None, k_descale=None, v_descale=None) -> dict[str, Any]:
         """Every head's decision at (step, layer), for attention run elsewhere: dense in
         the warm-up, reused where a decision holds, routed (and remembered) otherwise.
         Returns ``routes``, ``heads``, and ``routing`` (what ``route()`` returns for the
         heads routed now; None when none was)."""
         with _device_of(q):
-            return self._policy.route(**_arrays(q, k, v), grid=_grid(grid), step=step, layer=layer,
+            return self._policy.route(**_arrays(q, k, v), **_descales(q, layout, q_descale, k_descale, v_descale),
+                                      grid=_grid(grid), step=step, layer=layer,
                                       scale=_scale(scale), stream=_stream(q, stream), layout=layout)
 
     @property
@@ -248,7 +258,7 @@ class Policy:
     def attention(self, q, k, v, grid, step: int, layer: int, *, layout: str = "bnhd", out=None, lse=None,
                   return_lse: bool = False, scale: float | None = None, backend: str | None = None,
                   stream: int | None = None, tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact",
-                  timed: bool = True):
+                  timed: bool = True, q_descale=None, k_descale=None, v_descale=None):
         """One layer's self-attention at one step; returns ``(out, info)`` or ``(out, lse, info)``.
         ``timed=False``: no permutation and attention times (None), and a GPU call that
         routes no head (dense, or decisions reused) returns once enqueued, never waiting
@@ -261,11 +271,13 @@ class Policy:
             from ._torch_op import traced_policy_attention
 
             out, lse = traced_policy_attention(self._id, q, k, v, _video_grid(grid), step, layer, layout, scale,
-                                               _tile(tile), align, backend, _flag("timed", timed))
+                                               _tile(tile), align, backend, _flag("timed", timed),
+                                               (q_descale, k_descale, v_descale))
             return (out, lse, None) if return_lse else (out, None)
         out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
+        descales = _descales(q, layout, q_descale, k_descale, v_descale)
         with _device_of(q):
-            info = self._policy.attention(**_arrays(q, k, v, out, lse),
+            info = self._policy.attention(**_arrays(q, k, v, out, lse), **descales,
                                           **_where(q, grid, scale, backend, stream, tile, align, layout), step=step,
                                           layer=layer, timed=_flag("timed", timed))
         self.last_info = info
@@ -460,6 +472,38 @@ def _arrays(q, k, v, out=None, lse=None) -> dict[str, Any]:
             raise InvalidArgument(f"lse must be an array (NumPy, PyTorch or any DLPack array), got {type(lse)}")
         arrays["lse"] = lse
     return {**arrays, "bit_views": bit_views}
+
+
+def _descales(q, layout: str, q_descale, k_descale, v_descale) -> dict[str, Any]:
+    """The descales as the module takes them: each None or a [B, H] float32 host array
+    (a number: that value for every (batch, head)). The caller's own arrays are read, never written."""
+    given = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if all(value is None for value in given.values()):
+        return given
+    import numpy as np
+
+    batch, _, heads = _batch_tokens_heads(_check_rank(q), layout)
+    converted: dict[str, Any] = {}
+    for name, value in given.items():
+        if value is None:
+            converted[name] = None
+            continue
+        if _framework(value) == "torch":
+            if value.device.type != "cpu":
+                raise Unsupported(f"{name} is on {value.device}: descales are taken on the host only, by the host "
+                                  "backends (the cuda backend takes none yet)")
+            value = value.detach().float().numpy()
+        try:
+            array = np.asarray(value, dtype=np.float32)
+        except (TypeError, ValueError) as error:
+            raise InvalidArgument(f"{name} must be a number or a [B, H] array, got {type(value).__name__}") from error
+        if array.ndim == 0:
+            array = np.full((batch, heads), array, dtype=np.float32)
+        if array.shape != (batch, heads):
+            raise InvalidArgument(f"{name} must be [B, H] = [{batch}, {heads}] (or a number), got shape "
+                                  f"{list(array.shape)}")
+        converted[name] = np.ascontiguousarray(array)
+    return converted
 
 
 def _where(q, grid, scale, backend, stream, tile, align, layout) -> dict[str, Any]:

@@ -21,11 +21,13 @@ _require_torch_operators(torch)
 @torch.library.custom_op("stsa::attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: list[int], text_before: bool, masks: str,
                  density: float, anchor: bool, scale: Optional[float], layout: str, tile: list[int], align: str,
-                 backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+                 backend: str, q_descale: Optional[torch.Tensor], k_descale: Optional[torch.Tensor],
+                 v_descale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of ``stsa.attention``; ``grid`` is (frames, height, width, text), ``masks``
     the mask names joined by commas, ``backend`` "" for where the tensors are."""
     return attention(q, k, v, _grid(grid, text_before), masks.split(","), density, anchor=anchor, layout=layout,
-                     scale=scale, tile=(tile[0], tile[1]), align=align, backend=backend or None, return_lse=True)
+                     scale=scale, tile=(tile[0], tile[1]), align=align, backend=backend or None, return_lse=True,
+                     q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 def _outputs_like(q, layout):
@@ -37,7 +39,8 @@ def _outputs_like(q, layout):
 
 
 @attention_op.register_fake
-def _(q, k, v, grid, text_before, masks, density, anchor, scale, layout, tile, align, backend):
+def _(q, k, v, grid, text_before, masks, density, anchor, scale, layout, tile, align, backend, q_descale, k_descale,
+      v_descale):
     return _outputs_like(q, layout)
 
 
@@ -50,24 +53,34 @@ def _grid_args(grid: VideoGrid) -> tuple[list[int], bool]:
     return [grid.frames, grid.height, grid.width, grid.text], grid.text_placement == "before"
 
 
+def _descale_tensors(descales, q, layout) -> list:
+    """q, k and v descales as the operators take them: None or a tensor (a number becomes a
+    [B, H] float32 tensor of it; the call checks shapes and values)."""
+    batch, _, heads = _batch_tokens_heads(q.shape, layout)
+    return [None if d is None else d if isinstance(d, torch.Tensor)
+            else torch.full((batch, heads), float(d), dtype=torch.float32) for d in descales]
+
+
 # The router's settings travel as the keyword names and values of stsa._router's dict.
 @torch.library.custom_op("stsa::routed_attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def routed_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: list[int], text_before: bool,
                         samples: int, densities: list[float], try_frames: bool, max_rel_l2: float, anchor: bool,
                         seed: int, scale: Optional[float], layout: str, tile: list[int], align: str, backend: str,
-                        timed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                        timed: bool, q_descale: Optional[torch.Tensor], k_descale: Optional[torch.Tensor],
+                        v_descale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of ``stsa.routed_attention``; ``densities`` spatial, temporal, frames."""
     out, lse, _ = routed_attention(q, k, v, _grid(grid, text_before), spatial_density=densities[0],
                                    temporal_density=densities[1], frames_density=densities[2], try_frames=try_frames,
                                    samples=samples, seed=seed, max_rel_l2=max_rel_l2, anchor=anchor, layout=layout,
                                    scale=scale, tile=(tile[0], tile[1]), align=align, backend=backend or None,
-                                   return_lse=True, timed=timed)
+                                   return_lse=True, timed=timed, q_descale=q_descale, k_descale=k_descale,
+                                   v_descale=v_descale)
     return out, lse
 
 
 @routed_attention_op.register_fake
 def _(q, k, v, grid, text_before, samples, densities, try_frames, max_rel_l2, anchor, seed, scale, layout, tile, align,
-      backend, timed):
+      backend, timed, q_descale, k_descale, v_descale):
     return _outputs_like(q, layout)
 
 
@@ -76,39 +89,45 @@ def _(q, k, v, grid, text_before, samples, densities, try_frames, max_rel_l2, an
 @torch.library.custom_op("stsa::policy_attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def policy_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: int, grid: list[int],
                         text_before: bool, step: int, layer: int, scale: Optional[float], layout: str, tile: list[int],
-                        align: str, backend: str, timed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                        align: str, backend: str, timed: bool, q_descale: Optional[torch.Tensor],
+                        k_descale: Optional[torch.Tensor],
+                        v_descale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of ``Policy.attention``; its info in the policy's ``last_info``."""
     out, lse, _ = _policies[policy].attention(q, k, v, _grid(grid, text_before), step, layer, layout=layout,
                                               scale=scale, tile=(tile[0], tile[1]), align=align,
-                                              backend=backend or None, return_lse=True, timed=timed)
+                                              backend=backend or None, return_lse=True, timed=timed,
+                                              q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     return out, lse
 
 
 @policy_attention_op.register_fake
-def _(q, k, v, policy, grid, text_before, step, layer, scale, layout, tile, align, backend, timed):
+def _(q, k, v, policy, grid, text_before, step, layer, scale, layout, tile, align, backend, timed, q_descale, k_descale,
+      v_descale):
     return _outputs_like(q, layout)
 
 
-def traced_attention(q, k, v, grid: VideoGrid, masks: list[str], density, anchor, layout, scale, tile, align, backend):
+def traced_attention(q, k, v, grid: VideoGrid, masks: list[str], density, anchor, layout, scale, tile, align, backend,
+                     descales):
     """The operator's call for one ``stsa.attention`` call being traced."""
     return torch.ops.stsa.attention(q, k, v, *_grid_args(grid), ",".join(masks), float(density), bool(anchor),
                                     None if scale is None else float(scale), layout, [tile[0], tile[1]], align,
-                                    backend or "")
+                                    backend or "", *_descale_tensors(descales, q, layout))
 
 
-def traced_routed_attention(q, k, v, grid: VideoGrid, router: dict, layout, scale, tile, align, backend, timed):
+def traced_routed_attention(q, k, v, grid: VideoGrid, router: dict, layout, scale, tile, align, backend, timed,
+                            descales):
     """The operator's call for one ``stsa.routed_attention`` call being traced."""
     densities = [float(router[name]) for name in ("spatial_density", "temporal_density", "frames_density")]
     return torch.ops.stsa.routed_attention(q, k, v, *_grid_args(grid), router["samples"], densities,
                                            bool(router["try_frames"]), float(router["max_rel_l2"]),
                                            bool(router["anchor"]), router["seed"],
                                            None if scale is None else float(scale), layout, [tile[0], tile[1]], align,
-                                           backend or "", timed)
+                                           backend or "", timed, *_descale_tensors(descales, q, layout))
 
 
 def traced_policy_attention(policy: int, q, k, v, grid: VideoGrid, step, layer, layout, scale, tile, align, backend,
-                            timed):
+                            timed, descales):
     """The operator's call for one ``Policy.attention`` call being traced."""
     return torch.ops.stsa.policy_attention(q, k, v, policy, *_grid_args(grid), step, layer,
                                            None if scale is None else float(scale), layout, [tile[0], tile[1]], align,
-                                           backend or "", timed)
+                                           backend or "", timed, *_descale_tensors(descales, q, layout))

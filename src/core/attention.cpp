@@ -168,8 +168,63 @@ void check_outputs_apart(std::string_view what, std::span<const NamedExtent> out
   }
 }
 
+namespace {
+
+double factor(std::span<const float> values, std::int64_t b, std::int64_t h, std::int64_t heads) {
+  return values.empty() ? 1.0 : double(values[std::size_t(b * heads + h)]);
+}
+
+}  // namespace
+
+double Descales::score(std::int64_t b, std::int64_t h, std::int64_t heads) const {
+  return factor(q, b, h, heads) * factor(k, b, h, heads);
+}
+
+double Descales::out(std::int64_t b, std::int64_t h, std::int64_t heads) const { return factor(v, b, h, heads); }
+
+Descales Descales::for_heads(std::span<const std::int64_t> map, std::int64_t batch, std::int64_t heads,
+                             std::vector<float>& storage) const {
+  const std::size_t count = std::size_t(batch) * map.size();
+  storage.assign(3 * count, 0.f);
+  Descales picked;
+  const std::span<const float> from[] = {q, k, v};
+  std::span<const float>* to[] = {&picked.q, &picked.k, &picked.v};
+  for (std::size_t which = 0; which < 3; ++which) {
+    if (from[which].empty()) continue;
+    float* out = storage.data() + which * count;
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::size_t j = 0; j < map.size(); ++j) out[std::size_t(b) * map.size() + j] =
+          from[which][std::size_t(b * heads + map[j])];
+    *to[which] = std::span<const float>(out, count);
+  }
+  return picked;
+}
+
+void validate_descales(const Descales& descales, std::int64_t batch, std::int64_t heads) {
+  const std::pair<const char*, std::span<const float>> all[] = {
+      {"q_descale", descales.q}, {"k_descale", descales.k}, {"v_descale", descales.v}};
+  for (const auto& [name, values] : all) {
+    if (values.empty()) continue;
+    STSA_CHECK(std::int64_t(values.size()) == batch * heads, InvalidArgument, name, " must hold batch x heads (",
+               batch, " x ", heads, ") values, got ", values.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      STSA_CHECK(std::isfinite(values[i]) && values[i] > 0.f, InvalidArgument, name, " must be finite and > 0, got ",
+                 values[i], " for (batch, head) (", std::int64_t(i) / heads, ", ", std::int64_t(i) % heads, ")");
+  }
+}
+
+std::pair<const std::byte*, const std::byte*> span_extent(std::span<const float> values) {
+  const auto* first = reinterpret_cast<const std::byte*>(values.data());
+  return values.empty() ? std::pair<const std::byte*, const std::byte*>{nullptr, nullptr}
+                        : std::pair{first, first + values.size_bytes()};
+}
+
 float AttentionCall::scale() const {
   return softmax_scale != 0.f ? softmax_scale : float(1.0 / std::sqrt(double(layout.head_dim)));
+}
+
+double AttentionCall::score_scale(std::int64_t b, std::int64_t h) const {
+  return double(scale()) * descales.score(b, h, layout.heads);
 }
 
 void validate(const AttentionCall& call, bool require_plans) {
@@ -185,9 +240,15 @@ void validate(const AttentionCall& call, bool require_plans) {
              to_string(call.v.dtype));
   STSA_CHECK(std::isfinite(call.softmax_scale), InvalidArgument, "softmax scale must be finite, got ",
              call.softmax_scale);
+  validate_descales(call.descales, call.layout.batch, call.layout.heads);
   if (call.lse.data != nullptr) validate_lse("lse", call.lse, call.layout);
   const NamedExtent outputs[] = {{"o", call.o.byte_extent()}, {"lse", call.lse.byte_extent()}};
-  const NamedExtent inputs[] = {{"q", call.q.byte_extent()}, {"k", call.k.byte_extent()}, {"v", call.v.byte_extent()}};
+  const NamedExtent inputs[] = {{"q", call.q.byte_extent()},
+                                {"k", call.k.byte_extent()},
+                                {"v", call.v.byte_extent()},
+                                {"q_descale", span_extent(call.descales.q)},
+                                {"k_descale", span_extent(call.descales.k)},
+                                {"v_descale", span_extent(call.descales.v)}};
   check_outputs_apart("", outputs, inputs);
   STSA_CHECK(std::int64_t(call.heads.size()) == call.layout.heads, InvalidArgument, "expected one mask per head (",
              call.layout.heads, "), got ", call.heads.size());

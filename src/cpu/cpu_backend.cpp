@@ -52,7 +52,7 @@ std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / t
 
 // The SIMD kernel of `isa`; with Amx, the AVX-512 one, which runs every call the tile kernel does not take.
 AttendFn kernel_for(Isa isa, std::int64_t head_dim) {
-  if (head_dim <= 0 || head_dim > 1024) return nullptr;
+  if (head_dim <= 0 || head_dim > kMaxHeadDim) return nullptr;
   switch (isa) {
     case Isa::Amx:
     case Isa::Avx512: return attend_avx512(int(head_dim));
@@ -182,10 +182,9 @@ class CpuBackend final : public Backend {
     const std::int64_t d = layout.head_dim;
     const bool amx = kernel_isa(isa, call) == Isa::Amx;
     const AttendFn attend = amx ? attend_amx(int(d)) : kernel_for(isa, d);
-    // Q only takes the scale's sign (exact); its magnitude goes into the kernel's exp2.
+    // Q only takes the scale's sign (exact; descales are positive); its magnitude, with
+    // the (batch, head)'s descales, goes into the kernel's exp2.
     const float q_scale = call.scale() < 0 ? -1.0f : 1.0f;
-    const double score_scale = std::abs(double(call.scale()));
-    const float exp_scale = float(score_scale * 1.44269504088896340736);
     // bf16 inputs on AVX-512 (which here includes BF16) compute S = Q K^T from bf16
     // pairs with VDPBF16PS or tile products: the values are exact either way, the products too.
     // fp16 inputs on the AMX kernel do too, each value split into two bf16 parts,
@@ -247,7 +246,7 @@ class CpuBackend final : public Backend {
       panels.resize(floats);
       if (bf16_pairs) pair_panels_.resize(pair_words);
       run_chunk(call, in, out, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, amx,
-                in_parts, attend, q_scale, exp_scale, score_scale, scratch);
+                in_parts, attend, q_scale, scratch);
       first = last;
     }
   }
@@ -257,8 +256,8 @@ class CpuBackend final : public Backend {
   // split into two bf16 parts for the AMX kernel, else 1.
   void run_chunk(const AttentionCall& call, const RowSource& in, const RowDestination& out,
                  std::vector<PairWork>& pairs, std::size_t first, std::size_t last, float* panels,
-                 std::uint32_t* pair_panels, bool amx, int in_parts, AttendFn attend, float q_scale, float exp_scale,
-                 double score_scale, std::vector<WorkerScratch>& scratch) const {
+                 std::uint32_t* pair_panels, bool amx, int in_parts, AttendFn attend, float q_scale,
+                 std::vector<WorkerScratch>& scratch) const {
     const std::int64_t d = call.layout.head_dim;
     const std::int64_t n = call.layout.tokens();
 
@@ -350,9 +349,10 @@ class CpuBackend final : public Backend {
       const auto ids = plan.partial_mask_ids(item.q_tile);
       for (std::size_t j = 0; j < partial.size(); ++j) w.masks[j] = plan.mask(ids[j]);
 
+      const double score_scale = std::abs(call.score_scale(pw.batch, pw.head));
       QueryTileJob job;
       job.q = pair_panels ? nullptr : w.q.data();
-      job.exp_scale = exp_scale;
+      job.exp_scale = float(score_scale * 1.44269504088896340736);
       job.rows = rows;
       job.tile_k = int(tile_k);
       job.tokens = n;
@@ -383,7 +383,8 @@ class CpuBackend final : public Backend {
       job.l = w.l.data();
       job.scratch = w.s.data();
       attend(job);
-      store_rows(out, pw.batch, pw.head, q0, rows, job.o, job.m, job.l, score_scale);
+      store_rows(out, pw.batch, pw.head, q0, rows, job.o, job.m, job.l, score_scale,
+                 float(call.descales.out(pw.batch, pw.head, call.layout.heads)));
     });
   }
 
@@ -407,7 +408,7 @@ Isa kernel_isa(Isa isa, const AttentionCall& call) {
   // (converted to bf16, exactly).
   const DType in = call.q.dtype;
   const bool tiles = (in == DType::BF16 || in == DType::F16 || in == DType::F8E4M3) && call.k.dtype == in &&
-                     call.v.dtype == in && call.layout.head_dim > 0 && call.layout.head_dim <= 1024 &&
+                     call.v.dtype == in && call.layout.head_dim > 0 && call.layout.head_dim <= cpu::kMaxHeadDim &&
                      cpu::attend_amx(int(call.layout.head_dim)) != nullptr;
   return tiles ? Isa::Amx : Isa::Avx512;
 }

@@ -9,6 +9,9 @@
 
 namespace stsa::cpu {
 
+// The largest head dim the kernels take (kernel_for); row buffers on the stack are this long.
+inline constexpr std::int64_t kMaxHeadDim = 1024;
+
 // Reads row (b, n, h, :) of t as head_dim floats, each multiplied by `scale`.
 void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out);
 
@@ -135,11 +138,11 @@ struct RowDestination {
 };
 
 // Writes finished rows n0 .. n0 + rows - 1 of (b, h) where `out` says:
-// O = acc[i] / l[i] and LSE = m[i] * score_scale + ln l[i], from the kernel's
-// running max m of the unscaled scores and sum l. A row with l == 0 (nothing
-// allowed) gets O = 0 and LSE = -inf.
+// O = acc[i] / l[i] * out_scale (V's descale) and LSE = m[i] * score_scale + ln l[i],
+// from the kernel's running max m of the unscaled scores and sum l. A row with
+// l == 0 (nothing allowed) gets O = 0 and LSE = -inf.
 void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
-                const float* acc, const float* m, const float* l, double score_scale);
+                const float* acc, const float* m, const float* l, double score_scale, float out_scale = 1.0f);
 
 // dst[d] = a[d] / l for `count` channels of `dtype`: fp32, or rounded to bf16 or
 // fp16 as float_to_bf16 and float_to_f16 do (store_avx512.cpp; only for CPUs

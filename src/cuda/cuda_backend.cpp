@@ -40,6 +40,8 @@ void check_on_host(const AttentionCall& call) {
   validate(call, /*require_plans=*/true);
   STSA_CHECK(call.q.dtype == DType::BF16 || call.q.dtype == DType::F16, Unsupported, "the cuda backend takes bf16 or ",
              "fp16 q/k/v, got ", to_string(call.q.dtype));
+  STSA_CHECK(call.descales.empty(), Unsupported,
+             "the cuda backend takes no per-(batch, head) descales yet (the cpu and reference backends do)");
   STSA_CHECK(cuda_detail::attention_head_dim_supported(int(call.layout.head_dim)), Unsupported,
              "the cuda backend supports head dims 64 and 128, got ", call.layout.head_dim);
   // The kernel reads and writes whole 16-byte vectors (inputs) and element pairs

@@ -16,12 +16,12 @@ constexpr std::size_t kMessageBytes = 240;
 // What every rank must agree on, as integers, with names for the messages.
 enum Field : std::size_t {
   kBatch, kFrames, kHeight, kWidth, kText, kTextPlacement, kHeads, kHeadDim, kInDtype, kOutDtype, kWithLse,
-  kMaskHash, kRouterHash, kScaleBits, kTileRows, kTileCols, kAlignment, kBackendHash, kFieldCount
+  kMaskHash, kRouterHash, kScaleBits, kDescaleHash, kTileRows, kTileCols, kAlignment, kBackendHash, kFieldCount
 };
 constexpr std::array<std::string_view, kFieldCount> kFieldNames{
     "batch", "frames", "height", "width", "text tokens", "text placement", "heads", "head dim", "input dtype",
-    "output dtype", "whether LSE is wanted", "head masks", "router options", "softmax scale", "tile rows", "tile columns",
-    "alignment", "backend"};
+    "output dtype", "whether LSE is wanted", "head masks", "router options", "softmax scale", "descales", "tile rows",
+    "tile columns", "alignment", "backend"};
 
 struct Descriptor {
   std::int64_t ok = 0;
@@ -60,6 +60,20 @@ std::int64_t hash_router(const Router* router) {
   for (std::int64_t value : {std::int64_t(o.samples), std::int64_t(o.try_frame_window), std::int64_t(o.anchor),
                              std::int64_t(o.seed)})
     h = fnv1a(h, value);
+  return h;
+}
+
+// Which descales are given and their values' bits (every rank holds all B x H of each).
+std::int64_t hash_descales(const Descales& descales) {
+  std::int64_t h = std::int64_t(0xcbf29ce484222325ull);
+  for (std::span<const float> values : {descales.q, descales.k, descales.v}) {
+    h = fnv1a(h, std::int64_t(values.size()));
+    for (float value : values) {
+      std::int32_t bits = 0;
+      std::memcpy(&bits, &value, sizeof bits);
+      h = fnv1a(h, bits);
+    }
+  }
   return h;
 }
 
@@ -118,6 +132,7 @@ void check_local(const Communicator& comm, const UlyssesCall& call) {
              to_string(call.o.dtype), " (fp8 is an input type)");
   STSA_CHECK(std::isfinite(call.softmax_scale), InvalidArgument, "softmax scale must be finite, got ",
              call.softmax_scale);
+  validate_descales(call.descales, b, h);
   const bool with_lse = call.lse.data != nullptr;
   if (with_lse) check_lse("lse", call.lse, b, h, shard.count);
   const std::int64_t text = layout.grid.text_tokens;
@@ -143,7 +158,10 @@ void check_local(const Communicator& comm, const UlyssesCall& call) {
                                  {"text_lse", call.text_lse.byte_extent()}};
   const NamedExtent inputs[] = {{"q", call.q.byte_extent()},           {"k", call.k.byte_extent()},
                                 {"v", call.v.byte_extent()},           {"text_q", call.text_q.byte_extent()},
-                                {"text_k", call.text_k.byte_extent()}, {"text_v", call.text_v.byte_extent()}};
+                                {"text_k", call.text_k.byte_extent()}, {"text_v", call.text_v.byte_extent()},
+                                {"q_descale", span_extent(call.descales.q)},
+                                {"k_descale", span_extent(call.descales.k)},
+                                {"v_descale", span_extent(call.descales.v)}};
   check_outputs_apart("", outputs, inputs);
 }
 
@@ -165,7 +183,7 @@ Descriptor describe(const Communicator& comm, const UlyssesCall& call, const Bac
   d.fields = {l.batch, l.grid.frames, l.grid.height, l.grid.width, l.grid.text_tokens,
               std::int64_t(l.grid.text_placement), l.heads, l.head_dim, std::int64_t(call.q.dtype),
               std::int64_t(call.o.dtype), call.lse.data != nullptr ? 1 : 0, hash_masks(masks), hash_router(call.router),
-              scale_bits,
+              scale_bits, hash_descales(call.descales),
               call.tile.q, call.tile.k, std::int64_t(call.alignment), hash_name(backend.name())};
   return d;
 }

@@ -199,7 +199,11 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
   // is shared before the return exchange, so no rank is left waiting in it.
   phase = Clock::now();
   before = comm.traffic();
-  const RoutedCall routed{local_layout, local.q, local.k, local.v, local.o, local.lse, call.softmax_scale};
+  std::vector<std::int64_t> my_heads(static_cast<std::size_t>(local_heads));
+  for (std::int64_t h = 0; h < local_heads; ++h) my_heads[std::size_t(h)] = head_begin + h;
+  std::vector<float> my_descales;  // this rank's heads' descales
+  RoutedCall routed{local_layout, local.q, local.k, local.v, local.o, local.lse, call.softmax_scale};
+  routed.descales = call.descales.for_heads(my_heads, batch, call.layout.heads, my_descales);
   const RoutedOptions options{call.tile, call.alignment};
   std::string failure;
   try {

@@ -48,6 +48,9 @@ auto without_gil(Work&& work) -> decltype(work()) {
 }
 
 using BitViews = std::map<std::string, std::string>;
+// A per-(batch, head) descale as the Python layer hands it over: [B, H] float32 on the host.
+using DescaleArray = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using OptionalDescale = std::optional<DescaleArray>;
 
 // The tensors of a call, as the Python layer hands them over; `bit_views`
 // maps those that are unsigned-integer views ("q", "k", "v", "out") to the type
@@ -56,6 +59,7 @@ struct Tensors {
   InputArray q, k, v;
   std::optional<OutputArray> o, lse;  // none for routing alone
   BitViews bit_views;
+  OptionalDescale q_descale, k_descale, v_descale;
 
   std::optional<DType> bits_of(const char* name) const {
     const auto view = bit_views.find(name);
@@ -91,6 +95,11 @@ RoutedCall routed_call(const Tensors& t, const VideoGrid& grid, const std::strin
   if (t.lse) call.lse = lse_view(*t.lse, "lse");
   call.layout = VideoLayout{grid, call.q.batch(), call.q.heads(), call.q.head_dim()};
   call.softmax_scale = scale;
+  // Spans over the caller's arrays (which the call's arguments keep alive); the library checks their sizes.
+  const auto values = [](const OptionalDescale& a) {
+    return a ? std::span<const float>(a->data(), a->size()) : std::span<const float>{};
+  };
+  call.descales = Descales{values(t.q_descale), values(t.k_descale), values(t.v_descale)};
   return call;
 }
 
@@ -203,7 +212,12 @@ void register_errors(nb::module_& m) {
 }
 
 // The tensor arguments every attention entry point takes, in this order.
-#define STSA_TENSOR_ARGS "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "bit_views"_a
+#define STSA_TENSOR_ARGS \
+  "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "bit_views"_a, "q_descale"_a.none(), "k_descale"_a.none(), \
+      "v_descale"_a.none()
+// Those of routing alone (no outputs).
+#define STSA_ROUTING_ARGS \
+  "q"_a, "k"_a, "v"_a, "bit_views"_a, "q_descale"_a.none(), "k_descale"_a.none(), "v_descale"_a.none()
 
 }  // namespace
 }  // namespace stsa::python
@@ -240,10 +254,11 @@ NB_MODULE(_stsa, m) {
   m.def(
       "attention",
       [](InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
-         const BitViews& bit_views, const VideoGrid& grid, const std::vector<std::string>& masks,
-         double density, bool anchor, float scale, const std::string& backend, std::uintptr_t stream,
-         std::int32_t tile_q, std::int32_t tile_k, const std::string& align, const std::string& layout) {
-        const Tensors t{q, k, v, out, lse, bit_views};
+         const BitViews& bit_views, OptionalDescale q_descale, OptionalDescale k_descale, OptionalDescale v_descale,
+         const VideoGrid& grid, const std::vector<std::string>& masks, double density, bool anchor, float scale,
+         const std::string& backend, std::uintptr_t stream, std::int32_t tile_q, std::int32_t tile_k,
+         const std::string& align, const std::string& layout) {
+        const Tensors t{q, k, v, out, lse, bit_views, q_descale, k_descale, v_descale};
         return attention(t, grid, masks, density, anchor, scale, target_for(backend, call_placement(t), stream), tile_q,
                          tile_k, align, layout);
       },
@@ -253,13 +268,14 @@ NB_MODULE(_stsa, m) {
   m.def(
       "routed_attention",
       [](InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
-         const BitViews& bit_views, const VideoGrid& grid, int samples, double spatial_density,
+         const BitViews& bit_views, OptionalDescale q_descale, OptionalDescale k_descale, OptionalDescale v_descale,
+         const VideoGrid& grid, int samples, double spatial_density,
          double temporal_density, double frames_density, bool try_frames, double max_rel_l2, bool anchor,
          std::uint64_t seed, float scale, const std::string& backend, std::uintptr_t stream, std::int32_t tile_q,
          std::int32_t tile_k, const std::string& align, const std::string& layout, bool timed) {
         const RouterOptions router = router_options(samples, spatial_density, temporal_density, frames_density,
                                                     try_frames, max_rel_l2, anchor, seed);
-        const Tensors t{q, k, v, out, lse, bit_views};
+        const Tensors t{q, k, v, out, lse, bit_views, q_descale, k_descale, v_descale};
         return routed_attention(t, grid, router, scale, target_for(backend, call_placement(t), stream), tile_q, tile_k,
                                 align, layout, timed);
       },
@@ -269,19 +285,18 @@ NB_MODULE(_stsa, m) {
 
   m.def(
       "route",
-      [](InputArray q, InputArray k, InputArray v, const BitViews& bit_views, const VideoGrid& grid,
-         int samples, double spatial_density, double temporal_density, double frames_density, bool try_frames,
+      [](InputArray q, InputArray k, InputArray v, const BitViews& bit_views, OptionalDescale q_descale,
+         OptionalDescale k_descale, OptionalDescale v_descale, const VideoGrid& grid, int samples, double spatial_density, double temporal_density, double frames_density, bool try_frames,
          double max_rel_l2, bool anchor, std::uint64_t seed, float scale, std::uintptr_t stream,
          const std::string& layout) {
         const Router router(router_options(samples, spatial_density, temporal_density, frames_density, try_frames,
                                            max_rel_l2, anchor, seed));
-        const Tensors t{q, k, v, std::nullopt, std::nullopt, bit_views};
+        const Tensors t{q, k, v, std::nullopt, std::nullopt, bit_views, q_descale, k_descale, v_descale};
         const Target target = target_for("", call_placement(t), stream);
         const RoutedCall call = routed_call(t, grid, layout, scale);
         return routing_dict(without_gil([&] { return route_on(target, router, call, {}); }));
       },
-      "q"_a, "k"_a, "v"_a, "bit_views"_a, "grid"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a,
-      "frames_density"_a, "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a, "scale"_a, "stream"_a, "layout"_a);
+      STSA_ROUTING_ARGS, "grid"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a, "frames_density"_a, "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a, "scale"_a, "stream"_a, "layout"_a);
 
   nb::class_<Policy>(m, "Policy")
       .def(
@@ -304,9 +319,9 @@ NB_MODULE(_stsa, m) {
       .def(
           "route",
           [](Policy& policy, InputArray q, InputArray k, InputArray v, const BitViews& bit_views,
-             const VideoGrid& grid, std::int64_t step, std::int64_t layer, float scale, std::uintptr_t stream,
-             const std::string& layout) {
-            const Tensors t{q, k, v, std::nullopt, std::nullopt, bit_views};
+             OptionalDescale q_descale, OptionalDescale k_descale, OptionalDescale v_descale, const VideoGrid& grid,
+             std::int64_t step, std::int64_t layer, float scale, std::uintptr_t stream, const std::string& layout) {
+            const Tensors t{q, k, v, std::nullopt, std::nullopt, bit_views, q_descale, k_descale, v_descale};
             const Target target = target_for("", call_placement(t), stream);
             const RoutedCall call = routed_call(t, grid, layout, scale);
             const Router router(policy.options().router);
@@ -316,16 +331,17 @@ NB_MODULE(_stsa, m) {
               });
             }));
           },
-          "q"_a, "k"_a, "v"_a, "bit_views"_a, "grid"_a, "step"_a, "layer"_a, "scale"_a, "stream"_a, "layout"_a)
+          STSA_ROUTING_ARGS, "grid"_a, "step"_a, "layer"_a, "scale"_a, "stream"_a, "layout"_a)
       .def_prop_ro("cached_count", &Policy::cached_count)
       .def("clear", &Policy::clear)
       .def(
           "attention",
           [](Policy& policy, InputArray q, InputArray k, InputArray v, OutputArray out, std::optional<OutputArray> lse,
-             const BitViews& bit_views, const VideoGrid& grid, std::int64_t step, std::int64_t layer,
-             float scale, const std::string& backend, std::uintptr_t stream, std::int32_t tile_q, std::int32_t tile_k,
+             const BitViews& bit_views, OptionalDescale q_descale, OptionalDescale k_descale,
+             OptionalDescale v_descale, const VideoGrid& grid, std::int64_t step, std::int64_t layer, float scale,
+             const std::string& backend, std::uintptr_t stream, std::int32_t tile_q, std::int32_t tile_k,
              const std::string& align, const std::string& layout, bool timed) {
-            const Tensors t{q, k, v, out, lse, bit_views};
+            const Tensors t{q, k, v, out, lse, bit_views, q_descale, k_descale, v_descale};
             const Target target = target_for(backend, call_placement(t), stream);
             const RoutedCall call = routed_call(t, grid, layout, scale);
             const RoutedOptions options = routed_options(tile_q, tile_k, align, timed);

@@ -38,6 +38,8 @@ Target target_for(const std::string& name, Placement placement, std::uintptr_t s
 RoutingReport route_on(const Target& target, const Router& router, const RoutedCall& call,
                        std::span<const std::int64_t> heads) {
   if (target.placement.gpu) {
+    STSA_CHECK(call.descales.empty(), Unsupported,
+               "the cuda router takes no per-(batch, head) descales yet (host arrays do)");
 #ifdef STSA_HAS_CUDA
     return cuda_route(router, call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale, heads,
                       target.stream);
@@ -45,7 +47,8 @@ RoutingReport route_on(const Target& target, const Router& router, const RoutedC
     throw Unsupported("this build of stsa has no CUDA backend");
 #endif
   }
-  return router.route(call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale, heads);
+  return router.route(call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale, heads,
+                      call.descales);
 }
 
 RoutedResult run_given(const Target& target, PlanCache& plans, const RoutedCall& call, std::vector<HeadRoute> decisions,

@@ -72,7 +72,8 @@ class HeadEvaluator {
   // For rows[r] (at most kBlockRows) of batch b: D values of O at out + r * D, the LSE at lse[r].
   void evaluate(std::int64_t b, std::span<const std::int64_t> rows, double* out, double* lse) {
     const std::size_t count = rows.size(), n = std::size_t(tokens_), dim = std::size_t(dim_);
-    const double scale = call_.scale();
+    const double scale = call_.score_scale(b, head_);
+    const double out_scale = call_.descales.out(b, head_, call_.layout.heads);
     double max_score[kBlockRows], sum[kBlockRows];
     bool nan[kBlockRows];
     for (std::size_t r = 0; r < count; ++r) {
@@ -116,7 +117,7 @@ class HeadEvaluator {
         // No allowed key, or only keys scoring -inf: the sum of exp(score) is 0, its log -inf, O stays 0.
         lse[r] = -std::numeric_limits<double>::infinity();
       } else {
-        for (std::size_t d = 0; d < dim; ++d) o[d] /= sum[r];
+        for (std::size_t d = 0; d < dim; ++d) o[d] = o[d] / sum[r] * out_scale;
         lse[r] = max_score[r] + std::log(sum[r]);
       }
     }

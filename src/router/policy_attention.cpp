@@ -9,7 +9,7 @@ RoutedResult policy_attention(const Backend& backend, PlanCache& plans, Policy& 
     // Check the tensors against the layout before routing reads them.
     validate(call.unrouted_call(), /*require_plans=*/false);
     return Router(policy.options().router)
-        .route(call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale, heads);
+        .route(call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale, heads, call.descales);
   });
   RoutedResult result = run_routed(backend, plans, call, decided.heads, options);
   result.routing_ms = decided.routing.routing_ms;

@@ -20,7 +20,8 @@ RoutedResult routed_attention(const Backend& backend, PlanCache& plans, const Ro
   // Check the whole call (shapes, dtypes, aliasing) before spending time on routing.
   validate(call.unrouted_call(), /*require_plans=*/false);
 
-  RoutingReport report = router.route(call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale);
+  RoutingReport report =
+      router.route(call.layout, call.q, call.k, call.v, TokenOrder::FrameMajor, call.softmax_scale, {}, call.descales);
   RoutedResult result = run_routed(backend, plans, call, report.heads, options);
   result.routing_ms = report.routing_ms;
   result.routing_flops = report.flops;
@@ -67,6 +68,7 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
   const bool fused_gather = fused && options.fuse_gather && executor.fuses_gather(backend);
   PackedHeads packed_heads;
   AttentionCall gathered;
+  std::vector<float> gathered_descales;  // the temporal heads' descales, in the gathered call's head order
   std::optional<ScatteredOutput> scattered;
   if (count > 0) {
     if (!fused_gather) packed_heads = executor.allocate(call, count, /*with_output=*/!fused);
@@ -77,6 +79,7 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
     gathered.o = packed_heads.o;
     gathered.lse = packed_heads.lse;
     gathered.softmax_scale = call.softmax_scale;
+    gathered.descales = call.descales.for_heads(result.temporal, layout.batch, layout.heads, gathered_descales);
     for (std::int64_t h : result.temporal) {
       const MaskSpec& spec = result.heads[std::size_t(h)].spec;
       gathered.heads.push_back(

@@ -77,13 +77,15 @@ void Router::sample_rows(const VideoLayout& layout, TokenOrder order, std::vecto
 }
 
 RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, const TensorView& k, const TensorView& v,
-                            TokenOrder order, float softmax_scale, std::span<const std::int64_t> heads) const {
+                            TokenOrder order, float softmax_scale, std::span<const std::int64_t> heads,
+                            const Descales& descales) const {
   const auto start = std::chrono::steady_clock::now();
   layout.validate();
   check_input("q", q, layout);
   check_input("k", k, layout);
   check_input("v", v, layout);
   STSA_CHECK(std::isfinite(softmax_scale), InvalidArgument, "router: softmax scale must be finite");
+  validate_descales(descales, layout.batch, layout.heads);
   std::vector<std::int64_t> which(heads.begin(), heads.end());
   if (which.empty())
     for (std::int64_t h = 0; h < layout.heads; ++h) which.push_back(h);
@@ -100,6 +102,14 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
   for (Route r : routes) masks.push_back(router_detail::make_candidate_mask(layout.grid, route_spec(layout.grid, r, options_), order));
 
   const float scale = softmax_scale != 0.f ? softmax_scale : float(1.0 / std::sqrt(double(layout.head_dim)));
+  // Each (batch, head)'s scale with its q and k descales: [b * H + h].
+  std::vector<float> scales(std::size_t(layout.batch * layout.heads));
+  for (std::int64_t b = 0; b < layout.batch; ++b)
+    for (std::int64_t h = 0; h < layout.heads; ++h)
+      scales[std::size_t(b * layout.heads + h)] = float(double(scale) * descales.score(b, h, layout.heads));
+  const auto batch_scales = [&](std::int64_t b) {
+    return std::span<const float>(scales).subspan(std::size_t(b * layout.heads), std::size_t(layout.heads));
+  };
   std::vector<router_detail::RowSet> row_sets;  // per batch entry with samples, in batch order
   for (std::int64_t b = 0; b < layout.batch; ++b) {
     router_detail::RowSet set{b, {}};
@@ -132,17 +142,22 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
     const auto group_heads = std::span(which).subspan(std::size_t(first), std::size_t(last - first));
     const router_detail::RowSet& row_set = row_sets[std::size_t(set)];
     router_detail::ChunkScratch& buffers = scratch[std::size_t(worker)];
-    if (!tiles || !router_detail::sampled_chunk_tiles(q, k, v, group_heads, scale, row_set, masks, chunk, buffers, out))
-      router_detail::sampled_chunk(q, k, v, group_heads, scale, row_set, masks, chunk, buffers, out);
+    const auto set_scales = batch_scales(row_set.batch);
+    if (!tiles ||
+        !router_detail::sampled_chunk_tiles(q, k, v, group_heads, set_scales, row_set, masks, chunk, buffers, out))
+      router_detail::sampled_chunk(q, k, v, group_heads, set_scales, row_set, masks, chunk, buffers, out);
     for (std::int64_t i = first; i < last; ++i)
       partials[std::size_t((i * sets + set) * chunks + chunk)] = std::move(out[std::size_t(i - first)]);
   });
   for (std::int64_t i = 0; i < heads_n; ++i)
-    for (std::int64_t set = 0; set < sets; ++set)
-      router_detail::combine_chunks(q, k, v, which[std::size_t(i)], scale, row_sets[std::size_t(set)], masks,
+    for (std::int64_t set = 0; set < sets; ++set) {
+      const std::int64_t head = which[std::size_t(i)], b = row_sets[std::size_t(set)].batch;
+      router_detail::combine_chunks(q, k, v, head, batch_scales(b)[std::size_t(head)],
+                                    descales.out(b, head, layout.heads), row_sets[std::size_t(set)], masks,
                                     std::span(partials).subspan(std::size_t((i * sets + set) * chunks),
                                                                 std::size_t(chunks)),
                                     errors[std::size_t(i)]);
+    }
 
   const double values = double(report.sampled_rows.size()) * double(layout.head_dim);
   for (const auto& e : errors) {

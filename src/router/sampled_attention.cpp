@@ -159,7 +159,7 @@ std::vector<double> exact_row(const TensorView& q, const TensorView& k, const Te
 std::int64_t key_chunks(std::int64_t tokens) { return (tokens + kKeysPerChunk - 1) / kKeysPerChunk; }
 
 void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v, std::span<const std::int64_t> heads,
-                   float scale, const RowSet& rows, const std::vector<CandidateMask>& masks, std::int64_t chunk,
+                   std::span<const float> scales, const RowSet& rows, const std::vector<CandidateMask>& masks, std::int64_t chunk,
                    ChunkScratch& sc, std::span<ChunkPartial> out) {
   const std::int64_t n = k.tokens(), dim = k.head_dim(), b = rows.batch;
   const std::int64_t padded = (dim + kLane - 1) / kLane * kLane;
@@ -186,12 +186,14 @@ void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v
                     vb_head = std::size_t(padded * kKeyBlock), e_head = rows_u * sub_width,
                     sum_head = rows_u * sub_blocks;
   sc.qs.assign(qs_head * std::size_t(group), 0.f);
-  for (std::int64_t g = 0; g < group; ++g)
+  for (std::int64_t g = 0; g < group; ++g) {
+    const float scale = scales[std::size_t(heads[std::size_t(g)])];
     for (std::int64_t r = 0; r < count; ++r) {
       float* row = sc.qs.data() + std::size_t(g) * qs_head + std::size_t(r * dim);
       load_row(q, b, rows.positions[std::size_t(r)], heads[std::size_t(g)], row);
       for (std::int64_t d = 0; d < dim; ++d) row[d] *= scale;
     }
+  }
   sc.kt.resize(kt_head * std::size_t(group));
   sc.vb.resize(vb_head * std::size_t(group));
   sc.key_rows.resize(kt_head * std::size_t(group));
@@ -297,7 +299,7 @@ void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v
 }
 
 void combine_chunks(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t head, float scale,
-                    const RowSet& rows, const std::vector<CandidateMask>& masks,
+                    double out_scale, const RowSet& rows, const std::vector<CandidateMask>& masks,
                     std::span<const ChunkPartial> chunks, SampledErrors& into) {
   const std::int64_t dim = k.head_dim(), padded = (dim + kLane - 1) / kLane * kLane;
   const std::size_t candidates = masks.size(), outputs = candidates + 1;
@@ -328,17 +330,17 @@ void combine_chunks(const TensorView& q, const TensorView& k, const TensorView& 
         for (std::int64_t d = 0; d < dim; ++d) o[s * std::size_t(dim) + std::size_t(d)] += factor[i] * double(acc[d]);
       }
     }
-    for (std::int64_t d = 0; d < dim; ++d) into.squared_reference += std::pow(o[std::size_t(d)] / z[0], 2);
+    for (std::int64_t d = 0; d < dim; ++d) into.squared_reference += std::pow(out_scale * (o[std::size_t(d)] / z[0]), 2);
     for (std::size_t c = 0; c < candidates; ++c) {
       const double* oc = o.data() + (c + 1) * std::size_t(dim);
       if (z[c + 1] > kUnderflowFloor || !std::isfinite(z[c + 1])) {
         for (std::int64_t d = 0; d < dim; ++d)
-          into.squared_error[c] += std::pow(oc[d] / z[c + 1] - o[std::size_t(d)] / z[0], 2);
+          into.squared_error[c] += std::pow(out_scale * (oc[d] / z[c + 1] - o[std::size_t(d)] / z[0]), 2);
         continue;
       }
       const std::vector<double> exact = exact_row(q, k, v, rows.batch, head, rows.positions[r], scale, masks[c]);
       for (std::int64_t d = 0; d < dim; ++d)
-        into.squared_error[c] += std::pow(exact[std::size_t(d)] - o[std::size_t(d)] / z[0], 2);
+        into.squared_error[c] += std::pow(out_scale * (exact[std::size_t(d)] - o[std::size_t(d)] / z[0]), 2);
     }
   }
 }

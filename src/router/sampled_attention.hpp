@@ -63,9 +63,10 @@ struct ChunkScratch {
 
 std::int64_t key_chunks(std::int64_t tokens);
 
-// Fills out[g] for keys [chunk * kKeysPerChunk, ...) of (rows.batch, heads[g]), for every g.
+// Fills out[g] for keys [chunk * kKeysPerChunk, ...) of (rows.batch, heads[g]), for every g;
+// head h's scores are scaled by scales[h] (the scale of rows.batch's heads, descales included).
 void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v, std::span<const std::int64_t> heads,
-                   float scale, const RowSet& rows, const std::vector<CandidateMask>& masks, std::int64_t chunk,
+                   std::span<const float> scales, const RowSet& rows, const std::vector<CandidateMask>& masks, std::int64_t chunk,
                    ChunkScratch& scratch, std::span<ChunkPartial> out);
 
 // Whether sampled_chunk_tiles takes these inputs: `isa` (resolved) is Amx, Q, K
@@ -78,13 +79,14 @@ bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const Tensor
 // unspecified, when the chunk holds a nonzero |V| below kTinyV (pack.hpp), whose
 // products the tile unit would flush to zero: the caller then runs sampled_chunk.
 bool sampled_chunk_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
-                         std::span<const std::int64_t> heads, float scale, const RowSet& rows,
+                         std::span<const std::int64_t> heads, std::span<const float> scales, const RowSet& rows,
                          const std::vector<CandidateMask>& masks, std::int64_t chunk, ChunkScratch& scratch,
                          std::span<ChunkPartial> out);
 
-// Adds the rows' errors, merged over all chunks of the row set (in order), to `into`.
+// Adds the rows' errors, merged over all chunks of the row set (in order), to `into`:
+// squared differences of the outputs times out_scale (V's descale for rows.batch and head).
 void combine_chunks(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t head, float scale,
-                    const RowSet& rows, const std::vector<CandidateMask>& masks,
+                    double out_scale, const RowSet& rows, const std::vector<CandidateMask>& masks,
                     std::span<const ChunkPartial> chunks, SampledErrors& into);
 
 }  // namespace stsa::router_detail

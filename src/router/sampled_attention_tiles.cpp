@@ -53,9 +53,9 @@ void zero_block(std::uint16_t* at) {
 class TileChunk {
  public:
   TileChunk(const TensorView& q, const TensorView& k, const TensorView& v, std::span<const std::int64_t> heads,
-            float scale, const RowSet& rows, const std::vector<CandidateMask>& masks, std::int64_t chunk,
-            ChunkScratch& sc, std::span<ChunkPartial> out)
-      : q_(q), k_(k), v_(v), heads_(heads), scale_(scale), rows_(rows), masks_(masks), sc_(sc), out_(out),
+            std::span<const float> scales, const RowSet& rows, const std::vector<CandidateMask>& masks,
+            std::int64_t chunk, ChunkScratch& sc, std::span<ChunkPartial> out)
+      : q_(q), k_(k), v_(v), heads_(heads), scales_(scales), rows_(rows), masks_(masks), sc_(sc), out_(out),
         dim_(k.head_dim()),
         begin_(chunk * kKeysPerChunk),
         end_(std::min(k.tokens(), begin_ + kKeysPerChunk)),
@@ -170,7 +170,7 @@ class TileChunk {
     float* const acc = sc_.acc_tiles.data() + i * out_rows_ * dim_;
     cpu::routing_scores_amx(sc_.q_pairs.data() + i * q_words_, sc_.kt_pairs.data() + i * kKeySteps * kt_panel_,
                             int(row_pad_), keys, int(dim_), parts_, scores, int(kWidth));
-    softmax_sub_chunk(scores, kWidth, count_, len, kWidth, scale_, o.max.data(), sc_.factor.data(),
+    softmax_sub_chunk(scores, kWidth, count_, len, kWidth, scales_[std::size_t(heads_[std::size_t(first + i)])], o.max.data(), sc_.factor.data(),
                       sc_.block_sum.data());
     for (std::size_t s = 0; s < outputs_; ++s)
       for (std::int64_t place = 0; place < count_; ++place) {
@@ -259,7 +259,7 @@ class TileChunk {
 
   const TensorView &q_, &k_, &v_;
   std::span<const std::int64_t> heads_;
-  float scale_;
+  std::span<const float> scales_;  // by head id
   const RowSet& rows_;
   const std::vector<CandidateMask>& masks_;
   ChunkScratch& sc_;
@@ -282,10 +282,10 @@ bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const Tensor
 }
 
 bool sampled_chunk_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
-                         std::span<const std::int64_t> heads, float scale, const RowSet& rows,
+                         std::span<const std::int64_t> heads, std::span<const float> scales, const RowSet& rows,
                          const std::vector<CandidateMask>& masks, std::int64_t chunk, ChunkScratch& scratch,
                          std::span<ChunkPartial> out) {
-  return TileChunk(q, k, v, heads, scale, rows, masks, chunk, scratch, out).run();
+  return TileChunk(q, k, v, heads, scales, rows, masks, chunk, scratch, out).run();
 }
 
 }  // namespace stsa::router_detail

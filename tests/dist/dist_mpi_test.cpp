@@ -29,10 +29,14 @@ std::uint64_t shared_seed() {
 }
 
 void expect_matches_single(const VideoLayout& l, DType dtype, const std::vector<MaskSpec>& masks, bool with_lse,
-                           std::string_view backend_name = "cpu") {
+                           std::string_view backend_name = "cpu", bool descales = false) {
   const int ranks = world->size(), rank = world->rank();
   const std::uint64_t seed = shared_seed();
   auto single = make_problem(l, dtype, reference_heads(l, masks), seed);
+  if (descales)  // a different factor for every (batch, head) and input: each rank must run its heads' own
+    for (std::vector<float>* factors : {&single.q_descale, &single.k_descale, &single.v_descale})
+      for (std::int64_t i = 0; i < l.batch * l.heads; ++i)
+        factors->push_back(0.5f + float((i * 5 + std::int64_t(factors->size()) * 3) % 11) / 8.f);
   SCOPED_TRACE(::testing::Message() << "rank " << rank << " of " << ranks << ", " << single.label);
   const Backend& engine = backend(backend_name);
   PlanCache plans;
@@ -130,6 +134,12 @@ TEST(Ulysses, TextTokensAfterAllTemporalWithoutLse) {
 TEST(Ulysses, MoreRanksThanVideoTokens) {
   const VideoLayout l = make_layout(VideoGrid{1, 1, 3, 2, TextPlacement::After}, 4, 64);  // rank 3 of 4 holds nothing
   expect_matches_single(l, DType::F32, {MaskSpec::dense()}, true);
+}
+
+TEST(Ulysses, DescalesFollowTheirHeadsToEveryRank) {
+  const VideoLayout l = make_layout(VideoGrid{3, 5, 6, 4, TextPlacement::After}, 8, 64, 2);
+  expect_matches_single(l, DType::F8E4M3, mixed_masks(l.grid, 8, 0.3), true, "cpu", /*descales=*/true);
+  expect_matches_single(l, DType::F32, mixed_masks(l.grid, 8, 0.3), true, "reference", /*descales=*/true);
 }
 
 TEST(Ulysses, ReferenceBackendAlsoBitIdentical) {
@@ -271,6 +281,12 @@ TEST(UlyssesErrors, RanksThatDisagreeOnScaleTileOrRouter) {
     auto mine = shard_problem(p, masks, ranks, rank, false);
     mine.call.tile = TileShape{64, rank == 1 ? 128 : 64};
     expect_disagreement(mine.call, "tile columns");
+  }
+  {
+    auto mine = shard_problem(p, masks, ranks, rank, false);
+    const std::vector<float> factors(std::size_t(l.batch * l.heads), rank == 1 ? 0.5f : 0.25f);
+    mine.call.descales.k = factors;
+    expect_disagreement(mine.call, "descales");
   }
   {
     auto mine = shard_problem(p, {}, ranks, rank, false);

@@ -43,7 +43,8 @@ inline std::vector<HeadMask> reference_heads(const VideoLayout& layout, const st
 // The single-device baseline: the routed path on the whole problem with the given masks.
 inline RoutedResult run_single(const stsa::testing::Problem& p, const std::vector<MaskSpec>& masks, bool with_lse,
                                const Backend& backend, PlanCache& plans) {
-  const RoutedCall call{p.layout, p.q.view(), p.k.view(), p.v.view(), p.o.view(), with_lse ? p.lse.view() : LseView{}};
+  RoutedCall call{p.layout, p.q.view(), p.k.view(), p.v.view(), p.o.view(), with_lse ? p.lse.view() : LseView{}};
+  call.descales = p.call().descales;  // views of p's own factors
   return run_routed(backend, plans, call, dist::routes_for_masks(masks, p.layout.heads));
 }
 
@@ -152,6 +153,7 @@ inline RankProblem shard_problem(const stsa::testing::Problem& p, const std::vec
     if (with_lse) c.text_lse = r.text_lse.view();
   }
   c.masks = masks;
+  c.descales = p.call().descales;  // every rank holds all B x H factors (views of p's)
   return r;
 }
 

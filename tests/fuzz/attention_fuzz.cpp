@@ -332,14 +332,16 @@ bool only_marked_changed(const Buffer& buffer, const std::vector<bool>& written)
 // What the inputs came to, printed at exit (libFuzzer ends with exit(), which
 // runs this destructor): a run that compared nothing would show here.
 struct Tally {
-  long ran[4] = {}, ran_gathered = 0, ran_non_finite = 0, refused_invalid = 0, refused_unsupported = 0;
+  long ran[4] = {}, ran_gathered = 0, ran_non_finite = 0, ran_descales = 0, refused_invalid = 0,
+       refused_unsupported = 0;
   long defects_refused = 0, compared_elements = 0;
   ~Tally() {
     std::fprintf(stderr,
                  "attention_fuzz: ran %ld direct, %ld scattered (%ld of them from a gathered input), %ld routed "
-                 "and %ld sequence-parallel calls (%ld with a NaN or infinity in Q, K or V; %ld O elements checked "
-                 "against the reference); refused %ld as invalid (%ld with a planted defect), %ld as unsupported\n",
-                 ran[0], ran[1], ran_gathered, ran[2], ran[3], ran_non_finite, compared_elements, refused_invalid,
+                 "and %ld sequence-parallel calls (%ld with a NaN or infinity in Q, K or V, %ld with descales; %ld O "
+                 "elements checked against the reference); refused %ld as invalid (%ld with a planted defect), %ld as unsupported\n",
+                 ran[0], ran[1], ran_gathered, ran[2], ran[3], ran_non_finite, ran_descales, compared_elements,
+                 refused_invalid,
                  defects_refused, refused_unsupported);
   }
 } tally;
@@ -477,6 +479,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     None, Q, K, V, O, Lse, KDtype, ODtype, OverQ, LseOverO, Scale,
     ExtraHead, BadPlan, ScatterHeads,  // direct and scattered calls
     RouterOptions, Decisions,          // routed and sequence-parallel calls (Decisions: a mask too many)
+    Descale,                           // a per-(batch, head) descale of 0, NaN or one value too many
     Count
   };
   const Plant plant = in.one_in(3) ? Plant(in.next(1, int(Plant::Count) - 1)) : Plant::None;
@@ -557,6 +560,26 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     softmax_scale = float(in.next(-300, 300)) / 100.f / std::sqrt(float(std::max<std::int64_t>(layout.head_dim, 1)));
   }
 
+  // Per-(batch, head) descales for some of q, k and v, sometimes (the reference applies them too).
+  std::vector<float> descales[3];
+  if (plant == Plant::Descale || in.one_in(3)) {
+    const std::int64_t count = std::max<std::int64_t>(layout.batch, 0) * std::max<std::int64_t>(layout.heads, 0);
+    for (auto& factors : descales) {
+      if (in.next(0, 2) == 0) continue;
+      for (std::int64_t i = 0; i < count; ++i) factors.push_back(std::exp2(float(in.next(-8, 8)) / 4.f));
+    }
+    if (plant == Plant::Descale) {
+      auto& bad = descales[in.next(0, 2)];
+      bad.resize(std::size_t(count), 1.f);
+      if (count == 0 || in.next(0, 1))
+        bad.push_back(1.f);
+      else
+        bad[std::size_t(in.next(0, int(std::min<std::int64_t>(count, 1000)) - 1))] = in.next(0, 1) ? 0.f : NAN;
+      must_refuse = true;
+    }
+  }
+  const stsa::Descales call_descales{descales[0], descales[1], descales[2]};
+
   constexpr stsa::Isa isas[] = {stsa::Isa::Auto, stsa::Isa::Scalar, stsa::Isa::Avx2, stsa::Isa::Avx512,
                                 stsa::Isa::Amx};
   const stsa::Backend& backend = cpu_backend(isas[in.next(0, 4)], int(in.next(1, 3)));
@@ -573,6 +596,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   call.k = k.view;
   call.v = v.view;
   call.softmax_scale = softmax_scale;
+  call.descales = call_descales;
   stsa::ScatteredOutput scatter;
   // A scattered call that reads a gathered input: its call without q, k, v, and where they come from.
   bool gathered = false;
@@ -635,6 +659,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::tie(ulysses.o, ulysses.text_o) = split(o.view);
     std::tie(ulysses.lse, ulysses.text_lse) = split_tokens(lse.view, 2, sizeof(float), layout.grid);
     ulysses.softmax_scale = softmax_scale;
+    ulysses.descales = call_descales;
     const stsa::TileShape tiles[] = {{128, 128}, {64, 64}, {37, 128}, {128, 192}};
     ulysses.tile = tiles[in.next(0, 3)];
     ulysses.alignment = in.one_in(4) ? stsa::Alignment::Round : stsa::Alignment::Exact;
@@ -670,7 +695,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       ulysses.router = nullptr;
     };
   } else {
-    const stsa::RoutedCall routed{layout, q.view, k.view, v.view, o.view, lse.view, softmax_scale};
+    const stsa::RoutedCall routed{layout, q.view, k.view, v.view, o.view, lse.view, softmax_scale, call_descales};
     const stsa::TileShape tiles[] = {{128, 128}, {64, 64}, {37, 128}, {128, 192}};
     routed_options.tile = tiles[in.next(0, 3)];
     routed_options.alignment = in.one_in(4) ? stsa::Alignment::Round : stsa::Alignment::Exact;
@@ -749,6 +774,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ++tally.ran[int(mode)];
   tally.ran_gathered += gathered;
   tally.ran_non_finite += non_finite;
+  tally.ran_descales += !call_descales.empty();
 
   const auto same = [](std::int64_t i) { return i; };
   if (mode == Mode::Routed || mode == Mode::Ulysses) {

@@ -245,6 +245,29 @@ def test_compiled_float8_attention_gives_the_eager_bfloat16_out(rng):
 
 
 @needs_operators
+def test_compiled_calls_take_descales(rng):
+    """Descales as tensors (and numbers, made [B, H] tensors in the trace) reach the operators:
+    every compiled call gives the eager call's bytes."""
+    grid = stsa.VideoGrid(5, 4, 6)
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float8_e4m3fn)
+    qd, vd = torch.rand(1, 2) + 0.5, torch.rand(1, 2) + 0.5
+    policy = stsa.Policy(density=0.5, samples=16)
+
+    def layer(q, k, v, qd, vd):
+        a = stsa.attention(q, k, v, grid, "spatial", 0.5, q_descale=qd, k_descale=0.75, v_descale=vd)
+        b, _ = stsa.routed_attention(q, k, v, grid, 0.5, samples=16, q_descale=qd, v_descale=vd)
+        c, _ = policy.attention(q, k, v, grid, 0, 0, q_descale=qd, k_descale=0.75)
+        return a, b, c
+
+    compiled, ops = compiled_graph_ops(layer, q, k, v, qd, vd)
+    assert ops.count("stsa.attention") == 1 and ops.count("stsa.routed_attention") == 1, ops
+    policy.clear()
+    for got, expected in zip(compiled, layer(q, k, v, qd, vd)):
+        assert torch.equal(got, expected)
+    assert not torch.equal(compiled[0], stsa.attention(q, k, v, grid, "spatial", 0.5))  # the descales counted
+
+
+@needs_operators
 def test_a_compiled_call_follows_its_grid_and_batch(rng):
     """The trace reads the grid's fields and guards on them: another grid (here two
     fewer text tokens) recompiles instead of reusing the first one's constants, and
@@ -266,13 +289,15 @@ def test_the_operators_pass_torch_opcheck(rng):
     grid = stsa.VideoGrid(9, 4, 6, text=3)
     q, k, v = random_qkv(rng, grid, 2, 64, torch.bfloat16)
     where = ("bnhd", [128, 128], "exact", "")
+    descales = [torch.rand(q.shape[0], q.shape[2]) + 0.5 for _ in range(3)]  # [B, H]
     torch.library.opcheck(torch.ops.stsa.attention.default,
-                          (q, k, v, [9, 4, 6, 3], False, "temporal,spatial", 0.5, True, None, *where))
+                          (q, k, v, [9, 4, 6, 3], False, "temporal,spatial", 0.5, True, None, *where, *descales))
     torch.library.opcheck(torch.ops.stsa.routed_attention.default,
-                          (q, k, v, [9, 4, 6, 3], False, 16, [0.5, 0.5, 0.5], False, 0.5, True, 1, None, *where, True))
+                          (q, k, v, [9, 4, 6, 3], False, 16, [0.5, 0.5, 0.5], False, 0.5, True, 1, None, *where, True,
+                           None, descales[1], None))
     policy = stsa.Policy(density=0.5)
     torch.library.opcheck(torch.ops.stsa.policy_attention.default,
-                          (q, k, v, policy._id, [9, 4, 6, 3], False, 0, 0, None, *where, False))
+                          (q, k, v, policy._id, [9, 4, 6, 3], False, 0, 0, None, *where, False, None, None, None))
 
 
 @needs_operators

@@ -38,7 +38,8 @@ struct HeadKeysValues {
 void naive_row(const AttentionCall& call, const HeadKeysValues& kv, std::int64_t b, std::int64_t h, std::int64_t i,
                const PairPredicate& keep, std::vector<float>& scores, float* out, float& lse) {
   const std::int64_t n = call.layout.tokens(), dims = call.layout.head_dim;
-  const float scale = call.scale();
+  const auto scale = float(call.score_scale(b, h));
+  const auto out_scale = float(call.descales.out(b, h, call.layout.heads));
   std::vector<float> q(static_cast<std::size_t>(dims));
   for (std::int64_t d = 0; d < dims; ++d) q[std::size_t(d)] = call.q.load(b, i, h, d);
   float max_score = -std::numeric_limits<float>::infinity();
@@ -67,7 +68,7 @@ void naive_row(const AttentionCall& call, const HeadKeysValues& kv, std::int64_t
     for (std::int64_t d = 0; d < dims; ++d) out[d] += p * v[d];
   }
   for (std::int64_t d = 0; d < dims; ++d) {
-    float x = out[d] / sum;
+    float x = out[d] / sum * out_scale;
     if (call.o.dtype == DType::BF16) x = bf16_to_float(float_to_bf16(x));
     if (call.o.dtype == DType::F16) x = f16_to_float(float_to_f16(x));
     out[d] = x;
@@ -153,6 +154,7 @@ AttentionCall Problem::call() const {
   c.lse = lse.view();
   c.heads = heads;
   c.softmax_scale = softmax_scale;
+  c.descales = Descales{q_descale, k_descale, v_descale};
   return c;
 }
 

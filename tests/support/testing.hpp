@@ -71,6 +71,7 @@ struct Problem {
   std::vector<HeadMask> heads;
   std::string label;  // printed on failure: shape, dtype, masks, seed
   float softmax_scale = 0.f;  // what call() passes (0: 1 / sqrt(D)); the reference reads it from there
+  std::vector<float> q_descale = {}, k_descale = {}, v_descale = {};  // call()'s descales (empty: none)
 
   AttentionCall call() const;
 };

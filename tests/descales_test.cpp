@@ -1,0 +1,243 @@
+// Per-(batch, head) descales (FlashAttention-3's q_descale, k_descale, v_descale):
+// the reference computes with the dequantized values by definition, the CPU
+// backend and the router match it, bad descales are refused before anything runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "stsa/attention.hpp"
+#include "stsa/cpu.hpp"
+#include "stsa/error.hpp"
+#include "stsa/mask.hpp"
+#include "stsa/plan.hpp"
+#include "stsa/reference.hpp"
+#include "stsa/router.hpp"
+#include "stsa/synth.hpp"
+#include "support/cpu_isas.hpp"
+#include "support/testing.hpp"
+
+namespace stsa {
+namespace {
+
+// B x H factors spread over [1/4, 4] (a quantizer's amax / 448 lands anywhere).
+std::vector<float> random_descales(std::int64_t count, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> exponent(-2.f, 2.f);
+  std::vector<float> values(static_cast<std::size_t>(count));
+  for (float& v : values) v = std::exp2(exponent(rng));
+  return values;
+}
+
+void give_descales(testing::Problem& p, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::int64_t count = p.layout.batch * p.layout.heads;
+  p.q_descale = random_descales(count, rng);
+  p.k_descale = random_descales(count, rng);
+  p.v_descale = random_descales(count, rng);
+}
+
+std::vector<HeadMask> mixed_heads(const VideoLayout& layout, double density, PlanCache& plans) {
+  const SparseKind kinds[] = {SparseKind::Spatial, SparseKind::Temporal, SparseKind::FrameWindow};
+  std::vector<HeadMask> heads;
+  for (std::int64_t h = 0; h < layout.heads; ++h) {
+    const MaskSpec spec = mask_for_density(layout.grid, kinds[h % 3], density);
+    heads.push_back(HeadMask{spec, spec.natural_order(), plans.get(layout.grid, spec, {64, 64}), true});
+  }
+  return heads;
+}
+
+// The definition, checked on the reference itself: descales give what the
+// reference computes on inputs multiplied by them (in fp32, no descales).
+TEST(Descales, TheReferenceComputesWithTheDequantizedValues) {
+  const VideoLayout layout{{3, 4, 5, 6, TextPlacement::Before}, 2, 3, 64};
+  PlanCache plans;
+  const std::uint64_t seed = testing::fresh_seed();
+  testing::Problem scaled = testing::make_problem(layout, DType::F32, mixed_heads(layout, 0.4, plans), seed);
+  give_descales(scaled, seed);
+  testing::Problem multiplied = scaled;
+  multiplied.q_descale = multiplied.k_descale = multiplied.v_descale = {};
+  const AttentionCall by_descales = scaled.call(), by_values = multiplied.call();
+  const std::int64_t heads = layout.heads;
+  for (std::int64_t b = 0; b < layout.batch; ++b)
+    for (std::int64_t n = 0; n < layout.tokens(); ++n)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t d = 0; d < layout.head_dim; ++d) {
+          const std::size_t i = std::size_t(b * heads + h);
+          by_values.q.store(b, n, h, d, by_descales.q.load(b, n, h, d) * scaled.q_descale[i]);
+          by_values.k.store(b, n, h, d, by_descales.k.load(b, n, h, d) * scaled.k_descale[i]);
+          by_values.v.store(b, n, h, d, by_descales.v.load(b, n, h, d) * scaled.v_descale[i]);
+        }
+  const Backend& reference = backend("reference");
+  reference.run(by_descales);
+  reference.run(by_values);
+  double worst = 0;
+  for (std::int64_t b = 0; b < layout.batch; ++b)
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t n = 0; n < layout.tokens(); ++n) {
+        // The products above round to fp32: scores move by ~1e-7 relative, no more.
+        EXPECT_NEAR(by_descales.lse.at(b, h, n), by_values.lse.at(b, h, n), 1e-5);
+        for (std::int64_t d = 0; d < layout.head_dim; ++d)
+          worst = std::max(worst, double(std::abs(by_descales.o.load(b, n, h, d) - by_values.o.load(b, n, h, d))));
+      }
+  EXPECT_LT(worst, 1e-5);
+  EXPECT_GT(by_descales.o.load(0, 1, 0, 0) * by_descales.o.load(0, 1, 0, 0), 0.f);  // not a vacuous all-zero output
+}
+
+// Every kernel of this machine, fp8, bf16 and fp32 inputs, awkward shapes, against the fp64 reference.
+TEST(Descales, TheCpuBackendMatchesTheReference) {
+  struct Shape {
+    VideoGrid grid;
+    std::int64_t batch, heads, head_dim;
+    DType in, out;
+  };
+  const Shape shapes[] = {
+      {{3, 5, 7, 0, TextPlacement::After}, 1, 3, 64, DType::F8E4M3, DType::BF16},
+      {{1, 9, 11, 13, TextPlacement::Before}, 2, 3, 128, DType::F8E4M3, DType::F32},  // one frame, text before
+      {{4, 6, 10, 20, TextPlacement::After}, 1, 3, 80, DType::F8E4M3, DType::F16},
+      {{2, 12, 16, 7, TextPlacement::Before}, 1, 3, 128, DType::BF16, DType::BF16},  // several 64-tiles
+      {{3, 4, 6, 5, TextPlacement::After}, 2, 3, 64, DType::F32, DType::F32},
+  };
+  std::uint64_t seed = testing::fresh_seed();
+  for (const Shape& s : shapes)
+    for (Isa isa : testing::isas_of_this_machine()) {
+      const VideoLayout layout{s.grid, s.batch, s.heads, s.head_dim};
+      PlanCache plans;
+      testing::Problem p =
+          testing::make_problem(layout, s.in, mixed_heads(layout, 0.3, plans), ++seed, MemoryLayout::BNHD, s.out);
+      give_descales(p, seed);
+      SCOPED_TRACE(p.label + " isa " + std::string(to_string(isa)));
+      make_cpu_backend({isa, 2})->run(p.call());
+      const testing::Comparison cmp = testing::compare_with_reference(p);
+      EXPECT_TRUE(cmp.ok()) << cmp.failure;
+    }
+}
+
+// Descales of 1 are no descales: the same bits on every kernel.
+TEST(Descales, OnesGiveTheSameBitsAsNone) {
+  const VideoLayout layout{{3, 5, 6, 4, TextPlacement::After}, 2, 3, 128};
+  PlanCache plans;
+  for (DType in : {DType::F8E4M3, DType::BF16, DType::F32})
+    for (Isa isa : testing::isas_of_this_machine()) {
+      testing::Problem none = testing::make_problem(layout, in, mixed_heads(layout, 0.3, plans),
+                                                    testing::fresh_seed(), MemoryLayout::BNHD, DType::BF16);
+      testing::Problem ones = none;
+      ones.q_descale = ones.k_descale = ones.v_descale = std::vector<float>(std::size_t(2 * 3), 1.f);
+      const auto cpu = make_cpu_backend({isa, 2});
+      cpu->run(none.call());
+      cpu->run(ones.call());
+      const AttentionCall a = none.call(), b = ones.call();
+      for (std::int64_t n = 0; n < layout.tokens(); ++n)
+        for (std::int64_t h = 0; h < layout.heads; ++h) {
+          ASSERT_EQ(a.lse.at(1, h, n), b.lse.at(1, h, n)) << to_string(isa);
+          for (std::int64_t d = 0; d < layout.head_dim; ++d)
+            ASSERT_EQ(a.o.load(1, n, h, d), b.o.load(1, n, h, d)) << to_string(isa);
+        }
+    }
+}
+
+TEST(Descales, BadDescalesAreRefusedBeforeAnythingIsWritten) {
+  const VideoLayout layout{{2, 3, 4, 0, TextPlacement::After}, 2, 2, 64};
+  PlanCache plans;
+  testing::Problem p =
+      testing::make_problem(layout, DType::F32, mixed_heads(layout, 0.5, plans), testing::fresh_seed());
+  const std::vector<float> good(4, 0.5f);
+  struct Bad {
+    std::vector<float> values;
+    const char* message;
+  };
+  const Bad bad[] = {{std::vector<float>(3, 0.5f), "batch x heads (2 x 2) values, got 3"},
+                     {{0.5f, 0.5f, 0.f, 0.5f}, "finite and > 0, got 0 for (batch, head) (1, 0)"},
+                     {{0.5f, -1.f, 0.5f, 0.5f}, "finite and > 0"},
+                     {{0.5f, 0.5f, 0.5f, std::numeric_limits<float>::quiet_NaN()}, "finite and > 0"},
+                     {{std::numeric_limits<float>::infinity(), 0.5f, 0.5f, 0.5f}, "finite and > 0"}};
+  for (const char* which : {"q_descale", "k_descale", "v_descale"})
+    for (const Bad& b : bad) {
+      p.o.poison();
+      AttentionCall call = p.call();
+      call.descales = Descales{good, good, good};
+      std::span<const float>& target = std::string(which) == "q_descale"   ? call.descales.q
+                                       : std::string(which) == "k_descale" ? call.descales.k
+                                                                           : call.descales.v;
+      target = b.values;
+      for (const Backend* backend : {&stsa::backend("cpu"), &stsa::backend("reference")}) {
+        try {
+          backend->run(call);
+          ADD_FAILURE() << which << " " << b.message << ": ran";
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find(std::string(which) + " must"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find(b.message), std::string::npos) << e.what();
+        }
+        EXPECT_TRUE(std::isnan(call.o.load(0, 0, 0, 0)));  // still the poison
+      }
+    }
+  // An output over a descale: the caller's factors would change under the call.
+  AttentionCall call = p.call();
+  for (std::int64_t d = 0; d < 4; ++d) call.o.store(0, 0, 0, d, 0.5f);  // valid factors, so only the overlap is wrong
+  call.descales.v = std::span<const float>(static_cast<const float*>(call.o.data), 4);
+  EXPECT_THROW(
+      {
+        try {
+          validate(call, true);
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("o overlaps an input tensor (v_descale)"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      InvalidArgument);
+}
+
+// The router scores the dequantized values: its errors with descales are those
+// of the inputs multiplied by them (up to the products' fp32 rounding).
+TEST(Descales, TheRouterRoutesTheDequantizedValues) {
+  synth::Options o;
+  o.grid = {6, 8, 10, 5, TextPlacement::After};
+  o.heads = 4;
+  o.batch = 2;
+  o.head_dim = 64;
+  o.seed = testing::fresh_seed();
+  const synth::Data data = synth::make_video_tokens(o);
+  std::mt19937_64 rng(o.seed);
+  const std::int64_t count = o.batch * o.heads;
+  const std::vector<float> qd = random_descales(count, rng), kd = random_descales(count, rng),
+                           vd = random_descales(count, rng);
+  Tensor q = data.q, k = data.k, v = data.v;  // copies, multiplied below
+  for (std::int64_t b = 0; b < o.batch; ++b)
+    for (std::int64_t n = 0; n < data.layout.tokens(); ++n)
+      for (std::int64_t h = 0; h < o.heads; ++h)
+        for (std::int64_t d = 0; d < o.head_dim; ++d) {
+          const std::size_t i = std::size_t(b * o.heads + h);
+          q.view().store(b, n, h, d, data.q.view().load(b, n, h, d) * qd[i]);
+          k.view().store(b, n, h, d, data.k.view().load(b, n, h, d) * kd[i]);
+          v.view().store(b, n, h, d, data.v.view().load(b, n, h, d) * vd[i]);
+        }
+  RouterOptions ro;
+  ro.samples = 24;
+  ro.isa = Isa::Avx512;  // fp32 inputs take the fp32 path anyway; no tile products on either side
+  const Router router(ro);
+  const RoutingReport with = router.route(data.layout, data.q.view(), data.k.view(), data.v.view(),
+                                          TokenOrder::FrameMajor, 0.f, {}, Descales{qd, kd, vd});
+  const RoutingReport multiplied = router.route(data.layout, q.view(), k.view(), v.view());
+  const RoutingReport without = router.route(data.layout, data.q.view(), data.k.view(), data.v.view());
+  ASSERT_EQ(with.heads.size(), multiplied.heads.size());
+  bool differs_from_without = false;
+  for (std::size_t h = 0; h < with.heads.size(); ++h) {
+    EXPECT_EQ(with.heads[h].route, multiplied.heads[h].route) << "head " << h;
+    for (std::size_t c = 0; c < with.heads[h].candidates.size(); ++c) {
+      const CandidateError &a = with.heads[h].candidates[c], &b = multiplied.heads[h].candidates[c];
+      EXPECT_NEAR(a.mse, b.mse, 1e-3 * b.mse) << "head " << h;
+      EXPECT_NEAR(a.rel_l2, b.rel_l2, 1e-3 * b.rel_l2) << "head " << h;
+      differs_from_without |= a.mse != without.heads[h].candidates[c].mse;
+    }
+  }
+  EXPECT_TRUE(differs_from_without);  // the descales reached the errors
+  EXPECT_THROW(router.route(data.layout, data.q.view(), data.k.view(), data.v.view(), TokenOrder::FrameMajor, 0.f, {},
+                            Descales{std::vector<float>(3, 1.f), {}, {}}),
+               InvalidArgument);
+}
+
+}  // namespace
+}  // namespace stsa
