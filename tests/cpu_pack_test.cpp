@@ -345,20 +345,24 @@ TEST(CpuStore, VectorRowDivisionIsTheScalarOne) {
                             // fp16: subnormal results, ties there and at 1, the overflow boundary
                             3e-6f, -0x1.8p-24f, 0x1.4p-23f, 1.00048828125f, 65504.0f, 65519.0f, 65520.0f};
   // (The last NaNs' payloads would round into the sign or exponent: NaN must stay NaN.)
-  for (const float l : {1.0f, 3.0f, 0.7f, 1e-30f, 2e38f})
+  // scale: V's descale, 1 without one (x * 1 is x: the bits of a / l).
+  const auto ls_and_scales = {std::pair{1.0f, 1.0f}, {3.0f, 1.0f}, {0.7f, 1.0f}, {1e-30f, 1.0f}, {2e38f, 1.0f},
+                               {3.0f, 0.3f}, {0.7f, 5.0f}, {1e-30f, 0.3f}, {2e38f, 5.0f}};
+  for (const auto& [l, scale] : ls_and_scales)
     for (const std::int64_t count : {std::int64_t(1), std::int64_t(16), std::int64_t(37), std::int64_t(128)}) {
-      SCOPED_TRACE("l " + std::to_string(l) + ", count " + std::to_string(count) + ", seed " + std::to_string(seed));
+      SCOPED_TRACE("l " + std::to_string(l) + ", scale " + std::to_string(scale) + ", count " +
+                   std::to_string(count) + ", seed " + std::to_string(seed));
       std::vector<float> a(static_cast<std::size_t>(count));
       for (std::size_t d = 0; d < a.size(); ++d)
         a[d] = d % 3 == 0 ? specials[(d / 3 + std::size_t(count)) % std::size(specials)] * (l < 1 ? l : 1.0f)
                           : uniform(rng);
       std::vector<float> fp32(a.size() + 1, 42.0f);
       std::vector<std::uint16_t> bf16(a.size() + 1, 0x1234), f16(a.size() + 1, 0x1234);
-      cpu::divide_row_avx512(a.data(), l, count, DType::F32, fp32.data());
-      cpu::divide_row_avx512(a.data(), l, count, DType::BF16, bf16.data());
-      cpu::divide_row_avx512(a.data(), l, count, DType::F16, f16.data());
+      cpu::divide_row_avx512(a.data(), l, scale, count, DType::F32, fp32.data());
+      cpu::divide_row_avx512(a.data(), l, scale, count, DType::BF16, bf16.data());
+      cpu::divide_row_avx512(a.data(), l, scale, count, DType::F16, f16.data());
       for (std::size_t d = 0; d < a.size(); ++d) {
-        const float want = a[d] / l;
+        const float quotient = a[d] / l, want = quotient * scale;
         std::uint32_t got_bits, want_bits;
         std::memcpy(&got_bits, &fp32[d], 4);
         std::memcpy(&want_bits, &want, 4);

@@ -271,16 +271,18 @@ bool load_row_split_pairs(const TensorView& t, std::int64_t b, std::int64_t n, s
 
 namespace {
 
-// O's row a / l (zeros for an empty row) into dst, `step` elements apart, through
-// `convert`; one loop per dtype, so the unit-stride one vectorises.
+// O's row a / l * scale (zeros for an empty row) into dst, `step` elements apart,
+// through `convert`; one loop per dtype, so the unit-stride one vectorises. (x * 1
+// is x exactly: without descales the bits are those of a / l.)
 template <typename T, typename Convert>
-void store_row(T* dst, std::int64_t step, std::int64_t count, const float* a, float l, bool empty, Convert convert) {
+void store_row(T* dst, std::int64_t step, std::int64_t count, const float* a, float l, float scale, bool empty,
+               Convert convert) {
   if (empty) {
     for (std::int64_t d = 0; d < count; ++d) dst[d * step] = convert(0.0f);
   } else if (step == 1) {
-    for (std::int64_t d = 0; d < count; ++d) dst[d] = convert(a[d] / l);
+    for (std::int64_t d = 0; d < count; ++d) dst[d] = convert(a[d] / l * scale);
   } else {
-    for (std::int64_t d = 0; d < count; ++d) dst[d * step] = convert(a[d] / l);
+    for (std::int64_t d = 0; d < count; ++d) dst[d * step] = convert(a[d] / l * scale);
   }
 }
 
@@ -289,7 +291,6 @@ void store_row(T* dst, std::int64_t step, std::int64_t count, const float* a, fl
 void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
                 const float* acc, const float* m, const float* l, double score_scale, float out_scale) {
   const TensorView& o = out.o;
-  float scaled[kMaxHeadDim];  // a row times out_scale, stored then as acc / 1 (exact)
   const std::int64_t head = out.heads ? out.heads[h] : h;
   const auto token = [&](int i) { return out.tokens ? out.tokens[n0 + i] : n0 + i; };
   const std::int64_t d_count = o.head_dim();
@@ -299,28 +300,24 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
     if (i + kPrefetchRowsAhead < rows) prefetch_row(o, b, token(i + kPrefetchRowsAhead), head, /*for_write=*/true);
     const float* a = acc + i * d_count;
     const bool empty = l[i] == 0.0f;
-    float divisor = l[i];
-    if (out_scale != 1.0f && !empty) {  // O = (acc / l) * out_scale, each rounded to fp32, before o's dtype
-      for (std::int64_t d = 0; d < d_count; ++d) scaled[d] = a[d] / l[i] * out_scale;
-      a = scaled;
-      divisor = 1.0f;
-    }
     const std::int64_t n = token(i);
     const std::int64_t base = o.offset(b, n, head, 0);
     const std::int64_t step = o.stride[3];
     if (vector_rows && !empty) {
-      divide_row_avx512(a, divisor, d_count, o.dtype,
+      divide_row_avx512(a, l[i], out_scale, d_count, o.dtype,
                         static_cast<char*>(o.data) + base * std::int64_t(element_size(o.dtype)));
     } else {
       switch (o.dtype) {
         case DType::F32:
-          store_row(static_cast<float*>(o.data) + base, step, d_count, a, divisor, empty, [](float x) { return x; });
+          store_row(static_cast<float*>(o.data) + base, step, d_count, a, l[i], out_scale, empty, [](float x) { return x; });
           break;
         case DType::BF16:
-          store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, divisor, empty, float_to_bf16);
+          store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, l[i], out_scale, empty,
+                    float_to_bf16);
           break;
         case DType::F16:
-          store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, divisor, empty, float_to_f16);
+          store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, l[i], out_scale, empty,
+                    float_to_f16);
           break;
         case DType::F8E4M3:  // not an output type: validate() refuses an fp8 o
           break;

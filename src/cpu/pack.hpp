@@ -144,10 +144,10 @@ struct RowDestination {
 void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
                 const float* acc, const float* m, const float* l, double score_scale, float out_scale = 1.0f);
 
-// dst[d] = a[d] / l for `count` channels of `dtype`: fp32, or rounded to bf16 or
-// fp16 as float_to_bf16 and float_to_f16 do (store_avx512.cpp; only for CPUs
-// with AVX-512).
-void divide_row_avx512(const float* a, float l, std::int64_t count, DType dtype, void* dst);
+// dst[d] = a[d] / l * scale for `count` channels of `dtype` (each step rounded to
+// fp32): fp32, or rounded to bf16 or fp16 as float_to_bf16 and float_to_f16 do
+// (store_avx512.cpp; only for CPUs with AVX-512).
+void divide_row_avx512(const float* a, float l, float scale, std::int64_t count, DType dtype, void* dst);
 
 // count contiguous fp8 (E4M3FN) values as their bf16 bits, each as f8e4m3_to_bf16
 // gives it (convert_f8_avx512.cpp; only where the CPU has AVX-512).

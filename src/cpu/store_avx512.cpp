@@ -37,11 +37,13 @@ __m256i to_f16(__m512 x) {
 
 }  // namespace
 
-void divide_row_avx512(const float* a, float l, std::int64_t count, DType dtype, void* dst) {
-  const __m512 vl = _mm512_set1_ps(l);
+void divide_row_avx512(const float* a, float l, float scale, std::int64_t count, DType dtype, void* dst) {
+  const __m512 vl = _mm512_set1_ps(l), vscale = _mm512_set1_ps(scale);
+  const bool scaled = scale != 1.0f;  // V's descale; without one, no multiply
   for (std::int64_t d = 0; d < count; d += 16) {
     const __mmask16 lanes = lanes_before(count, d);
-    const __m512 x = _mm512_div_ps(_mm512_maskz_loadu_ps(lanes, a + d), vl);
+    __m512 x = _mm512_div_ps(_mm512_maskz_loadu_ps(lanes, a + d), vl);
+    if (scaled) x = _mm512_mul_ps(x, vscale);
     switch (dtype) {
       case DType::F32:
         _mm512_mask_storeu_ps(static_cast<float*>(dst) + d, lanes, x);
