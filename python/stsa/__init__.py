@@ -181,8 +181,8 @@ def route(q, k, v, grid, density: float = 0.25, *, spatial_density: float | None
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
     with _device_of(q):
-        return _stsa.route(**_arrays(q, k, v), **_descales(q, layout, q_descale, k_descale, v_descale), grid=_grid(grid), scale=_scale(scale), stream=_stream(q, stream),
-                           layout=layout, **router)
+        return _stsa.route(**_arrays(q, k, v), **_descales(q, layout, q_descale, k_descale, v_descale),
+                           grid=_grid(grid), scale=_scale(scale), stream=_stream(q, stream), layout=layout, **router)
 
 
 class Policy:

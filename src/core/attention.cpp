@@ -193,8 +193,8 @@ Descales Descales::for_heads(std::span<const std::int64_t> map, std::int64_t bat
     if (from[which].empty()) continue;
     float* out = storage.data() + which * count;
     for (std::int64_t b = 0; b < batch; ++b)
-      for (std::size_t j = 0; j < map.size(); ++j) out[std::size_t(b) * map.size() + j] =
-          from[which][std::size_t(b * heads + map[j])];
+      for (std::size_t j = 0; j < map.size(); ++j)
+        out[std::size_t(b) * map.size() + j] = from[which][std::size_t(b * heads + map[j])];
     *to[which] = std::span<const float>(out, count);
   }
   return picked;

@@ -12,8 +12,9 @@ bool machine_supports(Isa isa);
 // The best instruction set of this machine, ignoring STSA_ISA.
 Isa machine_best_isa();
 // The instruction set a backend built with `requested` runs: an explicit request
-// is taken as is, Auto means the process default (set_cpu_defaults), else best_isa(). Returns an empty `why` when this machine
-// can run it, otherwise the reason (the backend then reports Unsupported).
+// is taken as is, Auto means the process default (set_cpu_defaults), else
+// best_isa(). Returns an empty `why` when this machine can run it, otherwise the
+// reason (the backend then reports Unsupported).
 struct IsaChoice {
   Isa isa = Isa::Scalar;
   std::string why;

@@ -309,7 +309,8 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
     } else {
       switch (o.dtype) {
         case DType::F32:
-          store_row(static_cast<float*>(o.data) + base, step, d_count, a, l[i], out_scale, empty, [](float x) { return x; });
+          store_row(static_cast<float*>(o.data) + base, step, d_count, a, l[i], out_scale, empty,
+                    [](float x) { return x; });
           break;
         case DType::BF16:
           store_row(static_cast<std::uint16_t*>(o.data) + base, step, d_count, a, l[i], out_scale, empty,

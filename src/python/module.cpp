@@ -286,7 +286,8 @@ NB_MODULE(_stsa, m) {
   m.def(
       "route",
       [](InputArray q, InputArray k, InputArray v, const BitViews& bit_views, OptionalDescale q_descale,
-         OptionalDescale k_descale, OptionalDescale v_descale, const VideoGrid& grid, int samples, double spatial_density, double temporal_density, double frames_density, bool try_frames,
+         OptionalDescale k_descale, OptionalDescale v_descale, const VideoGrid& grid, int samples,
+         double spatial_density, double temporal_density, double frames_density, bool try_frames,
          double max_rel_l2, bool anchor, std::uint64_t seed, float scale, std::uintptr_t stream,
          const std::string& layout) {
         const Router router(router_options(samples, spatial_density, temporal_density, frames_density, try_frames,
@@ -296,7 +297,8 @@ NB_MODULE(_stsa, m) {
         const RoutedCall call = routed_call(t, grid, layout, scale);
         return routing_dict(without_gil([&] { return route_on(target, router, call, {}); }));
       },
-      STSA_ROUTING_ARGS, "grid"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a, "frames_density"_a, "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a, "scale"_a, "stream"_a, "layout"_a);
+      STSA_ROUTING_ARGS, "grid"_a, "samples"_a, "spatial_density"_a, "temporal_density"_a, "frames_density"_a,
+      "try_frames"_a, "max_rel_l2"_a, "anchor"_a, "seed"_a, "scale"_a, "stream"_a, "layout"_a);
 
   nb::class_<Policy>(m, "Policy")
       .def(

@@ -159,7 +159,8 @@ std::vector<double> exact_row(const TensorView& q, const TensorView& k, const Te
 std::int64_t key_chunks(std::int64_t tokens) { return (tokens + kKeysPerChunk - 1) / kKeysPerChunk; }
 
 void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v, std::span<const std::int64_t> heads,
-                   std::span<const float> scales, const RowSet& rows, const std::vector<CandidateMask>& masks, std::int64_t chunk,
+                   std::span<const float> scales, const RowSet& rows, const std::vector<CandidateMask>& masks,
+                   std::int64_t chunk,
                    ChunkScratch& sc, std::span<ChunkPartial> out) {
   const std::int64_t n = k.tokens(), dim = k.head_dim(), b = rows.batch;
   const std::int64_t padded = (dim + kLane - 1) / kLane * kLane;
@@ -330,7 +331,8 @@ void combine_chunks(const TensorView& q, const TensorView& k, const TensorView& 
         for (std::int64_t d = 0; d < dim; ++d) o[s * std::size_t(dim) + std::size_t(d)] += factor[i] * double(acc[d]);
       }
     }
-    for (std::int64_t d = 0; d < dim; ++d) into.squared_reference += std::pow(out_scale * (o[std::size_t(d)] / z[0]), 2);
+    for (std::int64_t d = 0; d < dim; ++d)
+      into.squared_reference += std::pow(out_scale * (o[std::size_t(d)] / z[0]), 2);
     for (std::size_t c = 0; c < candidates; ++c) {
       const double* oc = o.data() + (c + 1) * std::size_t(dim);
       if (z[c + 1] > kUnderflowFloor || !std::isfinite(z[c + 1])) {

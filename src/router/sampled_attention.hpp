@@ -66,7 +66,8 @@ std::int64_t key_chunks(std::int64_t tokens);
 // Fills out[g] for keys [chunk * kKeysPerChunk, ...) of (rows.batch, heads[g]), for every g;
 // head h's scores are scaled by scales[h] (the scale of rows.batch's heads, descales included).
 void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v, std::span<const std::int64_t> heads,
-                   std::span<const float> scales, const RowSet& rows, const std::vector<CandidateMask>& masks, std::int64_t chunk,
+                   std::span<const float> scales, const RowSet& rows, const std::vector<CandidateMask>& masks,
+                   std::int64_t chunk,
                    ChunkScratch& scratch, std::span<ChunkPartial> out);
 
 // Whether sampled_chunk_tiles takes these inputs: `isa` (resolved) is Amx, Q, K

@@ -170,7 +170,8 @@ class TileChunk {
     float* const acc = sc_.acc_tiles.data() + i * out_rows_ * dim_;
     cpu::routing_scores_amx(sc_.q_pairs.data() + i * q_words_, sc_.kt_pairs.data() + i * kKeySteps * kt_panel_,
                             int(row_pad_), keys, int(dim_), parts_, scores, int(kWidth));
-    softmax_sub_chunk(scores, kWidth, count_, len, kWidth, scales_[std::size_t(heads_[std::size_t(first + i)])], o.max.data(), sc_.factor.data(),
+    const float scale = scales_[std::size_t(heads_[std::size_t(first + i)])];
+    softmax_sub_chunk(scores, kWidth, count_, len, kWidth, scale, o.max.data(), sc_.factor.data(),
                       sc_.block_sum.data());
     for (std::size_t s = 0; s < outputs_; ++s)
       for (std::int64_t place = 0; place < count_; ++place) {

@@ -339,7 +339,8 @@ struct Tally {
     std::fprintf(stderr,
                  "attention_fuzz: ran %ld direct, %ld scattered (%ld of them from a gathered input), %ld routed "
                  "and %ld sequence-parallel calls (%ld with a NaN or infinity in Q, K or V, %ld with descales; %ld O "
-                 "elements checked against the reference); refused %ld as invalid (%ld with a planted defect), %ld as unsupported\n",
+                 "elements checked against the reference); refused %ld as invalid (%ld with a planted defect), "
+                 "%ld as unsupported\n",
                  ran[0], ran[1], ran_gathered, ran[2], ran[3], ran_non_finite, ran_descales, compared_elements,
                  refused_invalid,
                  defects_refused, refused_unsupported);
