@@ -5,8 +5,9 @@ buffer protocol), float32, float16 or bfloat16, addressed as [B, N, H, D]
 (``layout="bnhd"``) or [B, H, N, D] (``layout="bhnd"``), with any strides; tokens
 come in frame-major order (frame, row, column), text tokens before or after the
 video as the grid says. q, k and v may also be float8_e4m3fn (torch's, or
-ml_dtypes' in NumPy) on the host, with ``out`` then bfloat16 (or float32, float16):
-fold per-tensor descales into ``scale`` (q's and k's) and onto ``out`` (v's).
+ml_dtypes' in NumPy) on the host, with ``out`` then bfloat16 (or float32, float16),
+and their per-(batch, head) descales given as ``q_descale``, ``k_descale`` and
+``v_descale`` ([B, H] arrays or numbers, as FlashAttention-3 takes them).
 Nothing is copied: the library reads the inputs where they are and writes ``out``
 (allocated like ``q`` in its own framework when not given; bfloat16 for float8). Accumulation is fp32; ``lse`` is the natural-log sum of exp per row,
 [B, H, N] float32. Host arrays run on the CPU backend, CUDA arrays on the CUDA
