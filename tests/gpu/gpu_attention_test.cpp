@@ -797,6 +797,16 @@ void expect_unsupported(const AttentionCall& call, const std::string& fragment) 
 
 TEST(GpuAttentionInput, Fp32InputsAreUnsupported) { expect_unsupported(HostCall(DType::F32).problem.call(), "bf16"); }
 
+TEST(GpuAttentionInput, Fp8InputsAreUnsupported) {
+  expect_unsupported(HostCall(DType::F8E4M3).problem.call(), "bf16 or fp16");
+}
+
+TEST(GpuAttentionInput, DescalesAreUnsupported) {
+  HostCall c(DType::BF16);
+  c.problem.v_descale.assign(2, 0.5f);  // batch 1 x 2 heads
+  expect_unsupported(c.problem.call(), "descales");
+}
+
 TEST(GpuAttentionInput, NegativeSoftmaxScaleIsUnsupported) {
   HostCall c(DType::BF16);
   c.problem.softmax_scale = -0.2f;

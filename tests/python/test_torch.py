@@ -180,6 +180,15 @@ def test_cuda_refusals(rng):
     with pytest.raises(stsa.Unsupported, match="fp8_e4m3"):  # no FP8 kernel yet
         stsa.attention(*(x.to(torch.float8_e4m3fn) for x in (q, k, v)), grid)
     out = torch.full_like(q, 7.0)
+    # Nor descales: refused before anything is routed or written, on the host or the device.
+    for call in (lambda **d: stsa.attention(q, k, v, grid, out=out, **d),
+                 lambda **d: stsa.routed_attention(q, k, v, grid, out=out, **d),
+                 lambda **d: stsa.route(q, k, v, grid, **d)):
+        with pytest.raises(stsa.Unsupported, match="descales"):
+            call(q_descale=0.5)
+        with pytest.raises(stsa.Unsupported, match="descales"):
+            call(v_descale=torch.ones(1, 1, device="cuda"))
+    assert torch.all(out == 7.0)
     with pytest.raises(stsa.InvalidArgument):
         stsa.attention(q, k, v, grid, mask="causal", out=out)
     assert torch.all(out == 7.0)
