@@ -55,10 +55,17 @@ def _grid_args(grid: VideoGrid) -> tuple[list[int], bool]:
 
 def _descale_tensors(descales, q, layout) -> list:
     """q, k and v descales as the operators take them: None or a tensor (a number becomes a
-    [B, H] float32 tensor of it; the call checks shapes and values)."""
+    [B, H] float32 tensor of it, any other array a tensor; the call checks shapes and values)."""
     batch, _, heads = _batch_tokens_heads(q.shape, layout)
-    return [None if d is None else d if isinstance(d, torch.Tensor)
-            else torch.full((batch, heads), float(d), dtype=torch.float32) for d in descales]
+
+    def tensor(d):
+        if d is None or isinstance(d, torch.Tensor):
+            return d
+        if isinstance(d, (int, float)):
+            return torch.full((batch, heads), float(d), dtype=torch.float32)
+        return torch.as_tensor(d, dtype=torch.float32)  # a 0-d one is taken as a number by the call
+
+    return [tensor(d) for d in descales]
 
 
 # The router's settings travel as the keyword names and values of stsa._router's dict.

@@ -262,8 +262,10 @@ def test_compiled_calls_take_descales(rng):
     qd, vd = torch.rand(1, 2) + 0.5, torch.rand(1, 2) + 0.5
     policy = stsa.Policy(density=0.5, samples=16)
 
+    kd = np.full((1, 2), 0.75, np.float32)  # a NumPy array, a constant of the trace
+
     def layer(q, k, v, qd, vd):
-        a = stsa.attention(q, k, v, grid, "spatial", 0.5, q_descale=qd, k_descale=0.75, v_descale=vd)
+        a = stsa.attention(q, k, v, grid, "spatial", 0.5, q_descale=qd, k_descale=kd, v_descale=vd)
         b, _ = stsa.routed_attention(q, k, v, grid, 0.5, samples=16, q_descale=qd, v_descale=vd)
         c, _ = policy.attention(q, k, v, grid, 0, 0, q_descale=qd, k_descale=0.75)
         return a, b, c
