@@ -31,14 +31,6 @@ std::vector<float> random_descales(std::int64_t count, std::mt19937_64& rng) {
   return values;
 }
 
-void give_descales(testing::Problem& p, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const std::int64_t count = p.layout.batch * p.layout.heads;
-  p.q_descale = random_descales(count, rng);
-  p.k_descale = random_descales(count, rng);
-  p.v_descale = random_descales(count, rng);
-}
-
 std::vector<HeadMask> mixed_heads(const VideoLayout& layout, double density, PlanCache& plans) {
   const SparseKind kinds[] = {SparseKind::Spatial, SparseKind::Temporal, SparseKind::FrameWindow};
   std::vector<HeadMask> heads;
@@ -56,7 +48,7 @@ TEST(Descales, TheReferenceComputesWithTheDequantizedValues) {
   PlanCache plans;
   const std::uint64_t seed = testing::fresh_seed();
   testing::Problem scaled = testing::make_problem(layout, DType::F32, mixed_heads(layout, 0.4, plans), seed);
-  give_descales(scaled, seed);
+  testing::give_descales(scaled, seed);
   testing::Problem multiplied = scaled;
   multiplied.q_descale = multiplied.k_descale = multiplied.v_descale = {};
   const AttentionCall by_descales = scaled.call(), by_values = multiplied.call();
@@ -107,7 +99,7 @@ TEST(Descales, TheCpuBackendMatchesTheReference) {
       PlanCache plans;
       testing::Problem p =
           testing::make_problem(layout, s.in, mixed_heads(layout, 0.3, plans), ++seed, MemoryLayout::BNHD, s.out);
-      give_descales(p, seed);
+      testing::give_descales(p, seed);
       SCOPED_TRACE(p.label + " isa " + std::string(to_string(isa)));
       make_cpu_backend({isa, 2})->run(p.call());
       const testing::Comparison cmp = testing::compare_with_reference(p);

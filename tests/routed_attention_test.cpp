@@ -23,13 +23,6 @@ RoutedCall routed_call(const testing::Problem& p) {
   return RoutedCall{c.layout, c.q, c.k, c.v, c.o, c.lse, c.softmax_scale, c.descales};
 }
 
-// Per-(batch, head) descales in [1/2, 2], a different one for every factor.
-void give_descales(testing::Problem& p) {
-  const std::int64_t count = p.layout.batch * p.layout.heads;
-  for (std::vector<float>* factors : {&p.q_descale, &p.k_descale, &p.v_descale})
-    for (std::int64_t i = 0; i < count; ++i) factors->push_back(0.5f + float((i * 7 + factors->size()) % 13) / 8.f);
-}
-
 // Decisions cycling through every route, checked on every backend that supports the call.
 // With descales, the temporal heads' (gathered, packed) calls must carry their own heads' factors.
 void check_given_decisions(const VideoLayout& layout, DType dtype, std::uint64_t seed, bool descales = false) {
@@ -37,7 +30,7 @@ void check_given_decisions(const VideoLayout& layout, DType dtype, std::uint64_t
   const std::vector<HeadRoute>& decisions = given.decisions;
   for (const Backend* backend : backends()) {
     testing::Problem p = testing::make_problem(layout, dtype, given.reference_masks, seed);
-    if (descales) give_descales(p);
+    if (descales) testing::give_descales(p, seed);
     SCOPED_TRACE(std::string(backend->name()) + " " + p.label);
     AttentionCall probe = p.call();
     if (!backend->supports(probe).ok) continue;

@@ -33,10 +33,7 @@ void expect_matches_single(const VideoLayout& l, DType dtype, const std::vector<
   const int ranks = world->size(), rank = world->rank();
   const std::uint64_t seed = shared_seed();
   auto single = make_problem(l, dtype, reference_heads(l, masks), seed);
-  if (descales)  // a different factor for every (batch, head) and input: each rank must run its heads' own
-    for (std::vector<float>* factors : {&single.q_descale, &single.k_descale, &single.v_descale})
-      for (std::int64_t i = 0; i < l.batch * l.heads; ++i)
-        factors->push_back(0.5f + float((i * 5 + std::int64_t(factors->size()) * 3) % 11) / 8.f);
+  if (descales) give_descales(single, seed);  // the shared seed: every rank holds the same factors
   SCOPED_TRACE(::testing::Message() << "rank " << rank << " of " << ranks << ", " << single.label);
   const Backend& engine = backend(backend_name);
   PlanCache plans;

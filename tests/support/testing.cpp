@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <sstream>
 
 #include "stsa/error.hpp"
@@ -156,6 +157,16 @@ AttentionCall Problem::call() const {
   c.softmax_scale = softmax_scale;
   c.descales = Descales{q_descale, k_descale, v_descale};
   return c;
+}
+
+void give_descales(Problem& p, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> exponent(-2.f, 2.f);
+  const std::size_t count = std::size_t(p.layout.batch * p.layout.heads);
+  for (std::vector<float>* factors : {&p.q_descale, &p.k_descale, &p.v_descale}) {
+    factors->resize(count);
+    for (float& factor : *factors) factor = std::exp2(exponent(rng));
+  }
 }
 
 Problem make_problem(const VideoLayout& layout, DType dtype, std::vector<HeadMask> heads, std::uint64_t seed,

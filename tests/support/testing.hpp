@@ -80,6 +80,10 @@ struct Problem {
 // extent (the output's is left as it is, for the scattered-output checks).
 AttentionCall first_heads(AttentionCall call, std::int64_t heads);
 
+// Per-(batch, head) q, k and v descales for `p`, each in [1/4, 4] (a quantizer's
+// amax / 448 lands anywhere), seeded: ranks given the same seed get the same factors.
+void give_descales(Problem& p, std::uint64_t seed);
+
 // Random Q/K/V for `layout` in `dtype`, with `heads` masks (one per head).
 Problem make_problem(const VideoLayout& layout, DType dtype, std::vector<HeadMask> heads, std::uint64_t seed,
                      MemoryLayout memory = MemoryLayout::BNHD, DType out_dtype = DType::F32);
