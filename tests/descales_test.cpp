@@ -23,14 +23,6 @@
 namespace stsa {
 namespace {
 
-// B x H factors spread over [1/4, 4] (a quantizer's amax / 448 lands anywhere).
-std::vector<float> random_descales(std::int64_t count, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> exponent(-2.f, 2.f);
-  std::vector<float> values(static_cast<std::size_t>(count));
-  for (float& v : values) v = std::exp2(exponent(rng));
-  return values;
-}
-
 std::vector<HeadMask> mixed_heads(const VideoLayout& layout, double density, PlanCache& plans) {
   const SparseKind kinds[] = {SparseKind::Spatial, SparseKind::Temporal, SparseKind::FrameWindow};
   std::vector<HeadMask> heads;
@@ -194,8 +186,8 @@ TEST(Descales, TheRouterRoutesTheDequantizedValues) {
   const synth::Data data = synth::make_video_tokens(o);
   std::mt19937_64 rng(o.seed);
   const std::int64_t count = o.batch * o.heads;
-  const std::vector<float> qd = random_descales(count, rng), kd = random_descales(count, rng),
-                           vd = random_descales(count, rng);
+  const std::vector<float> qd = testing::random_descales(count, rng), kd = testing::random_descales(count, rng),
+                           vd = testing::random_descales(count, rng);
   Tensor q = data.q, k = data.k, v = data.v;  // copies, multiplied below
   for (std::int64_t b = 0; b < o.batch; ++b)
     for (std::int64_t n = 0; n < data.layout.tokens(); ++n)

@@ -159,14 +159,17 @@ AttentionCall Problem::call() const {
   return c;
 }
 
+std::vector<float> random_descales(std::int64_t count, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> exponent(-2.f, 2.f);
+  std::vector<float> values(static_cast<std::size_t>(count));
+  for (float& v : values) v = std::exp2(exponent(rng));
+  return values;
+}
+
 void give_descales(Problem& p, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> exponent(-2.f, 2.f);
-  const std::size_t count = std::size_t(p.layout.batch * p.layout.heads);
-  for (std::vector<float>* factors : {&p.q_descale, &p.k_descale, &p.v_descale}) {
-    factors->resize(count);
-    for (float& factor : *factors) factor = std::exp2(exponent(rng));
-  }
+  for (std::vector<float>* factors : {&p.q_descale, &p.k_descale, &p.v_descale})
+    *factors = random_descales(p.layout.batch * p.layout.heads, rng);
 }
 
 Problem make_problem(const VideoLayout& layout, DType dtype, std::vector<HeadMask> heads, std::uint64_t seed,

@@ -80,8 +80,11 @@ struct Problem {
 // extent (the output's is left as it is, for the scattered-output checks).
 AttentionCall first_heads(AttentionCall call, std::int64_t heads);
 
-// Per-(batch, head) q, k and v descales for `p`, each in [1/4, 4] (a quantizer's
-// amax / 448 lands anywhere), seeded: ranks given the same seed get the same factors.
+// `count` descales, each in [1/4, 4] (a quantizer's amax / 448 lands anywhere).
+std::vector<float> random_descales(std::int64_t count, std::mt19937_64& rng);
+
+// Per-(batch, head) q, k and v descales for `p` from random_descales, seeded: ranks
+// given the same seed get the same factors.
 void give_descales(Problem& p, std::uint64_t seed);
 
 // Random Q/K/V for `layout` in `dtype`, with `heads` masks (one per head).
