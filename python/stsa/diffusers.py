@@ -45,7 +45,7 @@ import inspect
 import itertools
 import operator
 import weakref
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 
@@ -447,6 +447,14 @@ def _heads_for_tokens(x, group, ranks: int):
     return _all_to_all(sent, group).permute(1, 2, 0, 3, 4).reshape(batch, tokens // ranks, ranks * heads, dim)
 
 
+def _rotated(x: torch.Tensor, freqs: Any, **options: Any) -> torch.Tensor:
+    """diffusers' `apply_rotary_emb` on one tensor: it returns that tensor rotated, though it is
+    annotated as returning a pair (which a type check of this module with diffusers installed reads)."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    return cast(torch.Tensor, apply_rotary_emb(x, freqs, **options))
+
+
 def _projections(attn, hidden_states):
     if attn.fused_projections:
         return attn.to_qkv(hidden_states).chunk(3, dim=-1)
@@ -547,7 +555,6 @@ class _CogVideoXSelfAttention(_SelfAttention):
     layout = "bhnd"
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
-        from diffusers.models.embeddings import apply_rotary_emb
 
         self._check_call(attention_mask)
         text = encoder_hidden_states.size(1)
@@ -558,7 +565,7 @@ class _CogVideoXSelfAttention(_SelfAttention):
         if attn.norm_k is not None:
             key = attn.norm_k(key)
         if image_rotary_emb is not None:
-            query, key = (torch.cat([x[:, :, :text], apply_rotary_emb(x[:, :, text:], image_rotary_emb)], dim=2)
+            query, key = (torch.cat([x[:, :, :text], _rotated(x[:, :, text:], image_rotary_emb)], dim=2)
                           for x in (query, key))
         out = self._attention(query, key, value).transpose(1, 2).flatten(2, 3)
         out = attn.to_out[1](attn.to_out[0](out))
@@ -575,7 +582,6 @@ class _EasyAnimateSelfAttention(_SelfAttention):
     layout = "bhnd"
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
-        from diffusers.models.embeddings import apply_rotary_emb
 
         self._check_call(attention_mask)
         text = encoder_hidden_states.size(1)
@@ -596,7 +602,7 @@ class _EasyAnimateSelfAttention(_SelfAttention):
                 prompt[1] = attn.norm_added_k(prompt[1])
             query, key, value = (torch.cat([p, x], dim=2) for p, x in zip(prompt, (query, key, value)))
         if image_rotary_emb is not None:
-            query, key = (torch.cat([x[:, :, :text], apply_rotary_emb(x[:, :, text:], image_rotary_emb)], dim=2)
+            query, key = (torch.cat([x[:, :, :text], _rotated(x[:, :, text:], image_rotary_emb)], dim=2)
                           for x in (query, key))
         out = self._attention(query, key, value).transpose(1, 2).flatten(2, 3).to(query.dtype)
         text_out, video_out = out.split([text, out.size(1) - text], dim=1)
@@ -617,7 +623,6 @@ class _HunyuanVideoSelfAttention(_SelfAttention):
     video's for stsa, and their outputs back before."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-        from diffusers.models.embeddings import apply_rotary_emb
 
         if encoder_hidden_states is None:
             raise Unsupported(f"layer {self.layer}: HunyuanVideo's attention without the prompt's tokens")
@@ -632,7 +637,7 @@ class _HunyuanVideoSelfAttention(_SelfAttention):
             key = attn.norm_k(key)
         if image_rotary_emb is not None:
             video = query.shape[1] if dual_stream else query.shape[1] - text
-            query, key = (torch.cat([apply_rotary_emb(x[:, :video], image_rotary_emb, sequence_dim=1), x[:, video:]],
+            query, key = (torch.cat([_rotated(x[:, :video], image_rotary_emb, sequence_dim=1), x[:, video:]],
                                     dim=1) for x in (query, key))
         if dual_stream:
             query, key, value = _with_prompt(attn, (query, key, value), encoder_hidden_states)
@@ -650,7 +655,6 @@ class _HunyuanVideo15SelfAttention(_SelfAttention):
     padding as keys and as queries: the layer's mask goes to SparseTransformer._attend."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-        from diffusers.models.embeddings import apply_rotary_emb
 
         if encoder_hidden_states is None or attention_mask is None:
             raise Unsupported(f"layer {self.layer}: HunyuanVideo 1.5's attention without the prompt's tokens and mask")
@@ -660,7 +664,7 @@ class _HunyuanVideo15SelfAttention(_SelfAttention):
                                                                         attn.to_v(hidden_states)))
         query, key = attn.norm_q(query), attn.norm_k(key)
         if image_rotary_emb is not None:
-            query, key = (apply_rotary_emb(x, image_rotary_emb, sequence_dim=1) for x in (query, key))
+            query, key = (_rotated(x, image_rotary_emb, sequence_dim=1) for x in (query, key))
         query, key, value = _with_prompt(attn, (query, key, value), encoder_hidden_states)
         out = self._attention(query, key, value, attention_mask).flatten(2, 3).to(query.dtype)
         return _joint_outputs(attn, out, encoder_hidden_states.shape[1])
@@ -693,7 +697,6 @@ class _CosmosSelfAttention(_SelfAttention):
     head, the rotary embedding on head-major q, k (their halves as real and imaginary parts)."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-        from diffusers.models.embeddings import apply_rotary_emb
 
         if encoder_hidden_states is not None:
             raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
@@ -703,7 +706,7 @@ class _CosmosSelfAttention(_SelfAttention):
                                                                                         attn.to_v(hidden_states)))
         query, key = attn.norm_q(query), attn.norm_k(key)
         if image_rotary_emb is not None:
-            query, key = (apply_rotary_emb(x, image_rotary_emb, use_real=True, use_real_unbind_dim=-2)
+            query, key = (_rotated(x, image_rotary_emb, use_real=True, use_real_unbind_dim=-2)
                           for x in (query, key))
         out = self._attention(*(x.transpose(1, 2) for x in (query, key, value))).flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
