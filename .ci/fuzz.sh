@@ -23,17 +23,18 @@ run_target() {
 }
 # Each run is one process on one core: two lanes of the same budgets take 60 s, not 100.
 targets=(attention safetensors plan npy)
+declare -A budgets=([attention]="$attention_seconds" [safetensors]="$seconds" [plan]="$seconds" [npy]="$seconds")
 rm -f "$dir"/*.status
-(run_target attention "$attention_seconds"; run_target safetensors "$seconds") &
+(run_target attention "${budgets[attention]}"; run_target safetensors "${budgets[safetensors]}") &
 lane=$!
-run_target plan "$seconds"
-run_target npy "$seconds"
+run_target plan "${budgets[plan]}"
+run_target npy "${budgets[npy]}"
 wait "$lane" || true
 failed=0
 for target in "${targets[@]}"; do
   status=$(cat "$dir/$target.status" 2>/dev/null || echo "none")
   if [ "$status" = 0 ]; then
-    echo "fuzz: $target for $([ "$target" = attention ] && echo "$attention_seconds" || echo "$seconds")s"
+    echo "fuzz: $target for ${budgets[$target]}s"
     tail -n 5 "$dir/$target.log"
   else
     echo "fuzz: $target failed (status $status):" >&2

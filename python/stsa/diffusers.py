@@ -555,7 +555,6 @@ class _CogVideoXSelfAttention(_SelfAttention):
     layout = "bhnd"
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
-
         self._check_call(attention_mask)
         text = encoder_hidden_states.size(1)
         joint = torch.cat([encoder_hidden_states, hidden_states], dim=1)
@@ -582,7 +581,6 @@ class _EasyAnimateSelfAttention(_SelfAttention):
     layout = "bhnd"
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
-
         self._check_call(attention_mask)
         text = encoder_hidden_states.size(1)
         dual_stream = attn.add_q_proj is not None
@@ -623,7 +621,6 @@ class _HunyuanVideoSelfAttention(_SelfAttention):
     video's for stsa, and their outputs back before."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-
         if encoder_hidden_states is None:
             raise Unsupported(f"layer {self.layer}: HunyuanVideo's attention without the prompt's tokens")
         self._check_call()  # the mask there is the model's padding mask, applied as described above
@@ -655,7 +652,6 @@ class _HunyuanVideo15SelfAttention(_SelfAttention):
     padding as keys and as queries: the layer's mask goes to SparseTransformer._attend."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-
         if encoder_hidden_states is None or attention_mask is None:
             raise Unsupported(f"layer {self.layer}: HunyuanVideo 1.5's attention without the prompt's tokens and mask")
         self._check_call()  # the mask is the prompt's padding, handled as described above
@@ -697,7 +693,6 @@ class _CosmosSelfAttention(_SelfAttention):
     head, the rotary embedding on head-major q, k (their halves as real and imaginary parts)."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-
         if encoder_hidden_states is not None:
             raise Unsupported(f"layer {self.layer}: stsa replaces self-attention only")
         self._check_call(attention_mask)
