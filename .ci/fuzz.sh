@@ -22,16 +22,15 @@ run_target() {
   echo "$status" >"$dir/$target.status"
 }
 # Each run is one process on one core: two lanes of the same budgets take 60 s, not 100.
-targets=(attention safetensors plan npy)
 declare -A budgets=([attention]="$attention_seconds" [safetensors]="$seconds" [plan]="$seconds" [npy]="$seconds")
+lanes=("attention safetensors" "plan npy")
 rm -f "$dir"/*.status
-(run_target attention "${budgets[attention]}"; run_target safetensors "${budgets[safetensors]}") &
-lane=$!
-run_target plan "${budgets[plan]}"
-run_target npy "${budgets[npy]}"
-wait "$lane" || true
+for lane in "${lanes[@]}"; do
+  (for target in $lane; do run_target "$target" "${budgets[$target]}"; done) &
+done
+wait
 failed=0
-for target in "${targets[@]}"; do
+for target in ${lanes[*]}; do
   status=$(cat "$dir/$target.status" 2>/dev/null || echo "none")
   if [ "$status" = 0 ]; then
     echo "fuzz: $target for ${budgets[$target]}s"
