@@ -149,6 +149,15 @@ TEST(ModelPresets, HaveTheDocumentedShapes) {
   const ModelPreset& kandinsky = model_preset("kandinsky5-lite");
   EXPECT_EQ(kandinsky.grid.video_tokens(), 47616);  // 31 frames of 512/16 x 768/16
   EXPECT_EQ(kandinsky.heads * kandinsky.head_dim, 1792);
+  const ModelPreset& anyflow = model_preset("anyflow-14b-480p");
+  EXPECT_EQ(anyflow.grid.video_tokens(), 32760);
+  EXPECT_EQ(anyflow.steps, 4);  // distilled: a warm-up sized for 50 steps would leave it dense
+  EXPECT_EQ(anyflow.policy.dense_steps, 1);
+  const ModelPreset& helios = model_preset("helios-384p");
+  EXPECT_EQ(helios.grid.video_tokens(), 8640);  // a chunk's (33 - 1) / 4 + 1 frames of 384/16 x 640/16
+  // History 2 x 24 x 40 + (2/2) x (24/2) x (40/2) + (16/4) x (24/4) x (40/4).
+  EXPECT_EQ(helios.grid.text_tokens, 1920 + 240 + 240);
+  EXPECT_EQ(helios.heads * helios.head_dim, 5120);
   for (const auto& p : model_presets()) {
     EXPECT_NO_THROW(p.layout(2).validate()) << p.name;
     EXPECT_NO_THROW(Policy{p.policy}) << p.name;

@@ -30,6 +30,9 @@ latent grid of each forward comes from the transformer's input (over its patch s
 the prompt's length); the step from its timestep: a lower timestep than the last
 forward's is the next step, an equal one the same step (the unconditional pass of
 classifier-free guidance), a higher one a new generation (step 0, decisions forgotten).
+A generation whose steps all fall in the policy's dense warm-up (a distilled model at a
+few steps under a preset made for fifty), or a model whose layers all fall in its dense
+layers, saved nothing: ``DenseWarning`` says so, with the numbers.
 Layer i is the model's i-th block. Given a pipeline, every transformer it holds takes
 stsa, with one step count across them: Wan2.2 A14B's two experts (``transformer`` for the
 high-noise steps, ``transformer_2`` for the rest) share the pipeline's steps, each with a
@@ -41,11 +44,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import inspect
 import itertools
 import operator
+import warnings
 import weakref
-from typing import Any, Optional, cast
+from typing import Any, Callable, Optional, cast
 
 import torch
 
@@ -53,7 +58,7 @@ from . import InvalidArgument, Policy, Unsupported, VideoGrid, _flag, _require_t
 
 _require_torch_operators(torch)
 
-__all__ = ["enable", "SparseTransformer", "SparsePipeline", "CallRecord"]
+__all__ = ["enable", "SparseTransformer", "SparsePipeline", "CallRecord", "DenseWarning"]
 
 # A pipeline's transformers, in the order its denoising loop uses them (Wan2.2 A14B:
 # high-noise expert, then low-noise expert; either may be absent).
@@ -104,26 +109,52 @@ def _summary(records) -> dict[str, Any]:
             "attention_ms": sum(timed) if timed else None}
 
 
+class DenseWarning(UserWarning):
+    """The policy's dense warm-up covered a whole generation, or every layer of a model:
+    stsa ran it dense and saved nothing there."""
+
+
 class _StepClock:
     """The denoising step, read from the timesteps of the forwards of one or more
     transformers: lower than the last is the next step, equal the same step, higher
-    (or the first after reset()) a new generation."""
+    (or the first after reset()) a new generation. ``on_generation_end`` gets each
+    generation's step count once, when the next one begins or at ``finish()``."""
 
-    def __init__(self):
+    def __init__(self, on_generation_end: Callable[[int], None]):
         self.step = 0
         self.generation = 0
         self._last_timestep: float | None = None
+        self._on_generation_end = on_generation_end
+        self._open = False  # a generation has begun and not been reported
 
     def observe(self, timestep: float) -> None:
         if self._last_timestep is None or timestep > self._last_timestep:
+            self.finish()
             self.step = 0
             self.generation += 1
+            self._open = True
         elif timestep < self._last_timestep:
             self.step += 1
         self._last_timestep = timestep
 
     def reset(self) -> None:
         self._last_timestep = None
+
+    def finish(self) -> None:
+        """Ends the generation under way, if any (the model is being disabled)."""
+        if self._open:
+            self._open = False
+            self._on_generation_end(self.step + 1)
+
+
+def _warn_if_dense_throughout(policy: Policy, steps: int) -> None:
+    dense_steps = policy.settings["dense_steps"]
+    if steps <= dense_steps:
+        warnings.warn(f"stsa ran a whole generation dense: its {steps} denoising step(s) all fall in the "
+                      f"policy's dense warm-up (dense_steps={dense_steps}); for a model run at few steps, give a "
+                      "policy with fewer (a preset made for it, such as 'anyflow-14b-480p', or a quarter of "
+                      f"the steps: stsa.Policy(**{{**policy.settings, 'dense_steps': {steps // 4}}}))", DenseWarning,
+                      stacklevel=2)
 
 
 class SparseTransformer:
@@ -144,7 +175,9 @@ class SparseTransformer:
         self.grid: VideoGrid | None = None
         self.text_counts: list[int] | None = None
         self._options = {"backend": backend, "tile": tile, "align": align, "timed": timed}
-        self._clock = _StepClock() if clock is None else clock  # a pipeline's transformers share one
+        # A pipeline's transformers share one clock, which the pipeline finishes.
+        self._owns_clock = clock is None
+        self._clock = _StepClock(self._generation_ended) if clock is None else clock
         self._generation = self._clock.generation  # the generation the policy's decisions belong to
         self._forwards = 0  # forwards begun; the prompt counts read from a layer's mask hold for one
         self._mask_counts: tuple[int, list[int]] | None = None  # (forward, per sample, the prompt tokens kept)
@@ -162,6 +195,11 @@ class SparseTransformer:
         for layer, attn in enumerate(attentions):
             _set_processor(attn, self._family.processor(self, layer))
         self._attentions = attentions
+        dense_layers = self.policy.settings["dense_layers"]
+        if dense_layers >= len(attentions):
+            warnings.warn(f"stsa will run {type(transformer).__name__} dense: its {len(attentions)} self-attention "
+                          f"layer(s) all fall in the policy's dense layers (dense_layers={dense_layers})",
+                          DenseWarning, stacklevel=3)
 
     def disable(self) -> None:
         """Puts the model's own processors back and removes the hook; the records stay."""
@@ -171,6 +209,8 @@ class SparseTransformer:
         self._hook = None
         for attn, original in zip(self._attentions, self._originals):
             _set_processor(attn, original)
+        if self._owns_clock:
+            self._clock.finish()
 
     def __enter__(self) -> "SparseTransformer":
         return self
@@ -190,6 +230,9 @@ class SparseTransformer:
     def summary(self) -> dict[str, Any]:
         """Totals over the records kept: calls, head-calls per route, stsa's routing and attention ms."""
         return _summary(self.records)
+
+    def _generation_ended(self, steps: int) -> None:
+        _warn_if_dense_throughout(self.policy, steps)
 
     def _before_forward(self, module, args, kwargs) -> None:
         self._forwards += 1
@@ -295,7 +338,7 @@ class SparsePipeline:
                                   f"{' and '.join(_PIPELINE_TRANSFORMERS)} are None)")
         first = _policy(policy)
         self.records: collections.deque[CallRecord] = _records(max_records)
-        self._clock = _StepClock()
+        self._clock = _StepClock(functools.partial(_warn_if_dense_throughout, first))
         self.parts: dict[str, SparseTransformer] = {}
         try:
             for name in names:
@@ -316,6 +359,7 @@ class SparsePipeline:
         """Puts every transformer's own processors back; the records stay."""
         for part in self.parts.values():
             part.disable()
+        self._clock.finish()
 
     def __enter__(self) -> "SparsePipeline":
         return self

@@ -190,6 +190,16 @@ def _policies(args) -> tuple[str | None, list[Any], list[Policy]]:
     return name, values, [Policy(**{**preset, **changes, name: value}) for value in values]
 
 
+def _refuse_dense_throughout(policies: Sequence[Policy], steps: int, swept: str | None, values: list[Any]) -> None:
+    """A policy whose warm-up covers every step would time dense against dense."""
+    for policy, value in zip(policies, values):
+        dense_steps = policy.settings["dense_steps"]
+        if dense_steps >= steps:
+            which = f" (--sweep {swept}={value})" if swept else ""
+            raise _Refused(f"the policy{which} runs all {steps} steps dense (dense_steps={dense_steps}): nothing "
+                           f"to compare; give --set dense_steps=K with K < {steps}")
+
+
 def _setting_value(change: str, text: str):
     constants = {"True": True, "False": False, "None": None}
     if text in constants:
@@ -261,6 +271,7 @@ def main(argv: Sequence[str] | None = None, load=_load) -> int:
         args = _arguments(argv)
         steps = args.steps or model_preset(args.policy)["steps"]  # an unknown preset is refused before loading
         swept, values, policies = _policies(args)
+        _refuse_dense_throughout(policies, steps, swept, values)
         prompts = args.prompt or [_DEFAULT_PROMPT]
         videos = [f"{name}.{kind}" for i in range(len(prompts))
                   for name in [f"dense_{i}"] + [_video_name(i, j, swept) for j in range(len(values))]

@@ -109,6 +109,16 @@ const std::vector<ModelPreset>& model_presets() {
            "Kandinsky 5.0 T2V Lite (5 s, dense attention), 512x768, 121 frames: 31 x 32 x 48 tokens, text via "
            "cross-attention only, 28 heads of 64, 32 visual blocks",
            VideoGrid{31, 32, 48, 0, TextPlacement::After}, 28, 64, 32, 50, 12),
+      make("anyflow-14b-480p",
+           "AnyFlow-Wan2.1-T2V-14B (flow-map distilled from Wan2.1-T2V-14B), 480x832, 81 frames: 21 x 30 x 52 "
+           "tokens, text via cross-attention only, 4 steps (its published example; any of 1, 2, 4, 8, 16 works)",
+           VideoGrid{21, 30, 52, 0, TextPlacement::After}, 40, 128, 40, 4, 1),
+      make("helios-384p",
+           "Helios-Base (HeliosPipeline defaults), 384x640, chunks of 33 frames: 9 x 24 x 40 tokens + before "
+           "them the history moved after (short 2 frames, 1,920 tokens; mid 2 at 2x, 240; long 16 at 4x, 240), "
+           "text via cross-attention only; Wan2.1-14B's 40 heads and 40 layers; 50 steps per chunk, each chunk "
+           "a generation of its own",
+           VideoGrid{9, 24, 40, 2400, TextPlacement::After}, 40, 128, 40, 50, 12),
       make("cogvideox1.5",
            "CogVideoX1.5-5B, 768x1360, 81 frames: 11 x 48 x 85 tokens + 226 text tokens before the video (joint "
            "attention)",

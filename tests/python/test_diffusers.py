@@ -12,6 +12,7 @@ import gc
 import inspect
 import pathlib
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -37,7 +38,9 @@ diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is
 # Mochi's rotary embedding asks for an fp32 autocast, which the CPU does not have (the model's own warning).
 # Kandinsky 5 normalizes fp32 q, k with a bf16 model's RMS norm weights (its own warning too).
 pytestmark = [pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning"),
-              pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")]
+              pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning"),
+              # Most tests run a step or two under a warm-up on purpose; the warning's own tests see it.
+              pytest.mark.filterwarnings("ignore::stsa.diffusers.DenseWarning")]
 
 ALL_SPARSE = {"max_rel_l2": 1e9}  # no head kept dense for its error: every routed head sparse
 
@@ -264,6 +267,38 @@ def test_steps_follow_the_timestep_and_guidance_reuses_the_decision(rng):
     assert [r.step for r in bounded.records] == [1, 2]
 
 
+def _dense_warnings(run) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return [str(w.message) for w in caught if issubclass(w.category, stsa.diffusers.DenseWarning)]
+
+
+def test_a_generation_inside_the_warm_up_is_reported_once(rng):
+    """A generation whose steps all fall in the dense warm-up saved nothing: one
+    DenseWarning when the next generation begins or the model is disabled, none for a
+    generation that went past it. A model whose layers are all dense layers: at enable."""
+    model = tiny_wan(layers=1)
+    sparse = stsa.diffusers.enable(model, stsa.Policy(dense_steps=2, density=0.4, **ALL_SPARSE))
+
+    def generate(*timesteps):
+        for timestep in timesteps:
+            forward(model, inputs(rng, timestep))
+
+    assert _dense_warnings(lambda: generate(999, 999, 700)) == []  # under way: not known yet
+    (message,) = _dense_warnings(lambda: generate(999, 700, 400))  # the first ended: 2 steps, both dense
+    assert "its 2 denoising step(s) all fall in the policy's dense warm-up (dense_steps=2)" in message
+    assert "'dense_steps': 0" in message  # a quarter of its steps
+    assert _dense_warnings(sparse.disable) == []  # the second went past the warm-up
+    assert [r.step for r in sparse.records] == [0, 0, 1, 0, 1, 2] and "dense" not in sparse.records[-1].routes
+    sparse = stsa.diffusers.enable(model, stsa.Policy(dense_steps=2))
+    generate(999)
+    assert len(_dense_warnings(sparse.disable)) == 1
+    assert _dense_warnings(sparse.disable) == []  # reported once
+    (layers,) = _dense_warnings(lambda: stsa.diffusers.enable(model, stsa.Policy(dense_layers=1)).disable())
+    assert "its 1 self-attention layer(s) all fall in the policy's dense layers (dense_layers=1)" in layers
+
+
 def test_untimed_records_have_no_attention_times(rng):
     model = tiny_wan(layers=1)
     with stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE), timed=False) as sparse:
@@ -333,11 +368,12 @@ def test_a_pipelines_experts_count_its_steps_together(rng):
     forward(low, inputs(rng, 700))
     assert low_policy.cached_count == 0  # step 1 dense: forgotten, not reused
     sparse.reset()
-    forward(low, inputs(rng, 10))
+    # The video before took 2 steps, both in the warm-up: one warning for the pipeline.
+    assert len(_dense_warnings(lambda: forward(low, inputs(rng, 10)))) == 1
     assert sparse.step == 0
     own = [block.attn1.processor for block in (*high.blocks, *low.blocks)]
     assert all(isinstance(p, stsa.diffusers._SelfAttention) for p in own)
-    sparse.disable()
+    assert len(_dense_warnings(sparse.disable)) == 1  # the last video's one step, once for both experts
     assert not any(isinstance(block.attn1.processor, stsa.diffusers._SelfAttention)
                    for block in (*high.blocks, *low.blocks))
 

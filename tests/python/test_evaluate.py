@@ -34,6 +34,11 @@ def never_loaded(args):
     (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "density=0.1,,0.3"], "'' is not a number"),
     (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "density=0.1,0.1"], "a value is repeated"),
     (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "dense_steps=4,-1"], "dense steps must be >= 0"),
+    # A warm-up as long as the run times dense against dense.
+    (["--model", "m", "--policy", "wan2.1-480p", "--steps", "12"], "runs all 12 steps dense (dense_steps=12)"),
+    (["--model", "m", "--policy", "anyflow-14b-480p", "--set", "dense_steps=4"], "runs all 4 steps dense"),
+    (["--model", "m", "--policy", "wan2.1-480p", "--steps", "8", "--sweep", "dense_steps=2,8"],
+     "the policy (--sweep dense_steps=8) runs all 8 steps dense"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(argv, message, capsys):
     assert stsa.evaluate.main(argv, load=never_loaded) == 2
@@ -92,7 +97,10 @@ CALL = {"height": 64, "width": 96, "num_frames": 17, "num_inference_steps": 4, "
 
 def test_a_dense_policy_gives_the_dense_video_and_a_sparse_one_differs():
     pipe = _pipeline()
-    same, dense, ours = stsa.evaluate.evaluate(pipe, stsa.Policy(dense_steps=4), **_prompts(), **CALL)
+    import stsa.diffusers
+
+    with pytest.warns(stsa.diffusers.DenseWarning, match="its 4 denoising step"):
+        same, dense, ours = stsa.evaluate.evaluate(pipe, stsa.Policy(dense_steps=4), **_prompts(), **CALL)
     assert dense.shape == ours.shape == (17, 64, 96, 3) and same.frames == 17
     assert same.psnr_db > 60 and same.ssim > 0.9999  # the same attention, rounded differently at most
     assert same.summary["head_routes"] == {"dense": 4 * 2 * 2 * 2}  # steps x guidance x layers x heads
@@ -181,7 +189,8 @@ def test_an_image_to_video_run_passes_its_image(tmp_path, capsys):
     picture = tmp_path / "first.png"
     Image.new("RGB", (96, 64), (200, 30, 10)).save(picture)
     argv = ["--model", "tiny", "--policy", "wan2.1-1.3b-480p", "--height", "64", "--width", "96", "--frames", "17",
-            "--steps", "2", "--no-warmup", "--image", str(picture), "--out", str(tmp_path / "run")]
+            "--steps", "2", "--set", "dense_steps=1", "--no-warmup", "--image", str(picture),
+            "--out", str(tmp_path / "run")]
     given = {}
 
     def image_pipe(**call):  # the tiny text-to-video pipeline takes no image: keep it, pass the rest on
