@@ -177,7 +177,7 @@ class SparseTransformer:
         self._options = {"backend": backend, "tile": tile, "align": align, "timed": timed}
         # A pipeline's transformers share one clock, which the pipeline finishes.
         self._owns_clock = clock is None
-        self._clock = _StepClock(self._generation_ended) if clock is None else clock
+        self._clock = _StepClock(functools.partial(_warn_if_dense_throughout, self.policy)) if clock is None else clock
         self._generation = self._clock.generation  # the generation the policy's decisions belong to
         self._forwards = 0  # forwards begun; the prompt counts read from a layer's mask hold for one
         self._mask_counts: tuple[int, list[int]] | None = None  # (forward, per sample, the prompt tokens kept)
@@ -230,9 +230,6 @@ class SparseTransformer:
     def summary(self) -> dict[str, Any]:
         """Totals over the records kept: calls, head-calls per route, stsa's routing and attention ms."""
         return _summary(self.records)
-
-    def _generation_ended(self, steps: int) -> None:
-        _warn_if_dense_throughout(self.policy, steps)
 
     def _before_forward(self, module, args, kwargs) -> None:
         self._forwards += 1
