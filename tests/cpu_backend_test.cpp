@@ -1,6 +1,6 @@
 // The CPU backend against the fp64 reference, on every instruction set this
 // machine has (AMX tile products for bf16 inputs included), over awkward shapes: ragged tiles, one frame, 1x1 frames,
-// text before and after, head dims 64/80/96/128, fp32/bf16/f16 in and out, both memory layouts, every mask kind at
+// text before and after, head dims 64/80/96/128 (and any other up to 128, padded), fp32/bf16/f16 in and out, both memory layouts, every mask kind at
 // densities 0, 0.02, 0.25 and 1, anchor on and off, three tile shapes and rounded plans.
 #include <gtest/gtest.h>
 
@@ -115,6 +115,44 @@ TEST(CpuBackend, MatchesReferenceOnAwkwardShapes) {
         ++index;
         check_case(c);
       }
+}
+
+// A head dim no kernel is built for runs padded to the next one that is (zeros in
+// the channels between): odd ones, a single channel, 127; every input dtype,
+// both memory layouts. Above 128: Unsupported, naming the range, nothing written.
+TEST(CpuBackend, AnyHeadDimUpTo128RunsPadded) {
+  const std::int64_t dims[] = {1, 17, 59, 72, 127};
+  const DType ins[] = {DType::F32, DType::BF16, DType::F16, DType::F8E4M3};
+  int index = 0;
+  for (std::int64_t head_dim : dims)
+    for (DType in : ins) {
+      SCOPED_TRACE(::testing::Message() << "head dim " << head_dim << ", " << to_string(in) << " in");
+      Case c;
+      c.grid = awkward_grids()[std::size_t(index % 5)];
+      c.head_dim = head_dim;
+      c.in = in;
+      c.out = index % 3 == 1 ? DType::BF16 : DType::F32;
+      c.memory = index % 2 ? MemoryLayout::BHND : MemoryLayout::BNHD;
+      c.tile = index % 4 == 3 ? TileShape{128, 128} : TileShape{64, 64};
+      c.density = index % 3 == 2 ? 1.0 : 0.25;
+      c.batch = index % 5 == 0 ? 2 : 1;
+      ++index;
+      check_case(c);
+    }
+  const VideoGrid grid{2, 3, 3, 0, TextPlacement::After};
+  auto problem = testing::make_problem({grid, 1, 4, 129}, DType::F32,
+                                       four_heads(grid, 0.25, true, {64, 64}, Alignment::Exact), testing::fresh_seed());
+  for (Isa isa : testing::isas_of_this_machine()) {
+    const auto backend = make_cpu_backend({isa, 2});
+    const Support support = backend->supports(problem.call());
+    EXPECT_FALSE(support.ok);
+    EXPECT_NE(support.why.find("head dims 1 to 128, got 129"), std::string::npos) << support.why;
+    EXPECT_THROW(backend->run(problem.call()), Unsupported);
+  }
+  const TensorView o = problem.o.view();  // poisoned with NaN by make_problem: still all NaN
+  for (std::int64_t n = 0; n < o.tokens(); ++n)
+    for (std::int64_t h = 0; h < 4; ++h)
+      for (std::int64_t d = 0; d < 129; ++d) ASSERT_TRUE(std::isnan(o.load(0, n, h, d))) << n << " " << h << " " << d;
 }
 
 TEST(CpuBackend, RoundedPlansComputeWhatTheyClaim) {
@@ -483,7 +521,7 @@ TEST(CpuBackend, AnyStridesGiveTheSameBits) {
 
 TEST(CpuBackend, RejectsWhatItCannotRun) {
   const VideoGrid grid{2, 3, 3, 0, TextPlacement::After};
-  for (std::int64_t dims : {32, 100, 256}) {
+  for (std::int64_t dims : {129, 256}) {  // up to 128 runs, padded where no kernel is built for it
     const VideoLayout layout{grid, 1, 1, dims};
     auto problem =
         testing::make_problem(layout, DType::F32, {head_for(grid, MaskSpec::dense(), {64, 64}, Alignment::Exact)}, 1);
@@ -552,9 +590,10 @@ TEST(CpuBackend, AmxPeakIsPositiveWhereThereIsAmx) {
   EXPECT_THROW(measure_amx_peak_gflops(1, 0.0), InvalidArgument);
 }
 
-// Which calls the tile products take: Q, K and V all bf16 or all fp16, head dims
-// 64, 96, 128, and only under Amx; the others run the AVX-512 kernel.
-TEST(CpuBackend, AmxRunsBf16AndF16CallsWithHeadDimsOf32Multiples) {
+// Which calls the tile products take: Q, K and V all bf16 or all fp16, any head
+// dim up to 128 (64, 96 and 128 as they are, the others padded to the next of
+// them), and only under Amx; the others run the AVX-512 kernel.
+TEST(CpuBackend, AmxRunsBf16AndF16CallsWithHeadDimsUpTo128) {
   const VideoGrid grid{1, 2, 2, 0, TextPlacement::After};
   auto call_of = [&](std::int64_t head_dim, DType q, DType k, DType v) {
     AttentionCall call;
@@ -565,12 +604,11 @@ TEST(CpuBackend, AmxRunsBf16AndF16CallsWithHeadDimsOf32Multiples) {
     return call;
   };
   const DType bf16 = DType::BF16;
-  for (std::int64_t d : {64, 96, 128}) EXPECT_EQ(kernel_isa(Isa::Amx, call_of(d, bf16, bf16, bf16)), Isa::Amx) << d;
-  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(80, bf16, bf16, bf16)), Isa::Avx512);
-  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(32, bf16, bf16, bf16)), Isa::Avx512);
+  for (std::int64_t d : {1, 32, 59, 64, 72, 80, 96, 127, 128})
+    EXPECT_EQ(kernel_isa(Isa::Amx, call_of(d, bf16, bf16, bf16)), Isa::Amx) << d;
+  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(129, bf16, bf16, bf16)), Isa::Avx512);  // which refuses it
   const DType f16 = DType::F16;
-  for (std::int64_t d : {64, 96, 128}) EXPECT_EQ(kernel_isa(Isa::Amx, call_of(d, f16, f16, f16)), Isa::Amx) << d;
-  EXPECT_EQ(kernel_isa(Isa::Amx, call_of(80, f16, f16, f16)), Isa::Avx512);
+  for (std::int64_t d : {1, 64, 80, 96, 128}) EXPECT_EQ(kernel_isa(Isa::Amx, call_of(d, f16, f16, f16)), Isa::Amx) << d;
   EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, f16, bf16, bf16)), Isa::Avx512);  // one split for all three
   EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, bf16, bf16, f16)), Isa::Avx512);
   EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, f16, f16, DType::F32)), Isa::Avx512);

@@ -79,7 +79,7 @@ void add_bench_command(CLI::App& app) {
   add_grid_options(cmd, args->grid);
   cmd->add_option("--batch", args->batch, "batch size")->capture_default_str();
   cmd->add_option("--heads", args->heads, "attention heads")->capture_default_str();
-  cmd->add_option("--head-dim", args->head_dim, "head dimension (the CPU kernel has 64, 80, 96, 128)")
+  cmd->add_option("--head-dim", args->head_dim, "head dimension (the CPU kernels take 1 to 128)")
       ->capture_default_str();
   cmd->add_option("--mask", args->mask, "spatial | temporal | frames | dense; with --dist also mixed | routed")
       ->check(CLI::IsMember({"dense", "spatial", "temporal", "frames", "mixed", "routed"}))

@@ -50,15 +50,35 @@ using Bf16Buffer = AlignedBuffer<std::uint16_t>;
 
 std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
 
+// A kernel and the head dim it runs a call at: the call's, or the next larger
+// one it is built for, the channels between packed as zeros (pack.hpp).
+struct Kernel {
+  AttendFn attend = nullptr;  // null: no kernel takes this head dim
+  std::int64_t dim = 0;
+};
+
+Kernel padded_kernel(AttendFn (*kernel_of)(int), std::int64_t head_dim) {
+  for (std::int64_t dim = std::max<std::int64_t>(head_dim, 1); dim <= kMaxHeadDim; ++dim)
+    if (AttendFn attend = kernel_of(int(dim))) return {attend, dim};
+  return {};
+}
+
 // The SIMD kernel of `isa`; with Amx, the AVX-512 one, which runs every call the tile kernel does not take.
-AttendFn kernel_for(Isa isa, std::int64_t head_dim) {
-  if (head_dim <= 0 || head_dim > kMaxHeadDim) return nullptr;
+Kernel simd_kernel(Isa isa, std::int64_t head_dim) {
   switch (isa) {
     case Isa::Amx:
-    case Isa::Avx512: return attend_avx512(int(head_dim));
-    case Isa::Avx2: return attend_avx2(int(head_dim));
-    default: return attend_scalar(int(head_dim));
+    case Isa::Avx512: return padded_kernel(attend_avx512, head_dim);
+    case Isa::Avx2: return padded_kernel(attend_avx2, head_dim);
+    default: return padded_kernel(attend_scalar, head_dim);
   }
+}
+
+// The largest head dim the SIMD kernels take, padded or not (for the refusal's message).
+std::int64_t largest_kernel_dim(Isa isa) {
+  std::int64_t largest = 0;
+  for (std::int64_t dim = 1; dim <= kMaxHeadDim; ++dim)
+    if (simd_kernel(isa, dim).dim == dim) largest = dim;
+  return largest;
 }
 
 // One (batch, head) to compute, and where its packed K/V live.
@@ -154,8 +174,9 @@ class CpuBackend final : public Backend {
 
   static Support supports(const AttentionCall& call, const Configuration& c) {
     if (!c.error.empty()) return {false, "cpu backend: " + c.error};
-    if (kernel_for(c.isa, call.layout.head_dim) == nullptr)
-      return {false, detail::concat("cpu backend supports head dims 64, 80, 96 and 128, got ", call.layout.head_dim)};
+    if (simd_kernel(c.isa, call.layout.head_dim).attend == nullptr)
+      return {false, detail::concat("cpu backend supports head dims 1 to ", largest_kernel_dim(c.isa), ", got ",
+                                    call.layout.head_dim)};
     return {};
   }
 
@@ -179,9 +200,10 @@ class CpuBackend final : public Backend {
 
   void compute(const AttentionCall& call, Isa isa, const RowSource& in, const RowDestination& out) const {
     const VideoLayout& layout = call.layout;
-    const std::int64_t d = layout.head_dim;
     const bool amx = kernel_isa(isa, call) == Isa::Amx;
-    const AttendFn attend = amx ? attend_amx(int(d)) : kernel_for(isa, d);
+    const Kernel kernel = amx ? padded_kernel(attend_amx, layout.head_dim) : simd_kernel(isa, layout.head_dim);
+    // Every panel and row buffer below has the kernel's channels (the head's, then zeros).
+    const std::int64_t d = kernel.dim;
     // Q only takes the scale's sign (exact; descales are positive); its magnitude, with
     // the (batch, head)'s descales, goes into the kernel's exp2.
     const float q_scale = call.scale() < 0 ? -1.0f : 1.0f;
@@ -246,7 +268,7 @@ class CpuBackend final : public Backend {
       panels.resize(floats);
       if (bf16_pairs) pair_panels_.resize(pair_words);
       run_chunk(call, in, out, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, amx,
-                in_parts, attend, q_scale, scratch);
+                in_parts, kernel, q_scale, scratch);
       first = last;
     }
   }
@@ -256,9 +278,9 @@ class CpuBackend final : public Backend {
   // split into two bf16 parts for the AMX kernel, else 1.
   void run_chunk(const AttentionCall& call, const RowSource& in, const RowDestination& out,
                  std::vector<PairWork>& pairs, std::size_t first, std::size_t last, float* panels,
-                 std::uint32_t* pair_panels, bool amx, int in_parts, AttendFn attend, float q_scale,
+                 std::uint32_t* pair_panels, bool amx, int in_parts, const Kernel& kernel, float q_scale,
                  std::vector<WorkerScratch>& scratch) const {
-    const std::int64_t d = call.layout.head_dim;
+    const std::int64_t d = kernel.dim;  // the kernel's channels: the head's, then zeros
     const std::int64_t n = call.layout.tokens();
 
     // Phase 1: pack the key tiles some query tile uses, each once.
@@ -289,7 +311,7 @@ class CpuBackend final : public Backend {
           pair_panels ? pair_panels + pw.pair_offset + tile * in_parts * d / 2 * tile_k : nullptr;
       std::uint32_t* v_pairs = amx ? pair_panels + pw.v_pair_offset + tile * in_parts * tile_k / 2 * d : nullptr;
       packed[std::size_t(i)] =
-          pack_kv_tile(in, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs, v_pairs);
+          pack_kv_tile(in, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs, v_pairs, d);
     });
     for (std::size_t i = 0; i < packs.size(); ++i) {
       pairs[packs[i].pair].v_nonfinite |= packed[i].nonfinite;
@@ -333,12 +355,12 @@ class CpuBackend final : public Backend {
         if (r + kPrefetchRowsAhead < rows) prefetch_row(in.q, pw.batch, in.token(q0 + r + kPrefetchRowsAhead), q_head);
         const std::int64_t token = in.token(q0 + r);
         if (in_parts == 2)
-          q_nonfinite |=
-              load_row_split_pairs(in.q, pw.batch, token, q_head, q_scale < 0, w.q_pairs.data() + r * q_row_words);
+          q_nonfinite |= load_row_split_pairs(in.q, pw.batch, token, q_head, q_scale < 0,
+                                              w.q_pairs.data() + r * q_row_words, d);
         else if (pair_panels != nullptr)
-          load_row_pairs(in.q, pw.batch, token, q_head, q_scale < 0, w.q_pairs.data() + r * q_row_words);
+          load_row_pairs(in.q, pw.batch, token, q_head, q_scale < 0, w.q_pairs.data() + r * q_row_words, d);
         else
-          load_row(in.q, pw.batch, token, q_head, q_scale, w.q.data() + r * d);
+          load_row(in.q, pw.batch, token, q_head, q_scale, w.q.data() + r * d, d);
       }
       if (amx)
         std::fill(w.q_pairs.data() + rows * q_row_words, w.q_pairs.data() + round_up(rows, kAmxRowPad) * q_row_words,
@@ -382,9 +404,9 @@ class CpuBackend final : public Backend {
       job.m = w.m.data();
       job.l = w.l.data();
       job.scratch = w.s.data();
-      attend(job);
+      kernel.attend(job);
       store_rows(out, pw.batch, pw.head, q0, rows, job.o, job.m, job.l, score_scale,
-                 float(call.descales.out(pw.batch, pw.head, call.layout.heads)));
+                 float(call.descales.out(pw.batch, pw.head, call.layout.heads)), d);
     });
   }
 
@@ -407,9 +429,10 @@ Isa kernel_isa(Isa isa, const AttentionCall& call) {
   // all three fp16 (each split into two bf16 parts, exactly) or all three fp8
   // (converted to bf16, exactly).
   const DType in = call.q.dtype;
+  // A head dim it is not built for runs padded to the next one it is (D = 80 at 96: ~4x the AVX-512
+  // kernel's speed; bench/NOTES.md, session 45).
   const bool tiles = (in == DType::BF16 || in == DType::F16 || in == DType::F8E4M3) && call.k.dtype == in &&
-                     call.v.dtype == in && call.layout.head_dim > 0 && call.layout.head_dim <= cpu::kMaxHeadDim &&
-                     cpu::attend_amx(int(call.layout.head_dim)) != nullptr;
+                     call.v.dtype == in && cpu::padded_kernel(cpu::attend_amx, call.layout.head_dim).attend != nullptr;
   return tiles ? Isa::Amx : Isa::Avx512;
 }
 

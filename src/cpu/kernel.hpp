@@ -103,8 +103,9 @@ AttendFn attend_amx(int head_dim);
 // exactly: high is the value rounded to nearest bf16, low the remainder (at most
 // 3 significant bits, and no smaller than fp16's 2^-24, so exact and normal in
 // bf16). Inf and NaN keep their high part and get a low part of 0. Returns whether
-// any value was Inf or NaN. count: a multiple of 32. Needs AVX-512 BF16 (every
-// AMX machine has it).
+// any value was Inf or NaN. Any count: nothing is read or written past it (a head
+// dim that is not a multiple of 32 runs padded). Needs AVX-512 BF16 (every AMX
+// machine has it).
 bool split_f16_to_bf16(const std::uint16_t* f16, std::int64_t count, std::uint16_t* high, std::uint16_t* low);
 
 // 12 independent FMA chains for `iterations` rounds; returns a value that depends on all of them.

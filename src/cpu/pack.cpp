@@ -25,20 +25,31 @@ void convert_row(const void* data, std::int64_t base, std::int64_t step, std::in
   }
 }
 
+// Flips the sign bits of `count` bf16 values: exact, NaN stays NaN (padding after them keeps +0).
+void negate_bf16(std::uint16_t* values, std::int64_t count) {
+  for (std::int64_t d = 0; d < count; ++d) values[d] ^= 0x8000u;
+}
+
 }  // namespace
 
-void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out) {
+void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out,
+              std::int64_t kernel_dim) {
   const std::int64_t d_count = t.head_dim(), base = t.offset(b, n, h, 0), step = t.stride[3];
   switch (t.dtype) {
     case DType::F32:
-      return convert_row<float>(t.data, base, step, d_count, scale, out, [](float x) { return x; });
+      convert_row<float>(t.data, base, step, d_count, scale, out, [](float x) { return x; });
+      break;
     case DType::BF16:
-      return convert_row<std::uint16_t>(t.data, base, step, d_count, scale, out, bf16_to_float);
+      convert_row<std::uint16_t>(t.data, base, step, d_count, scale, out, bf16_to_float);
+      break;
     case DType::F16:
-      return convert_row<std::uint16_t>(t.data, base, step, d_count, scale, out, f16_to_float);
+      convert_row<std::uint16_t>(t.data, base, step, d_count, scale, out, f16_to_float);
+      break;
     case DType::F8E4M3:
-      return convert_row<std::uint8_t>(t.data, base, step, d_count, scale, out, f8e4m3_to_float);
+      convert_row<std::uint8_t>(t.data, base, step, d_count, scale, out, f8e4m3_to_float);
+      break;
   }
+  std::fill(out + d_count, out + std::max(kernel_dim, d_count), 0.0f);
 }
 
 namespace {
@@ -60,23 +71,25 @@ void load_row_f8_as_bf16(const TensorView& t, std::int64_t b, std::int64_t n, st
 }  // namespace
 
 void load_row_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool negate,
-                    std::uint32_t* out) {
-  if (t.dtype == DType::F8E4M3) {  // a row of pairs is its bf16 values in order
-    load_row_f8_as_bf16(t, b, n, h, reinterpret_cast<std::uint16_t*>(out));
-    if (negate)
-      for (std::int64_t i = 0; i < t.head_dim() / 2; ++i) out[i] ^= 0x80008000u;
-    return;
+                    std::uint32_t* out, std::int64_t kernel_dim) {
+  const std::int64_t d_count = t.head_dim();
+  // A row of pairs is its bf16 values in order, then zeros to kernel_dim (an odd
+  // head dim's last pair included).
+  std::uint16_t* values = reinterpret_cast<std::uint16_t*>(out);
+  if (t.dtype == DType::F8E4M3) {
+    load_row_f8_as_bf16(t, b, n, h, values);
+  } else {
+    const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0);
+    const std::int64_t step = t.stride[3];
+    if (step == 1) {
+      std::memcpy(values, src, std::size_t(d_count) * 2);
+    } else {
+      for (std::int64_t d = 0; d < d_count; ++d) values[d] = src[d * step];
+    }
   }
-  const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + t.offset(b, n, h, 0);
-  const std::int64_t step = t.stride[3];
-  const std::uint32_t sign = negate ? 0x80008000u : 0u;  // flips both halves' sign bits: exact, NaN stays NaN
-  if (step == 1) {  // the pairs are the row's own 32-bit words
-    std::memcpy(out, src, std::size_t(t.head_dim()) * 2);
-    for (std::int64_t i = 0; i < t.head_dim() / 2; ++i) out[i] ^= sign;
-    return;
-  }
-  for (std::int64_t i = 0; i < t.head_dim() / 2; ++i)
-    out[i] = (std::uint32_t(src[2 * i * step]) | (std::uint32_t(src[(2 * i + 1) * step]) << 16)) ^ sign;
+  const std::int64_t padded = std::max(kernel_dim, d_count + d_count % 2);
+  std::fill(values + d_count, values + padded, std::uint16_t(0));
+  if (negate) negate_bf16(values, d_count);
 }
 
 namespace {
@@ -142,12 +155,15 @@ void flag_floats(const float* values, std::int64_t count, KvFlags& flags) {
 }  // namespace
 
 KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
-                     float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs) {
+                     float* v_rows, std::uint32_t* kt_pairs, std::uint32_t* v_pairs, std::int64_t kernel_dim) {
   const TensorView &k = in.k, &v = in.v;
+  const std::int64_t d_count = k.head_dim();
+  // The panels' channels: the head's, then zeros (a head dim the kernels are not built for).
+  const std::int64_t kd = std::max(kernel_dim, d_count);
   // The vector packers, where they apply: pair panels alone (the AMX kernel's)
-  // or fp32 panels alone; each declines what it cannot take.
+  // or fp32 panels alone, without padding; each declines what it cannot take.
   static const bool avx512 = machine_supports(Isa::Avx512);
-  if (avx512) {
+  if (avx512 && kd == d_count) {
     KvFlags flags;
     if (kt == nullptr && v_rows == nullptr && kt_pairs != nullptr && v_pairs != nullptr &&
         pack_pairs_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags))
@@ -157,7 +173,6 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
       return flags;
   }
   const std::int64_t head = in.head(h);
-  const std::int64_t d_count = k.head_dim();
   const std::int64_t n0 = tile * tile_k;
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
   // bf16 K and V move as bits: K's pairs are its rows' own words, V's pairs two
@@ -168,7 +183,7 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
   const bool v_split = v_pairs != nullptr && v.dtype == DType::F16;
   const bool v_bits = v.dtype == DType::BF16 || (v_pairs != nullptr && v.dtype == DType::F8E4M3) || v_split;
   const int parts = v_split ? 2 : 1;
-  const std::int64_t k_part = d_count / 2 * tile_k, v_part = std::int64_t(tile_k) / 2 * d_count;
+  const std::int64_t k_part = kd / 2 * tile_k, v_part = std::int64_t(tile_k) / 2 * kd;
   float row[1024];  // head dims the kernels support are far below this
   std::uint32_t k_words[1024];  // a K row's pairs (split fp16: its high parts' pairs, then its low parts')
   std::uint16_t v_keys[2][2][1024];  // [part][key of the pair][channel]: the bits of a pair of keys' V rows
@@ -180,64 +195,67 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
     }
     const std::int64_t n = in.token(n0 + c);
     if (k_split) {
-      flags.k_nonfinite |= load_row_split_pairs(k, b, n, head, /*negate=*/false, k_words);
+      flags.k_nonfinite |= load_row_split_pairs(k, b, n, head, /*negate=*/false, k_words, kd);
       for (int part = 0; part < 2; ++part)
-        for (std::int64_t i = 0; i < d_count / 2; ++i)
-          kt_pairs[part * k_part + i * tile_k + c] = k_words[part * d_count / 2 + i];
+        for (std::int64_t i = 0; i < kd / 2; ++i) kt_pairs[part * k_part + i * tile_k + c] = k_words[part * kd / 2 + i];
     } else if (k_bits) {
-      load_row_pairs(k, b, n, head, /*negate=*/false, k_words);
-      for (std::int64_t i = 0; i < d_count / 2; ++i) kt_pairs[i * tile_k + c] = k_words[i];
+      load_row_pairs(k, b, n, head, /*negate=*/false, k_words, kd);
+      for (std::int64_t i = 0; i < kd / 2; ++i) kt_pairs[i * tile_k + c] = k_words[i];
     } else {
-      load_row(k, b, n, head, 1.0f, row);
+      load_row(k, b, n, head, 1.0f, row, kd);
       if (kt_pairs != nullptr) {
-        for (std::int64_t i = 0; i < d_count / 2; ++i) kt_pairs[i * tile_k + c] = bf16_pair(row[2 * i], row[2 * i + 1]);
+        for (std::int64_t i = 0; i < kd / 2; ++i) kt_pairs[i * tile_k + c] = bf16_pair(row[2 * i], row[2 * i + 1]);
       } else {
-        for (std::int64_t d = 0; d < d_count; ++d) kt[d * tile_k + c] = row[d];
+        for (std::int64_t d = 0; d < kd; ++d) kt[d * tile_k + c] = row[d];
       }
     }
     if (!v_bits) {  // (v_pairs is only asked for with bf16, fp16 or fp8 V)
-      float* vr = v_rows + c * d_count;
-      load_row(v, b, n, head, 1.0f, vr);
+      float* vr = v_rows + c * kd;
+      load_row(v, b, n, head, 1.0f, vr, kd);
       flag_floats(vr, d_count, flags);
       continue;
     }
+    std::uint16_t* high = v_keys[0][c % 2];
+    std::uint16_t* low = v_keys[1][c % 2];
     if (v_split) {
-      flags.nonfinite |= split_row(v, b, n, head, v_keys[0][c % 2], v_keys[1][c % 2]);
+      flags.nonfinite |= split_row(v, b, n, head, high, low);
+      std::fill(low + d_count, low + kd, std::uint16_t(0));
     } else {
-      load_row_as_bf16(v, b, n, head, v_keys[0][c % 2]);
-      flag_bf16(v_keys[0][c % 2], d_count, flags);
+      load_row_as_bf16(v, b, n, head, high);
+      flag_bf16(high, d_count, flags);
     }
+    std::fill(high + d_count, high + kd, std::uint16_t(0));
     if (v_rows != nullptr)
-      for (std::int64_t d = 0; d < d_count; ++d) {
-        float value = bf16_to_float(v_keys[0][c % 2][d]);
-        if (v_split) value += bf16_to_float(v_keys[1][c % 2][d]);
-        v_rows[c * d_count + d] = value;
+      for (std::int64_t d = 0; d < kd; ++d) {
+        float value = bf16_to_float(high[d]);
+        if (v_split) value += bf16_to_float(low[d]);
+        v_rows[c * kd + d] = value;
       }
     if (v_pairs != nullptr && (c % 2 == 1 || c + 1 == valid))
       for (int part = 0; part < parts; ++part) {
-        std::uint32_t* pairs = v_pairs + part * v_part + c / 2 * d_count;
+        std::uint32_t* pairs = v_pairs + part * v_part + c / 2 * kd;
         const std::uint16_t(&keys)[2][1024] = v_keys[part];
         if (c % 2 == 1) {
-          for (std::int64_t d = 0; d < d_count; ++d) pairs[d] = keys[0][d] | (std::uint32_t(keys[1][d]) << 16);
+          for (std::int64_t d = 0; d < kd; ++d) pairs[d] = keys[0][d] | (std::uint32_t(keys[1][d]) << 16);
         } else {  // the last key of an odd count: its partner is padding
-          for (std::int64_t d = 0; d < d_count; ++d) pairs[d] = keys[0][d];
+          for (std::int64_t d = 0; d < kd; ++d) pairs[d] = keys[0][d];
         }
       }
   }
   if (kt_pairs != nullptr) {
-    for (std::int64_t i = 0; i < (k_split ? 2 : 1) * d_count / 2; ++i)
+    for (std::int64_t i = 0; i < (k_split ? 2 : 1) * kd / 2; ++i)
       for (std::int64_t c = valid; c < tile_k; ++c) kt_pairs[i * tile_k + c] = 0;
   } else {
-    for (std::int64_t d = 0; d < d_count; ++d)
+    for (std::int64_t d = 0; d < kd; ++d)
       for (std::int64_t c = valid; c < tile_k; ++c) kt[d * tile_k + c] = 0.0f;
   }
   if (v_rows != nullptr && valid < tile_k)
-    std::memset(v_rows + valid * d_count, 0, std::size_t((tile_k - valid) * d_count) * sizeof(float));
+    std::memset(v_rows + valid * kd, 0, std::size_t((tile_k - valid) * kd) * sizeof(float));
   if (v_pairs != nullptr) {
     const std::int64_t written = (valid + 1) / 2;
     for (int part = 0; part < parts; ++part)
-      std::memset(v_pairs + part * v_part + written * d_count, 0,
-                  std::size_t((tile_k / 2 - written) * d_count) * sizeof(std::uint32_t));
+      std::memset(v_pairs + part * v_part + written * kd, 0,
+                  std::size_t((tile_k / 2 - written) * kd) * sizeof(std::uint32_t));
   }
   return flags;
 }
@@ -259,13 +277,19 @@ void unpack_v_pairs(const std::uint32_t* v_pairs, int tile_k, std::int64_t d_cou
 }
 
 bool load_row_split_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool negate,
-                          std::uint32_t* out) {
+                          std::uint32_t* out, std::int64_t kernel_dim) {
   const std::int64_t d_count = t.head_dim();
+  const std::int64_t part = std::max(kernel_dim, d_count + d_count % 2);  // each part's values, zeros after
   // A row of pairs is its bf16 values in order, so the parts go straight into out.
-  std::uint16_t* parts = reinterpret_cast<std::uint16_t*>(out);
-  const bool nonfinite = split_row(t, b, n, h, parts, parts + d_count);
-  if (negate)  // both parts' sign bits: exact, NaN stays NaN
-    for (std::int64_t i = 0; i < d_count; ++i) out[i] ^= 0x80008000u;
+  std::uint16_t* high = reinterpret_cast<std::uint16_t*>(out);
+  std::uint16_t* low = high + part;
+  const bool nonfinite = split_row(t, b, n, h, high, low);
+  std::fill(high + d_count, high + part, std::uint16_t(0));
+  std::fill(low + d_count, low + part, std::uint16_t(0));
+  if (negate) {  // both parts' sign bits: exact, NaN stays NaN
+    negate_bf16(high, d_count);
+    negate_bf16(low, d_count);
+  }
   return nonfinite;
 }
 
@@ -289,7 +313,8 @@ void store_row(T* dst, std::int64_t step, std::int64_t count, const float* a, fl
 }  // namespace
 
 void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
-                const float* acc, const float* m, const float* l, double score_scale, float out_scale) {
+                const float* acc, const float* m, const float* l, double score_scale, float out_scale,
+                std::int64_t acc_stride) {
   const TensorView& o = out.o;
   const std::int64_t head = out.heads ? out.heads[h] : h;
   const auto token = [&](int i) { return out.tokens ? out.tokens[n0 + i] : n0 + i; };
@@ -298,7 +323,7 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
   const bool vector_rows = avx512 && o.stride[3] == 1;
   for (int i = 0; i < rows; ++i) {
     if (i + kPrefetchRowsAhead < rows) prefetch_row(o, b, token(i + kPrefetchRowsAhead), head, /*for_write=*/true);
-    const float* a = acc + i * d_count;
+    const float* a = acc + i * std::max(acc_stride, d_count);
     const bool empty = l[i] == 0.0f;
     const std::int64_t n = token(i);
     const std::int64_t base = o.offset(b, n, head, 0);

@@ -12,14 +12,21 @@ namespace stsa::cpu {
 // The largest head dim the kernels take (kernel_for); row buffers on the stack are this long.
 inline constexpr std::int64_t kMaxHeadDim = 1024;
 
-// Reads row (b, n, h, :) of t as head_dim floats, each multiplied by `scale`.
-void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out);
+// A head dim the kernels are not built for runs padded to one they are (the
+// backend's kernel dim: the next larger one): the `kernel_dim` arguments below
+// write that many channels, the head's, then zeros, which add nothing to a score
+// (0 or less: the head dim itself).
 
-// Reads row (b, n, h, :) of a bf16 tensor as head_dim / 2 bf16 pairs (bf16_pair),
-// negated when `negate`: its own bits, with no rounding; of an fp8 one, likewise
-// from its values' bf16 bits (exact).
+// Reads row (b, n, h, :) of t as head_dim floats, each multiplied by `scale`, then zeros to kernel_dim.
+void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out,
+              std::int64_t kernel_dim = 0);
+
+// Reads row (b, n, h, :) of a bf16 tensor as bf16 pairs (bf16_pair), negated when
+// `negate`: its own bits, with no rounding; of an fp8 one, likewise from its
+// values' bf16 bits (exact). Zeros after them to kernel_dim values (an odd head
+// dim's last pair: to head_dim + 1 at least).
 void load_row_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool negate,
-                    std::uint32_t* out);
+                    std::uint32_t* out, std::int64_t kernel_dim = 0);
 
 // Starts loading row (b, n, h, :) of t into the cache (for writing: `for_write`);
 // nothing past the last token, nor for rows whose channels are not contiguous.
@@ -103,8 +110,10 @@ struct KvFlags {
 // that matters (>= 2^-60) would fall under the 2^-126 that bf16 tile products flush.
 // (No fp16 value, nor the low part of one, is this small: fp16 goes down to 2^-24.)
 inline constexpr float kTinyV = 0x1p-64f;
+// With kernel_dim above the head dim, every panel has kernel_dim channels, zero past the head's.
 KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
-                     float* v_rows, std::uint32_t* kt_pairs = nullptr, std::uint32_t* v_pairs = nullptr);
+                     float* v_rows, std::uint32_t* kt_pairs = nullptr, std::uint32_t* v_pairs = nullptr,
+                     std::int64_t kernel_dim = 0);
 // pack_kv_tile's work for bf16 or fp16 K and V (both the same) into pair panels
 // only (kt and v_rows not written), with AVX-512 (pack_pairs_amx.cpp; only for
 // CPUs with AVX-512): false, and nothing written, where it does not apply
@@ -122,10 +131,11 @@ bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h
 void unpack_v_pairs(const std::uint32_t* v_pairs, int tile_k, std::int64_t head_dim, int parts, float* v_rows);
 
 // Reads row (b, n, h, :) of an fp16 tensor as bf16 pairs of its high parts, then
-// those of its low parts (split_f16_to_bf16; head_dim words in all), negated
-// when `negate`. Returns whether the row holds an Inf or NaN.
+// those of its low parts (split_f16_to_bf16; head_dim words in all, each part
+// padded with zeros to kernel_dim values, an odd head dim's to head_dim + 1),
+// negated when `negate`. Returns whether the row holds an Inf or NaN.
 bool load_row_split_pairs(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, bool negate,
-                          std::uint32_t* out);
+                          std::uint32_t* out, std::int64_t kernel_dim = 0);
 
 // Where finished rows go: row n of the call's head h lands at token tokens[n]
 // (n when null) of head heads[h] (h when null) of o and lse: a scattered
@@ -140,9 +150,11 @@ struct RowDestination {
 // Writes finished rows n0 .. n0 + rows - 1 of (b, h) where `out` says:
 // O = acc[i] / l[i] * out_scale (V's descale) and LSE = m[i] * score_scale + ln l[i],
 // from the kernel's running max m of the unscaled scores and sum l. A row with
-// l == 0 (nothing allowed) gets O = 0 and LSE = -inf.
+// l == 0 (nothing allowed) gets O = 0 and LSE = -inf. acc's rows are acc_stride
+// floats apart (0 or less: the head dim), of which the first head_dim are O's.
 void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::int64_t n0, int rows,
-                const float* acc, const float* m, const float* l, double score_scale, float out_scale = 1.0f);
+                const float* acc, const float* m, const float* l, double score_scale, float out_scale = 1.0f,
+                std::int64_t acc_stride = 0);
 
 // dst[d] = a[d] / l * scale for `count` channels of `dtype` (each step rounded to
 // fp32): fp32, or rounded to bf16 or fp16 as float_to_bf16 and float_to_f16 do

@@ -470,9 +470,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   layout.grid.text_placement = in.next(0, 1) ? stsa::TextPlacement::Before : stsa::TextPlacement::After;
   layout.batch = in.one_in(24) ? 0 : in.next(1, 2);
   layout.heads = in.one_in(24) ? 0 : in.next(1, 3);
-  // 72 and 32 are valid layouts the CPU kernels do not take (Unsupported).
-  constexpr std::int64_t head_dims[] = {64, 80, 96, 128, 64, 128, 72, 32, 0};
-  layout.head_dim = head_dims[in.one_in(8) ? in.next(6, 8) : in.next(0, 5)];
+  // 72, 59 and 1 run padded to a kernel's head dim; 129 is a valid layout the CPU kernels do not take
+  // (Unsupported); 0 an invalid one.
+  constexpr std::int64_t head_dims[] = {64, 80, 96, 128, 64, 128, 72, 59, 1, 129, 0};
+  layout.head_dim = head_dims[in.one_in(8) ? in.next(6, 10) : in.next(0, 5)];
   const Mode mode = Mode(in.next(0, 3));
 
   // At most one planted defect per input, so that every refusal of one is its own.

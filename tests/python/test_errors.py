@@ -158,9 +158,11 @@ def test_outputs_must_be_writable_and_apart_from_the_inputs(qkv):
 
 
 def test_unsupported_head_dim(rng):
-    q, k, v = (rng.standard_normal((1, GRID.tokens, 1, 72)).astype(np.float32) for _ in range(3))
-    with pytest.raises(stsa.Unsupported, match="head dims"):
-        stsa.attention(q, k, v, GRID)
+    q, k, v = (rng.standard_normal((1, GRID.tokens, 1, 129)).astype(np.float32) for _ in range(3))
+    out = np.full(q.shape, 7.0, np.float32)
+    with pytest.raises(stsa.Unsupported, match="head dims 1 to 128, got 129"):
+        stsa.attention(q, k, v, GRID, out=out)
+    assert (out == 7.0).all()  # refused before anything ran
 
 
 def test_backend_must_reach_the_arrays(qkv):
