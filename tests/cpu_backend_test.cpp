@@ -1,7 +1,8 @@
 // The CPU backend against the fp64 reference, on every instruction set this
 // machine has (AMX tile products for bf16 inputs included), over awkward shapes: ragged tiles, one frame, 1x1 frames,
-// text before and after, head dims 64/80/96/128 (and any other up to 128, padded), fp32/bf16/f16 in and out, both memory layouts, every mask kind at
-// densities 0, 0.02, 0.25 and 1, anchor on and off, three tile shapes and rounded plans.
+// text before and after, head dims 64/80/96/128 (and any other up to 128, padded), fp32/bf16/f16 in and
+// out, both memory layouts, every mask kind at densities 0, 0.02, 0.25 and 1, anchor on and off, three tile
+// shapes and rounded plans.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -63,22 +63,24 @@ Kernel padded_kernel(AttendFn (*kernel_of)(int), std::int64_t head_dim) {
   return {};
 }
 
-// The SIMD kernel of `isa`; with Amx, the AVX-512 one, which runs every call the tile kernel does not take.
-Kernel simd_kernel(Isa isa, std::int64_t head_dim) {
+// The SIMD kernels of `isa` by head dim; with Amx, the AVX-512 ones, which run every call the tile
+// kernel does not take.
+AttendFn (*simd_kernels(Isa isa))(int) {
   switch (isa) {
     case Isa::Amx:
-    case Isa::Avx512: return padded_kernel(attend_avx512, head_dim);
-    case Isa::Avx2: return padded_kernel(attend_avx2, head_dim);
-    default: return padded_kernel(attend_scalar, head_dim);
+    case Isa::Avx512: return attend_avx512;
+    case Isa::Avx2: return attend_avx2;
+    default: return attend_scalar;
   }
 }
 
-// The largest head dim the SIMD kernels take, padded or not (for the refusal's message).
+Kernel simd_kernel(Isa isa, std::int64_t head_dim) { return padded_kernel(simd_kernels(isa), head_dim); }
+
+// The largest head dim a SIMD kernel of `isa` is built for: every one up to it runs (for the refusal's message).
 std::int64_t largest_kernel_dim(Isa isa) {
-  std::int64_t largest = 0;
-  for (std::int64_t dim = 1; dim <= kMaxHeadDim; ++dim)
-    if (simd_kernel(isa, dim).dim == dim) largest = dim;
-  return largest;
+  for (std::int64_t dim = kMaxHeadDim; dim > 0; --dim)
+    if (simd_kernels(isa)(int(dim)) != nullptr) return dim;
+  return 0;
 }
 
 // One (batch, head) to compute, and where its packed K/V live.

@@ -9,7 +9,8 @@
 
 namespace stsa::cpu {
 
-// The largest head dim the kernels take (kernel_for); row buffers on the stack are this long.
+// Above any head dim a kernel is built for (the backend's search for one stops here);
+// row buffers on the stack are this long.
 inline constexpr std::int64_t kMaxHeadDim = 1024;
 
 // A head dim the kernels are not built for runs padded to one they are (the
