@@ -63,7 +63,7 @@ TEST(Backends, EveryBackendMatchesTheReference) {
       }
       ++supported;
       backend->run(problem.call());
-      const auto result = testing::compare_with_reference(problem);
+      const auto result = testing::compare_with_reference(problem, testing::kMatrixRows, testing::fresh_seed());
       EXPECT_TRUE(result.ok()) << backend->name() << ": " << result.failure;
     }
     std::printf("[ backend %s ] %d of %zu cases supported\n", std::string(backend->name()).c_str(), supported,

@@ -65,7 +65,7 @@ std::string describe(const Case& c, Isa isa) {
 }
 
 // sample_rows > 0: that many random rows against the reference, else all of them.
-void check_case(const Case& c, int sample_rows = 0) {
+void check_case(const Case& c, int sample_rows = testing::kMatrixRows) {
   const VideoLayout layout{c.grid, c.batch, 4, c.head_dim};
   for (Isa isa : testing::isas_of_this_machine()) {
     SCOPED_TRACE(describe(c, isa));
@@ -653,7 +653,8 @@ TEST(CpuBackend, AmxTileKernelMatchesReferenceOnBf16AndF16Inputs) {
           ASSERT_EQ(kernel_isa(Isa::Amx, problem.call()), Isa::Amx);
           make_cpu_backend({Isa::Amx, 2})->run(problem.call());
           const PairPredicate computes = c.align == Alignment::Round ? plan_predicate(problem.heads) : PairPredicate{};
-          const auto cmp = testing::compare_with_reference(problem, 0, 1, computes);
+          const auto cmp = testing::compare_with_reference(problem, testing::kMatrixRows, testing::fresh_seed(),
+                                                           computes);
           EXPECT_TRUE(cmp.ok()) << cmp.failure;
           if (c.out == DType::F32) {
             EXPECT_LT(cmp.rel_l2_err, 1e-5) << problem.label;

@@ -36,7 +36,7 @@ void check_given_decisions(const VideoLayout& layout, DType dtype, std::uint64_t
     if (!backend->supports(probe).ok) continue;
     PlanCache plans;
     const RoutedResult r = run_routed(*backend, plans, routed_call(p), decisions);
-    const testing::Comparison cmp = testing::compare_with_reference(p);
+    const testing::Comparison cmp = testing::compare_with_reference(p, testing::kMatrixRows, seed);
     EXPECT_TRUE(cmp.ok()) << cmp.failure;
     std::int64_t temporal = 0;
     for (const auto& d : decisions) temporal += d.route == Route::Temporal;
