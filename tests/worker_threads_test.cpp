@@ -41,12 +41,6 @@ TEST(WorkerThreads, StartsUpToItsRoomAndJoinsThemAll) {
 // The rest runs in a child process whose address space is capped so that each
 // new thread's stack (1 GiB there) fits `allowed` times, and small allocations
 // still succeed: the threads after those are refused.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;  // their runtimes reserve terabytes of address space
-#else
-constexpr bool kSanitized = false;
-#endif
-
 bool refuse_threads_after(int allowed) {
   pthread_attr_t attr;
   if (pthread_getattr_default_np(&attr) != 0) return false;
@@ -147,7 +141,8 @@ bool refuse_threads_after(int allowed) {
 }
 
 TEST(WorkerThreads, RefusedThreadsLeaveTheWorkToTheCaller) {
-  if (kSanitized) GTEST_SKIP() << "the address-space cap does not go with a sanitizer's runtime";
+  // (Their runtimes reserve terabytes of address space, which the cap would count.)
+  if (testing::kSanitized) GTEST_SKIP() << "the address-space cap does not go with a sanitizer's runtime";
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: no threads of earlier tests in the fork
   for (int allowed : {0, 1})  // none started, and one started before the next was refused
     EXPECT_EXIT(run_with_threads_refused_after(allowed), ::testing::ExitedWithCode(0), "^$") << allowed << " allowed";
