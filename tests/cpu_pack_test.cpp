@@ -47,11 +47,16 @@ struct Panels {
 
 int parts_of(DType dtype) { return dtype == DType::F16 ? 2 : 1; }
 
-// The panels of key tile `tile` by their definition (each part's panel after the other).
-Panels expected_panels(const cpu::RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k) {
+// The panels of key tile `tile` by their definition (each part's panel after the
+// other), with kernel_dim channels: the head's, then zeros.
+Panels expected_panels(const cpu::RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
+                       std::int64_t kernel_dim) {
   const std::int64_t d_count = in.k.head_dim(), head = in.head(h);
   const int parts = parts_of(in.k.dtype);
-  const std::int64_t k_part = d_count / 2 * tile_k, v_part = tile_k / 2 * d_count;
+  const std::int64_t k_part = kernel_dim / 2 * tile_k, v_part = tile_k / 2 * kernel_dim;
+  const auto channel = [&](std::int64_t token, std::int64_t d, int p) {
+    return d < d_count ? part_bits(in.k, b, token, head, d, p) : 0u;
+  };
   Panels want{std::vector<std::uint32_t>(std::size_t(parts * k_part), 0u),
               std::vector<std::uint32_t>(std::size_t(parts * v_part), 0u)};
   for (int p = 0; p < parts; ++p)
@@ -59,12 +64,11 @@ Panels expected_panels(const cpu::RowSource& in, std::int64_t b, std::int64_t h,
       const std::int64_t n = tile * tile_k + c;
       if (n >= in.k.tokens()) break;
       const std::int64_t token = in.token(n);
-      for (std::int64_t i = 0; i < d_count / 2; ++i)
-        want.kt[std::size_t(p * k_part + i * tile_k + c)] =
-            part_bits(in.k, b, token, head, 2 * i, p) | part_bits(in.k, b, token, head, 2 * i + 1, p) << 16;
+      for (std::int64_t i = 0; i < kernel_dim / 2; ++i)
+        want.kt[std::size_t(p * k_part + i * tile_k + c)] = channel(token, 2 * i, p) | channel(token, 2 * i + 1, p) << 16;
       for (std::int64_t d = 0; d < d_count; ++d)
-        want.v[std::size_t(p * v_part + c / 2 * d_count + d)] |= part_bits(in.v, b, token, head, d, p)
-                                                                 << (16 * (c % 2));
+        want.v[std::size_t(p * v_part + c / 2 * kernel_dim + d)] |= part_bits(in.v, b, token, head, d, p)
+                                                                    << (16 * (c % 2));
     }
   return want;
 }
@@ -81,6 +85,8 @@ struct Case {
   int tile_k;
   MemoryLayout memory;
   bool gathered;  // rows read through a token and head map, as routed attention's temporal heads are
+  std::int64_t kernel_dim = 0;  // the panels' channels, zero past the head's (0: the head dim)
+  std::int64_t panel_dim() const { return std::max(kernel_dim, head_dim); }
 };
 
 // Random K and V of a case (batch 2) and the RowSource a pack reads them through:
@@ -115,7 +121,7 @@ struct CaseInput {
 
 std::string describe(const Case& c, std::uint64_t seed) {
   return std::string(to_string(c.dtype)) + ", tokens " + std::to_string(c.tokens) + ", head dim " +
-         std::to_string(c.head_dim) + ", tile " + std::to_string(c.tile_k) + (c.gathered ? ", gathered" : "") +
+         std::to_string(c.head_dim) + " in " + std::to_string(c.panel_dim()) + ", tile " + std::to_string(c.tile_k) + (c.gathered ? ", gathered" : "") +
          ", seed " + std::to_string(seed);
 }
 
@@ -127,7 +133,11 @@ TEST(CpuPack, PairPanelsAreTheirDefinition) {
                    Case{dtype, 77, 2, 64, 64, MemoryLayout::BHND, true},
                    Case{dtype, 129, 1, 96, 128, MemoryLayout::BNHD, true},
                    Case{dtype, 16, 2, 128, 64, MemoryLayout::BNHD, false},
-                   Case{dtype, 1, 1, 64, 128, MemoryLayout::BHND, false}}) {
+                   Case{dtype, 1, 1, 64, 128, MemoryLayout::BHND, false},
+                   // Head dims the kernels are not built for, padded with zero channels.
+                   Case{dtype, 131, 2, 80, 128, MemoryLayout::BNHD, false, 96},
+                   Case{dtype, 50, 3, 59, 64, MemoryLayout::BHND, true, 64},
+                   Case{dtype, 70, 2, 72, 32, MemoryLayout::BNHD, true, 96}}) {
     SCOPED_TRACE(describe(c, seed));
     const int parts = parts_of(c.dtype);
     const CaseInput input(c, seed);
@@ -135,17 +145,18 @@ TEST(CpuPack, PairPanelsAreTheirDefinition) {
     const std::int64_t tiles = (c.tokens + c.tile_k - 1) / c.tile_k;
     for (std::int64_t h = 0; h < c.heads; ++h)
       for (std::int64_t tile = 0; tile < tiles; ++tile) {
-        const Panels want = expected_panels(in, 1, h, tile, c.tile_k);
-        Panels got = poisoned_panels(c.head_dim, c.tile_k, parts);
+        const Panels want = expected_panels(in, 1, h, tile, c.tile_k, c.panel_dim());
+        Panels got = poisoned_panels(c.panel_dim(), c.tile_k, parts);
         const cpu::KvFlags flags = cpu::pack_kv_tile(in, 1, h, tile, c.tile_k, nullptr, nullptr, got.kt.data(),
-                                                     got.v.data());
+                                                     got.v.data(), c.kernel_dim);
         EXPECT_EQ(got.kt, want.kt) << "K, head " << h << ", tile " << tile;
         EXPECT_EQ(got.v, want.v) << "V, head " << h << ", tile " << tile;
         EXPECT_FALSE(flags.nonfinite || flags.tiny || flags.k_nonfinite);
         if (!avx512) continue;
-        Panels direct = poisoned_panels(c.head_dim, c.tile_k, parts);
+        Panels direct = poisoned_panels(c.panel_dim(), c.tile_k, parts);
         cpu::KvFlags direct_flags;
-        ASSERT_TRUE(cpu::pack_pairs_tile_amx(in, 1, h, tile, c.tile_k, direct.kt.data(), direct.v.data(), direct_flags));
+        ASSERT_TRUE(cpu::pack_pairs_tile_amx(in, 1, h, tile, c.tile_k, direct.kt.data(), direct.v.data(), direct_flags,
+                                             c.kernel_dim));
         EXPECT_EQ(direct.kt, want.kt) << "K, head " << h << ", tile " << tile;
         EXPECT_EQ(direct.v, want.v) << "V, head " << h << ", tile " << tile;
       }
@@ -307,10 +318,13 @@ TEST(CpuPack, PackerDeclinesWhatItCannotTake) {
       ok(DType::BF16, 1, 40, 2, 64);
   std::vector<std::uint32_t> kt(64 * 64), v(64 * 64);
   cpu::KvFlags flags;
-  // A head dim not a multiple of 32, fp32, K and V of different dtypes, a tile not
-  // a multiple of 16, channels not contiguous: nothing written.
+  // A head dim not a multiple of 32 (nor the kernel dim it is padded to), fp32, K
+  // and V of different dtypes, a tile not a multiple of 16, channels not
+  // contiguous: nothing written.
   EXPECT_FALSE(cpu::pack_pairs_tile_amx({bf16.view(), bf16.view(), bf16.view()}, 0, 0, 0, 64, kt.data(), v.data(),
                                         flags));
+  EXPECT_FALSE(cpu::pack_pairs_tile_amx({bf16.view(), bf16.view(), bf16.view()}, 0, 0, 0, 64, kt.data(), v.data(),
+                                        flags, 88));
   EXPECT_FALSE(cpu::pack_pairs_tile_amx({fp32.view(), fp32.view(), fp32.view()}, 0, 0, 0, 64, kt.data(), v.data(),
                                         flags));
   EXPECT_FALSE(cpu::pack_pairs_tile_amx({ok.view(), ok.view(), fp16.view()}, 0, 0, 0, 64, kt.data(), v.data(),

@@ -93,7 +93,7 @@ TEST(CandidateMask, BlockCoverAgreesWithThePairsOnLargerGrids) {
 
 // Whether the router computes with AMX tile products under `isa` (RouterOptions::isa).
 bool takes_tiles(Isa isa, DType dtype, std::int64_t head_dim) {
-  return resolve_isa(isa) == Isa::Amx && dtype != DType::F32 && head_dim % 32 == 0;
+  return resolve_isa(isa) == Isa::Amx && dtype != DType::F32 && head_dim <= 512;
 }
 
 // Router errors against fp64 outputs of the same sampled rows from reference_rows.
@@ -606,8 +606,9 @@ std::vector<Isa> router_paths() {
 }
 
 // Both ways of computing the sampled attention against the fp64 reference, on the
-// shapes the tile path takes (bf16 and fp16, head dims 64, 96 and 128) and two it
-// leaves to the fp32 path (D = 80, fp32), with ragged key blocks, several key
+// shapes the tile path takes (bf16, fp16 and fp8; head dims 64, 96 and 128, and 80,
+// 72 and 59 padded with zero channels to 96 and 64) and fp32, which it leaves to
+// the fp32 path, with ragged key blocks, several key
 // chunks and sub-chunks, text before and after, two batch entries, fewer rows
 // than a tile and more, and [B, H, N, D] tensors.
 TEST(Router, SampledErrorsMatchTheReferenceOnEitherPath) {
@@ -626,6 +627,12 @@ TEST(Router, SampledErrorsMatchTheReferenceOnEitherPath) {
                                    TokenOrder::SpatialMajor, seed + 4, 64, isa);
     check_errors_against_reference({{3, 5, 6, 0, TextPlacement::After}, 1, 2, 80}, DType::BF16,
                                    TokenOrder::FrameMajor, seed + 5, 24, isa);
+    check_errors_against_reference({{4, 7, 9, 5, TextPlacement::After}, 2, 2, 72}, DType::F16,
+                                   TokenOrder::SpatialMajor, seed + 8, 20, isa);
+    check_errors_against_reference({{3, 8, 5, 0, TextPlacement::After}, 1, 3, 59}, DType::BF16,
+                                   TokenOrder::FrameMajor, seed + 9, 33, isa);
+    check_errors_against_reference({{2, 9, 6, 4, TextPlacement::Before}, 1, 2, 40}, DType::F8E4M3,
+                                   TokenOrder::FrameMajor, seed + 10, 24, isa);
     check_errors_against_reference({{6, 9, 11, 5, TextPlacement::Before}, 2, 2, 64}, DType::F8E4M3,
                                    TokenOrder::SpatialMajor, seed + 6, 24, isa);
     check_errors_against_reference({{3, 5, 6, 0, TextPlacement::After}, 1, 2, 64}, DType::F32,
@@ -649,17 +656,19 @@ RoutingReport route_with(Isa isa, const synth::Data& data, int threads = 0, int 
 // weights' rounding moves it.
 TEST(Router, TilePathDecidesLikeTheFp32Path) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
-  for (const DType dtype : {DType::BF16, DType::F16, DType::F8E4M3}) {
+  // (D = 80 runs padded to 96.)
+  for (const auto& [dtype, head_dim] : {std::pair{DType::BF16, 128}, std::pair{DType::F16, 128},
+                                        std::pair{DType::F8E4M3, 128}, std::pair{DType::BF16, 80}}) {
     synth::Options o;
     o.grid = {9, 20, 30, 0, TextPlacement::After};
     o.heads = 6;
-    o.head_dim = 128;
+    o.head_dim = head_dim;
     o.dtype = dtype;
     o.seed = testing::fresh_seed();
     const synth::Data data = synth::make_video_tokens(o);
     // One thread: one work item per chunk with all six heads, packed four and two at a time.
     const RoutingReport fp32 = route_with(Isa::Avx512, data), tiles = route_with(Isa::Amx, data, 1);
-    SCOPED_TRACE(std::string(to_string(dtype)) + " seed " + std::to_string(o.seed));
+    SCOPED_TRACE(std::string(to_string(dtype)) + " D=" + std::to_string(head_dim) + " seed " + std::to_string(o.seed));
     EXPECT_FALSE(fp32.tile_products);
     EXPECT_TRUE(tiles.tile_products);
     EXPECT_EQ(tiles.flops, fp32.flops);

@@ -117,11 +117,13 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
                      std::int64_t kernel_dim = 0);
 // pack_kv_tile's work for bf16 or fp16 K and V (both the same) into pair panels
 // only (kt and v_rows not written), with AVX-512 (pack_pairs_amx.cpp; only for
-// CPUs with AVX-512): false, and nothing written, where it does not apply
-// (another dtype, channels not contiguous, a head dim not a multiple of 32 or
-// above 512, tile_k not a multiple of 16). Ors the flags into `flags`.
+// CPUs with AVX-512), padded to kernel_dim channels as pack_kv_tile pads: false,
+// and nothing written, where it does not apply (another dtype, channels not
+// contiguous, a kernel dim (the head dim, if larger) not a multiple of 32 or above
+// 512, tile_k not a multiple of 16). Ors the flags into `flags`.
 bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
-                         std::uint32_t* kt_pairs, std::uint32_t* v_pairs, KvFlags& flags);
+                         std::uint32_t* kt_pairs, std::uint32_t* v_pairs, KvFlags& flags,
+                         std::int64_t kernel_dim = 0);
 // The same for fp32 K and V into kt and v_rows (pack_avx512.cpp): false, and
 // nothing written, for other dtypes, channels not contiguous, a head dim or
 // tile_k not a multiple of 16.

@@ -7,6 +7,7 @@
 // converted to their bf16 bits (exactly), then packed as bf16 rows.
 #include "cpu/intrinsics.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "cpu/kernel.hpp"
@@ -20,22 +21,31 @@ namespace {
 constexpr int kKeys = 16;  // keys per step: one 16 x 16 transpose of 32-bit pairs
 constexpr int kMaxTileHeadDim = 512;
 
+// Values [d0, d0 + 32) of a row of `count` 16-bit values (null: none), zeros past
+// its end: a head dim padded to the kernel's reads nothing of the next row.
+__m512i load_values(const std::uint16_t* row, int d0, int count) {
+  if (row == nullptr || d0 >= count) return _mm512_setzero_si512();
+  if (d0 + 32 <= count) return _mm512_loadu_si512(row + d0);
+  return _mm512_maskz_loadu_epi16(__mmask32((1ull << (count - d0)) - 1), row + d0);
+}
+
 }  // namespace
 
 bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
-                         std::uint32_t* kt_pairs, std::uint32_t* v_pairs, KvFlags& flags) {
+                         std::uint32_t* kt_pairs, std::uint32_t* v_pairs, KvFlags& flags, std::int64_t kernel_dim) {
   const TensorView &k = in.k, &v = in.v;
   const int d_count = int(k.head_dim());
+  const int kd = int(std::max<std::int64_t>(kernel_dim, d_count));  // the panels' channels: the head's, then zeros
   const bool split = k.dtype == DType::F16, fp8 = k.dtype == DType::F8E4M3;
   if ((k.dtype != DType::BF16 && !split && !fp8) || v.dtype != k.dtype || k.stride[3] != 1 || v.stride[3] != 1 ||
-      d_count % 32 != 0 || d_count > kMaxTileHeadDim || tile_k % kKeys != 0)
+      kd % 32 != 0 || kd > kMaxTileHeadDim || tile_k % kKeys != 0)
     return false;
   const int parts = split ? 2 : 1;
   const std::int64_t head = in.head(h);
   const std::int64_t n0 = tile * tile_k;
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
-  const std::int64_t k_part = std::int64_t(d_count / 2) * tile_k, v_part = std::int64_t(tile_k / 2) * d_count;
-  const int words = d_count / 2;  // a K row's pairs
+  const std::int64_t k_part = std::int64_t(kd / 2) * tile_k, v_part = std::int64_t(tile_k / 2) * kd;
+  const int words = kd / 2;  // a K row's pairs
   const __m512i magnitude = _mm512_set1_epi16(0x7fff);
   // bf16 V's flags (KvFlags): an all-ones exponent is Inf or NaN; magnitudes order
   // as their bits do, so tiny is nonzero below 2^-64's bits. (fp16 V is never tiny,
@@ -94,19 +104,17 @@ bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, st
       // K: 16 rows of pairs, 16 words at a time, transposed to 16 pair rows of 16 keys.
       for (int w0 = 0; w0 < words; w0 += 16) {
         __m512i r[16];
-        for (int i = 0; i < kKeys; ++i)
-          r[i] = k_rows[p][i] ? _mm512_loadu_si512(k_rows[p][i] + 2 * w0) : _mm512_setzero_si512();
+        for (int i = 0; i < kKeys; ++i) r[i] = load_values(k_rows[p][i], 2 * w0, d_count);
         transpose_16x16(r);
         for (int i = 0; i < 16; ++i)
           _mm512_storeu_si512(kt_pairs + p * k_part + std::int64_t(w0 + i) * tile_k + c0, r[i]);
       }
       // V: keys 2j and 2j + 1 interleaved channel by channel, 32 channels at a time.
       for (int j = 0; j < kKeys; j += 2) {
-        std::uint32_t* out = v_pairs + p * v_part + (c0 + j) / 2 * d_count;
-        const std::uint16_t *first_row = v_rows[p][j], *second_row = v_rows[p][j + 1];
-        for (int d0 = 0; d0 < d_count; d0 += 32) {
-          const __m512i first = first_row ? _mm512_loadu_si512(first_row + d0) : _mm512_setzero_si512();
-          const __m512i second = second_row ? _mm512_loadu_si512(second_row + d0) : _mm512_setzero_si512();
+        std::uint32_t* out = v_pairs + p * v_part + (c0 + j) / 2 * kd;
+        for (int d0 = 0; d0 < kd; d0 += 32) {
+          const __m512i first = load_values(v_rows[p][j], d0, d_count);
+          const __m512i second = load_values(v_rows[p][j + 1], d0, d_count);
           if (!split)
             for (const __m512i x : {first, second}) {
               const __m512i mag = _mm512_and_si512(x, magnitude);

@@ -18,7 +18,9 @@
 // where sampled_chunk skips each row's blocks a mask does not touch: the tile
 // unit does the extra products faster than the vector unit would decide which
 // to skip. The normalisers and the kept-pair counts are sampled_chunk's,
-// block by block.
+// block by block. A head dim that is not a multiple of 32 (the tile products'
+// depth) runs padded with zero channels to the next one, as the attention
+// kernel pads its (pack.hpp).
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -38,6 +40,7 @@ constexpr std::int64_t kWidth = kKeysPerSubChunk;
 constexpr std::int64_t kBlocksPerSubChunk = kWidth / kKeyBlock;
 constexpr std::int64_t kKeySteps = kWidth / kPanelKeys;  // key steps of a tile product per sub-chunk
 constexpr std::int64_t kPackHeads = 4;  // heads packed together (their panels stay in L2)
+constexpr std::int64_t kDimStep = 32;   // head dims the tile products take: multiples of this
 static_assert(kWidth % kPanelKeys == 0 && kKeyBlock % kPanelKeys == 0);
 
 std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
@@ -57,6 +60,8 @@ class TileChunk {
             std::int64_t chunk, ChunkScratch& sc, std::span<ChunkPartial> out)
       : q_(q), k_(k), v_(v), heads_(heads), scales_(scales), rows_(rows), masks_(masks), sc_(sc), out_(out),
         dim_(k.head_dim()),
+        kernel_dim_(round_up(dim_, kDimStep)),
+        partial_dim_(round_up(dim_, kLane)),
         begin_(chunk * kKeysPerChunk),
         end_(std::min(k.tokens(), begin_ + kKeysPerChunk)),
         candidates_(masks.size()),
@@ -65,16 +70,16 @@ class TileChunk {
         parts_(q.dtype == DType::F16 ? 2 : 1),
         row_pad_(round_up(std::max<std::int64_t>(count_, 1), kRowTile)),
         out_rows_(std::int64_t(outputs_) * row_pad_),
-        q_words_(row_pad_ * parts_ * dim_ / 2),
-        kt_panel_(parts_ * dim_ / 2 * kPanelKeys),
-        v_panel_(parts_ * kPanelKeys / 2 * dim_),
+        q_words_(row_pad_ * parts_ * kernel_dim_ / 2),
+        kt_panel_(parts_ * kernel_dim_ / 2 * kPanelKeys),
+        v_panel_(parts_ * kPanelKeys / 2 * kernel_dim_),
         w_part_(out_rows_ * kWidth) {}
 
   bool run() {
     for (ChunkPartial& o : out_) {
       o.max.assign(std::size_t(count_), -std::numeric_limits<float>::infinity());
       o.z.assign(std::size_t(count_) * outputs_, 0.0);
-      o.acc.assign(std::size_t(count_) * outputs_ * std::size_t(dim_), 0.f);
+      o.acc.assign(std::size_t(count_) * outputs_ * std::size_t(partial_dim_), 0.f);
       o.kept.assign(candidates_, 0);
       o.flops = 0;
     }
@@ -101,7 +106,7 @@ class TileChunk {
     sc_.q_pairs.assign(std::size_t(kPackHeads * q_words_), 0u);
     sc_.kt_pairs.resize(std::size_t(kPackHeads * kKeySteps * kt_panel_));
     sc_.v_pairs.resize(std::size_t(kPackHeads * kKeySteps * v_panel_));
-    sc_.acc_tiles.resize(std::size_t(kPackHeads * out_rows_ * dim_));
+    sc_.acc_tiles.resize(std::size_t(kPackHeads * out_rows_ * kernel_dim_));
     sc_.e.resize(std::size_t(row_pad_ * kWidth));
     sc_.block_sum.resize(std::size_t(count_ * kBlocksPerSubChunk));
     sc_.factor.resize(std::size_t(count_));
@@ -137,13 +142,13 @@ class TileChunk {
   }
 
   void load_queries(std::int64_t first, std::int64_t i) {
-    const std::int64_t h = heads_[std::size_t(first + i)], row_words = parts_ * dim_ / 2;
+    const std::int64_t h = heads_[std::size_t(first + i)], row_words = parts_ * kernel_dim_ / 2;
     for (std::int64_t r = 0; r < count_; ++r) {
       std::uint32_t* row = sc_.q_pairs.data() + i * q_words_ + r * row_words;
       if (parts_ == 1)
-        cpu::load_row_pairs(q_, rows_.batch, rows_.positions[std::size_t(r)], h, false, row);
+        cpu::load_row_pairs(q_, rows_.batch, rows_.positions[std::size_t(r)], h, false, row, kernel_dim_);
       else  // (an Inf or NaN gives a non-finite score, which is all the router asks of it)
-        cpu::load_row_split_pairs(q_, rows_.batch, rows_.positions[std::size_t(r)], h, false, row);
+        cpu::load_row_split_pairs(q_, rows_.batch, rows_.positions[std::size_t(r)], h, false, row, kernel_dim_);
     }
   }
 
@@ -156,7 +161,7 @@ class TileChunk {
         const cpu::KvFlags flags = cpu::pack_kv_tile(
             source, rows_.batch, heads_[std::size_t(first + i)], s0 / kPanelKeys + t, int(kPanelKeys), nullptr,
             nullptr, sc_.kt_pairs.data() + (i * kKeySteps + t) * kt_panel_,
-            sc_.v_pairs.data() + (i * kKeySteps + t) * v_panel_);
+            sc_.v_pairs.data() + (i * kKeySteps + t) * v_panel_, kernel_dim_);
         if (flags.tiny) return false;
       }
     return true;
@@ -167,9 +172,9 @@ class TileChunk {
     ChunkPartial& o = out_[std::size_t(first + i)];
     const int keys = int(round_up(len, kPanelKeys));
     float* const scores = sc_.e.data();
-    float* const acc = sc_.acc_tiles.data() + i * out_rows_ * dim_;
+    float* const acc = sc_.acc_tiles.data() + i * out_rows_ * kernel_dim_;
     cpu::routing_scores_amx(sc_.q_pairs.data() + i * q_words_, sc_.kt_pairs.data() + i * kKeySteps * kt_panel_,
-                            int(row_pad_), keys, int(dim_), parts_, scores, int(kWidth));
+                            int(row_pad_), keys, int(kernel_dim_), parts_, scores, int(kWidth));
     const float scale = scales_[std::size_t(heads_[std::size_t(first + i)])];
     softmax_sub_chunk(scores, kWidth, count_, len, kWidth, scale, o.max.data(), sc_.factor.data(),
                       sc_.block_sum.data());
@@ -180,14 +185,14 @@ class TileChunk {
         if (factor == 1.f) continue;
         if (s == 0)
           for (std::size_t x = 0; x < outputs_; ++x) o.z[std::size_t(r) * outputs_ + x] *= double(factor);
-        float* row = acc + (std::int64_t(s) * row_pad_ + place) * dim_;
+        float* row = acc + (std::int64_t(s) * row_pad_ + place) * kernel_dim_;
         for (std::int64_t d = 0; d < dim_; ++d) row[d] *= factor;
       }
     o.flops += 2.0 * double(count_) * double(len) * double(dim_);
     weights(o, s0, len, keys);
     cpu::routing_weighted_sums_amx(high(), w_part_, 2, int(kWidth), sc_.v_pairs.data() + i * kKeySteps * v_panel_,
-                                   parts_, int(out_rows_), keys, int(dim_), sc_.live.data(), int(kKeySteps), acc,
-                                   int(dim_));
+                                   parts_, int(out_rows_), keys, int(kernel_dim_), sc_.live.data(), int(kKeySteps),
+                                   acc, int(kernel_dim_));
   }
 
   // The weight matrix of one sub-chunk from its softmax weights (sc_.e), each
@@ -249,11 +254,11 @@ class TileChunk {
   // Head g's accumulators into its partial sums (rows in sampled order), and its FLOPs.
   void finish(std::int64_t g, std::int64_t i) {
     ChunkPartial& o = out_[std::size_t(g)];
-    const float* acc = sc_.acc_tiles.data() + i * out_rows_ * dim_;
+    const float* acc = sc_.acc_tiles.data() + i * out_rows_ * kernel_dim_;
     for (std::size_t s = 0; s < outputs_; ++s)
       for (std::int64_t place = 0; place < count_; ++place)
-        std::copy_n(acc + (std::int64_t(s) * row_pad_ + place) * dim_, dim_,
-                    o.acc.data() + (std::size_t(sample(s, place)) * outputs_ + s) * std::size_t(dim_));
+        std::copy_n(acc + (std::int64_t(s) * row_pad_ + place) * kernel_dim_, dim_,
+                    o.acc.data() + (std::size_t(sample(s, place)) * outputs_ + s) * std::size_t(partial_dim_));
     for (std::size_t c = 0; c < candidates_; ++c) o.flops += 2.0 * double(o.kept[c]) * double(dim_);
     o.flops += 2.0 * double(count_) * double(end_ - begin_) * double(dim_);
   }
@@ -265,7 +270,10 @@ class TileChunk {
   const std::vector<CandidateMask>& masks_;
   ChunkScratch& sc_;
   std::span<ChunkPartial> out_;
-  const std::int64_t dim_, begin_, end_;
+  const std::int64_t dim_;
+  const std::int64_t kernel_dim_;   // dim_ padded to the tile products' depth (zero channels past dim_)
+  const std::int64_t partial_dim_;  // ChunkPartial::acc's row length (sampled_chunk's)
+  const std::int64_t begin_, end_;
   const std::size_t candidates_, outputs_;
   const std::int64_t count_;
   const int parts_;  // split fp16 values: a high and a low bf16 part
@@ -279,7 +287,7 @@ bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const Tensor
   const DType dtype = q.dtype;
   const std::int64_t dim = q.head_dim();
   return isa == Isa::Amx && (dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F8E4M3) &&
-         k.dtype == dtype && v.dtype == dtype && dim % 32 == 0 && dim <= 512;
+         k.dtype == dtype && v.dtype == dtype && dim <= 512;
 }
 
 bool sampled_chunk_tiles(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -35,6 +35,18 @@ def test_float8_heads_go_to_their_structure(rng):
     reference.check(out, q, k, v, reference.head_masks(grid, info["heads"]))
 
 
+@pytest.mark.parametrize("dtype, head_dim", [(ml_dtypes.bfloat16, 72), (np.float16, 80)])
+def test_head_dims_the_kernels_pad_go_to_their_structure(dtype, head_dim, rng):
+    """On an AMX host these route on tile products and attend on the AMX kernel, both
+    padded with zero channels (to 96); elsewhere on the fp32 path and AVX kernels."""
+    grid = stsa.VideoGrid(9, 6, 6, text=4)
+    kinds = ["temporal", "spatial", "temporal"]
+    q, k, v = (x.astype(dtype) for x in structured_heads(rng, grid, head_dim, kinds))
+    out, info = stsa.routed_attention(q, k, v, grid, density=0.4)
+    assert info["routes"] == kinds and out.dtype == dtype
+    reference.check(out, q, k, v, reference.head_masks(grid, info["heads"]))
+
+
 def test_each_kind_gets_its_own_density_and_the_anchor_option(rng):
     grid = stsa.VideoGrid(12, 5, 6, text=3)
     kinds = ["spatial", "temporal"]
