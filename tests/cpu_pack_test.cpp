@@ -234,19 +234,25 @@ TEST(CpuPack, Bf16VFlagsSeeEveryValue) {
     }
 }
 
-// fp32 K and V for the fp32 kernels: kt [head_dim][tile_k] (K transposed) and
-// v_rows [tile_k][head_dim], zero past the sequence, each value's bits kept.
+// fp32 K and V for the fp32 kernels: kt [kernel_dim][tile_k] (K transposed) and
+// v_rows [tile_k][kernel_dim], zero past the sequence and past the head's
+// channels, each value's bits kept.
 TEST(CpuPack, FloatPanelsAreTheirDefinition) {
   const std::uint64_t seed = testing::fresh_seed();
   const bool avx512 = cpu::machine_supports(Isa::Avx512);
   for (Case c : {Case{DType::F32, 300, 3, 128, 128, MemoryLayout::BNHD, false},
                  Case{DType::F32, 77, 2, 64, 64, MemoryLayout::BHND, true},
                  Case{DType::F32, 129, 1, 80, 128, MemoryLayout::BNHD, true},
-                 Case{DType::F32, 1, 1, 96, 64, MemoryLayout::BHND, false}}) {
+                 Case{DType::F32, 1, 1, 96, 64, MemoryLayout::BHND, false},
+                 // Head dims the kernels are not built for, padded with zero channels.
+                 Case{DType::F32, 131, 2, 72, 128, MemoryLayout::BNHD, false, 80},
+                 Case{DType::F32, 50, 3, 59, 64, MemoryLayout::BHND, true, 64},
+                 Case{DType::F32, 33, 2, 1, 16, MemoryLayout::BNHD, true, 64}}) {
     SCOPED_TRACE(describe(c, seed));
     const CaseInput input(c, seed);
     const cpu::RowSource& in = input.in;
-    const std::size_t panel = std::size_t(c.head_dim * c.tile_k);
+    const std::int64_t kd = c.panel_dim();
+    const std::size_t panel = std::size_t(kd * c.tile_k);
     for (std::int64_t h = 0; h < c.heads; ++h)
       for (std::int64_t tile = 0; tile * c.tile_k < c.tokens; ++tile) {
         std::vector<float> want_kt(panel, 0.0f), want_v(panel, 0.0f);
@@ -254,18 +260,20 @@ TEST(CpuPack, FloatPanelsAreTheirDefinition) {
           const std::int64_t token = in.token(tile * c.tile_k + col);
           for (std::int64_t d = 0; d < c.head_dim; ++d) {
             want_kt[std::size_t(d * c.tile_k + col)] = in.k.load(1, token, in.head(h), d);
-            want_v[std::size_t(col * c.head_dim + d)] = in.v.load(1, token, in.head(h), d);
+            want_v[std::size_t(col * kd + d)] = in.v.load(1, token, in.head(h), d);
           }
         }
         std::vector<float> kt(panel, -7.0f), v_rows(panel, -7.0f);
-        const cpu::KvFlags flags = cpu::pack_kv_tile(in, 1, h, tile, c.tile_k, kt.data(), v_rows.data());
+        const cpu::KvFlags flags =
+            cpu::pack_kv_tile(in, 1, h, tile, c.tile_k, kt.data(), v_rows.data(), nullptr, nullptr, c.kernel_dim);
         EXPECT_EQ(kt, want_kt) << "K, head " << h << ", tile " << tile;
         EXPECT_EQ(v_rows, want_v) << "V, head " << h << ", tile " << tile;
         EXPECT_FALSE(flags.nonfinite || flags.tiny);
         if (!avx512) continue;
         std::vector<float> direct_kt(panel, -7.0f), direct_v(panel, -7.0f);
         cpu::KvFlags direct;
-        ASSERT_TRUE(cpu::pack_floats_tile_avx512(in, 1, h, tile, c.tile_k, direct_kt.data(), direct_v.data(), direct));
+        ASSERT_TRUE(cpu::pack_floats_tile_avx512(in, 1, h, tile, c.tile_k, direct_kt.data(), direct_v.data(), direct,
+                                                 c.kernel_dim));
         EXPECT_EQ(direct_kt, want_kt);
         EXPECT_EQ(direct_v, want_v);
       }
@@ -335,6 +343,14 @@ TEST(CpuPack, PackerDeclinesWhatItCannotTake) {
   strided.shape[3] = 32;
   EXPECT_FALSE(cpu::pack_pairs_tile_amx({strided, strided, strided}, 0, 0, 0, 64, kt.data(), v.data(), flags));
   EXPECT_TRUE(std::all_of(kt.begin(), kt.end(), [](std::uint32_t w) { return w == 0; }));
+  // The fp32 packer: a head dim (and kernel dim) not a multiple of 16.
+  Tensor fp32_72(DType::F32, 1, 40, 2, 72);
+  std::vector<float> fkt(80 * 64), fv(80 * 64);
+  EXPECT_FALSE(cpu::pack_floats_tile_avx512({fp32_72.view(), fp32_72.view(), fp32_72.view()}, 0, 0, 0, 64, fkt.data(),
+                                            fv.data(), flags));
+  EXPECT_FALSE(cpu::pack_floats_tile_avx512({fp32_72.view(), fp32_72.view(), fp32_72.view()}, 0, 0, 0, 64, fkt.data(),
+                                            fv.data(), flags, 88));
+  EXPECT_TRUE(std::all_of(fkt.begin(), fkt.end(), [](float x) { return x == 0; }));
   EXPECT_FALSE(flags.nonfinite || flags.tiny);
 }
 

@@ -161,16 +161,16 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
   // The panels' channels: the head's, then zeros (a head dim the kernels are not built for).
   const std::int64_t kd = std::max(kernel_dim, d_count);
   // The vector packers, where they apply: pair panels alone (the AMX kernel's and
-  // the router's, padded or not) or fp32 panels alone (not padded); each declines
-  // what it cannot take.
+  // the router's) or fp32 panels alone, padded or not; each declines what it
+  // cannot take.
   static const bool avx512 = machine_supports(Isa::Avx512);
   if (avx512) {
     KvFlags flags;
     if (kt == nullptr && v_rows == nullptr && kt_pairs != nullptr && v_pairs != nullptr &&
         pack_pairs_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags, kd))
       return flags;
-    if (kd == d_count && kt != nullptr && v_rows != nullptr && kt_pairs == nullptr && v_pairs == nullptr &&
-        pack_floats_tile_avx512(in, b, h, tile, tile_k, kt, v_rows, flags))
+    if (kt != nullptr && v_rows != nullptr && kt_pairs == nullptr && v_pairs == nullptr &&
+        pack_floats_tile_avx512(in, b, h, tile, tile_k, kt, v_rows, flags, kd))
       return flags;
   }
   const std::int64_t head = in.head(h);

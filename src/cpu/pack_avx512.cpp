@@ -4,6 +4,7 @@
 // of a 65 ms fp32 call at density 0.1.
 #include "cpu/intrinsics.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "cpu/pack.hpp"
@@ -15,13 +16,22 @@ namespace {
 
 constexpr int kKeys = 16;  // keys per step: one 16 x 16 transpose
 
+// Values [d0, d0 + 16) of a row of `count` floats (null: none), zeros past its
+// end: a head dim padded to the kernel's reads nothing of the next row.
+__m512i load_values(const float* row, int d0, int count) {
+  if (row == nullptr || d0 >= count) return _mm512_setzero_si512();
+  if (d0 + 16 <= count) return _mm512_loadu_si512(row + d0);
+  return _mm512_maskz_loadu_epi32(__mmask16((1u << (count - d0)) - 1), row + d0);
+}
+
 }  // namespace
 
 bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
-                             float* kt, float* v_rows, KvFlags& flags) {
+                             float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim) {
   const TensorView &k = in.k, &v = in.v;
   const int d_count = int(k.head_dim());
-  if (k.dtype != DType::F32 || v.dtype != DType::F32 || k.stride[3] != 1 || v.stride[3] != 1 || d_count % 16 != 0 ||
+  const int kd = int(std::max<std::int64_t>(kernel_dim, d_count));  // the panels' channels: the head's, then zeros
+  if (k.dtype != DType::F32 || v.dtype != DType::F32 || k.stride[3] != 1 || v.stride[3] != 1 || kd % 16 != 0 ||
       tile_k % kKeys != 0)
     return false;
   const std::int64_t head = in.head(h);
@@ -38,13 +48,13 @@ bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h
     const float* v_in[kKeys];
     key_rows(in, b, head, n0, c0, valid, kKeys, k_rows, v_in);
     for (int i = 0; i < kKeys; ++i) {
-      float* out = v_rows + (c0 + i) * d_count;
+      float* out = v_rows + (c0 + i) * kd;
       if (v_in[i] == nullptr) {
-        std::memset(out, 0, std::size_t(d_count) * sizeof(float));
+        std::memset(out, 0, std::size_t(kd) * sizeof(float));
         continue;
       }
-      for (int d0 = 0; d0 < d_count; d0 += 16) {
-        const __m512i x = _mm512_loadu_si512(v_in[i] + d0);
+      for (int d0 = 0; d0 < kd; d0 += 16) {
+        const __m512i x = load_values(v_in[i], d0, d_count);
         const __m512i mag = _mm512_and_si512(x, magnitude);
         nonfinite |= _mm512_cmpgt_epu32_mask(mag, largest);
         tiny |= _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(mag, mag), mag, tiny_bits);
@@ -52,9 +62,9 @@ bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h
       }
     }
     // K: 16 rows, 16 channels at a time, transposed to 16 channel rows of 16 keys.
-    for (int d0 = 0; d0 < d_count; d0 += 16) {
+    for (int d0 = 0; d0 < kd; d0 += 16) {
       __m512i r[16];
-      for (int i = 0; i < kKeys; ++i) r[i] = k_rows[i] ? _mm512_loadu_si512(k_rows[i] + d0) : _mm512_setzero_si512();
+      for (int i = 0; i < kKeys; ++i) r[i] = load_values(k_rows[i], d0, d_count);
       transpose_16x16(r);
       for (int i = 0; i < 16; ++i) _mm512_storeu_si512(kt + std::int64_t(d0 + i) * tile_k + c0, r[i]);
     }
