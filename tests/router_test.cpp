@@ -607,39 +607,38 @@ std::vector<Isa> router_paths() {
 
 // Both ways of computing the sampled attention against the fp64 reference, on the
 // shapes the tile path takes (bf16, fp16 and fp8; head dims 64, 96 and 128, and 80,
-// 72 and 59 padded with zero channels to 96 and 64) and fp32, which it leaves to
-// the fp32 path, with ragged key blocks, several key
-// chunks and sub-chunks, text before and after, two batch entries, fewer rows
-// than a tile and more, and [B, H, N, D] tensors.
+// 72, 59 and 40 padded with zero channels to 96 and 64) and fp32, which it leaves
+// to the fp32 path, with ragged key blocks, several key chunks and sub-chunks, text
+// before and after, two batch entries, fewer rows than a tile and more, and
+// [B, H, N, D] tensors.
 TEST(Router, SampledErrorsMatchTheReferenceOnEitherPath) {
   if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "needs AVX-512 to name the fp32 path";
+  struct Shape {
+    VideoLayout layout;
+    DType dtype;
+    TokenOrder order;
+    int samples;
+    MemoryLayout memory = MemoryLayout::BNHD;
+  };
+  const Shape shapes[] = {
+      {{{5, 3, 9, 11, TextPlacement::Before}, 2, 2, 64}, DType::BF16, TokenOrder::FrameMajor, 24},
+      {{{3, 6, 5, 9, TextPlacement::After}, 1, 2, 96}, DType::F16, TokenOrder::SpatialMajor, 24},
+      {{{7, 30, 45, 13, TextPlacement::Before}, 2, 2, 128}, DType::BF16, TokenOrder::FrameMajor, 40},
+      {{{4, 20, 24, 7, TextPlacement::After}, 1, 2, 64}, DType::F16, TokenOrder::FrameMajor, 7},
+      {{{2, 2, 3, 5, TextPlacement::Before}, 2, 2, 128}, DType::BF16, TokenOrder::SpatialMajor, 64},
+      {{{3, 5, 6, 0, TextPlacement::After}, 1, 2, 80}, DType::BF16, TokenOrder::FrameMajor, 24},
+      {{{4, 7, 9, 5, TextPlacement::After}, 2, 2, 72}, DType::F16, TokenOrder::SpatialMajor, 20},
+      {{{3, 8, 5, 0, TextPlacement::After}, 1, 3, 59}, DType::BF16, TokenOrder::FrameMajor, 33},
+      {{{2, 9, 6, 4, TextPlacement::Before}, 1, 2, 40}, DType::F8E4M3, TokenOrder::FrameMajor, 24},
+      {{{6, 9, 11, 5, TextPlacement::Before}, 2, 2, 64}, DType::F8E4M3, TokenOrder::SpatialMajor, 24},
+      {{{3, 5, 6, 0, TextPlacement::After}, 1, 2, 64}, DType::F32, TokenOrder::FrameMajor, 24},
+      {{{4, 6, 7, 3, TextPlacement::Before}, 2, 3, 64}, DType::BF16, TokenOrder::FrameMajor, 24, MemoryLayout::BHND},
+  };
   const std::uint64_t seed = testing::fresh_seed();
-  for (const Isa isa : router_paths()) {
-    check_errors_against_reference({{5, 3, 9, 11, TextPlacement::Before}, 2, 2, 64}, DType::BF16,
-                                   TokenOrder::FrameMajor, seed, 24, isa);
-    check_errors_against_reference({{3, 6, 5, 9, TextPlacement::After}, 1, 2, 96}, DType::F16,
-                                   TokenOrder::SpatialMajor, seed + 1, 24, isa);
-    check_errors_against_reference({{7, 30, 45, 13, TextPlacement::Before}, 2, 2, 128}, DType::BF16,
-                                   TokenOrder::FrameMajor, seed + 2, 40, isa);
-    check_errors_against_reference({{4, 20, 24, 7, TextPlacement::After}, 1, 2, 64}, DType::F16,
-                                   TokenOrder::FrameMajor, seed + 3, 7, isa);
-    check_errors_against_reference({{2, 2, 3, 5, TextPlacement::Before}, 2, 2, 128}, DType::BF16,
-                                   TokenOrder::SpatialMajor, seed + 4, 64, isa);
-    check_errors_against_reference({{3, 5, 6, 0, TextPlacement::After}, 1, 2, 80}, DType::BF16,
-                                   TokenOrder::FrameMajor, seed + 5, 24, isa);
-    check_errors_against_reference({{4, 7, 9, 5, TextPlacement::After}, 2, 2, 72}, DType::F16,
-                                   TokenOrder::SpatialMajor, seed + 8, 20, isa);
-    check_errors_against_reference({{3, 8, 5, 0, TextPlacement::After}, 1, 3, 59}, DType::BF16,
-                                   TokenOrder::FrameMajor, seed + 9, 33, isa);
-    check_errors_against_reference({{2, 9, 6, 4, TextPlacement::Before}, 1, 2, 40}, DType::F8E4M3,
-                                   TokenOrder::FrameMajor, seed + 10, 24, isa);
-    check_errors_against_reference({{6, 9, 11, 5, TextPlacement::Before}, 2, 2, 64}, DType::F8E4M3,
-                                   TokenOrder::SpatialMajor, seed + 6, 24, isa);
-    check_errors_against_reference({{3, 5, 6, 0, TextPlacement::After}, 1, 2, 64}, DType::F32,
-                                   TokenOrder::FrameMajor, seed + 6, 24, isa);
-    check_errors_against_reference({{4, 6, 7, 3, TextPlacement::Before}, 2, 3, 64}, DType::BF16,
-                                   TokenOrder::FrameMajor, seed + 7, 24, isa, MemoryLayout::BHND);
-  }
+  for (const Isa isa : router_paths())
+    for (std::size_t i = 0; i < std::size(shapes); ++i)
+      check_errors_against_reference(shapes[i].layout, shapes[i].dtype, shapes[i].order, seed + i, shapes[i].samples,
+                                     isa, shapes[i].memory);
 }
 
 RoutingReport route_with(Isa isa, const synth::Data& data, int threads = 0, int samples = 64) {
