@@ -619,6 +619,31 @@ TEST(CpuBackend, AmxRunsBf16AndF16CallsWithHeadDimsUpTo128) {
   EXPECT_EQ(kernel_isa(Isa::Avx512, call_of(128, bf16, bf16, bf16)), Isa::Avx512);
 }
 
+// The head dim each kernel computes a call at: its own where a kernel is built
+// for it, else the next one (AMX: 64, 96, 128; the SIMD kernels: 64, 80, 96, 128).
+TEST(CpuBackend, KernelHeadDimIsTheNextTheKernelIsBuiltFor) {
+  const VideoGrid grid{1, 2, 2, 0, TextPlacement::After};
+  auto call_of = [&](std::int64_t head_dim, DType dtype) {
+    AttentionCall call;
+    call.layout = {grid, 1, 1, head_dim};
+    call.q.dtype = call.k.dtype = call.v.dtype = dtype;
+    return call;
+  };
+  struct Expected {
+    Isa isa;
+    DType dtype;
+    std::int64_t head_dim, kernel_dim;
+  };
+  for (const Expected e : {Expected{Isa::Amx, DType::BF16, 1, 64}, Expected{Isa::Amx, DType::BF16, 72, 96},
+                           Expected{Isa::Amx, DType::F16, 80, 96}, Expected{Isa::Amx, DType::F8E4M3, 96, 96},
+                           Expected{Isa::Amx, DType::BF16, 128, 128}, Expected{Isa::Amx, DType::F32, 72, 80},
+                           Expected{Isa::Avx512, DType::BF16, 72, 80}, Expected{Isa::Avx512, DType::F32, 59, 64},
+                           Expected{Isa::Avx2, DType::F32, 81, 96}, Expected{Isa::Scalar, DType::F16, 127, 128},
+                           Expected{Isa::Avx512, DType::F32, 129, 0}, Expected{Isa::Amx, DType::BF16, 129, 0}})
+    EXPECT_EQ(kernel_head_dim(e.isa, call_of(e.head_dim, e.dtype)), e.kernel_dim)
+        << to_string(e.isa) << " " << to_string(e.dtype) << " D=" << e.head_dim;
+}
+
 // The tile kernel on its own: bf16 and fp16 in (fp16 as two bf16 parts), every
 // head dim it takes, row counts that are not multiples of its 16-row tiles or
 // 32-row blocks (query tiles of 1, 17, 40, 48 and 100 rows, ragged last tiles: the

@@ -46,6 +46,12 @@ int resolve_threads(int requested);
 // Amx for the calls the tile kernel takes, Avx512 for the others under Amx, else `isa`.
 Isa kernel_isa(Isa isa, const AttentionCall& call);
 
+// The head dim that kernel computes `call` at: the call's own, or the next one it
+// is built for, the channels between packed as zeros (work the rates in a FLOP
+// count of the call's head dim do not see); 0 where none takes it (the backend
+// refuses such a call).
+std::int64_t kernel_head_dim(Isa isa, const AttentionCall& call);
+
 // Measured fused-multiply-add peak of this machine with `threads` threads (0: all), GFLOP/s.
 double measure_fma_peak_gflops(int threads = 0, double seconds = 0.2);
 // Measured peak of AMX bf16 tile products (TDPBF16PS), GFLOP/s; Unsupported without AMX.

@@ -42,8 +42,11 @@ void print_text(const nlohmann::json& r) {
   std::printf("mask %s: kept fraction %.4f, tile density %.4f (%lld full, %lld partial tiles)\n",
               r["mask"].get<std::string>().c_str(), f("kept_fraction"), f("tile_density"),
               (long long)r["tiles_full"].get<std::int64_t>(), (long long)r["tiles_partial"].get<std::int64_t>());
-  std::printf("cpu backend: %s (the %s kernel ran), %lld threads; %s peak measured %.1f GFLOP/s\n",
-              r["isa"].get<std::string>().c_str(), r["kernel"].get<std::string>().c_str(),
+  const auto kernel_dim = r["kernel_head_dim"].get<std::int64_t>(), head_dim = r["head_dim"].get<std::int64_t>();
+  const std::string padded = kernel_dim == head_dim ? std::string()
+                                                    : " at head dim " + std::to_string(kernel_dim) + ", zero-padded";
+  std::printf("cpu backend: %s (the %s kernel ran%s), %lld threads; %s peak measured %.1f GFLOP/s\n",
+              r["isa"].get<std::string>().c_str(), r["kernel"].get<std::string>().c_str(), padded.c_str(),
               (long long)r["threads"].get<std::int64_t>(), r["peak_of"] == "amx" ? "AMX bf16 tile" : "FMA",
               f("peak_gflops"));
   std::printf("dense : %9.2f ms  %7.1f GFLOP/s  (%.2f of peak)\n", f("dense_ms"), f("dense_gflops"),
@@ -121,6 +124,7 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
       {"peak_gflops", peak},
       {"peak_of", amx ? "amx" : "fma"},
       {"kernel", std::string(to_string(kernel))},
+      {"kernel_head_dim", kernel_head_dim(isa, dense)},
       {"peak_fraction", bench::fraction_of_peak(dense_gflops, peak)},
       {"sparse_peak_fraction", bench::fraction_of_peak(kept_gflops, peak)},
       {"speedup_cpu_time", bench::speedup(dense_cpu_ms, sparse_cpu_ms)},

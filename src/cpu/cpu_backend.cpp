@@ -431,11 +431,17 @@ Isa kernel_isa(Isa isa, const AttentionCall& call) {
   // all three fp16 (each split into two bf16 parts, exactly) or all three fp8
   // (converted to bf16, exactly).
   const DType in = call.q.dtype;
-  // A head dim it is not built for runs padded to the next one it is (D = 80 at 96: ~4x the AVX-512
+  // A head dim it is not built for runs padded to the next one it is (D = 80 at 96: 3.2x the AVX-512
   // kernel's speed; bench/NOTES.md, session 45).
   const bool tiles = (in == DType::BF16 || in == DType::F16 || in == DType::F8E4M3) && call.k.dtype == in &&
                      call.v.dtype == in && cpu::padded_kernel(cpu::attend_amx, call.layout.head_dim).attend != nullptr;
   return tiles ? Isa::Amx : Isa::Avx512;
+}
+
+std::int64_t kernel_head_dim(Isa isa, const AttentionCall& call) {
+  const Isa kernel = kernel_isa(isa, call);
+  const std::int64_t dim = call.layout.head_dim;
+  return (kernel == Isa::Amx ? cpu::padded_kernel(cpu::attend_amx, dim) : cpu::simd_kernel(kernel, dim)).dim;
 }
 
 std::unique_ptr<Backend> make_cpu_backend(CpuOptions options) {

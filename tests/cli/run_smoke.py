@@ -211,7 +211,7 @@ def main():
         # fp16 inputs and output, a head dim no kernel is built for (run padded with zeros), text tokens.
         (["bench", "--frames", "2", "--height", "5", "--width", "7", "--text", "9", "--heads", "2", "--head-dim", "72",
           "--mask", "temporal", "--density", "0.4", "--dtype", "fp16", "--repeats", "1", "--json"],
-         ["dtype", "rel_l2_err", "dense_rel_l2_err"]),
+         ["dtype", "rel_l2_err", "dense_rel_l2_err", "kernel_head_dim"]),
         # Medians of warm calls: the same decisions as one cold call.
         (["route", "--synthetic", "--dtype", "bf16", "--frames", "13", "--height", "12", "--width", "16", "--heads", "8",
           "--head-dim", "64", "--density", "0.25", "--seed", "1", "--repeats", "3", "--json"],
@@ -263,6 +263,10 @@ def main():
     # The fp16 output's rounding (2^-11 relative at most) bounds the error; fp32 math underneath.
     if fp16["dtype"] != "fp16" or not (fp16["rel_l2_err"] <= 1e-3 and fp16["dense_rel_l2_err"] <= 1e-3):
         print(f"FAIL fp16 bench: dtype {fp16['dtype']}, rel_l2_err {fp16['rel_l2_err']} / {fp16['dense_rel_l2_err']}")
+        failures += 1
+    # Head dim 72 runs padded: to 96 on the AMX kernel, to 80 on the SIMD ones.
+    if fp16["kernel_head_dim"] != (96 if fp16["kernel"] == "amx" else 80):
+        print(f"FAIL fp16 bench at head dim 72: the {fp16['kernel']} kernel at {fp16['kernel_head_dim']}")
         failures += 1
     # Each --mask name runs its own kind of mask (what the plan's "mask" field describes).
     for name, kind in (("dense", "dense"), ("spatial", "spatial band"), ("temporal", "temporal band"),
