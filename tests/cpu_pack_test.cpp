@@ -65,7 +65,8 @@ Panels expected_panels(const cpu::RowSource& in, std::int64_t b, std::int64_t h,
       if (n >= in.k.tokens()) break;
       const std::int64_t token = in.token(n);
       for (std::int64_t i = 0; i < kernel_dim / 2; ++i)
-        want.kt[std::size_t(p * k_part + i * tile_k + c)] = channel(token, 2 * i, p) | channel(token, 2 * i + 1, p) << 16;
+        want.kt[std::size_t(p * k_part + i * tile_k + c)] =
+            channel(token, 2 * i, p) | channel(token, 2 * i + 1, p) << 16;
       for (std::int64_t d = 0; d < d_count; ++d)
         want.v[std::size_t(p * v_part + c / 2 * kernel_dim + d)] |= part_bits(in.v, b, token, head, d, p)
                                                                     << (16 * (c % 2));
@@ -121,8 +122,8 @@ struct CaseInput {
 
 std::string describe(const Case& c, std::uint64_t seed) {
   return std::string(to_string(c.dtype)) + ", tokens " + std::to_string(c.tokens) + ", head dim " +
-         std::to_string(c.head_dim) + " in " + std::to_string(c.panel_dim()) + ", tile " + std::to_string(c.tile_k) + (c.gathered ? ", gathered" : "") +
-         ", seed " + std::to_string(seed);
+         std::to_string(c.head_dim) + " in " + std::to_string(c.panel_dim()) + ", tile " + std::to_string(c.tile_k) +
+         (c.gathered ? ", gathered" : "") + ", seed " + std::to_string(seed);
 }
 
 TEST(CpuPack, PairPanelsAreTheirDefinition) {
