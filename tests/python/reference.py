@@ -74,6 +74,8 @@ def score_rounding(q, k, v, scale=None):
     """How far fp32 rounding of the scores can move a logit, and O with it: a sum of D
     products is off by about u * sum_d |q_d k_d| <= u * |q| |k| (Cauchy-Schwarz) in
     any order, and a logit off by e moves O by at most e * max |v_j - O| <= 2 e max |v|.
+    LSE moves with the logits one for one: its error measured up to 2.7x the first
+    term (median 1.15x, fp32 kernel at 4x N(0, 1) inputs), so check takes 4x it.
     The floor of check's bounds does not grow with the logits; this does (with inputs
     at 3-4x N(0, 1), 2-12% of fp32 calls failed without it, none of 4,000 with it)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
@@ -106,7 +108,7 @@ def check(out, q, k, v, masks, scale=None, lse=None, out_type=None, round_to_out
         assert np.array_equal(np.isfinite(lse), finite) and np.all(lse[~finite] == ref_lse[~finite])
         ref_finite = ref_lse[finite]
         lse_tolerance = 2 * np.abs(naive_lse[finite] - ref_finite).max(initial=0) + 8 * 2.0**-24 * max(
-            1.0, np.abs(ref_finite).max(initial=0)) + logit_rounding
+            1.0, np.abs(ref_finite).max(initial=0)) + 4 * logit_rounding
         lse_error = np.abs(lse[finite] - ref_finite).max(initial=0)
         assert lse_error <= lse_tolerance, f"max |LSE - ref| = {lse_error:.3g} > tolerance {lse_tolerance:.3g}"
 
