@@ -76,6 +76,26 @@ AttendFn (*simd_kernels(Isa isa))(int) {
 
 Kernel simd_kernel(Isa isa, std::int64_t head_dim) { return padded_kernel(simd_kernels(isa), head_dim); }
 
+// The kernel that computes `call` under `isa` (resolved, not Auto) and the head dim it runs at: the
+// AMX tile kernel for what it takes, else the SIMD kernel (AVX-512 under Amx). The one place the
+// backend, kernel_isa and kernel_head_dim choose it.
+struct KernelChoice {
+  Isa isa;
+  Kernel kernel;
+};
+KernelChoice choose_kernel(Isa isa, const AttentionCall& call) {
+  const std::int64_t head_dim = call.layout.head_dim;
+  if (isa != Isa::Amx) return {isa, simd_kernel(isa, head_dim)};
+  // The tile products read V as bf16 pairs too, so all three must be bf16 (exact),
+  // all three fp16 (each split into two bf16 parts, exactly) or all three fp8
+  // (converted to bf16, exactly). A head dim it is not built for runs padded to the
+  // next one it is (D = 80 at 96: 3.2x the AVX-512 kernel's speed; bench/NOTES.md, session 45).
+  const DType in = call.q.dtype;
+  if ((in == DType::BF16 || in == DType::F16 || in == DType::F8E4M3) && call.k.dtype == in && call.v.dtype == in)
+    if (const Kernel tiles = padded_kernel(attend_amx, head_dim); tiles.attend != nullptr) return {Isa::Amx, tiles};
+  return {Isa::Avx512, simd_kernel(Isa::Avx512, head_dim)};
+}
+
 // The largest head dim a SIMD kernel of `isa` is built for: every one up to it runs (for the refusal's message).
 std::int64_t largest_kernel_dim(Isa isa) {
   for (std::int64_t dim = kMaxHeadDim; dim > 0; --dim)
@@ -176,7 +196,7 @@ class CpuBackend final : public Backend {
 
   static Support supports(const AttentionCall& call, const Configuration& c) {
     if (!c.error.empty()) return {false, "cpu backend: " + c.error};
-    if (simd_kernel(c.isa, call.layout.head_dim).attend == nullptr)
+    if (choose_kernel(c.isa, call).kernel.attend == nullptr)
       return {false, detail::concat("cpu backend supports head dims 1 to ", largest_kernel_dim(c.isa), ", got ",
                                     call.layout.head_dim)};
     return {};
@@ -202,8 +222,9 @@ class CpuBackend final : public Backend {
 
   void compute(const AttentionCall& call, Isa isa, const RowSource& in, const RowDestination& out) const {
     const VideoLayout& layout = call.layout;
-    const bool amx = kernel_isa(isa, call) == Isa::Amx;
-    const Kernel kernel = amx ? padded_kernel(attend_amx, layout.head_dim) : simd_kernel(isa, layout.head_dim);
+    const KernelChoice choice = choose_kernel(isa, call);
+    const bool amx = choice.isa == Isa::Amx;
+    const Kernel& kernel = choice.kernel;
     // Every panel and row buffer below has the kernel's channels (the head's, then zeros).
     const std::int64_t d = kernel.dim;
     // Q only takes the scale's sign (exact; descales are positive); its magnitude, with
@@ -425,24 +446,9 @@ class CpuBackend final : public Backend {
 }  // namespace
 }  // namespace cpu
 
-Isa kernel_isa(Isa isa, const AttentionCall& call) {
-  if (isa != Isa::Amx) return isa;
-  // The tile products read V as bf16 pairs too, so all three must be bf16 (exact),
-  // all three fp16 (each split into two bf16 parts, exactly) or all three fp8
-  // (converted to bf16, exactly).
-  const DType in = call.q.dtype;
-  // A head dim it is not built for runs padded to the next one it is (D = 80 at 96: 3.2x the AVX-512
-  // kernel's speed; bench/NOTES.md, session 45).
-  const bool tiles = (in == DType::BF16 || in == DType::F16 || in == DType::F8E4M3) && call.k.dtype == in &&
-                     call.v.dtype == in && cpu::padded_kernel(cpu::attend_amx, call.layout.head_dim).attend != nullptr;
-  return tiles ? Isa::Amx : Isa::Avx512;
-}
+Isa kernel_isa(Isa isa, const AttentionCall& call) { return cpu::choose_kernel(isa, call).isa; }
 
-std::int64_t kernel_head_dim(Isa isa, const AttentionCall& call) {
-  const Isa kernel = kernel_isa(isa, call);
-  const std::int64_t dim = call.layout.head_dim;
-  return (kernel == Isa::Amx ? cpu::padded_kernel(cpu::attend_amx, dim) : cpu::simd_kernel(kernel, dim)).dim;
-}
+std::int64_t kernel_head_dim(Isa isa, const AttentionCall& call) { return cpu::choose_kernel(isa, call).kernel.dim; }
 
 std::unique_ptr<Backend> make_cpu_backend(CpuOptions options) {
   STSA_CHECK(options.threads >= 0 && options.threads <= 4096, InvalidArgument,

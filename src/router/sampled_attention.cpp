@@ -163,7 +163,7 @@ void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v
                    std::int64_t chunk,
                    ChunkScratch& sc, std::span<ChunkPartial> out) {
   const std::int64_t n = k.tokens(), dim = k.head_dim(), b = rows.batch;
-  const std::int64_t padded = (dim + kLane - 1) / kLane * kLane;
+  const std::int64_t padded = partial_dim(dim);
   const std::int64_t begin = chunk * kKeysPerChunk, end = std::min(n, begin + kKeysPerChunk);
   const std::size_t candidates = masks.size(), outputs = candidates + 1;
   const auto count = std::int64_t(rows.positions.size()), group = std::int64_t(heads.size());
@@ -302,7 +302,7 @@ void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v
 void combine_chunks(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t head, float scale,
                     double out_scale, const RowSet& rows, const std::vector<CandidateMask>& masks,
                     std::span<const ChunkPartial> chunks, SampledErrors& into) {
-  const std::int64_t dim = k.head_dim(), padded = (dim + kLane - 1) / kLane * kLane;
+  const std::int64_t dim = k.head_dim(), padded = partial_dim(dim);
   const std::size_t candidates = masks.size(), outputs = candidates + 1;
   into.squared_error.resize(candidates, 0.0);
   for (const ChunkPartial& c : chunks) into.flops += c.flops;

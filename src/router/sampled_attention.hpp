@@ -41,7 +41,7 @@ struct RowSet {
 struct ChunkPartial {
   std::vector<float> max;          // [rows]: the chunk's largest scaled score (NaN: a non-finite score)
   std::vector<double> z;           // [rows][outputs]: sums of exp(s - max) over allowed keys
-  std::vector<float> acc;          // [rows][outputs][padded D]: the same weights times V
+  std::vector<float> acc;          // [rows][outputs][partial_dim(D), sampled_weights.hpp]: the same weights times V
   std::vector<std::int64_t> kept;  // [candidates]: allowed (row, key) pairs
   double flops = 0;
 };

@@ -61,7 +61,7 @@ class TileChunk {
       : q_(q), k_(k), v_(v), heads_(heads), scales_(scales), rows_(rows), masks_(masks), sc_(sc), out_(out),
         dim_(k.head_dim()),
         kernel_dim_(round_up(dim_, kDimStep)),
-        partial_dim_(round_up(dim_, kLane)),
+        partial_dim_(partial_dim(dim_)),
         begin_(chunk * kKeysPerChunk),
         end_(std::min(k.tokens(), begin_ + kKeysPerChunk)),
         candidates_(masks.size()),
@@ -272,7 +272,7 @@ class TileChunk {
   std::span<ChunkPartial> out_;
   const std::int64_t dim_;
   const std::int64_t kernel_dim_;   // dim_ padded to the tile products' depth (zero channels past dim_)
-  const std::int64_t partial_dim_;  // ChunkPartial::acc's row length (sampled_chunk's)
+  const std::int64_t partial_dim_;  // ChunkPartial::acc's row length
   const std::int64_t begin_, end_;
   const std::size_t candidates_, outputs_;
   const std::int64_t count_;

@@ -13,6 +13,9 @@ namespace stsa::router_detail {
 inline constexpr std::int64_t kKeyBlock = CandidateMask::kBlock;  // keys per block
 inline constexpr std::int64_t kLane = 16;  // channels per accumulator (one AVX-512 register)
 
+// The length of a ChunkPartial::acc row: the head dim rounded up to whole lanes.
+inline std::int64_t partial_dim(std::int64_t head_dim) { return (head_dim + kLane - 1) / kLane * kLane; }
+
 // Sum of one block of kKeyBlock weights: fp32 partial sums over 16 lanes (each
 // adds kKeyBlock / 16 values in [0, 1]), then fp64 across the lanes.
 double block_sum(const float* x);
