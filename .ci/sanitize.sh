@@ -29,17 +29,21 @@ ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE "dist|cli|python"
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 cmake -S . -B build-tsan "${common[@]}" -DSTSA_SANITIZE=thread -DSTSA_MPI=OFF >/dev/null
 cmake --build build-tsan -j "$jobs" --target stsa_threaded_tests  # the CLI and single-threaded tests add nothing here
-# The long correctness matrices add no thread interleavings the others lack and take minutes
-# under TSan's instrumentation, most of it in the fp64 reference; every other threaded test runs.
-# Their threads run in the tests that compare thread counts bit for bit: CpuThreads.* (every ISA
-# and dtype) and Router.*ErrorsAreBitIdenticalForAnyThreadCount (the fp32 and the tile path).
+# The long correctness matrices and the statistical tests (accuracy, rounding bias, decisions)
+# add no thread interleavings the others lack and take minutes under TSan's instrumentation,
+# most of it in the fp64 reference; every other threaded test runs. Their threads run in the
+# tests that compare thread counts bit for bit: CpuThreads.* (every ISA and dtype) and
+# Router.*ErrorsAreBitIdenticalForAnyThreadCount (the fp32 and the tile path).
 # Each name must still be a threaded test: a renamed test would silently run again
 # (one did, for 72 s, after its rename).
 slow_matrices=(CpuBackend.MatchesReferenceOnAwkwardShapes CpuBackend.RoundedPlansComputeWhatTheyClaim
                RoutedAttention.GivenDecisionsMatchTheReferenceOnAwkwardShapes
                CpuBackend.AmxTileKernelMatchesReferenceOnBf16AndF16Inputs
                Router.SampledErrorsMatchTheReferenceOnEitherPath Backends.EveryBackendMatchesTheReference
-               CpuBackend.AnyHeadDimUpTo128RunsPadded)
+               CpuBackend.AnyHeadDimUpTo128RunsPadded
+               CpuBackend.AmxBf16OutputRoundsPToBf16Unbiased CpuBackend.LongRowsKeepTheirFp32Accuracy
+               CpuBackend.StridedChannelsMatchTheReference Router.SampledErrorsMatchTheReference
+               Router.TilePathDecidesLikeTheFp32Path Router.FindsTheKnownKindOfSyntheticHeads)
 for name in "${slow_matrices[@]}"; do
   ctest --test-dir build-tsan -N -L threads -R "^${name}\$" | grep -q "Total Tests: 1$" ||
     { echo "sanitize: $name is not one threaded test: update slow_matrices" >&2; exit 1; }
