@@ -31,16 +31,18 @@ for lane in "${lanes[@]}"; do
 done
 wait
 failed=0
-for target in ${lanes[*]}; do
-  status=$(cat "$dir/$target.status" 2>/dev/null || echo "none")
-  if [ "$status" = 0 ]; then
-    echo "fuzz: $target for ${budgets[$target]}s"
-    tail -n 5 "$dir/$target.log"
-  else
-    echo "fuzz: $target failed (status $status):" >&2
-    cat "$dir/$target.log" >&2
-    failed=1
-  fi
+for lane in "${lanes[@]}"; do
+  for target in $lane; do
+    status=$(cat "$dir/$target.status" 2>/dev/null || echo "none")
+    if [ "$status" = 0 ]; then
+      echo "fuzz: $target for ${budgets[$target]}s"
+      tail -n 5 "$dir/$target.log"
+    else
+      echo "fuzz: $target failed (status $status):" >&2
+      cat "$dir/$target.log" >&2
+      failed=1
+    fi
+  done
 done
 if [ "$failed" -ne 0 ]; then exit 1; fi
 echo "fuzz: no findings"
