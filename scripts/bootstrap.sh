@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# ccache: what compiles again (a rebuild after a checkout, `pip install .` after this build) comes from its cache.
+# ccache: what compiles again (a rebuild after a checkout, CI's `pip install .`) comes from its cache (CMakeLists.txt).
 packages=(cmake ninja-build g++ clang ccache libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
           libpng-dev libopenmpi-dev openmpi-bin libclang-rt-14-dev python3-dev python3-venv)
 missing=()
