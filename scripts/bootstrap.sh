@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# ccache: what compiles again (a rebuild after a checkout, CI's `pip install .`) comes from its cache (CMakeLists.txt).
+# ccache: what compiles again (a rebuild after a checkout, CI's `pip install .`) comes from its cache.
 packages=(cmake ninja-build g++ clang ccache libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
           libpng-dev libopenmpi-dev openmpi-bin libclang-rt-14-dev python3-dev python3-venv)
 missing=()
@@ -41,6 +41,14 @@ else
   echo "bootstrap: the Python package is left out: $python_env has no nanobind" >&2
 fi
 
+# ccache where it can write its cache (it fails every compile where it cannot).
+ccache_args=()
+if cache_dir=$(ccache --get-config cache_dir 2>/dev/null) && mkdir -p "$cache_dir" 2>/dev/null &&
+   [ -w "$cache_dir" ]; then
+  ccache_args=(-DSTSA_CCACHE=ON)
+fi
+
 # shellcheck disable=SC2086
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${python_args[@]}" ${STSA_CMAKE_ARGS:-} >/dev/null
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${python_args[@]}" "${ccache_args[@]}" \
+  ${STSA_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"
