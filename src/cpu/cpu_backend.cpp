@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/round_up.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernel.hpp"
 #include "cpu/pack.hpp"
@@ -47,8 +48,6 @@ class AlignedBuffer {
 using FloatBuffer = AlignedBuffer<float>;
 using PairBuffer = AlignedBuffer<std::uint32_t>;  // bf16 pairs (pack.hpp: bf16_pair)
 using Bf16Buffer = AlignedBuffer<std::uint16_t>;
-
-std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
 
 // A kernel and the head dim it runs a call at: the call's, or the next larger
 // one it is built for, the channels between packed as zeros (pack.hpp).

@@ -19,12 +19,14 @@
 namespace stsa::cpu {
 
 inline constexpr int kRoutingPanelKeys = 32;
+// Head dims the tile products take: multiples of this (one product's depth, 16 pairs).
+inline constexpr int kRoutingDimStep = 32;
 
 // s[r][j] = sum_d q[r][d] k[j][d] (unscaled) for `rows` query rows (a multiple
 // of 16) and `keys` keys (a multiple of 32): q holds parts * head_dim / 2 words
 // per row (part a at a * head_dim / 2), s has row stride s_stride floats.
 // Split values take all four products of their parts, so S is what fp32 FMAs
-// on the values give, up to the order of the sums. head_dim: a multiple of 32.
+// on the values give, up to the order of the sums. head_dim: a multiple of kRoutingDimStep.
 void routing_scores_amx(const std::uint32_t* q, const std::uint32_t* kt, int rows, int keys, int head_dim, int parts,
                         float* s, int s_stride);
 
@@ -36,7 +38,7 @@ void routing_scores_amx(const std::uint32_t* q, const std::uint32_t* kt, int row
 // 2^-16 of their term, as split_weights leaves out). live[t * live_stride + c
 // / 32]: whether rows 16t .. 16t + 15 have a nonzero weight among keys c .. c +
 // 31; the products of those that have none are skipped (their weights need
-// not even be written). head_dim: a multiple of 32.
+// not even be written). head_dim: a multiple of kRoutingDimStep.
 void routing_weighted_sums_amx(const std::uint16_t* w, std::int64_t w_part_stride, int w_parts, int w_stride,
                                const std::uint32_t* v, int v_parts, int rows, int keys, int head_dim,
                                const std::uint8_t* live, int live_stride, float* acc, int acc_stride);

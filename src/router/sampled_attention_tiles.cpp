@@ -26,6 +26,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/round_up.hpp"
 #include "cpu/pack.hpp"
 #include "cpu/routing_tiles.hpp"
 #include "router/sampled_attention.hpp"
@@ -40,10 +41,7 @@ constexpr std::int64_t kWidth = kKeysPerSubChunk;
 constexpr std::int64_t kBlocksPerSubChunk = kWidth / kKeyBlock;
 constexpr std::int64_t kKeySteps = kWidth / kPanelKeys;  // key steps of a tile product per sub-chunk
 constexpr std::int64_t kPackHeads = 4;  // heads packed together (their panels stay in L2)
-constexpr std::int64_t kDimStep = 32;   // head dims the tile products take: multiples of this
 static_assert(kWidth % kPanelKeys == 0 && kKeyBlock % kPanelKeys == 0);
-
-std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
 
 // A block of kKeyBlock weight parts set to 0. (A copy of zeros: GCC makes a
 // 128-byte memset a rep stosq, whose start-up cost was most of building the weights.)
@@ -60,7 +58,7 @@ class TileChunk {
             std::int64_t chunk, ChunkScratch& sc, std::span<ChunkPartial> out)
       : q_(q), k_(k), v_(v), heads_(heads), scales_(scales), rows_(rows), masks_(masks), sc_(sc), out_(out),
         dim_(k.head_dim()),
-        kernel_dim_(round_up(dim_, kDimStep)),
+        kernel_dim_(round_up(dim_, cpu::kRoutingDimStep)),
         partial_dim_(partial_dim(dim_)),
         begin_(chunk * kKeysPerChunk),
         end_(std::min(k.tokens(), begin_ + kKeysPerChunk)),

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/round_up.hpp"
 #include "router/sampled_attention.hpp"
 
 namespace stsa::router_detail {
@@ -14,7 +15,7 @@ inline constexpr std::int64_t kKeyBlock = CandidateMask::kBlock;  // keys per bl
 inline constexpr std::int64_t kLane = 16;  // channels per accumulator (one AVX-512 register)
 
 // The length of a ChunkPartial::acc row: the head dim rounded up to whole lanes.
-inline std::int64_t partial_dim(std::int64_t head_dim) { return (head_dim + kLane - 1) / kLane * kLane; }
+inline std::int64_t partial_dim(std::int64_t head_dim) { return round_up(head_dim, kLane); }
 
 // Sum of one block of kKeyBlock weights: fp32 partial sums over 16 lanes (each
 // adds kKeyBlock / 16 values in [0, 1]), then fp64 across the lanes.
