@@ -13,6 +13,11 @@ namespace stsa::cpu {
 // row buffers on the stack are this long.
 inline constexpr std::int64_t kMaxHeadDim = 1024;
 
+// The largest (padded) head dim pack_pairs_tile_amx takes (its stack rows are this
+// long). The router's tile path, built on it, stops here too: larger heads take
+// the router's fp32 path.
+inline constexpr int kMaxPairPanelDim = 512;
+
 // A head dim the kernels are not built for runs padded to one they are (the
 // backend's kernel dim: the next larger one): the `kernel_dim` arguments below
 // write that many channels, the head's, then zeros, which add nothing to a score
@@ -120,7 +125,7 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
 // CPUs with AVX-512), padded to kernel_dim channels as pack_kv_tile pads: false,
 // and nothing written, where it does not apply (another dtype, channels not
 // contiguous, a kernel dim (the head dim, if larger) not a multiple of 32 or above
-// 512, tile_k not a multiple of 16). Ors the flags into `flags`.
+// kMaxPairPanelDim, tile_k not a multiple of 16). Ors the flags into `flags`.
 bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
                          std::uint32_t* kt_pairs, std::uint32_t* v_pairs, KvFlags& flags,
                          std::int64_t kernel_dim = 0);

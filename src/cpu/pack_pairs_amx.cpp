@@ -19,7 +19,6 @@ namespace {
 #include "cpu/transpose_avx512.hpp"
 
 constexpr int kKeys = 16;  // keys per step: one 16 x 16 transpose of 32-bit pairs
-constexpr int kMaxTileHeadDim = 512;
 
 // Values [d0, d0 + 32) of a row of `count` 16-bit values (null: none), zeros past
 // its end: a head dim padded to the kernel's reads nothing of the next row.
@@ -38,7 +37,7 @@ bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, st
   const int kd = int(std::max<std::int64_t>(kernel_dim, d_count));  // the panels' channels: the head's, then zeros
   const bool split = k.dtype == DType::F16, fp8 = k.dtype == DType::F8E4M3;
   if ((k.dtype != DType::BF16 && !split && !fp8) || v.dtype != k.dtype || k.stride[3] != 1 || v.stride[3] != 1 ||
-      kd % 32 != 0 || kd > kMaxTileHeadDim || tile_k % kKeys != 0)
+      kd % 32 != 0 || kd > kMaxPairPanelDim || tile_k % kKeys != 0)
     return false;
   const int parts = split ? 2 : 1;
   const std::int64_t head = in.head(h);
@@ -68,7 +67,7 @@ bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, st
   // [part][key]: where each key's row of bf16 values (or of one part's) is; null past the sequence.
   const std::uint16_t* k_rows[2][kKeys];
   const std::uint16_t* v_rows[2][kKeys];
-  alignas(64) std::uint16_t k_split[kKeys][2][kMaxTileHeadDim], v_split[kKeys][2][kMaxTileHeadDim];
+  alignas(64) std::uint16_t k_split[kKeys][2][kMaxPairPanelDim], v_split[kKeys][2][kMaxPairPanelDim];
   for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
     const std::uint16_t* k_in[kKeys];
     const std::uint16_t* v_in[kKeys];

@@ -71,8 +71,8 @@ void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v
                    ChunkScratch& scratch, std::span<ChunkPartial> out);
 
 // Whether sampled_chunk_tiles takes these inputs: `isa` (resolved) is Amx, Q, K
-// and V are all bf16, all fp16 or all fp8, and the head dim is at most 512 (padded
-// to a multiple of 32 with zero channels).
+// and V are all bf16, all fp16 or all fp8, and the head dim is at most cpu::kMaxPairPanelDim
+// (padded to a multiple of 32 with zero channels).
 bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v);
 
 // sampled_chunk's partial sums from AMX tile products (sampled_attention_tiles.cpp):

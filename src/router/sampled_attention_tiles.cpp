@@ -285,7 +285,7 @@ bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const Tensor
   const DType dtype = q.dtype;
   const std::int64_t dim = q.head_dim();
   return isa == Isa::Amx && (dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F8E4M3) &&
-         k.dtype == dtype && v.dtype == dtype && dim <= 512;
+         k.dtype == dtype && v.dtype == dtype && dim <= cpu::kMaxPairPanelDim;
 }
 
 bool sampled_chunk_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
