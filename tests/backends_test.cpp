@@ -99,6 +99,8 @@ TEST(Backends, NonFiniteInputsPropagateOnlyToRowsThatTouchThem) {
     problem.k.view().store(0, 20, 0, 5, NAN);       // head 0: key 20, seen by rows 18..22
     problem.v.view().store(0, 40, 1, 3, INFINITY);  // head 1: value 40, seen by rows 38..42
     problem.q.view().store(0, 7, 1, 0, NAN);        // head 1: row 7
+    problem.o.poison_finite();                      // rows expected NaN must be written NaN, not left so
+    problem.lse.poison_finite();
     backend->run(problem.call());
     const auto call = problem.call();
     for (std::int64_t i = 0; i < grid.tokens(); ++i) {

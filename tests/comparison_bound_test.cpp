@@ -3,7 +3,9 @@
 // large, and passing a real bug because it grew too loose.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "stsa/cpu.hpp"
 #include "stsa/mask.hpp"
@@ -60,6 +62,39 @@ TEST(ComparisonBound, FailsOneKeyLeftOut) {
   };
   const testing::Comparison wrong = testing::compare_with_reference(p, 0, 1, all_but_the_last_key);
   EXPECT_FALSE(wrong.ok()) << "max |O - ref| " << wrong.max_abs_err << ", tolerance " << wrong.tolerance;
+}
+
+// A row whose LSE was never written keeps its NaN poison: that fails wherever the
+// row stands, not only when it is the last one compared.
+TEST(ComparisonBound, FailsAnLseRowLeftUnwritten) {
+  const testing::Problem p = fp32_problem(testing::fresh_seed(), 1.0f);
+  make_cpu_backend({Isa::Auto, 2})->run(p.call());
+  ASSERT_TRUE(testing::compare_with_reference(p).ok());
+  p.call().lse.at(0, 1, 3) = std::numeric_limits<float>::quiet_NaN();
+  const testing::Comparison c = testing::compare_with_reference(p);
+  EXPECT_FALSE(c.ok()) << "an unwritten LSE row passed";
+  EXPECT_FALSE(c.all_finite_where_expected);
+}
+
+// An infinity in one head's inputs (a key's V, or a key's K) is held to the
+// infinity rules in the rows that see it; it must not make the bound infinite
+// for everything else: a 1e-3 error in the other head still fails.
+TEST(ComparisonBound, StaysTightBesideAnInfinity) {
+  for (const bool in_key : {false, true}) {
+    const testing::Problem p = fp32_problem(testing::fresh_seed(), 1.0f);
+    const AttentionCall call = p.call();
+    const std::int64_t last = call.layout.tokens() - 1;  // a text token: every row sees it
+    (in_key ? call.k : call.v).store(0, last, 0, 5, std::numeric_limits<float>::infinity());
+    make_cpu_backend({Isa::Auto, 2})->run(call);
+    const testing::Comparison right = testing::compare_with_reference(p);
+    ASSERT_TRUE(right.ok()) << right.failure;
+    EXPECT_TRUE(std::isfinite(right.tolerance) && std::isfinite(right.lse_tolerance))
+        << "tolerance " << right.tolerance << ", LSE tolerance " << right.lse_tolerance;
+    call.o.store(0, 7, 1, 3, call.o.load(0, 7, 1, 3) + 1e-3f);
+    const testing::Comparison wrong = testing::compare_with_reference(p);
+    EXPECT_FALSE(wrong.ok()) << (in_key ? "K" : "V") << ": max |O - ref| " << wrong.max_abs_err << ", tolerance "
+                             << wrong.tolerance;
+  }
 }
 
 }  // namespace

@@ -325,7 +325,10 @@ TEST(CpuPack, PackerDeclinesWhatItCannotTake) {
   if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512 for the vector packer";
   Tensor bf16(DType::BF16, 1, 40, 2, 80), fp16(DType::F16, 1, 40, 2, 64), fp32(DType::F32, 1, 40, 2, 64),
       ok(DType::BF16, 1, 40, 2, 64);
-  std::vector<std::uint32_t> kt(64 * 64), v(64 * 64);
+  const std::uint64_t seed = testing::fresh_seed();
+  for (const Tensor* t : {&bf16, &fp16, &fp32, &ok}) testing::fill_normal(t->view(), seed);  // nonzero: packed would show
+  constexpr std::uint32_t kUntouched = 0xdeadbeef;
+  std::vector<std::uint32_t> kt(64 * 64, kUntouched), v(64 * 64, kUntouched);
   cpu::KvFlags flags;
   // A head dim not a multiple of 32 (nor the kernel dim it is padded to), fp32, K
   // and V of different dtypes, a tile not a multiple of 16, channels not
@@ -343,15 +346,19 @@ TEST(CpuPack, PackerDeclinesWhatItCannotTake) {
   strided.stride[3] = 2;  // every other channel (half the head dim, so still in bounds)
   strided.shape[3] = 32;
   EXPECT_FALSE(cpu::pack_pairs_tile_amx({strided, strided, strided}, 0, 0, 0, 64, kt.data(), v.data(), flags));
-  EXPECT_TRUE(std::all_of(kt.begin(), kt.end(), [](std::uint32_t w) { return w == 0; }));
+  const auto untouched = [](std::uint32_t w) { return w == kUntouched; };
+  EXPECT_TRUE(std::all_of(kt.begin(), kt.end(), untouched) && std::all_of(v.begin(), v.end(), untouched));
   // The fp32 packer: a head dim (and kernel dim) not a multiple of 16.
   Tensor fp32_72(DType::F32, 1, 40, 2, 72);
-  std::vector<float> fkt(80 * 64), fv(80 * 64);
+  testing::fill_normal(fp32_72.view(), seed + 1);
+  const float untouched_float = std::bit_cast<float>(0x7fc0beefu);  // a NaN no packer of these inputs writes
+  std::vector<float> fkt(80 * 64, untouched_float), fv(80 * 64, untouched_float);
   EXPECT_FALSE(cpu::pack_floats_tile_avx512({fp32_72.view(), fp32_72.view(), fp32_72.view()}, 0, 0, 0, 64, fkt.data(),
                                             fv.data(), flags));
   EXPECT_FALSE(cpu::pack_floats_tile_avx512({fp32_72.view(), fp32_72.view(), fp32_72.view()}, 0, 0, 0, 64, fkt.data(),
                                             fv.data(), flags, 88));
-  EXPECT_TRUE(std::all_of(fkt.begin(), fkt.end(), [](float x) { return x == 0; }));
+  const auto untouched_bits = [](float x) { return std::bit_cast<std::uint32_t>(x) == 0x7fc0beefu; };
+  EXPECT_TRUE(std::all_of(fkt.begin(), fkt.end(), untouched_bits) && std::all_of(fv.begin(), fv.end(), untouched_bits));
   EXPECT_FALSE(flags.nonfinite || flags.tiny);
 }
 

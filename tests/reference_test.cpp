@@ -53,6 +53,7 @@ TEST(Reference, NanPropagatesOnlyToRowsThatTouchIt) {
   const MaskSpec spec = MaskSpec::spatial(1, false);
   auto p = testing::make_problem(layout, DType::F32, heads_of(1, spec), 3);
   p.k.view().store(0, 9, 0, 2, NAN);  // key 9 is seen by rows 8, 9, 10
+  p.o.poison_finite();                 // rows expected NaN must be written NaN, not left so
   make_reference_backend()->run(p.call());
   for (std::int64_t i = 0; i < layout.tokens(); ++i)
     EXPECT_EQ(std::isnan(p.call().o.load(0, i, 0, 0)), i >= 8 && i <= 10) << "row " << i;

@@ -20,7 +20,9 @@ std::uint16_t nan_bits(DType t) { return t == DType::BF16 ? 0x7fc0 : 0x7e00; }
 
 // One (batch, head)'s K and V as floats, [token][dim]: converted once, not at every
 // score of every row (the comparisons' largest cost, ~80% under ASan, was these loads).
-// Also the largest |k_j| (2-norm) and |v| of the head, for the scores' rounding bound.
+// Also the largest |k_j| (2-norm) and |v| of the head, for the scores' rounding bound:
+// over finite ones only, so that an infinity planted in one key does not make every
+// other row's bound infinite (rows that see it are held to the infinity rules).
 struct HeadKeysValues {
   std::vector<float> k, v;
   double max_key_norm = 0, max_abs_value = 0;
@@ -34,9 +36,10 @@ struct HeadKeysValues {
         k[std::size_t(j * dims + d)] = call.k.load(b, j, h, d);
         v[std::size_t(j * dims + d)] = call.v.load(b, j, h, d);
         key_norm2 += double(k[std::size_t(j * dims + d)]) * k[std::size_t(j * dims + d)];
-        max_abs_value = std::max(max_abs_value, std::abs(double(v[std::size_t(j * dims + d)])));
+        const double value = std::abs(double(v[std::size_t(j * dims + d)]));
+        if (std::isfinite(value)) max_abs_value = std::max(max_abs_value, value);
       }
-      max_key_norm = std::max(max_key_norm, std::sqrt(key_norm2));
+      if (std::isfinite(key_norm2)) max_key_norm = std::max(max_key_norm, std::sqrt(key_norm2));
     }
   }
 };
@@ -135,6 +138,14 @@ void GuardedTensor::poison() {
   }
 }
 
+void GuardedTensor::poison_finite() {
+  const TensorView t = view();
+  for (std::int64_t b = 0; b < t.shape[0]; ++b)
+    for (std::int64_t n = 0; n < t.shape[1]; ++n)
+      for (std::int64_t h = 0; h < t.shape[2]; ++h)
+        for (std::int64_t d = 0; d < t.shape[3]; ++d) t.store(b, n, h, d, kFinitePoison);
+}
+
 bool GuardedTensor::guards_intact() const {
   for (std::size_t i = 0; i < kGuardBytes; ++i)
     if (storage_[i] != kSentinel || storage_[kGuardBytes + payload_bytes_ + i] != kSentinel) return false;
@@ -149,6 +160,10 @@ GuardedLse::GuardedLse(std::int64_t batch, std::int64_t heads, std::int64_t toke
 
 void GuardedLse::poison() {
   std::fill(storage_.begin() + kGuardFloats, storage_.end() - kGuardFloats, std::numeric_limits<float>::quiet_NaN());
+}
+
+void GuardedLse::poison_finite() {
+  std::fill(storage_.begin() + kGuardFloats, storage_.end() - kGuardFloats, kFinitePoison);
 }
 
 bool GuardedLse::guards_intact() const {
@@ -266,7 +281,9 @@ Comparison compare_with_reference(const Problem& problem, int sample_rows, std::
         const double ref_l = ref_lse[std::size_t((b * layout.heads + h) * count + r)];
         float naive_lse = 0;
         naive_row(call, kv, b, h, i, keep, scores, naive.data(), naive_lse);
-        const double row_logit_rounding = score_rounding(call, kv, b, h, i);
+        // (An infinite q makes this row's scores infinite or NaN: held to the rules, not a bound.)
+        const double row_rounding = score_rounding(call, kv, b, h, i);
+        const double row_logit_rounding = std::isfinite(row_rounding) ? row_rounding : 0.0;
         logit_rounding = std::max(logit_rounding, row_logit_rounding);
         // A logit off by e moves O by at most e * max |v_j - O| <= 2 e max |v|.
         output_rounding = std::max(output_rounding, 2 * row_logit_rounding * kv.max_abs_value *
@@ -280,9 +297,13 @@ Comparison compare_with_reference(const Problem& problem, int sample_rows, std::
             continue;
           }
           if (std::isnan(ref[d])) continue;
-          const double e = std::abs(got - ref[d]);
-          if (!(e <= c.max_abs_err)) c.max_abs_err = e;  // also catches Inf mismatches
-          c.naive_max_abs_err = std::max(c.naive_max_abs_err, std::abs(double(naive[std::size_t(d)]) - ref[d]));
+          // An infinity matched exactly is no error (Inf - Inf would be NaN); any other
+          // infinity in either is an infinite one. Neither is NaN here, so e is not.
+          const double e = got == ref[d] ? 0.0 : std::abs(got - ref[d]);
+          c.max_abs_err = std::max(c.max_abs_err, e);
+          if (!std::isfinite(ref[d])) continue;  // the bound's terms: finite values only
+          const double naive_err = std::abs(double(naive[std::size_t(d)]) - ref[d]);
+          if (std::isfinite(naive_err)) c.naive_max_abs_err = std::max(c.naive_max_abs_err, naive_err);
           err2 += e * e;
           ref2 += ref[d] * ref[d];
           max_ref = std::max(max_ref, std::abs(ref[d]));
@@ -296,10 +317,13 @@ Comparison compare_with_reference(const Problem& problem, int sample_rows, std::
               if (why.str().empty()) why << "LSE[b=" << b << ", h=" << h << ", i=" << i << "] = " << got
                                          << ", reference " << ref_l;
             }
+          } else if (std::isnan(got)) {  // unwritten (poisoned) or wrongly NaN: no error size can say so
+            c.all_finite_where_expected = false;
+            if (why.str().empty()) why << "LSE[b=" << b << ", h=" << h << ", i=" << i << "] = NaN, reference " << ref_l;
           } else {
-            const double e = std::abs(got - ref_l);
-            if (!(e <= c.lse_max_abs_err)) c.lse_max_abs_err = e;
-            c.naive_lse_max_abs_err = std::max(c.naive_lse_max_abs_err, std::abs(double(naive_lse) - ref_l));
+            c.lse_max_abs_err = std::max(c.lse_max_abs_err, std::abs(got - ref_l));
+            const double naive_err = std::abs(double(naive_lse) - ref_l);
+            if (std::isfinite(naive_err)) c.naive_lse_max_abs_err = std::max(c.naive_lse_max_abs_err, naive_err);
             max_lse = std::max(max_lse, std::abs(ref_l));
           }
         }

@@ -42,6 +42,9 @@ std::uint64_t fresh_seed();
 // Fills a tensor with N(0, stddev) values rounded to its dtype.
 void fill_normal(const TensorView& t, std::uint64_t seed, float stddev = 1.0f);
 
+// A finite value no output of these tests' inputs comes near (exact in every dtype, fp8 too).
+inline constexpr float kFinitePoison = 256.0f;
+
 // An output tensor with sentinel bytes before and after its storage, poisoned with NaN.
 class GuardedTensor {
  public:
@@ -55,6 +58,9 @@ class GuardedTensor {
     return v;
   }
   void poison();               // every element NaN
+  // Every element kFinitePoison, for tests whose expected outputs are NaN, which
+  // the NaN poison would already satisfy where a kernel wrote nothing.
+  void poison_finite();
   bool guards_intact() const;  // sentinels untouched
 
  private:
@@ -73,6 +79,7 @@ class GuardedLse {
     return v;
   }
   void poison();
+  void poison_finite();  // as GuardedTensor's
   bool guards_intact() const;
 
  private:
