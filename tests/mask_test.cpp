@@ -59,7 +59,9 @@ TEST(Mask, DensityMapsToTheClosestMask) {
     for (double s : {0.0, 0.02, 0.1, 0.25, 0.5, 0.9, 1.0}) {
       const MaskSpec spec = mask_for_density(g, kind, s);
       const double got = kept_fraction(g, spec);
-      const double anchor_floor = kept_fraction(g, mask_for_density(g, kind, 0.0));
+      // What the anchor alone keeps (no text here): every pair with a frame-0 query or key.
+      const double n = double(g.tokens()), p = double(g.tokens_per_frame());
+      const double anchor_floor = (n * n - (n - p) * (n - p)) / (n * n);
       if (s <= anchor_floor) {
         EXPECT_NEAR(got, anchor_floor, 1e-12);
         continue;

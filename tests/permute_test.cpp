@@ -119,12 +119,24 @@ TEST(Permute, LargeCopyUsesThreadsAndStaysExact) {
   const VideoGrid g{7, 30, 33, 5, TextPlacement::After};
   const std::int64_t n = g.tokens(), heads = 6, dim = 64;
   Tensor x(DType::BF16, 1, n, heads, dim), packed(DType::BF16, 1, n, heads, dim), back(DType::BF16, 1, n, heads, dim);
-  fill_bits(x, 7);
+  const std::uint64_t seed = testing::fresh_seed();
+  fill_bits(x, seed);
+  fill_bits(packed, seed + 1);  // poisoned: every element must be written
+  fill_bits(back, seed + 2);
   std::vector<std::int64_t> all(heads);
   std::iota(all.begin(), all.end(), 0);
   const TensorView src[] = {x.view()}, mid[] = {packed.view()}, dst[] = {back.view()};
-  gather_heads(g, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, all, src, mid, 0);
-  scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, all, mid, dst, {}, {}, 0);
+  // Threads asked for explicitly: 0 would pick one on a one-core host. Three split the rows unevenly.
+  gather_heads(g, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, all, src, mid, 3);
+  scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, all, mid, dst, {}, {}, 3);
+  // The packed rows are the permuted ones (a round trip alone passes any self-inverse mix-up).
+  const auto map = permutation_map(g, TokenOrder::FrameMajor, TokenOrder::SpatialMajor);
+  const std::size_t row = std::size_t(heads * dim) * element_size(DType::BF16);
+  for (std::int64_t pos = 0; pos < n; ++pos)
+    ASSERT_EQ(std::memcmp(static_cast<const std::byte*>(packed.view().data) + std::size_t(pos) * row,
+                          static_cast<const std::byte*>(x.view().data) + std::size_t(map[std::size_t(pos)]) * row, row),
+              0)
+        << "packed row " << pos;
   EXPECT_EQ(std::memcmp(x.view().data, back.view().data, x.bytes()), 0);
 }
 

@@ -2,10 +2,14 @@
 // presets with the documented shapes, and routed attention under a policy.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <string>
+
 #include "stsa/error.hpp"
 #include "stsa/policy.hpp"
 #include "stsa/routed.hpp"
 #include "stsa/synth.hpp"
+#include "support/testing.hpp"
 
 namespace stsa {
 namespace {
@@ -220,27 +224,55 @@ TEST(PolicyAttention, WarmUpRunsDenseAndReuseSkipsRouting) {
   so.grid = kGrid;
   so.heads = 4;
   so.head_dim = 64;
+  so.seed = testing::fresh_seed();
   const synth::Data d = synth::make_video_tokens(so);
-  Tensor o(DType::F32, 1, d.layout.tokens(), 4, 64);
-  const RoutedCall call{d.layout, d.q.view(), d.k.view(), d.v.view(), o.view(), {}};
+  // Outputs poisoned (NaN), inputs the synthetic heads' so the router has kinds to find.
+  testing::Problem p = testing::make_problem(d.layout, DType::F32, std::vector<HeadMask>(4), so.seed);
+  std::memcpy(p.q.view().data, d.q.view().data, d.q.bytes());
+  std::memcpy(p.k.view().data, d.k.view().data, d.k.bytes());
+  std::memcpy(p.v.view().data, d.v.view().data, d.v.bytes());
+  const AttentionCall c = p.call();
+  const RoutedCall call{c.layout, c.q, c.k, c.v, c.o, c.lse, c.softmax_scale, c.descales};
   PolicyOptions po;
   po.dense_steps = 2;
   po.reuse_steps = 2;
   po.router.samples = 16;
+  // Above the 0.36 the frame-0 anchor keeps alone: bands of their own, so temporal heads route temporal.
+  po.router.spatial_density = po.router.temporal_density = 0.5;
   Policy policy(po);
   PlanCache plans;
   const Backend& ref = backend("reference");
-  RoutedResult r = policy_attention(ref, plans, policy, call, 1, 3);
+  // One step on freshly poisoned outputs, compared with the fp64 reference under the masks it reports.
+  const auto step = [&](std::int64_t s, RoutedResult& r) {
+    p.o.poison();
+    p.lse.poison();
+    r = policy_attention(ref, plans, policy, call, s, 3);
+    ASSERT_EQ(r.heads.size(), 4u) << "step " << s;
+    p.heads.clear();
+    std::string masks;
+    for (const HeadRoute& h : r.heads) {
+      p.heads.push_back(HeadMask{h.spec, TokenOrder::FrameMajor, nullptr, true});
+      masks += " [" + h.spec.describe() + "]";
+    }
+    const testing::Comparison cmp = testing::compare_with_reference(p);
+    EXPECT_TRUE(cmp.ok()) << "step " << s << ", seed " << so.seed << ", masks" << masks << ": " << cmp.failure;
+  };
+  RoutedResult r;
+  ASSERT_NO_FATAL_FAILURE(step(1, r));
   for (const auto& h : r.heads) EXPECT_EQ(h.route, Route::Dense);
   EXPECT_EQ(policy.cached_count(), 0u);
-  r = policy_attention(ref, plans, policy, call, 2, 3);  // routed and remembered
+  ASSERT_NO_FATAL_FAILURE(step(2, r));  // routed and remembered
   EXPECT_GT(r.routing_ms, 0.0);
   EXPECT_EQ(policy.cached_count(), 4u);
   const auto routed = r.heads;
-  r = policy_attention(ref, plans, policy, call, 3, 3);  // reused: no routing
+  ASSERT_NO_FATAL_FAILURE(step(3, r));  // reused: no routing
   EXPECT_EQ(r.routing_ms, 0.0);
-  for (std::size_t h = 0; h < routed.size(); ++h) EXPECT_EQ(r.heads[h].route, routed[h].route);
-  r = policy_attention(ref, plans, policy, call, 4, 3);  // expired: routed again
+  for (std::size_t h = 0; h < routed.size(); ++h) {
+    EXPECT_EQ(r.heads[h].route, routed[h].route) << "head " << h;
+    EXPECT_EQ(r.heads[h].spec, routed[h].spec) << "head " << h << ": " << r.heads[h].spec.describe() << ", routed "
+                                               << routed[h].spec.describe();
+  }
+  ASSERT_NO_FATAL_FAILURE(step(4, r));  // expired: routed again
   EXPECT_GT(r.routing_ms, 0.0);
 }
 

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <numeric>
 #include <set>
+#include <tuple>
+#include <utility>
 
 #include "cpu/isa.hpp"
 #include "router/candidate_mask.hpp"
@@ -96,6 +98,48 @@ bool takes_tiles(Isa isa, DType dtype, std::int64_t head_dim) {
   return resolve_isa(isa) == Isa::Amx && dtype != DType::F32 && head_dim <= 512;
 }
 
+// What the router is asked to try: spatial, temporal (and the frame window) at the options' densities.
+std::vector<std::pair<Route, MaskSpec>> asked_candidates(const VideoGrid& g, const RouterOptions& o) {
+  std::vector<std::pair<Route, MaskSpec>> asked = {
+      {Route::Spatial, mask_for_density(g, SparseKind::Spatial, o.spatial_density, o.anchor)},
+      {Route::Temporal, mask_for_density(g, SparseKind::Temporal, o.temporal_density, o.anchor)}};
+  if (o.try_frame_window)
+    asked.emplace_back(Route::FrameWindow,
+                       mask_for_density(g, SparseKind::FrameWindow, o.frame_window_density, o.anchor));
+  return asked;
+}
+
+// Every head measured exactly the asked candidates, in order (so loops over them check something).
+void check_candidates(const RoutingReport& report, const VideoGrid& g, const RouterOptions& o) {
+  const auto asked = asked_candidates(g, o);
+  for (std::size_t h = 0; h < report.heads.size(); ++h) {
+    const std::vector<CandidateError>& got = report.heads[h].candidates;
+    ASSERT_EQ(got.size(), asked.size()) << "head " << h;
+    for (std::size_t c = 0; c < asked.size(); ++c) {
+      EXPECT_EQ(got[c].route, asked[c].first) << "head " << h << " candidate " << c;
+      EXPECT_EQ(got[c].spec, asked[c].second)
+          << "head " << h << " candidate " << c << ": " << got[c].spec.describe() << ", asked "
+          << asked[c].second.describe();
+    }
+  }
+}
+
+// The sampled attention's FLOPs by their definition (router.hpp): per head, the scores
+// and the dense output over every key (2 S N D each), plus 2 D per (sampled row, key)
+// pair each candidate keeps.
+double expected_flops(const VideoLayout& layout, TokenOrder order, const RoutingReport& report) {
+  const auto s = double(report.sampled_rows.size()), n = double(layout.tokens()), d = double(layout.head_dim);
+  double flops = 0;
+  for (const HeadRoute& head : report.heads) {
+    std::int64_t kept = 0;
+    for (const CandidateError& c : head.candidates)
+      for (const std::int64_t row : report.sampled_rows)
+        for (std::int64_t j = 0; j < layout.tokens(); ++j) kept += allowed_at(layout.grid, c.spec, order, row, j);
+    flops += 4.0 * s * n * d + 2.0 * d * double(kept);
+  }
+  return flops;
+}
+
 // Router errors against fp64 outputs of the same sampled rows from reference_rows.
 void check_errors_against_reference(const VideoLayout& layout, DType dtype, TokenOrder order, std::uint64_t seed,
                                     int samples = 24, Isa isa = Isa::Auto,
@@ -111,9 +155,12 @@ void check_errors_against_reference(const VideoLayout& layout, DType dtype, Toke
   options.samples = samples;
   options.seed = seed;
   options.try_frame_window = true;
-  options.spatial_density = 0.2;
-  options.temporal_density = 0.3;
-  options.frame_window_density = 0.4;
+  // Shares of what the anchor (and text) leave: on these few-frame grids the anchor alone keeps
+  // more than 0.2-0.4 of the pairs, where every candidate would be the same anchor-only mask.
+  const double floor = kept_fraction(layout.grid, MaskSpec::spatial(-1));
+  options.spatial_density = floor + (1 - floor) * 0.2;
+  options.temporal_density = floor + (1 - floor) * 0.3;
+  options.frame_window_density = floor + (1 - floor) * 0.4;
   options.isa = isa;
   const Router router(options);
   AttentionCall call = p.call();
@@ -121,6 +168,11 @@ void check_errors_against_reference(const VideoLayout& layout, DType dtype, Toke
   EXPECT_EQ(report.tile_products, takes_tiles(isa, dtype, layout.head_dim));
   ASSERT_EQ(report.heads.size(), std::size_t(layout.heads));
   ASSERT_EQ(report.sampled_rows.size(), std::size_t(std::min<std::int64_t>(samples, layout.tokens())));
+  ASSERT_NO_FATAL_FAILURE(check_candidates(report, layout.grid, options));
+  if (layout.grid.frames > 1) {
+    for (const CandidateError& c : report.heads[0].candidates)
+      EXPECT_TRUE(c.spec.kind != MaskKind::Band || c.spec.band >= 0) << "an anchor-only candidate: " << c.spec.describe();
+  }
 
   std::vector<double> dense_o, lse;
   reference_rows(call, report.sampled_rows, dense_o, lse);
@@ -148,7 +200,8 @@ void check_errors_against_reference(const VideoLayout& layout, DType dtype, Toke
       EXPECT_NEAR(got.rel_l2, std::sqrt(err / ref), 1e-4 + 1e-3 * std::sqrt(err / ref)) << "head " << h;
     }
   }
-  EXPECT_GT(report.flops, 2.0 * double(count) * double(layout.tokens()) * double(layout.head_dim * layout.heads));
+  const double flops = expected_flops(layout, order, report);
+  EXPECT_NEAR(report.flops, flops, 1e-12 * flops);
 }
 
 TEST(Router, SampledErrorsMatchTheReference) {
@@ -213,14 +266,16 @@ TEST(Router, ErrorsAreBitIdenticalForAnyThreadCount) {
   o.batch = 2;
   o.seed = testing::fresh_seed();
   const synth::Data data = synth::make_video_tokens(o);
+  RouterOptions ro;
+  ro.samples = 20;
+  ro.try_frame_window = true;
   auto route = [&](int threads) {
-    RouterOptions ro;
-    ro.samples = 20;
-    ro.try_frame_window = true;
     ro.threads = threads;
     return Router(ro).route(data.layout, data.q.view(), data.k.view(), data.v.view());
   };
   const RoutingReport one = route(1);
+  ASSERT_EQ(one.heads.size(), 5u);
+  ASSERT_NO_FATAL_FAILURE(check_candidates(one, o.grid, ro));
   for (int threads : {2, 3, 7}) {
     const RoutingReport many = route(threads);
     ASSERT_EQ(many.heads.size(), one.heads.size());
@@ -462,6 +517,10 @@ TEST(Router, UsesTheSoftmaxScaleItIsGiven) {
   const RoutingReport scaled = router.route(layout, a.q, a.k, a.v, TokenOrder::FrameMajor, 2.f / 8.f);
   const RoutingReport doubled = router.route(layout, b.q, b.k, b.v, TokenOrder::FrameMajor, 0.f);
   const RoutingReport plain = router.route(layout, a.q, a.k, a.v, TokenOrder::FrameMajor, 0.f);
+  for (const RoutingReport* r : {&scaled, &doubled, &plain}) {
+    ASSERT_EQ(r->heads.size(), 2u);
+    ASSERT_NO_FATAL_FAILURE(check_candidates(*r, layout.grid, options));
+  }
   for (std::size_t h = 0; h < 2; ++h)
     for (std::size_t c = 0; c < scaled.heads[h].candidates.size(); ++c) {
       const double want = doubled.heads[h].candidates[c].mse;
@@ -538,64 +597,101 @@ TEST(RouteEvaluation, RelL2SumsTheHeadsOfTheGivenRoutes) {
   EXPECT_EQ(eval.rel_l2(error, heads, {Route::Dense}), 0.0);  // no such head
 }
 
-// evaluate_routes against zero output on dense heads: the routed error is the
-// reference's own square, the first-block error is zero (dense stays dense),
-// and sampled rows are stratified: one in each of eval_rows equal strata, placed by the seed.
+// evaluate_routes against an fp64 computation here: a random routed output's error
+// against dense attention, and the first-block layout's error with its predicate
+// written out (as in PredicateCountAndBandFollowTheDefinition), on a spatial, a
+// temporal, a frame-window and a dense head; and sampled rows are stratified: one
+// in each of eval_rows equal strata, placed by the seed.
 TEST(RouteEvaluation, ErrorsAreAgainstDenseAndRowsAreStratified) {
-  const VideoLayout layout{{3, 4, 5, 0, TextPlacement::After}, 2, 2, 64};  // 60 tokens
-  const std::int64_t n = layout.tokens();
-  Tensor q(DType::F32, 2, n, 2, 64), k(DType::F32, 2, n, 2, 64), v(DType::F32, 2, n, 2, 64), o(DType::F32, 2, n, 2, 64);
+  const VideoLayout layout{{3, 4, 5, 0, TextPlacement::After}, 2, 4, 64};  // 60 tokens
+  const VideoGrid& g = layout.grid;
+  const std::int64_t n = layout.tokens(), per_frame = g.tokens_per_frame();
+  Tensor q(DType::F32, 2, n, 4, 64), k(DType::F32, 2, n, 4, 64), v(DType::F32, 2, n, 4, 64), o(DType::F32, 2, n, 4, 64);
   const std::uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
   testing::fill_normal(q.view(), seed);
   testing::fill_normal(k.view(), seed + 1);
   testing::fill_normal(v.view(), seed + 2);
-  std::memset(o.view().data, 0, std::size_t(o.view().numel()) * 4);
-  std::vector<HeadRoute> heads(2);
-  for (HeadRoute& h : heads) {
-    h.route = Route::Dense;
-    h.spec = MaskSpec::dense();
-  }
+  testing::fill_normal(o.view(), seed + 3, 0.1f);  // the routed output: any values, read as they are
+  std::vector<HeadRoute> heads(4);
+  const std::pair<Route, MaskSpec> decided[] = {{Route::Spatial, MaskSpec::spatial(7)},
+                                                {Route::Temporal, MaskSpec::temporal(5)},
+                                                {Route::FrameWindow, MaskSpec::frame_window(0)},
+                                                {Route::Dense, MaskSpec::dense()}};
+  for (std::size_t h = 0; h < heads.size(); ++h) std::tie(heads[h].route, heads[h].spec) = decided[h];
+
+  // The first-block mask by its definition: bands over f P + p (spatial) or p F + f
+  // (temporal), keys at positions [0, P) and text always seen; frame windows keep
+  // their own mask, dense heads stay dense.
+  const PairPredicate first_block = [&](std::int64_t h, std::int64_t i, std::int64_t j) {
+    const MaskSpec& spec = heads[std::size_t(h)].spec;
+    const TokenCoord qc = g.coord(i, TokenOrder::FrameMajor), kc = g.coord(j, TokenOrder::FrameMajor);
+    if (spec.kind == MaskKind::Dense) return true;
+    if (spec.kind == MaskKind::FrameWindow) return allowed(g, spec, qc, kc);
+    const bool temporal = spec.band_order == TokenOrder::SpatialMajor;
+    const auto position = [&](const TokenCoord& c) {
+      return temporal ? c.patch * g.frames + c.frame : c.frame * per_frame + c.patch;
+    };
+    const std::int64_t band = first_block_mask(g, spec).band;
+    return qc.is_text || kc.is_text || position(kc) < per_frame ||
+           (band >= 0 && std::llabs(position(qc) - position(kc)) <= band);
+  };
+  // Expected per-head sums over `rows`, every batch entry and channel.
+  const auto check = [&](const RouteEvaluation& eval) {
+    AttentionCall call;
+    call.layout = layout;
+    call.q = q.view();
+    call.k = k.view();
+    call.v = v.view();
+    call.o = o.view();
+    call.heads.assign(4, HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, true});
+    std::vector<double> dense_o, fb_o, lse;
+    reference_rows(call, eval.rows, dense_o, lse);
+    reference_rows(call, eval.rows, fb_o, lse, first_block);
+    const auto count = std::int64_t(eval.rows.size());
+    ASSERT_EQ(eval.routed_squared_error.size(), 4u);
+    ASSERT_EQ(eval.first_block_squared_error.size(), 4u);
+    ASSERT_EQ(eval.reference_squared.size(), 4u);
+    for (std::int64_t h = 0; h < 4; ++h) {
+      double routed = 0, fb = 0, ref = 0;
+      for (std::int64_t b = 0; b < 2; ++b)
+        for (std::int64_t r = 0; r < count; ++r)
+          for (std::int64_t d = 0; d < 64; ++d) {
+            const std::size_t at = std::size_t(((b * count + r) * 4 + h) * 64 + d);
+            routed += std::pow(double(o.view().load(b, eval.rows[std::size_t(r)], h, d)) - dense_o[at], 2);
+            fb += std::pow(fb_o[at] - dense_o[at], 2);
+            ref += dense_o[at] * dense_o[at];
+          }
+      const auto hs = std::size_t(h);
+      EXPECT_NEAR(eval.routed_squared_error[hs], routed, 1e-12 * routed) << "head " << h;
+      EXPECT_NEAR(eval.reference_squared[hs], ref, 1e-12 * ref) << "head " << h;
+      EXPECT_NEAR(eval.first_block_squared_error[hs], fb, 1e-12 * fb) << "head " << h;
+      // Only the dense head's first-block output is the dense one.
+      if (heads[hs].route == Route::Dense) {
+        EXPECT_EQ(fb, 0.0);
+      } else {
+        EXPECT_GT(fb, 1e-6 * ref) << "head " << h << ": the mask drops nothing";
+      }
+    }
+  };
   const RouteEvaluation all = evaluate_routes(layout, q.view(), k.view(), v.view(), o.view(), heads, 0, seed, 0.f, 1);
   ASSERT_EQ(std::int64_t(all.rows.size()), n);
   for (std::int64_t r = 0; r < n; ++r) EXPECT_EQ(all.rows[std::size_t(r)], r);
-  for (std::size_t h = 0; h < 2; ++h) {
-    EXPECT_GT(all.reference_squared[h], 0.0);
-    EXPECT_EQ(all.routed_squared_error[h], all.reference_squared[h]) << h;
-    EXPECT_EQ(all.first_block_squared_error[h], 0.0) << h;
-  }
-  EXPECT_EQ(all.rel_l2(all.routed_squared_error, heads), 1.0);
+  check(all);
 
   // 7 strata of 60 rows: row i in [60 i / 7, 60 (i + 1) / 7); over a few seeds not always each stratum's first row.
   bool placed = false;
   for (std::uint64_t s = seed; s < seed + 4; ++s) {
-    const RouteEvaluation some = evaluate_routes(layout, q.view(), k.view(), v.view(), o.view(), heads, 7, s, 0.f, 1);
+    const RouteEvaluation some = evaluate_routes(layout, q.view(), k.view(), v.view(), o.view(), heads, 7, s, 0.f, 2);
     ASSERT_EQ(some.rows.size(), 7u);
     for (std::int64_t i = 0; i < 7; ++i) {
       EXPECT_GE(some.rows[std::size_t(i)], n * i / 7);
       EXPECT_LT(some.rows[std::size_t(i)], n * (i + 1) / 7);
       placed = placed || some.rows[std::size_t(i)] != n * i / 7;
     }
+    check(some);
   }
   EXPECT_TRUE(placed) << "stratified rows ignore the seed";
-}
-
-// The sampled attention's FLOPs count each candidate's kept pairs too: a third
-// candidate (the frame window) adds to the count of the same rows.
-TEST(Router, FlopsCountEveryCandidatesKeptPairs) {
-  synth::Options s;
-  s.grid = {5, 6, 7, 0, TextPlacement::After};
-  s.heads = 2;
-  s.head_dim = 64;
-  s.seed = testing::fresh_seed();
-  const synth::Data data = synth::make_video_tokens(s);
-  RouterOptions two;
-  two.samples = 16;
-  two.threads = 1;
-  RouterOptions three = two;
-  three.try_frame_window = true;
-  const RoutingReport a = Router(two).route(data.layout, data.q.view(), data.k.view(), data.v.view());
-  const RoutingReport b = Router(three).route(data.layout, data.q.view(), data.k.view(), data.v.view());
-  EXPECT_GT(b.flops, a.flops);
 }
 
 // Isa::Avx512 (the fp32 path everywhere) and, where this CPU has AMX, Isa::Amx.
@@ -603,6 +699,45 @@ std::vector<Isa> router_paths() {
   std::vector<Isa> paths{Isa::Avx512};
   if (cpu::machine_supports(Isa::Amx)) paths.push_back(Isa::Amx);
   return paths;
+}
+
+// The reported FLOPs are exactly the definition's, on the fp32 path and (with AMX)
+// the tile path, which computes more but counts the same: every candidate's kept
+// pairs (a third candidate, the frame window, adds its own), text forced in.
+TEST(Router, FlopsCountEveryCandidatesKeptPairs) {
+  synth::Options s;
+  s.grid = {5, 6, 7, 3, TextPlacement::Before};
+  s.heads = 2;
+  s.head_dim = 64;
+  s.batch = 2;
+  s.dtype = DType::BF16;
+  s.seed = testing::fresh_seed();
+  const synth::Data data = synth::make_video_tokens(s);
+  std::vector<Isa> paths{Isa::Scalar};  // fp32 arithmetic on any CPU
+  if (cpu::machine_supports(Isa::Amx)) paths.push_back(Isa::Amx);
+  for (const Isa isa : paths)
+    for (const bool frame_window : {false, true}) {
+      SCOPED_TRACE(std::string(to_string(isa)) + (frame_window ? " with" : " without") + " the frame window, seed " +
+                   std::to_string(s.seed));
+      RouterOptions ro;
+      ro.samples = 16;
+      ro.threads = 2;
+      ro.isa = isa;
+      // Above what the anchor and text alone keep (0.38 here): every candidate's band or window keeps pairs.
+      ro.spatial_density = 0.45;
+      ro.temporal_density = 0.55;
+      ro.frame_window_density = 0.7;
+      ro.try_frame_window = frame_window;
+      const RoutingReport r = Router(ro).route(data.layout, data.q.view(), data.k.view(), data.v.view());
+      EXPECT_EQ(r.tile_products, isa == Isa::Amx);
+      ASSERT_EQ(r.heads.size(), 2u);
+      ASSERT_EQ(r.sampled_rows.size(), 16u);
+      ASSERT_NO_FATAL_FAILURE(check_candidates(r, data.layout.grid, ro));
+      for (const CandidateError& c : r.heads[0].candidates)
+        EXPECT_TRUE(c.spec.band >= 0 || c.spec.frame_radius >= 0) << c.spec.describe();
+      const double flops = expected_flops(data.layout, TokenOrder::FrameMajor, r);
+      EXPECT_NEAR(r.flops, flops, 1e-12 * flops);
+    }
 }
 
 // Both ways of computing the sampled attention against the fp64 reference, on the
@@ -647,7 +782,9 @@ RoutingReport route_with(Isa isa, const synth::Data& data, int threads = 0, int 
   ro.threads = threads;
   ro.samples = samples;
   ro.try_frame_window = true;
-  return Router(ro).route(data.layout, data.q.view(), data.k.view(), data.v.view());
+  RoutingReport r = Router(ro).route(data.layout, data.q.view(), data.k.view(), data.v.view());
+  check_candidates(r, data.layout.grid, ro);  // the callers loop over them
+  return r;
 }
 
 // The tile path against the fp32 path on synthetic heads of known kind: the same
