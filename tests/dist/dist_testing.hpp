@@ -60,12 +60,14 @@ inline void copy_tokens(const TensorView& from, std::int64_t first, std::int64_t
 }
 
 // A [B, count, H, D] view: owned storage when count > 0, a null view with the right shape otherwise.
+// Poisoned as ShardLse is (0xFF bytes: NaN in every float type), so an output row never written shows.
 class ShardTensor {
  public:
   ShardTensor(DType dtype, std::int64_t batch, std::int64_t count, std::int64_t heads, std::int64_t dim) {
     if (count > 0) {
       tensor_ = Tensor(dtype, batch, count, heads, dim);
       view_ = tensor_.view();
+      std::memset(view_.data, 0xFF, tensor_.bytes());
       return;
     }
     view_.dtype = dtype;

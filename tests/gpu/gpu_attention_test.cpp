@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/block_schedule.hpp"
+#include "cuda/device_plan_image.hpp"
 #include "gpu/gpu_support.hpp"
 #include "stsa/cpu.hpp"
 #include "stsa/cuda.hpp"
@@ -366,6 +368,8 @@ TEST_P(GpuAttention, TemporalHeadsThroughTheGpuPermutation) {
   const std::size_t bytes = gpu_testing::tensor_bytes(problem.q.view());
   DeviceBuffer pq(bytes), pk(bytes), pv(bytes), plse(device.lse.payload());
   DeviceBuffer po(gpu_testing::tensor_bytes(problem.o.view()));  // o is fp32
+  // 0xFF bytes are NaN: a row that the gather, the kernel or the scatter misses shows.
+  for (DeviceBuffer* b : {&pq, &pk, &pv, &po, &plse}) b->fill_bytes(0xFF);
   auto packed_view = [&](const DeviceBuffer& b, DType dtype = DType::BF16) {
     return TensorView::contiguous(b.data(), dtype, 1, layout.tokens(), 2, 128, MemoryLayout::BNHD);
   };
@@ -699,10 +703,13 @@ TEST_P(GpuAttention, EachLaunchShapeGetsItsOwnBlockSchedule) {
 // Each fixed work order walks the same items in its own order: same answers,
 // through the persistent loop (more items than SMs, batch 2) and through calls
 // with several plans (one launch each); heavy first (the anchor rows lead) by
-// round-robin and by snake.
+// round-robin and by snake; head by head in balanced lists that hand the heavy
+// items out first (the GPU tests' only such case: pinned on the host by
+// BlockSchedule.TheGpuTestsRunHeavyFirstLists, and checked here on this GPU).
 TEST_P(GpuAttention, EveryWorkOrderGivesTheSameAnswers) {
   for (const auto& [order, schedule] :
        {std::pair{CudaWorkOrder::HeadByHead, CudaBlockSchedule::RoundRobin},
+        std::pair{CudaWorkOrder::HeadByHead, CudaBlockSchedule::Balanced},
         std::pair{CudaWorkOrder::AcrossHeads, CudaBlockSchedule::RoundRobin},
         std::pair{CudaWorkOrder::HeavyFirst, CudaBlockSchedule::Snake},
         std::pair{CudaWorkOrder::HeavyFirst, CudaBlockSchedule::RoundRobin}}) {
@@ -714,7 +721,16 @@ TEST_P(GpuAttention, EveryWorkOrderGivesTheSameAnswers) {
     PlanCache cache;
     const MaskSpec spec = mask_for_density(many.layout.grid, SparseKind::Spatial, many.density);
     const auto plan = cache.get(many.layout.grid, spec);
-    ASSERT_GT(plan->q_tiles() * many.layout.batch * many.layout.heads, 2 * cuda_device_info().multiprocessors);
+    const int multiprocessors = cuda_device_info().multiprocessors;
+    ASSERT_GT(plan->q_tiles() * many.layout.batch * many.layout.heads, 2 * multiprocessors);
+    if (schedule == CudaBlockSchedule::Balanced && GetParam() != CudaKernel::Sm80) {
+      // The lists this launch gets (one per persistent block): heavy items first, or this case covers nothing new.
+      const auto costs = cuda_detail::make_device_plan_image(*plan).rank_costs;
+      EXPECT_TRUE(cuda_detail::make_block_schedule(costs, many.layout.batch * many.layout.heads, multiprocessors,
+                                                   cuda_detail::kWorkHeadByHead, schedule)
+                      .heavy_first)
+          << multiprocessors << " blocks";
+    }
     run_case(many,
              std::vector<HeadMask>(std::size_t(many.layout.heads), HeadMask{spec, spec.natural_order(), plan, true}));
     run_case({make_layout(3, 7, 9, 77, TextPlacement::After, 2, 4, 64), DType::F16, DType::F32});

@@ -50,8 +50,8 @@ TEST(GpuEventStopwatch, TheRunsGpuWorkIsTimed) {
   ASSERT_EQ(cudaEventSynchronize(end), cudaSuccess);
   float plain_ms = 0;
   ASSERT_EQ(cudaEventElapsedTime(&plain_ms, begin, end), cudaSuccess);
-  cudaEventDestroy(begin);
-  cudaEventDestroy(end);
+  EXPECT_EQ(cudaEventDestroy(begin), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(end), cudaSuccess);
 
   bench::CudaEventStopwatch events;
   events.start();

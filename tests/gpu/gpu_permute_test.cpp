@@ -3,8 +3,10 @@
 // 16-byte vector path and the element path, LSE rows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -141,7 +143,11 @@ TEST(GpuPermuteInput, BadLseViewsAreRejectedAndZeroHeadsMoveNothing) {
   const VideoGrid grid{2, 3, 3, 1, TextPlacement::After};
   const std::int64_t n = grid.tokens();
   Tensor full_host(DType::BF16, 1, n, 3, 16), packed_host(DType::BF16, 1, n, 2, 16);
-  const DeviceBuffer full_d = to_device(full_host.view()), packed_d = to_device(packed_host.view());
+  const std::uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  testing::fill_normal(full_host.view(), seed);  // random: a move where none is due shows
+  testing::fill_normal(packed_host.view(), seed + 1);
+  DeviceBuffer full_d = to_device(full_host.view()), packed_d = to_device(packed_host.view());
   const std::vector<TensorView> full{on_device(full_host.view(), full_d)}, packed{on_device(packed_host.view(), packed_d)};
   const std::vector<std::int64_t> heads{2, 0};
   DeviceBuffer packed_lse_d(std::size_t(2 * n) * 4 + 4), lse_d(std::size_t(3 * n) * 4 + 4);
@@ -159,13 +165,40 @@ TEST(GpuPermuteInput, BadLseViewsAreRejectedAndZeroHeadsMoveNothing) {
   backwards.stride[2] = -1;
   EXPECT_THROW(scatter(packed_lse, backwards), InvalidArgument);
   EXPECT_NO_THROW(scatter(packed_lse, lse));
+  cuda_synchronize();
 
-  TensorView none_view = packed[0];  // zero heads (a Tensor cannot have none; a view can): no bytes to check
+  // Zero heads (a Tensor cannot have none; a view can): random sources, poisoned
+  // destinations, and not one destination byte changes, either way.
+  const std::vector<std::int64_t> no_heads;
+  TensorView none_view = packed[0];
   none_view.shape[2] = 0;
   const std::vector<TensorView> none{none_view};
-  EXPECT_NO_THROW(
-      cuda_gather_heads(grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, std::vector<std::int64_t>{}, full, none));
+  LseView no_packed_lse = packed_lse;
+  no_packed_lse.shape[1] = 0;
+  const auto all_poison = [](const DeviceBuffer& d) {
+    std::vector<unsigned char> bytes(d.bytes());
+    d.copy_to_host(bytes.data(), bytes.size());
+    return std::all_of(bytes.begin(), bytes.end(), [](unsigned char b) { return b == 0xFF; });
+  };
+  full_d.copy_from_host(full_host.view().data, full_d.bytes());
+  packed_d.fill_bytes(0xFF);
+  EXPECT_NO_THROW(cuda_gather_heads(grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, no_heads, full, none));
   cuda_synchronize();
+  EXPECT_TRUE(all_poison(packed_d)) << "a gather of zero heads wrote its destination";
+
+  packed_d.copy_from_host(packed_host.view().data, packed_d.bytes());
+  std::vector<float> lse_values(packed_lse_d.bytes() / sizeof(float));
+  std::mt19937_64 rng(seed + 2);
+  std::normal_distribution<float> normal;
+  for (float& x : lse_values) x = normal(rng);
+  packed_lse_d.copy_from_host(lse_values.data(), packed_lse_d.bytes());
+  full_d.fill_bytes(0xFF);
+  lse_d.fill_bytes(0xFF);
+  EXPECT_NO_THROW(cuda_scatter_heads(grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, no_heads, none, full,
+                                     no_packed_lse, lse));
+  cuda_synchronize();
+  EXPECT_TRUE(all_poison(full_d)) << "a scatter of zero heads wrote its destination";
+  EXPECT_TRUE(all_poison(lse_d)) << "a scatter of zero heads wrote the LSE";
 }
 
 }  // namespace
