@@ -78,7 +78,9 @@ class Communicator {
 
   // Rank r sends send_counts[s] bytes at send + send_offsets[s] to every rank s and
   // receives recv_counts[s] bytes from s into recv + recv_offsets[s]. Counts must match
-  // pairwise (what s sends to r is what r expects from s). 64-bit counts.
+  // pairwise (what s sends to r is what r expects from s). 64-bit counts. Returns when
+  // recv holds the data. Device buffers (NCCL) are read and written after all work
+  // issued to the device before the call, on any stream.
   void alltoallv(const std::byte* send, std::span<const std::int64_t> send_counts,
                  std::span<const std::int64_t> send_offsets, std::byte* recv,
                  std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_offsets);

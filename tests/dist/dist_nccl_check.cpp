@@ -34,26 +34,33 @@ void check_cuda(cudaError_t code, const char* what) {
 
 void check_device_exchange(Communicator& nccl) {
   constexpr std::int64_t kBytes = 3 << 20;  // several MiB, offsets not multiples of anything nice
-  std::vector<unsigned char> host(kBytes + 123);
-  std::iota(host.begin(), host.end(), 0);
+  const std::size_t host_bytes = kBytes + 123;
+  unsigned char* host = nullptr;  // pinned: the upload below is truly asynchronous
+  check_cuda(cudaMallocHost(reinterpret_cast<void**>(&host), host_bytes), "cudaMallocHost");
+  std::iota(host, host + host_bytes, 0);
   void *send = nullptr, *recv = nullptr;
-  check_cuda(cudaMalloc(&send, host.size()), "cudaMalloc");
+  check_cuda(cudaMalloc(&send, host_bytes), "cudaMalloc");
   check_cuda(cudaMalloc(&recv, kBytes + 77), "cudaMalloc");
-  check_cuda(cudaMemset(recv, 0xFF, kBytes + 77), "cudaMemset");  // poison: a block not delivered shows
-  check_cuda(cudaMemcpy(send, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
-  // From pageable memory the copy may return before its DMA lands, and NCCL reads
-  // on its own non-blocking stream, which the legacy stream does not order.
-  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  // The caller's work still in flight on a stream of its own when the exchange is
+  // called: the upload of what is sent and the poison of what is received (a block
+  // not delivered, or delivered before the poison landed, shows). The exchange
+  // must start after both (alltoallv's contract).
+  cudaStream_t caller = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), "cudaStreamCreate");
+  check_cuda(cudaMemsetAsync(recv, 0xFF, kBytes + 77, caller), "cudaMemsetAsync");
+  check_cuda(cudaMemcpyAsync(send, host, host_bytes, cudaMemcpyHostToDevice, caller), "cudaMemcpyAsync to device");
   const std::int64_t counts[] = {kBytes}, send_offsets[] = {123}, recv_offsets[] = {77};
   nccl.alltoallv(static_cast<std::byte*>(send), counts, send_offsets, static_cast<std::byte*>(recv), counts,
                  recv_offsets);
+  check_cuda(cudaStreamDestroy(caller), "cudaStreamDestroy");
   std::vector<unsigned char> back(kBytes + 77);
   check_cuda(cudaMemcpy(back.data(), recv, back.size(), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-  expect(std::equal(back.begin() + 77, back.end(), host.begin() + 123), "device all-to-all delivers the block");
+  expect(std::equal(back.begin() + 77, back.end(), host + 123), "device all-to-all delivers the block");
   expect(std::all_of(back.begin(), back.begin() + 77, [](unsigned char b) { return b == 0xFF; }),
          "device all-to-all leaves the bytes before the block alone");
   check_cuda(cudaFree(send), "cudaFree");
   check_cuda(cudaFree(recv), "cudaFree");
+  check_cuda(cudaFreeHost(host), "cudaFreeHost");
 
   std::int64_t mine = 1234567, all = 0;
   nccl.allgather(&mine, sizeof mine, &all);

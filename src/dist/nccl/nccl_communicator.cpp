@@ -160,6 +160,11 @@ class NcclCommunicator final : public Communicator {
       dsend = staged;
     }
     if (stage_recv) drecv = recv_staging_.get(std::size_t(recv_extent));
+    // The caller's device buffers may still be written or read by work it issued on
+    // any stream, which this communicator's non-blocking stream does not follow: the
+    // exchange, a blocking call, starts after all of it.
+    if ((send_extent > 0 && !stage_send) || (recv_extent > 0 && !stage_recv))
+      check_cuda(cudaDeviceSynchronize(), "synchronize before the exchange");
 
     // The rank's own block goes through NCCL too (send/recv to self is allowed), so
     // a one-rank run on one GPU exercises the same grouped calls as a real job.
