@@ -226,5 +226,51 @@ TEST(Backends, ValidateRefusesEachBrokenCallAndAcceptsAnyStrideOfASizeOneDim) {
   }
 }
 
+// check_outputs_apart on views whose byte ranges interleave: apart exactly where
+// they are disjoint slices of one view with one element size and the same strides.
+TEST(Aliasing, InterleavedSlicesAreApartOnlyWhereDisjoint) {
+  Tensor x(DType::F32, 2, 10, 4, 8);  // [B, N, H, D]: heads 0-1 and 2-3 of it interleave
+  const auto heads = [&](std::int64_t first, std::int64_t count) {
+    TensorView v = x.view();
+    v.data = static_cast<std::byte*>(v.data) + first * v.stride[2] * 4;
+    v.shape[2] = count;
+    return v;
+  };
+  const auto apart = [](const NamedExtent& a, const NamedExtent& b) {
+    const NamedExtent outputs[] = {a, b};
+    try {
+      check_outputs_apart("", outputs, {});
+      return true;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("b overlaps a"), std::string::npos) << e.what();
+      return false;
+    }
+  };
+  EXPECT_TRUE(apart(NamedExtent::of("a", heads(0, 2)), NamedExtent::of("b", heads(2, 2))));
+  EXPECT_TRUE(apart(NamedExtent::of("a", heads(2, 2)), NamedExtent::of("b", heads(0, 2))));
+  EXPECT_FALSE(apart(NamedExtent::of("a", heads(0, 2)), NamedExtent::of("b", heads(1, 2))));  // head 1 in both
+  // As bytes alone (the same views), or as other element sizes, nothing shows them apart.
+  EXPECT_FALSE(apart({"a", heads(0, 2).byte_extent()}, {"b", heads(2, 2).byte_extent()}));
+  TensorView half = heads(2, 2);
+  half.dtype = DType::BF16;
+  half.stride = {640, 64, 16, 1};  // the same bytes as bf16 values
+  half.shape[3] = 16;
+  EXPECT_FALSE(apart(NamedExtent::of("a", heads(0, 2)), NamedExtent::of("b", half)));
+  // The same shapes under other strides (channels of one head, tokens of another) are not slices of one view.
+  TensorView other = heads(2, 2);
+  other.stride[1] = 8;
+  other.stride[2] = 80;
+  EXPECT_FALSE(apart(NamedExtent::of("a", heads(0, 2)), NamedExtent::of("b", other)));
+  // Channels 8 apart in rows 16 apart: the second view sits in the first one's gaps.
+  std::vector<float> rows(64);
+  LseView lse = LseView::contiguous(rows.data(), 1, 4, 8);
+  lse.stride = {64, 16, 1};
+  LseView gaps = lse;
+  gaps.data += 8;
+  EXPECT_TRUE(apart(NamedExtent::of("a", lse), NamedExtent::of("b", gaps)));
+  gaps.data -= 1;
+  EXPECT_FALSE(apart(NamedExtent::of("a", lse), NamedExtent::of("b", gaps)));
+}
+
 }  // namespace
 }  // namespace stsa

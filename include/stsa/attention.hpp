@@ -11,6 +11,8 @@
 // non-finite input are unaffected.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -91,15 +93,26 @@ void validate_lse_memory(const char* name, const LseView& lse);
 // The bytes a span of floats covers (empty: {nullptr, nullptr}), for NamedExtent.
 std::pair<const std::byte*, const std::byte*> span_extent(std::span<const float> values);
 
-// A view's name and the bytes it spans (its byte_extent()).
+// A view's name and the bytes it spans (its byte_extent()); made by of(), also the
+// view's shape and strides, so that two views whose byte ranges interleave can be
+// told apart when they are disjoint slices of one view (the video and text tokens
+// of one [B, N, H, D] tensor with B > 1, or with heads outside tokens).
 struct NamedExtent {
   std::string_view name;
   std::pair<const std::byte*, const std::byte*> bytes;
+  std::size_t element_bytes = 0;  // 0: the bytes alone are known
+  std::array<std::int64_t, 4> shape{1, 1, 1, 1}, stride{0, 0, 0, 0};
+  static NamedExtent of(std::string_view name, const TensorView& t);
+  static NamedExtent of(std::string_view name, const LseView& lse);
 };
 // validate()'s aliasing rule, for any set of views: no output shares a byte with an
 // input ("<what><output> overlaps an input tensor (<input>)") or with an earlier
 // output ("<what><output> overlaps <earlier>"); InvalidArgument otherwise. Empty
-// extents (null or empty views) overlap nothing; inputs may share bytes.
+// extents (null or empty views) overlap nothing; inputs may share bytes. Two views
+// whose byte ranges overlap are still apart when both come with their shapes, have
+// one element size and the same strides, and are disjoint ranges of one dimension
+// of a view under whose strides no two elements share an address (exact for slices
+// of one tensor; any other interleaving is refused as overlapping).
 void check_outputs_apart(std::string_view what, std::span<const NamedExtent> outputs,
                          std::span<const NamedExtent> inputs);
 

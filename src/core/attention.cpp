@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -12,24 +14,66 @@ namespace stsa {
 
 namespace {
 
-// Distinct elements must have distinct addresses: sort the dimensions by stride
-// and require each stride to step over everything the smaller ones span.
+// Distinct elements have distinct addresses when, the dimensions sorted by stride,
+// each stride steps over everything the smaller ones span: the first dimension
+// that does not (its span so far in `span_below`), or none. Non-negative strides.
 template <std::size_t Rank>
-void check_distinct_addresses(const char* name, const std::array<std::int64_t, Rank>& shape,
-                              const std::array<std::int64_t, Rank>& stride) {
-  for (std::size_t i = 0; i < Rank; ++i)
-    STSA_CHECK(stride[i] >= 0, InvalidArgument, name, " has negative stride ", stride[i], " in dimension ", i);
+std::optional<std::size_t> overlapping_dimension(const std::array<std::int64_t, Rank>& shape,
+                                                 const std::array<std::int64_t, Rank>& stride,
+                                                 std::int64_t* span_below = nullptr) {
   std::array<std::size_t, Rank> order{};
   for (std::size_t i = 0; i < Rank; ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return stride[a] < stride[b]; });
   std::int64_t span = 1;
   for (const std::size_t i : order) {
     if (shape[i] == 1) continue;
-    STSA_CHECK(stride[i] >= span, InvalidArgument, name, " has overlapping strides (dimension ", i, " stride ",
-               stride[i], " < ", span, ")");
+    if (stride[i] < span) {
+      if (span_below != nullptr) *span_below = span;
+      return i;
+    }
     // Saturates: a dimension past a span this wide has already failed byte_extent().
     if (__builtin_mul_overflow(stride[i], shape[i], &span)) span = std::numeric_limits<std::int64_t>::max();
   }
+  return std::nullopt;
+}
+
+template <std::size_t Rank>
+void check_distinct_addresses(const char* name, const std::array<std::int64_t, Rank>& shape,
+                              const std::array<std::int64_t, Rank>& stride) {
+  for (std::size_t i = 0; i < Rank; ++i)
+    STSA_CHECK(stride[i] >= 0, InvalidArgument, name, " has negative stride ", stride[i], " in dimension ", i);
+  std::int64_t span = 0;
+  const std::optional<std::size_t> bad = overlapping_dimension(shape, stride, &span);
+  STSA_CHECK(!bad, InvalidArgument, name, " has overlapping strides (dimension ", bad.value_or(0), " stride ",
+             stride[bad.value_or(0)], " < ", span, ")");
+}
+
+// Whether a and b (both with their shapes) are disjoint index ranges of one
+// dimension of a view with their strides, under which no two elements share an
+// address: then no byte of one is a byte of the other. False where that cannot be
+// shown (other element sizes or strides, any other interleaving).
+bool disjoint_slices_of_one_view(const NamedExtent& a, const NamedExtent& b) {
+  if (a.element_bytes == 0 || a.element_bytes != b.element_bytes) return false;
+  for (std::size_t k = 0; k < 4; ++k)  // (a dimension of one element in both may have any stride)
+    if (a.stride[k] != b.stride[k] && (a.shape[k] > 1 || b.shape[k] > 1)) return false;
+  // Both are aligned to the element (validated), so their offset is a whole number of elements.
+  const auto delta = std::int64_t(reinterpret_cast<std::uintptr_t>(b.bytes.first) -
+                                  reinterpret_cast<std::uintptr_t>(a.bytes.first));
+  if (delta % std::int64_t(a.element_bytes) != 0) return false;
+  const std::int64_t offset = delta / std::int64_t(a.element_bytes);  // b's first element from a's
+  for (std::size_t k = 0; k < 4; ++k) {
+    if (a.stride[k] <= 0 || offset % a.stride[k] != 0) continue;
+    bool others_equal = true;
+    for (std::size_t j = 0; j < 4; ++j) others_equal &= j == k || a.shape[j] == b.shape[j];
+    if (!others_equal) continue;
+    const std::int64_t t = offset / a.stride[k];  // b's range along k: [t, t + b.shape[k])
+    std::int64_t b_end = 0;
+    if (__builtin_add_overflow(t, b.shape[k], &b_end) || !(t >= a.shape[k] || b_end <= 0)) continue;
+    std::array<std::int64_t, 4> both = a.shape;  // the view spanning both ranges
+    if (__builtin_sub_overflow(std::max(a.shape[k], b_end), std::min<std::int64_t>(0, t), &both[k])) continue;
+    if (!overlapping_dimension(both, a.stride)) return true;
+  }
+  return false;
 }
 
 bool is_token_order(TokenOrder order) { return order == TokenOrder::FrameMajor || order == TokenOrder::SpatialMajor; }
@@ -77,8 +121,9 @@ AttentionCall scattered_call_for_checks(const AttentionCall& call, const Scatter
   if (out.lse.data != nullptr) validate_lse("scattered lse", out.lse, full);
   const std::int64_t count = call.layout.heads;
   check_head_map("scattered output", "output", out.heads, count, out.o.heads());
-  const NamedExtent outputs[] = {{"o", out.o.byte_extent()}, {"lse", out.lse.byte_extent()}};
-  const NamedExtent inputs[] = {{"q", call.q.byte_extent()}, {"k", call.k.byte_extent()}, {"v", call.v.byte_extent()}};
+  const NamedExtent outputs[] = {NamedExtent::of("o", out.o), NamedExtent::of("lse", out.lse)};
+  const NamedExtent inputs[] = {NamedExtent::of("q", call.q), NamedExtent::of("k", call.k),
+                                NamedExtent::of("v", call.v)};
   check_outputs_apart("scattered output: ", outputs, inputs);
   AttentionCall checked = call;
   checked.o = out.o;
@@ -156,15 +201,27 @@ void validate_lse_memory(const char* name, const LseView& lse) {
              " is not aligned to 4 bytes");
 }
 
+NamedExtent NamedExtent::of(std::string_view name, const TensorView& t) {
+  return {name, t.byte_extent(), element_size(t.dtype), t.shape, t.stride};
+}
+
+NamedExtent NamedExtent::of(std::string_view name, const LseView& lse) {
+  return {name, lse.byte_extent(), sizeof(float), {lse.shape[0], lse.shape[1], lse.shape[2], 1},
+          {lse.stride[0], lse.stride[1], lse.stride[2], 0}};
+}
+
 void check_outputs_apart(std::string_view what, std::span<const NamedExtent> outputs,
                          std::span<const NamedExtent> inputs) {
+  const auto overlap = [](const NamedExtent& a, const NamedExtent& b) {
+    return extents_overlap(a.bytes, b.bytes) && !disjoint_slices_of_one_view(a, b);
+  };
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     for (const NamedExtent& input : inputs)
-      STSA_CHECK(!extents_overlap(outputs[i].bytes, input.bytes), InvalidArgument, what, outputs[i].name,
-                 " overlaps an input tensor (", input.name, ")");
+      STSA_CHECK(!overlap(outputs[i], input), InvalidArgument, what, outputs[i].name, " overlaps an input tensor (",
+                 input.name, ")");
     for (std::size_t j = 0; j < i; ++j)
-      STSA_CHECK(!extents_overlap(outputs[i].bytes, outputs[j].bytes), InvalidArgument, what, outputs[i].name,
-                 " overlaps ", outputs[j].name);
+      STSA_CHECK(!overlap(outputs[i], outputs[j]), InvalidArgument, what, outputs[i].name, " overlaps ",
+                 outputs[j].name);
   }
 }
 
@@ -242,10 +299,10 @@ void validate(const AttentionCall& call, bool require_plans) {
              call.softmax_scale);
   validate_descales(call.descales, call.layout.batch, call.layout.heads);
   if (call.lse.data != nullptr) validate_lse("lse", call.lse, call.layout);
-  const NamedExtent outputs[] = {{"o", call.o.byte_extent()}, {"lse", call.lse.byte_extent()}};
-  const NamedExtent inputs[] = {{"q", call.q.byte_extent()},
-                                {"k", call.k.byte_extent()},
-                                {"v", call.v.byte_extent()},
+  const NamedExtent outputs[] = {NamedExtent::of("o", call.o), NamedExtent::of("lse", call.lse)};
+  const NamedExtent inputs[] = {NamedExtent::of("q", call.q),
+                                NamedExtent::of("k", call.k),
+                                NamedExtent::of("v", call.v),
                                 {"q_descale", span_extent(call.descales.q)},
                                 {"k_descale", span_extent(call.descales.k)},
                                 {"v_descale", span_extent(call.descales.v)}};

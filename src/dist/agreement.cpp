@@ -152,13 +152,13 @@ void check_local(const Communicator& comm, const UlyssesCall& call) {
                "give text_lse exactly when lse is given (text outputs are returned like video outputs)");
     if (with_lse) check_lse("text_lse", call.text_lse, b, h, text);
   }
-  const NamedExtent outputs[] = {{"o", call.o.byte_extent()},
-                                 {"lse", call.lse.byte_extent()},
-                                 {"text_o", call.text_o.byte_extent()},
-                                 {"text_lse", call.text_lse.byte_extent()}};
-  const NamedExtent inputs[] = {{"q", call.q.byte_extent()},           {"k", call.k.byte_extent()},
-                                {"v", call.v.byte_extent()},           {"text_q", call.text_q.byte_extent()},
-                                {"text_k", call.text_k.byte_extent()}, {"text_v", call.text_v.byte_extent()},
+  // With their shapes: the video and text parts of one O (or LSE) interleave in memory
+  // with more than one batch entry, or heads outside tokens, without sharing a byte.
+  const NamedExtent outputs[] = {NamedExtent::of("o", call.o), NamedExtent::of("lse", call.lse),
+                                 NamedExtent::of("text_o", call.text_o), NamedExtent::of("text_lse", call.text_lse)};
+  const NamedExtent inputs[] = {NamedExtent::of("q", call.q),           NamedExtent::of("k", call.k),
+                                NamedExtent::of("v", call.v),           NamedExtent::of("text_q", call.text_q),
+                                NamedExtent::of("text_k", call.text_k), NamedExtent::of("text_v", call.text_v),
                                 {"q_descale", span_extent(call.descales.q)},
                                 {"k_descale", span_extent(call.descales.k)},
                                 {"v_descale", span_extent(call.descales.v)}};

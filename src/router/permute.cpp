@@ -60,9 +60,9 @@ void check_destinations(const char* what, std::span<const TensorView> sources, s
   std::vector<NamedExtent> outputs, inputs;
   for (std::size_t i = 0; i < dests.size(); ++i) {
     validate_view_memory(detail::concat(what, " ", names[i]).c_str(), dests[i]);
-    outputs.push_back({names[i], dests[i].byte_extent()});
+    outputs.push_back(NamedExtent::of(names[i], dests[i]));
   }
-  for (std::size_t i = 0; i < sources.size(); ++i) inputs.push_back({names[dests.size() + i], sources[i].byte_extent()});
+  for (std::size_t i = 0; i < sources.size(); ++i) inputs.push_back(NamedExtent::of(names[dests.size() + i], sources[i]));
   check_outputs_apart(detail::concat(what, " "), outputs, inputs);
 }
 

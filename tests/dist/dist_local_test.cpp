@@ -231,6 +231,60 @@ TEST(UlyssesLocal, OneRankEqualsTheSingleDevicePathBitForBit) {
   EXPECT_EQ(report.gather.exchanges, 1);
 }
 
+// A model's rank holds its video shard and the text in one output tensor: O and
+// text_o (and LSE and text_lse) are token slices of one [B, N, H, D] view, whose
+// bytes interleave with two batch entries, or with heads outside tokens, without
+// sharing one. Taken, and bit-identical to the single-device path; slices that do
+// share an element are still refused.
+TEST(UlyssesLocal, VideoAndTextOutputsMayBeSlicesOfOneTensor) {
+  const VideoGrid g{3, 5, 7, 6, TextPlacement::Before};
+  const VideoLayout l{g, 2, 4, 64};
+  const std::int64_t n = g.tokens(), t = g.text_tokens, video = g.video_tokens();
+  const auto masks = mixed_masks(g, 4, 0.25);
+  auto single = make_problem(l, DType::F32, reference_heads(l, masks), fresh_seed());
+  PlanCache plans;
+  const Backend& cpu = backend("cpu");
+  run_single(single, masks, true, cpu, plans);
+  auto comm = make_local_communicator();
+  for (const MemoryLayout memory : {MemoryLayout::BNHD, MemoryLayout::BHND})
+    for (const std::int64_t text_shift : {0, 1}) {  // 1: text_o and text_lse reach into the video's first token
+      SCOPED_TRACE(std::string(memory == MemoryLayout::BNHD ? "BNHD" : "BHND") + " text shifted by " +
+                   std::to_string(text_shift));
+      Tensor o(DType::F32, 2, n + 1, 4, 64, memory);
+      std::vector<float> lse(std::size_t(2 * 4 * (n + 1)), std::nanf(""));
+      std::memset(o.view().data, 0xFF, o.bytes());
+      const auto tokens = [](TensorView view, std::int64_t first, std::int64_t count) {
+        view.data = static_cast<std::byte*>(view.data) + first * view.stride[1] * 4;
+        view.shape[1] = count;
+        return view;
+      };
+      const auto lse_tokens = [](LseView view, std::int64_t first, std::int64_t count) {
+        view.data += first * view.stride[2];
+        view.shape[2] = count;
+        return view;
+      };
+      const LseView all_lse = LseView::contiguous(lse.data(), 2, 4, n + 1);
+      auto rank = shard_problem(single, masks, 1, 0, true);
+      rank.call.text_o = tokens(o.view(), text_shift, t);
+      rank.call.o = tokens(o.view(), t, video);
+      rank.call.text_lse = lse_tokens(all_lse, text_shift, t);
+      rank.call.lse = lse_tokens(all_lse, t, video);
+      if (text_shift != 0) {
+        try {
+          ulysses_attention(*comm, rank.call, cpu, plans);
+          ADD_FAILURE() << "text_o over the video's first token was taken";
+        } catch (const DistError& e) {
+          EXPECT_NE(std::string(e.what()).find("text_o overlaps o"), std::string::npos) << e.what();
+        }
+        continue;
+      }
+      ulysses_attention(*comm, rank.call, cpu, plans);
+      const TensorView whole = tokens(o.view(), 0, n);
+      EXPECT_EQ(compare_tokens(whole, single.o.view(), 0, n).differing_bits, 0);
+      EXPECT_EQ(compare_lse(lse_tokens(all_lse, 0, n), single.lse.view(), 0, n).differing_bits, 0);
+    }
+}
+
 // One workspace across calls of different shapes (larger, smaller, larger again):
 // every result is bit-identical to the single-device path, so nothing of an
 // earlier call's data survives in the reused memory, and the memory is kept.
