@@ -13,9 +13,10 @@
 //   - the call is refused with stsa::Error, or every computed head's O and LSE
 //     agree with the fp64 reference (reference_rows: the mask from its
 //     definition, or what a rounded plan claims to compute; a routed head's
-//     mask is the one its decision names);
+//     mask is the one the input gave it, or its router's decision);
 //   - a call carrying a planted defect is refused with InvalidArgument (a
-//     sequence-parallel one with DistError, which names the rank and why);
+//     sequence-parallel one with DistError, which names the rank and why),
+//     and one made only of valid choices runs;
 //   - Q, K and V are unchanged, and no byte of the output buffers outside the
 //     computed heads' elements is written (none at all when the call is refused).
 // Buffers are sized to what their views can reach, so an access past a view
@@ -27,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <map>
@@ -34,6 +36,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -329,10 +332,15 @@ bool only_marked_changed(const Buffer& buffer, const std::vector<bool>& written)
   return true;
 }
 
+// Inputs from which a run that never ran a mode, or compared nothing, is a finding. The rarest mode
+// (scattered) runs on 1 input in 15-25 (measured), so 500 inputs miss it by chance with odds of ~1e-9;
+// CI's 45 s runs 1,500-4,000. A replay of a few inputs (the seed corpus, a crash) stays below it.
+constexpr long kInputsForEveryMode = 500;
+
 // What the inputs came to, printed at exit (libFuzzer ends with exit(), which
-// runs this destructor): a run that compared nothing would show here.
+// runs this destructor); a long run that compared nothing, or never ran a mode, fails here.
 struct Tally {
-  long ran[4] = {}, ran_gathered = 0, ran_non_finite = 0, ran_descales = 0, refused_invalid = 0,
+  long inputs = 0, ran[4] = {}, ran_gathered = 0, ran_non_finite = 0, ran_descales = 0, refused_invalid = 0,
        refused_unsupported = 0;
   long defects_refused = 0, compared_elements = 0;
   ~Tally() {
@@ -340,10 +348,15 @@ struct Tally {
                  "attention_fuzz: ran %ld direct, %ld scattered (%ld of them from a gathered input), %ld routed "
                  "and %ld sequence-parallel calls (%ld with a NaN or infinity in Q, K or V, %ld with descales; %ld O "
                  "elements checked against the reference); refused %ld as invalid (%ld with a planted defect), "
-                 "%ld as unsupported\n",
+                 "%ld as unsupported; %ld inputs\n",
                  ran[0], ran[1], ran_gathered, ran[2], ran[3], ran_non_finite, ran_descales, compared_elements,
-                 refused_invalid,
-                 defects_refused, refused_unsupported);
+                 refused_invalid, defects_refused, refused_unsupported, inputs);
+    if (inputs < kInputsForEveryMode) return;
+    if (compared_elements == 0 || std::find(std::begin(ran), std::end(ran), 0) != std::end(ran)) {
+      std::fprintf(stderr, "attention_fuzz: %ld inputs, but a mode never ran or nothing was compared: the library "
+                   "refuses calls it should run\n", inputs);
+      std::_Exit(1);  // from exit()'s destructors: the status libFuzzer's exit(0) would have given
+    }
   }
 } tally;
 
@@ -450,6 +463,25 @@ bool defect_survives_split(Defect defect, std::int64_t token_stride, std::int64_
   return video >= 2 || text >= 2 || (output && video >= 1 && text >= 1);
 }
 
+// The rules of layout.validate() and MaskSpec::validate() (layout.cpp, mask.cpp), and whether this CPU
+// runs `isa`: what a call made only of valid choices has.
+bool layout_valid(const stsa::VideoLayout& layout) {
+  return layout.grid.frames >= 1 && layout.grid.height >= 1 && layout.grid.width >= 1 &&
+         layout.grid.text_tokens >= 0 && layout.batch >= 1 && layout.heads >= 1 && layout.head_dim >= 1 &&
+         layout.head_dim <= 512;
+}
+
+bool spec_valid(const stsa::MaskSpec& spec) { return spec.band >= -1 && spec.frame_radius >= -1; }
+
+bool isa_available(stsa::Isa isa) {
+  try {
+    stsa::resolve_isa(isa);
+    return true;
+  } catch (const stsa::Unsupported&) {
+    return false;
+  }
+}
+
 stsa::dist::Communicator& one_rank() {
   static const auto comm = stsa::dist::make_local_communicator();
   return *comm;
@@ -459,6 +491,7 @@ stsa::dist::Communicator& one_rank() {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Reader in(data, size, /*random_tail=*/true);
+  ++tally.inputs;
   std::mt19937_64 rng(std::uint64_t(in.next(0, 32767)) << 15 | std::uint64_t(in.next(0, 32767)));
 
   // Now and then a layout the checks must refuse; otherwise small valid ones.
@@ -584,7 +617,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   constexpr stsa::Isa isas[] = {stsa::Isa::Auto, stsa::Isa::Scalar, stsa::Isa::Avx2, stsa::Isa::Avx512,
                                 stsa::Isa::Amx};
-  const stsa::Backend& backend = cpu_backend(isas[in.next(0, 4)], int(in.next(1, 3)));
+  const stsa::Isa backend_isa = isas[in.next(0, 4)];
+  const stsa::Backend& backend = cpu_backend(backend_isa, int(in.next(1, 3)));
   // The process defaults change between calls, as stsa.set_num_threads / stsa.set_isa change them:
   // the Auto backend and the router resolve them at every call (a new count remakes the pool).
   try {
@@ -607,8 +641,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   stsa::AttentionCall in_place;
   stsa::PlanCache plans;
   std::function<void()> run;
-  // Filled by a routed call: what its heads ran with.
-  std::vector<stsa::HeadRoute> routes;
+  // Filled by a routed call: what its heads ran with; `given`: the decisions run_routed was given.
+  std::vector<stsa::HeadRoute> routes, given;
+  bool router_isa_lacking = false;  // a routed call's router asked for an instruction set this CPU lacks
   stsa::RoutedOptions routed_options;
   // Filled by a sequence-parallel call.
   stsa::dist::UlyssesCall ulysses;
@@ -717,6 +752,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // The fp32 path, or (Auto: for 16-bit inputs on a CPU with AMX) tile products.
     router.isa = in.next(0, 1) ? stsa::Isa::Avx512 : stsa::Isa::Auto;
     if (in.next(0, 1)) {  // routed here
+      router_isa_lacking = !isa_available(router.isa);
       if (plant == Plant::RouterOptions) {  // a density outside [0, 1], no sampled rows, or no such instruction set
         switch (in.next(0, 2)) {
           case 0:
@@ -734,10 +770,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         routes = stsa::routed_attention(backend, plans, routed, stsa::Router(router), routed_options).heads;
       };
     } else {  // given decisions, one per head (one more when planted)
-      std::vector<stsa::HeadRoute> decisions(std::size_t(std::max<std::int64_t>(layout.heads, 0)) +
-                                             (plant == Plant::Decisions ? 1 : 0));
+      given.resize(std::size_t(std::max<std::int64_t>(layout.heads, 0)) + (plant == Plant::Decisions ? 1 : 0));
       must_refuse |= plant == Plant::Decisions;
-      for (auto& decision : decisions) {
+      for (auto& decision : given) {
         decision.route = stsa::Route(in.next(0, 3));
         try {
           decision.spec = stsa::route_spec(layout.grid, decision.route, router);
@@ -745,25 +780,36 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           must_refuse = true;  // no mask fits this grid: it is not a valid one, and the call must say so
         }
       }
-      run = [&, routed, decisions] {
-        routes = stsa::run_routed(backend, plans, routed, decisions, routed_options).heads;
-      };
+      run = [&, routed] { routes = stsa::run_routed(backend, plans, routed, given, routed_options).heads; };
     }
   }
 
+  // A call made only of valid choices (no planted defect, a valid layout of a head dim the CPU kernels take,
+  // valid masks, instruction sets this CPU has) must run: a refusal of it is a finding (a sequence-parallel
+  // call whose video and text views of one O interleave in memory was one).
+  bool must_run = !must_refuse && layout_valid(layout) && layout.head_dim <= 128 && isa_available(backend_isa) &&
+                  !router_isa_lacking;
+  for (const auto& head : call.heads) must_run &= spec_valid(head.spec);
+  for (const auto& spec : ulysses.masks) must_run &= spec_valid(spec);
+  const auto refused = [&](const std::exception& error) {
+    if (must_run) finding(("a call made only of valid choices was refused: " + std::string(error.what())).c_str());
+  };
   bool ran = false;
   try {
     run();
     ran = true;
-  } catch (const stsa::InvalidArgument&) {
+  } catch (const stsa::InvalidArgument& error) {
+    refused(error);
     ++tally.refused_invalid;
     tally.defects_refused += must_refuse;
-  } catch (const stsa::Unsupported&) {
+  } catch (const stsa::Unsupported& error) {
     require(!must_refuse, "a defective call was refused as unsupported, not as invalid");
+    refused(error);
     ++tally.refused_unsupported;
-  } catch (const stsa::DistError&) {
+  } catch (const stsa::DistError& error) {
     // Every refusal of a sequence-parallel call, Unsupported ones included: all ranks throw the same.
     require(mode == Mode::Ulysses, "a single-device call threw DistError");
+    refused(error);
     ++tally.refused_invalid;
     tally.defects_refused += must_refuse;
   }
@@ -780,15 +826,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   const auto same = [](std::int64_t i) { return i; };
   if (mode == Mode::Routed || mode == Mode::Ulysses) {
-    // Each head against its decision's mask, in the caller's frame-major order.
+    // Each head against the mask this input gave it (decisions to run_routed, masks to a sequence-parallel
+    // call: one for all heads, or one each), or a router's decision where one routed it; in the caller's
+    // frame-major order. What the call reports it ran must be what it was given.
     require(std::int64_t(routes.size()) == layout.heads, "a routed call returned the wrong number of decisions");
     stsa::AttentionCall reference = call;
     std::vector<std::shared_ptr<const stsa::TilePlan>> head_plans;
-    for (const auto& route : routes) {
-      reference.heads.push_back({route.spec, stsa::TokenOrder::FrameMajor, nullptr, true});
+    for (std::size_t h = 0; h < routes.size(); ++h) {
+      const stsa::MaskSpec& spec = !given.empty()             ? given[h].spec
+                                   : !ulysses.masks.empty() ? ulysses.masks[ulysses.masks.size() == 1 ? 0 : h]
+                                                            : routes[h].spec;
+      require(routes[h].spec == spec, "a call given its masks reports it ran others");
+      require(given.empty() || routes[h].route == given[h].route, "run_routed reports routes other than given");
+      reference.heads.push_back({spec, stsa::TokenOrder::FrameMajor, nullptr, true});
       head_plans.push_back(mode == Mode::Ulysses
-                               ? plans.get(layout.grid, route.spec, ulysses.tile, ulysses.alignment)
-                               : plans.get(layout.grid, route.spec, routed_options.tile, routed_options.alignment));
+                               ? plans.get(layout.grid, spec, ulysses.tile, ulysses.alignment)
+                               : plans.get(layout.grid, spec, routed_options.tile, routed_options.alignment));
     }
     const auto predicate = [&](std::int64_t h, std::int64_t qp, std::int64_t kp) {
       return pair_computed(layout.grid, reference.heads[std::size_t(h)].spec, head_plans[std::size_t(h)].get(),

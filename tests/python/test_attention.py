@@ -144,12 +144,26 @@ def test_rounded_plan_reports_its_changes_and_reaches_the_kernel(rng):
     assert exact["band"] >= 1 and rounded["tiles_partial"] == 0
     assert rounded["changed_pairs"] == rounded["added_pairs"] + rounded["removed_pairs"]
     assert rounded["kept_pairs"] - exact["kept_pairs"] == rounded["added_pairs"] - rounded["removed_pairs"]
-    # The rounded plan's pairs: whole tiles of the exact mask, kept where the plan keeps them.
+    # The rounded plan's pairs from the exact mask: each partial tile, row by row, made full or empty,
+    # whichever keeps the running surplus of kept pairs nearer zero (a tie: full), as the plan builder rounds.
     mask = reference.allowed(grid, "spatial", exact["band"])
     assert mask.sum() == exact["exact_kept_pairs"]
-    # align reaches the kernel: the pairs rounding changed change the output.
+    rounded_mask, surplus = mask.copy(), 0
+    for row in range(0, grid.tokens, tile[0]):
+        for col in range(0, grid.tokens, tile[1]):
+            block = rounded_mask[row : row + tile[0], col : col + tile[1]]
+            kept = int(block.sum())
+            if 0 < kept < block.size:
+                full = abs(surplus + block.size - kept) <= abs(surplus - kept)
+                surplus += block.size - kept if full else -kept
+                block[:] = full
+    assert rounded_mask.sum() == rounded["kept_pairs"]
+    assert np.count_nonzero(rounded_mask & ~mask) == rounded["added_pairs"]
+    assert np.count_nonzero(mask & ~rounded_mask) == rounded["removed_pairs"]
+    # align reaches the kernel: it attends over the rounded pairs, and those rounding changed change the output.
     assert rounded["changed_pairs"] > 0
     out = stsa.attention(q, k, v, grid, "spatial", 0.3, tile=tile, align="round")
+    reference.check(out, q, k, v, [rounded_mask])
     exact_out = stsa.attention(q, k, v, grid, "spatial", 0.3, tile=tile)
     assert not np.allclose(out, exact_out, rtol=0, atol=1e-3)
 

@@ -596,6 +596,9 @@ def test_refusals(rng):
     with pytest.raises(stsa.InvalidArgument, match="not a transformer stsa.diffusers knows"):
         stsa.diffusers.enable(torch.nn.Linear(2, 2), stsa.Policy())
     model = tiny_wan(layers=1)
+    x = inputs(rng, 999)
+    own_processors = [block.attn1.processor for block in model.blocks]
+    own = forward(model, x)
     with pytest.raises(stsa.InvalidArgument, match="unknown model preset"):
         stsa.diffusers.enable(model, "wan9")
     with pytest.raises(stsa.InvalidArgument, match="policy must be"):
@@ -605,7 +608,7 @@ def test_refusals(rng):
     sparse = stsa.diffusers.enable(model, stsa.Policy())
     with pytest.raises(stsa.InvalidArgument, match="disable what installed the other one"):
         stsa.diffusers.enable(model, stsa.Policy())
-    x = inputs(rng, 999)
+    assert [block.attn1.processor for block in model.blocks] != own_processors  # stsa's are installed
     with pytest.raises(stsa.Unsupported, match="no gradients"):
         model(**x)  # grad enabled: stsa has no backward pass
     hidden = torch.zeros(1, 10, 128)
@@ -616,8 +619,9 @@ def test_refusals(rng):
     old_rotary = torch.ones(1, 1, 10, 32, dtype=torch.complex64)  # diffusers < 0.35 passed one complex table
     with torch.no_grad(), pytest.raises(stsa.Unsupported, match="rotary embedding"):
         model.blocks[0].attn1(hidden, None, None, old_rotary)
-    sparse.disable()
-    assert torch.equal(forward(model, x), forward(model, x))
+    sparse.disable()  # the refusals left the model as it was: its own processors, its own output to the bit
+    assert [block.attn1.processor for block in model.blocks] == own_processors
+    assert torch.equal(forward(model, x), own)
 
 
 @needs(SKYREELS_V2)
@@ -733,23 +737,53 @@ def test_regional_compilation_holds_stsa_as_one_operator(spec, rng):
     assert {route for record in eager_records for route in record[2]} - {"dense"}  # sparse steps were compiled
 
 
+# The models whose own forward splits a whole-model compile (diffusers 0.42.1; compiled without stsa they
+# split the same way): HunyuanVideo 1.5 branches on a tensor (`if is_t2v`) and indexes by a mask in a
+# loop, FramePack calls .item(); dynamo runs the rest of the forward eagerly and compiles each kind of block's
+# forward on its own (HunyuanVideo 1.5's two blocks share one graph, FramePack's two kinds have one each).
+SPLIT_BY_THE_MODEL = {"hunyuan15": [0, 1, 0], "framepack": [0, 1, 1, 0]}
+
+
 @pytest.mark.parametrize("spec", MODELS)
 def test_a_whole_model_compile_breaks_at_the_step_hook_only(spec, rng):
     """torch.compile of the whole transformer: the hook that reads the timestep is left out
-    (torch.compiler.disable), everything else compiles, the eager bytes come back."""
+    (torch.compile runs a module's hooks outside the frame it traces; torch.compiler.disable
+    where it would trace them), so the forward is one graph holding every layer's stsa
+    operator; the second step recompiles nothing, and the eager bytes come back."""
+    graphs, runs = [], []  # per graph compiled, its stsa operators; per graph run, the same
+
+    def backend(gm, example_inputs):
+        ops = sum(str(node.target) == "stsa.diffusers_attention" for node in gm.graph.nodes
+                  if node.op == "call_function")
+        graphs.append(ops)
+        compiled = torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
+
+        def run(*args):
+            runs.append(ops)
+            return compiled(*args)
+        return run
+
     torch._dynamo.reset()
     model = tiny(spec)
     steps = [inputs(rng, timestep, spec=spec) for timestep in (999, 500)]
     policy = {"dense_steps": 1, "density": 0.4, **ALL_SPARSE}
     with stsa.diffusers.enable(model, stsa.Policy(**policy)):
         eager = [forward(model, x) for x in steps]
-    compiled_model = torch.compile(model, backend="aot_eager")
+    compiled_model = torch.compile(model, backend=backend)
+    compiled, compiles = [], []
     with stsa.diffusers.enable(model, stsa.Policy(**policy)) as sparse:
-        compiled = [forward(compiled_model, x) for x in steps]
+        for x in steps:
+            compiled.append(forward(compiled_model, x))
+            compiles.append(len(graphs))
     torch._dynamo.reset()
     assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
     layers = len(attentions(model, spec))
     assert [(r.step, r.layer) for r in sparse.records] == [(step, layer) for step in (0, 1) for layer in range(layers)]
+    assert sum(runs) == 2 * layers  # every stsa call of both steps ran in a compiled graph, none eagerly
+    assert compiles[1] == compiles[0]  # the step is read when the operator runs: step 1 reuses step 0's graphs
+    # stsa adds no graph break: one graph, or the model's own split (compiled without stsa, diffusers 0.42.1:
+    # the same split, or more: Mochi's own processor breaks at its prompt mask's nonzero(), 11 graphs).
+    assert graphs == SPLIT_BY_THE_MODEL.get(spec.name, [layers])
 
 
 def test_a_model_compiled_before_stsa_is_enabled(rng):

@@ -33,10 +33,25 @@ def test_counts_match_the_mask(route, tile):
     assert p["order"] == ("spatial-major" if route == "temporal" else "frame-major")
 
 
+def spatial_kept_pairs(grid, band):
+    """The pairs a spatial band with the frame-0 anchor keeps on a grid without text, from the mask's
+    definition: every pair touching frame 0's P tokens, and |i - j| <= band among the other N - P."""
+    others = grid.tokens - grid.height * grid.width
+    reach = min(band, others - 1)
+    return grid.tokens**2 - others**2 + others + 2 * (reach * others - reach * (reach + 1) // 2)
+
+
 def test_density_picks_the_closest_band():
-    grid = stsa.VideoGrid(21, 30, 52)  # Wan2.1 480p
+    small = stsa.VideoGrid(3, 4, 5)  # the closed form against the mask evaluated pair by pair
+    for band in (0, 1, 7, 39, 100):
+        assert spatial_kept_pairs(small, band) == reference.allowed(small, "spatial", band).sum()
+    grid = stsa.VideoGrid(21, 30, 52)  # Wan2.1 480p: 32,760 tokens, too many for an [N, N] mask here
     p = stsa.plan(grid, "spatial", 0.25)
-    assert abs(p["kept_fraction"] - 0.25) < 1e-3 and p["tile"] == (128, 128)
+    assert p["anchor"] and p["kept_pairs"] == spatial_kept_pairs(grid, p["band"]) and p["tile"] == (128, 128)
+    # One band step moves the kept fraction by ~5e-5: the neighbours on both sides miss 0.25 by more.
+    neighbours = range(p["band"] - 1, p["band"] + 2)
+    off = {band: abs(spatial_kept_pairs(grid, band) / grid.tokens**2 - 0.25) for band in neighbours}
+    assert off[p["band"] - 1] > off[p["band"]] < off[p["band"] + 1]
     assert stsa.plan(grid, "spatial", 0.25, tile=64)["tile"] == (64, 64)
     assert stsa.plan(grid, "spatial", 1.0)["kept_fraction"] == 1.0
 
@@ -44,11 +59,18 @@ def test_density_picks_the_closest_band():
 def test_plans_are_cached_and_can_be_freed():
     grid = stsa.VideoGrid(4, 4, 4)
     stsa.clear_plan_cache()
+    assert stsa._stsa.plan_cache_size() == 0
     first = stsa.plan(grid, "temporal", 0.5)
     second = stsa.plan(grid, "temporal", 0.5)
     assert second["build_ms"] == first["build_ms"]  # the same plan object, not a rebuild
+    assert stsa._stsa.plan_cache_size() == 1
     assert "cpu" in stsa.backends() and "reference" in stsa.backends()
     stsa.clear_plan_cache()
+    assert stsa._stsa.plan_cache_size() == 0  # freed: the next call builds afresh, the same plan
+    third = stsa.plan(grid, "temporal", 0.5)
+    assert stsa._stsa.plan_cache_size() == 1
+    assert {key: value for key, value in third.items() if key != "build_ms"} == {
+        key: value for key, value in first.items() if key != "build_ms"}
 
 
 @pytest.mark.parametrize("route", ["spatial", "temporal", "frames", "dense"])
