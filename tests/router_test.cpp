@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <tuple>
@@ -692,6 +693,32 @@ TEST(RouteEvaluation, ErrorsAreAgainstDenseAndRowsAreStratified) {
     check(some);
   }
   EXPECT_TRUE(placed) << "stratified rows ignore the seed";
+}
+
+// A NaN in the routed output (or the reference) is not "no error": the relative
+// error of its head and of every total over it is NaN; zero references give 0 or inf.
+TEST(RouteEvaluation, ANanIsNotNoError) {
+  EXPECT_EQ(relative_l2(0.0, 0.0), 0.0);
+  EXPECT_EQ(relative_l2(1.0, 0.0), std::numeric_limits<double>::infinity());
+  EXPECT_DOUBLE_EQ(relative_l2(1.0, 4.0), 0.5);
+  EXPECT_TRUE(std::isnan(relative_l2(std::nan(""), 1.0)));
+  EXPECT_TRUE(std::isnan(relative_l2(1.0, std::nan(""))));
+  const VideoLayout layout{{3, 4, 5, 0, TextPlacement::After}, 1, 2, 64};
+  const std::int64_t n = layout.tokens();
+  Tensor q(DType::F32, 1, n, 2, 64), k(DType::F32, 1, n, 2, 64), v(DType::F32, 1, n, 2, 64), o(DType::F32, 1, n, 2, 64);
+  const std::uint64_t seed = testing::fresh_seed();
+  testing::fill_normal(q.view(), seed);
+  testing::fill_normal(k.view(), seed + 1);
+  testing::fill_normal(v.view(), seed + 2);
+  testing::fill_normal(o.view(), seed + 3);
+  o.view().store(0, 17, 1, 5, std::nanf(""));  // head 1
+  std::vector<HeadRoute> heads(2);
+  for (HeadRoute& h : heads) std::tie(h.route, h.spec) = std::pair{Route::Spatial, MaskSpec::spatial(7)};
+  const RouteEvaluation eval = evaluate_routes(layout, q.view(), k.view(), v.view(), o.view(), heads, 0, seed);
+  EXPECT_TRUE(std::isfinite(relative_l2(eval.routed_squared_error[0], eval.reference_squared[0])));
+  EXPECT_TRUE(std::isnan(relative_l2(eval.routed_squared_error[1], eval.reference_squared[1])));
+  EXPECT_TRUE(std::isnan(eval.rel_l2(eval.routed_squared_error, heads)));
+  EXPECT_TRUE(std::isfinite(eval.rel_l2(eval.first_block_squared_error, heads)));
 }
 
 // Isa::Avx512 (the fp32 path everywhere) and, where this CPU has AMX, Isa::Amx.

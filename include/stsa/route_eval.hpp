@@ -13,6 +13,10 @@
 
 namespace stsa {
 
+// sqrt(squared_error / reference_squared): 0 where both are 0, infinite where only the
+// reference is, NaN where either is NaN (a NaN in an output must not read as no error).
+double relative_l2(double squared_error, double reference_squared);
+
 struct RouteEvaluation {
   std::vector<std::int64_t> rows;  // evaluated token positions (frame-major), every batch entry
   // Per head, summed over rows, batch and channels:

@@ -316,9 +316,23 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
     for (std::int64_t i = 0; i < wanted; ++i) rows.push_back(i * g.tokens() / wanted);
     if (!rows.empty()) {
       AttentionCall ref{l, fq.view(), fk.view(), fv.view(), fo.view(), {}, {}, 0.f};
-      for (const HeadRoute& route : decided.heads) ref.heads.push_back(HeadMask{route.spec, TokenOrder::FrameMajor, nullptr, true});
+      std::vector<std::shared_ptr<const TilePlan>> head_plans;
+      for (const HeadRoute& route : decided.heads) {
+        ref.heads.push_back(HeadMask{route.spec, TokenOrder::FrameMajor, nullptr, true});
+        head_plans.push_back(plans.get(g, route.spec, s.tile, s.alignment));
+      }
+      // A rounded plan computes whole tiles, not the mask: the pairs it computes, in its own token order.
+      PairPredicate computes;
+      if (s.alignment == Alignment::Round)
+        computes = [&](std::int64_t h, std::int64_t qp, std::int64_t kp) {
+          const TilePlan& plan = *head_plans[std::size_t(h)];
+          const auto in_plan = [&](std::int64_t p) {
+            return g.position(g.coord(p, TokenOrder::FrameMajor), plan.order());
+          };
+          return plan.computes(in_plan(qp), in_plan(kp));
+        };
       std::vector<double> o64, lse64;
-      reference_rows(ref, rows, o64, lse64);
+      reference_rows(ref, rows, o64, lse64, computes);
       const std::int64_t count = std::int64_t(rows.size());
       for (std::int64_t b = 0; b < l.batch; ++b)
         for (std::int64_t r = 0; r < count; ++r)

@@ -235,9 +235,7 @@ nlohmann::json run_route(const RouteArgs& args) {
                             {"decision", std::string(to_string(r.route))},
                             {"mask", r.spec.describe()},
                             {"candidates", candidates},
-                            {"rel_l2_err", eval.reference_squared[h] > 0
-                                               ? std::sqrt(eval.routed_squared_error[h] / eval.reference_squared[h])
-                                               : 0.0}};
+                            {"rel_l2_err", relative_l2(eval.routed_squared_error[h], eval.reference_squared[h])}};
     if (!in.truth.empty()) {
       entry["truth"] = std::string(to_string(in.truth[h]));
       correct += r.route == in.truth[h];

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "router/parallel.hpp"
@@ -11,6 +12,12 @@
 
 namespace stsa {
 
+double relative_l2(double squared_error, double reference_squared) {
+  if (std::isnan(squared_error) || std::isnan(reference_squared)) return std::nan("");
+  if (reference_squared > 0) return std::sqrt(squared_error / reference_squared);
+  return squared_error == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+}
+
 double RouteEvaluation::rel_l2(const std::vector<double>& squared_error, const std::vector<HeadRoute>& heads,
                                const std::vector<Route>& routes) const {
   double error = 0, reference = 0;
@@ -19,7 +26,7 @@ double RouteEvaluation::rel_l2(const std::vector<double>& squared_error, const s
     error += squared_error[h];
     reference += reference_squared[h];
   }
-  return reference > 0 ? std::sqrt(error / reference) : 0.0;
+  return relative_l2(error, reference);
 }
 
 RouteEvaluation evaluate_routes(const VideoLayout& layout, const TensorView& q, const TensorView& k,
