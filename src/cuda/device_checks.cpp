@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cuda/capture.hpp"
+#include "cuda/cuda_check.hpp"
 #include "stsa/error.hpp"
 
 namespace stsa::cuda_detail {
@@ -18,6 +19,9 @@ void require_device_memory(std::string_view who, std::string_view name,
     const cudaError_t status = cudaPointerGetAttributes(&attributes, address);
     if (status != cudaSuccess) {
       cudaGetLastError();  // cleared: it must not fail a later launch check
+      // Only an unknown address is the caller's pointer; anything else (a context an
+      // earlier kernel fault left unusable, which no clearing resets) is the runtime's.
+      if (status != cudaErrorInvalidValue) throw_cuda_error(status, "cudaPointerGetAttributes", __FILE__, __LINE__);
       throw Unsupported(detail::concat(who, name, " is not an address the CUDA runtime knows (",
                                        cudaGetErrorString(status), "); ", hint));
     }

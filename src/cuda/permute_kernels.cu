@@ -108,8 +108,13 @@ void launch_permute_rows(const PermuteParams& p, void* stream) {
   } else if (p.element_bytes == 4) {
     permute_rows_elementwise<std::uint32_t><<<grid_for(rows * p.head_dim), kThreads, 0, cuda_stream>>>(
         p, rows * p.head_dim);
-  } else {
+  } else if (p.element_bytes == 2) {
     permute_rows_elementwise<std::uint16_t><<<grid_for(rows * p.head_dim), kThreads, 0, cuda_stream>>>(
+        p, rows * p.head_dim);
+  } else {
+    // One-byte elements (fp8) move as bytes: a wider word would index twice as far.
+    STSA_CHECK(p.element_bytes == 1, InvalidArgument, "permutation: elements of ", p.element_bytes, " bytes");
+    permute_rows_elementwise<std::uint8_t><<<grid_for(rows * p.head_dim), kThreads, 0, cuda_stream>>>(
         p, rows * p.head_dim);
   }
   STSA_CUDA_CHECK(cudaGetLastError());

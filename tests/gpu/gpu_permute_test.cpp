@@ -109,6 +109,9 @@ TEST(GpuPermute, MatchesTheCpuPermutationBitForBit) {
   cases.push_back({VideoGrid{2, 3, 7, 1, TextPlacement::After}, 5, 80, DType::BF16});  // 10 vectors per row
   cases.push_back({VideoGrid{3, 4, 6, 2, TextPlacement::Before}, 5, 5, DType::F16});  // element path: 10-byte rows
   cases.push_back({VideoGrid{7, 2, 3, 0, TextPlacement::After}, 5, 3, DType::F32, MemoryLayout::BHND});
+  // fp8 rows: as 16-byte vectors, and one byte at a time (40-byte rows), where two-byte words went twice as far.
+  cases.push_back({VideoGrid{2, 3, 5, 1, TextPlacement::After}, 5, 64, DType::F8E4M3});
+  cases.push_back({VideoGrid{3, 4, 6, 2, TextPlacement::Before}, 5, 40, DType::F8E4M3});
   for (const auto& c : cases) {
     check_case(c, TokenOrder::FrameMajor, TokenOrder::SpatialMajor);
     check_case(c, TokenOrder::SpatialMajor, TokenOrder::FrameMajor);
