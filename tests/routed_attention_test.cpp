@@ -353,6 +353,10 @@ TEST(RoutedAttention, RejectsMismatchedDecisionsAndTensors) {
   RoutedCall bad = routed_call(p);
   bad.layout.grid.frames = 4;  // layout does not match the tensors
   EXPECT_THROW(run_routed(ref, plans, bad, std::vector<HeadRoute>(2)), InvalidArgument);
+  // Refused before any plan is built: a large grid the tensors do not have took seconds and gigabytes.
+  bad.layout.grid = {100, 100, 200, 0, TextPlacement::After};
+  EXPECT_THROW(run_routed(ref, plans, bad, std::vector<HeadRoute>(2)), InvalidArgument);
+  EXPECT_EQ(plans.size(), 0u);
   bad = routed_call(p);
   bad.o = bad.q;  // output aliases an input
   EXPECT_THROW(run_routed(ref, plans, bad, std::vector<HeadRoute>(2)), InvalidArgument);

@@ -45,15 +45,20 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
   RoutedResult result;
   result.heads = std::move(decisions);
   AttentionCall direct = call.attention_call();
-  for (std::int64_t h = 0; h < layout.heads; ++h) {
-    const MaskSpec& spec = result.heads[std::size_t(h)].spec;
-    const bool permuted = spec.natural_order() == TokenOrder::SpatialMajor;
-    if (permuted) result.temporal.push_back(h);
-    auto plan = plans.get(layout.grid, spec, options.tile, options.alignment);
-    result.kept_tile_flops += kept_tile_flops(VideoLayout{layout.grid, layout.batch, 1, layout.head_dim}, *plan);
-    direct.heads.push_back(HeadMask{spec, TokenOrder::FrameMajor, permuted ? nullptr : plan, !permuted});
+  for (const HeadRoute& head : result.heads) {
+    const bool permuted = head.spec.natural_order() == TokenOrder::SpatialMajor;
+    direct.heads.push_back(HeadMask{head.spec, TokenOrder::FrameMajor, nullptr, !permuted});
   }
+  // The tensors first: a grid the tensors do not have must not get its plans built (and
+  // cached) first, which for a large grid took seconds and gigabytes before the refusal.
   validate(direct, /*require_plans=*/false);
+  for (std::int64_t h = 0; h < layout.heads; ++h) {
+    HeadMask& head = direct.heads[std::size_t(h)];
+    if (!head.compute) result.temporal.push_back(h);
+    auto plan = plans.get(layout.grid, head.spec, options.tile, options.alignment);
+    result.kept_tile_flops += kept_tile_flops(VideoLayout{layout.grid, layout.batch, 1, layout.head_dim}, *plan);
+    if (head.compute) head.plan = plan;
+  }
 
   const auto count = std::int64_t(result.temporal.size());
   const bool timed = options.timed && executor.timed();
