@@ -337,9 +337,11 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
       for (std::int64_t b = 0; b < l.batch; ++b)
         for (std::int64_t r = 0; r < count; ++r)
           for (std::int64_t h = 0; h < l.heads; ++h)
-            for (std::int64_t d = 0; d < l.head_dim; ++d)
-              max_ref_err = std::max(max_ref_err, std::abs(double(full.load(b, rows[std::size_t(r)], h, d)) -
-                                                           o64[std::size_t(((b * count + r) * l.heads + h) * l.head_dim + d)]));
+            for (std::int64_t d = 0; d < l.head_dim; ++d) {
+              const double e = std::abs(double(full.load(b, rows[std::size_t(r)], h, d)) -
+                                        o64[std::size_t(((b * count + r) * l.heads + h) * l.head_dim + d)]);
+              if (std::isnan(e) || e > max_ref_err) max_ref_err = e;  // a NaN stays: std::max would drop it
+            }
     }
 
     std::int64_t temporal = 0;
