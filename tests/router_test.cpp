@@ -904,6 +904,43 @@ TEST(Router, TinyValuesTakeTheFp32Path) {
   }
 }
 
+// One V value below 2^-64 moves only its own head's chunk to the fp32 path: the
+// heads beside it keep the tile path's bits, whatever group the thread count puts
+// them in and whichever heads are routed (the whole group used to move with it).
+TEST(Router, ATinyValueMovesOnlyItsOwnHeadOffTheTilePath) {
+  if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
+  synth::Options o;
+  o.grid = {4, 16, 16, 0, TextPlacement::After};
+  o.heads = 8;
+  o.head_dim = 64;
+  o.dtype = DType::BF16;
+  o.seed = testing::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(o.seed));
+  synth::Data data = synth::make_video_tokens(o);
+  const auto route = [&](int threads, std::span<const std::int64_t> heads = {}) {
+    RouterOptions ro;
+    ro.isa = Isa::Amx;
+    ro.threads = threads;
+    return Router(ro).route(data.layout, data.q.view(), data.k.view(), data.v.view(), TokenOrder::FrameMajor, 0.f,
+                            heads);
+  };
+  const RoutingReport clean = route(1);
+  data.v.view().store(0, 5, 3, 0, 1e-25f);
+  const auto same = [](const HeadRoute& a, const HeadRoute& b, const std::string& what) {
+    ASSERT_EQ(a.candidates.size(), b.candidates.size()) << what;
+    for (std::size_t c = 0; c < a.candidates.size(); ++c) EXPECT_EQ(a.candidates[c].mse, b.candidates[c].mse) << what;
+  };
+  const RoutingReport one = route(1);
+  for (const std::int64_t h : {0, 1, 2, 4, 7}) same(one.heads[std::size_t(h)], clean.heads[std::size_t(h)], "head");
+  for (const int threads : {2, 3, 8}) {
+    const RoutingReport many = route(threads);
+    for (std::size_t h = 0; h < 8; ++h) same(many.heads[h], one.heads[h], std::to_string(threads) + " threads");
+  }
+  const std::int64_t alone[] = {3}, beside[] = {0};
+  same(route(2, alone).heads[0], one.heads[3], "head 3 routed alone");
+  same(route(2, beside).heads[0], one.heads[0], "head 0 routed alone");
+}
+
 // Inf or NaN in bf16 or fp16 keys: on either path the head is reported
 // non-finite and stays dense (the tile products turn an Inf score into Inf or
 // NaN, the fp32 path into Inf; both are non-finite).

@@ -143,9 +143,20 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
     const router_detail::RowSet& row_set = row_sets[std::size_t(set)];
     router_detail::ChunkScratch& buffers = scratch[std::size_t(worker)];
     const auto set_scales = batch_scales(row_set.batch);
-    if (!tiles ||
-        !router_detail::sampled_chunk_tiles(q, k, v, group_heads, set_scales, row_set, masks, chunk, buffers, out))
+    if (!tiles) {
       router_detail::sampled_chunk(q, k, v, group_heads, set_scales, row_set, masks, chunk, buffers, out);
+    } else if (!router_detail::sampled_chunk_tiles(q, k, v, group_heads, set_scales, row_set, masks, chunk, buffers,
+                                                   out)) {
+      // A V value below 2^-64 in this chunk, in some head's keys: that head alone takes the fp32
+      // path, the others the tile path, as in any other group (the two differ in their last bits, and
+      // groups change with the thread count and the heads routed).
+      for (std::size_t i = 0; i < group_heads.size(); ++i) {
+        const auto head = group_heads.subspan(i, 1);
+        const auto head_out = std::span(out).subspan(i, 1);
+        if (!router_detail::sampled_chunk_tiles(q, k, v, head, set_scales, row_set, masks, chunk, buffers, head_out))
+          router_detail::sampled_chunk(q, k, v, head, set_scales, row_set, masks, chunk, buffers, head_out);
+      }
+    }
     for (std::int64_t i = first; i < last; ++i)
       partials[std::size_t((i * sets + set) * chunks + chunk)] = std::move(out[std::size_t(i - first)]);
   });
