@@ -69,7 +69,11 @@ struct UlyssesWorkspace::Buffers {
       block.data.reset();  // the old block is not needed while the new one is made
       block.bytes = 0;
       check_host_allocation(std::uint64_t(wanted), what);
-      block.data.reset(new std::byte[wanted]);
+      try {
+        block.data.reset(new std::byte[wanted]);
+      } catch (const std::bad_alloc&) {
+        throw ResourceError(::stsa::detail::concat(what, ": ", wanted >> 20, " MiB could not be allocated"));
+      }
       block.bytes = wanted;
     }
     return block.data.get();
@@ -111,9 +115,6 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
   report.shard = agreed.shards[std::size_t(report.rank)];
   report.local_heads = agreed.local_heads;
   report.head_begin = report.rank * agreed.local_heads;
-  report.agreement = comm.traffic() - at_start;
-  report.agree_ms = ms_since(start);
-
   const int ranks = report.ranks;
   const VideoGrid& grid = call.layout.grid;
   const std::int64_t batch = call.layout.batch, tokens = grid.tokens(), text = grid.text_tokens;
@@ -123,6 +124,29 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
 
   VideoLayout local_layout = call.layout;
   local_layout.heads = local_heads;
+  // Bytes per peer of the two exchanges (rank s's slot s): Q, K and V rows out to the
+  // heads' ranks; O (and LSE) rows back to the tokens' ranks, text rows to every rank.
+  const std::int64_t lse_bytes = agreed.with_lse ? std::int64_t(sizeof(float)) : 0;
+  const std::int64_t row_total = std::int64_t(out_row) + lse_bytes;
+  struct Counts {
+    std::vector<std::int64_t> send, recv;
+  };
+  const auto scatter_counts = [&] {
+    Counts c{std::vector<std::int64_t>(std::size_t(ranks)), std::vector<std::int64_t>(std::size_t(ranks))};
+    for (int s = 0; s < ranks; ++s) {
+      c.send[std::size_t(s)] = 3 * batch * n_mine * local_heads * std::int64_t(in_row);
+      c.recv[std::size_t(s)] = 3 * batch * agreed.shards[std::size_t(s)].count * local_heads * std::int64_t(in_row);
+    }
+    return c;
+  };
+  const auto gather_counts = [&] {
+    Counts c{std::vector<std::int64_t>(std::size_t(ranks)), std::vector<std::int64_t>(std::size_t(ranks))};
+    for (int s = 0; s < ranks; ++s) {
+      c.send[std::size_t(s)] = batch * (agreed.shards[std::size_t(s)].count + text) * local_heads * row_total;
+      c.recv[std::size_t(s)] = batch * (n_mine + text) * local_heads * row_total;
+    }
+    return c;
+  };
   // This rank's head shard of the whole sequence, in the workspace (every row is
   // written below: by the exchange, the text slice, or the local attention).
   const std::int64_t head_dim = call.layout.head_dim;
@@ -131,16 +155,31 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
     return TensorView::contiguous(memory.get(region, bytes, what), dtype, batch, tokens, local_heads, head_dim,
                                   MemoryLayout::BNHD);
   };
-  LocalTensors local{local_tensor(Buffers::kQ, call.q.dtype, "Ulysses local q"),
-                     local_tensor(Buffers::kK, call.q.dtype, "Ulysses local k"),
-                     local_tensor(Buffers::kV, call.q.dtype, "Ulysses local v"),
-                     local_tensor(Buffers::kO, call.o.dtype, "Ulysses local o"),
-                     {}};
-  if (agreed.with_lse) {
-    const std::int64_t bytes = batch * local_heads * tokens * std::int64_t(sizeof(float));
-    local.lse = LseView::contiguous(reinterpret_cast<float*>(memory.get(Buffers::kLse, bytes, "Ulysses local lse")),
-                                    batch, local_heads, tokens);
+  // All of the workspace before the first exchange, and its outcome shared: a rank that
+  // cannot allocate would otherwise leave the others waiting in the exchange until
+  // CommTimeout, after which the communicator is unusable.
+  LocalTensors local;
+  std::string allocation_failure;
+  try {
+    const Counts scatter = scatter_counts(), gather = gather_counts();
+    memory.get(Buffers::kSend, std::max(total_of(scatter.send), total_of(gather.send)), "Ulysses send buffer");
+    memory.get(Buffers::kReceive, std::max(total_of(scatter.recv), total_of(gather.recv)), "Ulysses receive buffer");
+    local = {local_tensor(Buffers::kQ, call.q.dtype, "Ulysses local q"),
+             local_tensor(Buffers::kK, call.q.dtype, "Ulysses local k"),
+             local_tensor(Buffers::kV, call.q.dtype, "Ulysses local v"),
+             local_tensor(Buffers::kO, call.o.dtype, "Ulysses local o"),
+             {}};
+    if (agreed.with_lse) {
+      const std::int64_t bytes = batch * local_heads * tokens * std::int64_t(sizeof(float));
+      local.lse = LseView::contiguous(reinterpret_cast<float*>(memory.get(Buffers::kLse, bytes, "Ulysses local lse")),
+                                      batch, local_heads, tokens);
+    }
+  } catch (const std::exception& e) {
+    allocation_failure = e.what();
   }
+  detail::agree_on_outcome(comm, allocation_failure, "workspace allocation");
+  report.agreement = comm.traffic() - at_start;
+  report.agree_ms = ms_since(start);
   const TensorView inputs[3] = {call.q, call.k, call.v};
   const TensorView text_inputs[3] = {call.text_q, call.text_k, call.text_v};
   const TensorView local_inputs[3] = {local.q, local.k, local.v};
@@ -149,12 +188,7 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
   auto phase = Clock::now();
   Traffic before = comm.traffic();
   {
-    const auto slots = static_cast<std::size_t>(ranks);
-    std::vector<std::int64_t> send_counts(slots), recv_counts(slots);
-    for (int s = 0; s < ranks; ++s) {
-      send_counts[std::size_t(s)] = 3 * batch * n_mine * local_heads * std::int64_t(in_row);
-      recv_counts[std::size_t(s)] = 3 * batch * agreed.shards[std::size_t(s)].count * local_heads * std::int64_t(in_row);
-    }
+    const auto [send_counts, recv_counts] = scatter_counts();
     const auto send_offsets = offsets_of(send_counts), recv_offsets = offsets_of(recv_counts);
     std::byte* const send = memory.get(Buffers::kSend, total_of(send_counts), "Ulysses send buffer");
     std::byte* const recv = memory.get(Buffers::kReceive, total_of(recv_counts), "Ulysses receive buffer");
@@ -230,14 +264,7 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
   phase = Clock::now();
   before = comm.traffic();
   {
-    const std::int64_t lse_bytes = agreed.with_lse ? std::int64_t(sizeof(float)) : 0;
-    const std::int64_t row_total = std::int64_t(out_row) + lse_bytes;
-    const auto slots = static_cast<std::size_t>(ranks);
-    std::vector<std::int64_t> send_counts(slots), recv_counts(slots);
-    for (int s = 0; s < ranks; ++s) {
-      send_counts[std::size_t(s)] = batch * (agreed.shards[std::size_t(s)].count + text) * local_heads * row_total;
-      recv_counts[std::size_t(s)] = batch * (n_mine + text) * local_heads * row_total;
-    }
+    const auto [send_counts, recv_counts] = gather_counts();
     const auto send_offsets = offsets_of(send_counts), recv_offsets = offsets_of(recv_counts);
     std::byte* const send = memory.get(Buffers::kSend, total_of(send_counts), "Ulysses send buffer");
     std::byte* const recv = memory.get(Buffers::kReceive, total_of(recv_counts), "Ulysses receive buffer");
