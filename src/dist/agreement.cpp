@@ -23,6 +23,8 @@ constexpr std::array<std::string_view, kFieldCount> kFieldNames{
     "output dtype", "whether LSE is wanted", "head masks", "router options", "softmax scale", "descales", "tile rows",
     "tile columns", "alignment", "backend"};
 
+constexpr std::int64_t kAnyLse = -1;  // kWithLse of a rank that holds no output row
+
 struct Descriptor {
   std::int64_t ok = 0;
   std::array<std::int64_t, kFieldCount> fields{};
@@ -180,9 +182,14 @@ Descriptor describe(const Communicator& comm, const UlyssesCall& call, const Bac
   float scale = call.softmax_scale;
   std::int32_t scale_bits = 0;
   std::memcpy(&scale_bits, &scale, sizeof scale_bits);
+  // A rank holding no output row (no video tokens, no text) has no LSE to give: its views may be
+  // null, so its wish counts for nothing (kAnyLse) and it follows the others'.
+  const bool holds_outputs = sequence_shard(l.grid.video_tokens(), comm.size(), comm.rank()).count > 0 ||
+                             l.grid.text_tokens > 0;
+  const std::int64_t with_lse = !holds_outputs ? kAnyLse : call.lse.data != nullptr ? 1 : 0;
   d.fields = {l.batch, l.grid.frames, l.grid.height, l.grid.width, l.grid.text_tokens,
               std::int64_t(l.grid.text_placement), l.heads, l.head_dim, std::int64_t(call.q.dtype),
-              std::int64_t(call.o.dtype), call.lse.data != nullptr ? 1 : 0, hash_masks(masks), hash_router(call.router),
+              std::int64_t(call.o.dtype), with_lse, hash_masks(masks), hash_router(call.router),
               scale_bits, hash_descales(call.descales),
               call.tile.q, call.tile.k, std::int64_t(call.alignment), hash_name(backend.name())};
   return d;
@@ -207,14 +214,16 @@ Agreement agree(Communicator& comm, const UlyssesCall& call, const Backend& back
              ")");
   for (int r = 1; r < ranks; ++r)
     for (std::size_t f = 0; f < kFieldCount; ++f)
-      STSA_CHECK(all[std::size_t(r)].fields[f] == all[0].fields[f], DistError, "Ulysses ranks disagree on ",
+      STSA_CHECK(all[std::size_t(r)].fields[f] == all[0].fields[f] ||
+                     (f == kWithLse && all[std::size_t(r)].fields[f] == kAnyLse),
+                 DistError, "Ulysses ranks disagree on ",
                  kFieldNames[f], ": rank 0 has ", all[0].fields[f], ", rank ", r, " has ",
                  all[std::size_t(r)].fields[f], " (every rank must describe the same problem)");
 
   Agreement a;
   a.local_heads = heads_per_rank(call.layout.heads, ranks);  // InvalidArgument on every rank alike
   for (int r = 0; r < ranks; ++r) a.shards.push_back(sequence_shard(call.layout.grid.video_tokens(), ranks, r));
-  a.with_lse = call.lse.data != nullptr;
+  a.with_lse = all[0].fields[kWithLse] == 1;  // rank 0 holds the first video token
   a.masks = call.masks;
   if (a.masks.size() == 1) a.masks.assign(std::size_t(call.layout.heads), call.masks[0]);
   return a;

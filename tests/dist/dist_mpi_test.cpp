@@ -28,8 +28,10 @@ std::uint64_t shared_seed() {
   return all[0];
 }
 
+// null_when_empty: a rank holding no token passes null views, its LSE's too (docs/distributed.md).
 void expect_matches_single(const VideoLayout& l, DType dtype, const std::vector<MaskSpec>& masks, bool with_lse,
-                           std::string_view backend_name = "cpu", bool descales = false) {
+                           std::string_view backend_name = "cpu", bool descales = false,
+                           bool null_when_empty = false) {
   const int ranks = world->size(), rank = world->rank();
   const std::uint64_t seed = shared_seed();
   auto single = make_problem(l, dtype, reference_heads(l, masks), seed);
@@ -40,6 +42,7 @@ void expect_matches_single(const VideoLayout& l, DType dtype, const std::vector<
   run_single(single, masks, with_lse, engine, plans);
 
   auto mine = shard_problem(single, masks, ranks, rank, with_lse);
+  if (null_when_empty && mine.shard.count == 0) mine.call.lse.data = nullptr;
   const UlyssesReport report = ulysses_attention(*world, mine.call, engine, plans);
 
   // Same heads, same plans, same per-row reduction order: the bits must match.
@@ -131,6 +134,13 @@ TEST(Ulysses, TextTokensAfterAllTemporalWithoutLse) {
 TEST(Ulysses, MoreRanksThanVideoTokens) {
   const VideoLayout l = make_layout(VideoGrid{1, 1, 3, 2, TextPlacement::After}, 4, 64);  // rank 3 of 4 holds nothing
   expect_matches_single(l, DType::F32, {MaskSpec::dense()}, true);
+}
+
+// Without text, a rank past the last video token holds no output row: it may pass a null LSE
+// while the others want theirs (the ranks disagreed on "whether LSE is wanted").
+TEST(Ulysses, ARankWithoutTokensPassesNullViews) {
+  const VideoLayout l = make_layout(VideoGrid{1, 1, 3, 0, TextPlacement::After}, 4, 64);  // rank 3 of 4: nothing
+  expect_matches_single(l, DType::F32, {MaskSpec::dense()}, true, "cpu", false, /*null_when_empty=*/true);
 }
 
 TEST(Ulysses, DescalesFollowTheirHeadsToEveryRank) {
