@@ -2,6 +2,9 @@
 // malformed or truncated input giving IoError that names the file.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -96,6 +99,49 @@ TEST_F(IoTest, NpyWriterRefusesToOverwrite) {
   inconsistent.data.pop_back();
   EXPECT_THROW(write_npy(path("bad.npy"), inconsistent), InvalidArgument);
   EXPECT_THROW(write_npy(path("no/such/dir.npy"), counting(DType::F32, {1})), IoError);
+}
+
+// Past a file size limit (as under `ulimit -f`, SIGXFSZ ignored as the CLI does) the write
+// fails: one line naming the file, and the fragment is removed, whether the call created
+// the file or (overwrite) truncated an old one, so that no later run takes it for output.
+TEST_F(IoTest, NpyWriterLeavesNoFragmentWhenTheWriteFails) {
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = saved;
+  small.rlim_cur = 1000;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string created = path("created.npy"), replaced = path("replaced.npy");
+  std::ofstream(replaced) << "old";
+  const auto failure = [](const std::string& p, bool overwrite) -> std::string {
+    try {
+      write_npy(p, counting(DType::F32, {1000}), overwrite);  // 4 KB of data
+    } catch (const IoError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string messages[] = {failure(created, false), failure(replaced, true)};
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  for (const std::string& m : messages) {
+    EXPECT_NE(m.find("write failed"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(created));
+  EXPECT_FALSE(fs::exists(replaced));
+}
+
+// A device is written into, never removed: /dev/full refuses the bytes and stays.
+TEST_F(IoTest, NpyWriterReportsAFullDeviceAndLeavesIt) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  try {
+    write_npy("/dev/full", counting(DType::F32, {4}), /*overwrite=*/true);
+    ADD_FAILURE() << "writing into /dev/full succeeded";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full: write failed"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_character_file("/dev/full"));
 }
 
 TEST(Npy, AcceptsVersionsTwoAndThreeAndNumpyVariants) {

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <set>
+#include <string>
 
 #include "stsa/error.hpp"
 #include "stsa/layout.hpp"
@@ -77,6 +79,21 @@ TEST(Layout, LimitsHoldAtTheirEdges) {
   EXPECT_NO_THROW(layout.validate());
   layout.head_dim = 513;
   EXPECT_THROW(layout.validate(), InvalidArgument);
+}
+
+// A text count near INT64_MAX must not overflow video + text (it once wrapped
+// negative, passed, and reached the B x N x H x D check as a negative N).
+TEST(Layout, HugeTextCountIsRefusedWithoutOverflow) {
+  constexpr std::int64_t kI64Max = std::numeric_limits<std::int64_t>::max();
+  for (std::int64_t text : {kI64Max, kI64Max - 5, std::int64_t(1) << 62}) {
+    try {
+      VideoGrid{2, 3, 4, text}.validate();
+      ADD_FAILURE() << "text " << text << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("exceeds the supported maximum"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW((VideoLayout{{2, 3, 4, text}, 1, 40, 128}.validate()), InvalidArgument);
+  }
 }
 
 }  // namespace

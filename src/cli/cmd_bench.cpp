@@ -11,6 +11,7 @@
 #include "bench/timing_loop.hpp"
 #include "cli/bench_shared.hpp"
 #include "cli/commands.hpp"
+#include "cli/json_text.hpp"
 #include "cli/options.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/cpu.hpp"
@@ -153,7 +154,7 @@ void run_bench_command(const BenchArgs& args) {
   if (args.backend == "cuda") {
     const nlohmann::json record = run_cuda_bench(args, /*progress=*/true);
     if (args.json)
-      std::printf("%s\n", record.dump().c_str());
+      std::printf("%s\n", json_text(record).c_str());
     else
       print_cuda_bench(record);
     return;
@@ -168,7 +169,7 @@ void run_bench_command(const BenchArgs& args) {
   }
   const nlohmann::json record = run_cpu_bench(args, /*progress=*/true);
   if (args.json)
-    std::printf("%s\n", record.dump().c_str());
+    std::printf("%s\n", json_text(record).c_str());
   else
     print_text(record);
 }

@@ -23,6 +23,7 @@
 #include "bench/timing_loop.hpp"
 #include "cli/bench_shared.hpp"
 #include "cli/commands.hpp"
+#include "cli/json_text.hpp"
 #include "cli/options.hpp"
 #include "stsa/cpu.hpp"
 #include "stsa/dist.hpp"
@@ -474,7 +475,7 @@ int run_dist_bench(const BenchArgs& args) {
     const Json record = run(*comm, args);
     if (lead) {
       if (args.json)
-        std::printf("%s\n", record.dump().c_str());
+        std::printf("%s\n", json_text(record).c_str());
       else
         print_text(record);
       std::fflush(stdout);

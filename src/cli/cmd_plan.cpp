@@ -3,6 +3,7 @@
 
 #include "bench/record.hpp"
 #include "cli/commands.hpp"
+#include "cli/json_text.hpp"
 #include "cli/options.hpp"
 #include "cli/tile_map_png.hpp"
 #include "stsa/error.hpp"
@@ -17,7 +18,8 @@ nlohmann::json plan_record(const PlanArgs& args) {
   VideoLayout layout{grid, 1, args.heads, args.head_dim};
   layout.validate();
   const MaskSpec spec = mask_by_name(grid, args.mask, args.density, !args.no_anchor);
-  const TileShape tile{args.tile, args.tile_k >= 0 ? args.tile_k : args.tile};
+  // Only -1, "not given", means "as --tile"; any other negative given goes to validate() and is refused.
+  const TileShape tile{args.tile, args.tile_k == -1 ? args.tile : args.tile_k};
   tile.validate();
   const auto plan = TilePlan::build(grid, spec, tile, parse_alignment(args.align));
   if (!args.png.empty()) write_tile_map_png(*plan, args.png, args.force);
@@ -83,7 +85,7 @@ void print_text(const nlohmann::json& r) {
 
 void run_plan_command(const PlanArgs& args) {
   const nlohmann::json record = plan_record(args);
-  if (args.json) std::printf("%s\n", record.dump().c_str());
+  if (args.json) std::printf("%s\n", json_text(record).c_str());
   else print_text(record);
 }
 

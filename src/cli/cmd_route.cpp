@@ -9,6 +9,7 @@
 
 #include "bench/samples.hpp"
 #include "cli/commands.hpp"
+#include "cli/json_text.hpp"
 #include "cli/options.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/cpu.hpp"
@@ -101,14 +102,31 @@ void prepare_save_folder(const std::string& folder) {
   STSA_CHECK(!error, InvalidArgument, "--save-inputs: cannot create ", folder, ": ", error.message());
 }
 
-// --save-output's file: refused when it exists (nothing is replaced) or its folder does not; checked before any work.
-void check_output_file(const std::string& path) {
+// The same path, however written (relative, with dots), whether or not it exists yet.
+bool same_path(const std::filesystem::path& a, const std::filesystem::path& b) {
+  const auto normal = [](const std::filesystem::path& p) {
+    std::error_code error;
+    std::filesystem::path n = std::filesystem::weakly_canonical(std::filesystem::absolute(p, error), error);
+    return n.has_filename() ? n : n.parent_path();  // "dir/" is "dir"
+  };
+  return normal(a) == normal(b);
+}
+
+// --save-output's file: refused when it exists (nothing is replaced), when it is one of the files
+// --save-inputs writes, or when its folder does not exist and is not the one --save-inputs creates;
+// checked before any work.
+void check_output_file(const std::string& path, const std::string& inputs_folder) {
   const std::filesystem::path file(path), folder = file.parent_path();
   std::error_code error;
   STSA_CHECK(!std::filesystem::exists(file, error), InvalidArgument, "--save-output: ", path,
              " exists; it is left as it is");
-  STSA_CHECK(folder.empty() || std::filesystem::is_directory(folder, error), InvalidArgument,
-             "--save-output: no folder ", folder.string());
+  if (!inputs_folder.empty())
+    for (const char* name : kSavedNames)
+      STSA_CHECK(!same_path(file, std::filesystem::path(inputs_folder) / name), InvalidArgument, "--save-output: ",
+                 path, " is one of the files --save-inputs writes");
+  STSA_CHECK(folder.empty() || std::filesystem::is_directory(folder, error) ||
+                 (!inputs_folder.empty() && same_path(folder, inputs_folder)),
+             InvalidArgument, "--save-output: no folder ", folder.string());
 }
 
 // A contiguous tensor as an array in its memory order: [B, N, H, D], or [B, H, N, D] for BHND.
@@ -123,11 +141,20 @@ io::HostArray as_array(const Tensor& t, MemoryLayout memory) {
   return a;
 }
 
-// The synthetic q, k, v as .npy files, each in the tensors' memory order.
+// The synthetic q, k, v as .npy files, each in the tensors' memory order. All three or
+// none: a failed write (disk full) removes the files this call wrote before it.
 void save_inputs(const Inputs& in, const std::string& folder, MemoryLayout memory) {
   const std::filesystem::path dir(folder);
   const Tensor* tensors[] = {&in.q, &in.k, &in.v};
-  for (int i = 0; i < 3; ++i) io::write_npy((dir / kSavedNames[i]).string(), as_array(*tensors[i], memory));
+  for (int i = 0; i < 3; ++i) {
+    try {
+      io::write_npy((dir / kSavedNames[i]).string(), as_array(*tensors[i], memory));
+    } catch (const Error&) {
+      std::error_code ignored;
+      for (int j = 0; j < i; ++j) std::filesystem::remove(dir / kSavedNames[j], ignored);
+      throw;
+    }
+  }
 }
 
 Inputs make_inputs(const RouteArgs& args, const VideoGrid& grid, MemoryLayout memory) {
@@ -180,7 +207,7 @@ nlohmann::json run_route(const RouteArgs& args) {
   STSA_CHECK(!on_gpu || !args.synthetic || parse_dtype(args.dtype) != DType::F32, Unsupported,
              "--backend cuda: the GPU router takes bf16 or fp16 inputs; add --dtype bf16");
   const MemoryLayout memory = parse_memory(args.memory);
-  if (!args.save_output.empty()) check_output_file(args.save_output);
+  if (!args.save_output.empty()) check_output_file(args.save_output, args.synthetic ? args.save_inputs : "");
   Inputs in = make_inputs(args, grid, memory);
   const VideoLayout& layout = in.layout;
 
@@ -332,7 +359,7 @@ void print_text(const nlohmann::json& r) {
 
 void run_route_command(const RouteArgs& args) {
   const nlohmann::json record = run_route(args);
-  if (args.json) std::printf("%s\n", record.dump().c_str());
+  if (args.json) std::printf("%s\n", json_text(record).c_str());
   else print_text(record);
 }
 

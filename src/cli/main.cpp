@@ -5,6 +5,7 @@
 // commands run from their parsed options (commands.hpp). Every error ends as one
 // line on stderr and exit code 2.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -60,7 +61,10 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--mask", args->mask, "dense | spatial | temporal | frames")->capture_default_str();
   cmd->add_option("--density", args->density, "kept fraction of pairs, in [0, 1]")->capture_default_str();
   cmd->add_option("--tile", args->tile, "query tile rows (and key tile columns unless --tile-k)")->capture_default_str();
-  cmd->add_option("--tile-k", args->tile_k, "key tile columns (multiple of 64)");
+  cmd->add_option("--tile-k", args->tile_k, "key tile columns (multiple of 64)")
+      ->check([](const std::string& text) {  // -1 stands for "left out": as --tile
+        return std::string(text.starts_with('-') ? "must not be negative (leave it out to use --tile's)" : "");
+      });
   cmd->add_option("--align", args->align, "exact | round (partial tiles become full or empty)")->capture_default_str();
   cmd->add_flag("--no-anchor", args->no_anchor, "drop the symmetric frame-0 anchor");
   cmd->add_option("--png", args->png, "write a picture of the tile map (refuses to overwrite)");
@@ -204,9 +208,30 @@ void add_route_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args, cmd] {
+    // Options of one input source given with the other are refused, not ignored: the files' shapes and
+    // dtype are what count with --q/--k/--v, and the tensor names name nothing in synthetic data.
+    for (const char* name : {"--batch", "--heads", "--head-dim", "--dtype"})
+      STSA_CHECK(args->synthetic || cmd->count(name) == 0, InvalidArgument, name,
+                 " shapes synthetic data; with --q/--k/--v the files' shapes and dtype count");
+    for (const char* name : {"--tensor", "--q-tensor", "--k-tensor", "--v-tensor"})
+      STSA_CHECK(!args->synthetic || cmd->count(name) == 0, InvalidArgument, name,
+                 " names a tensor of --q/--k/--v files; it does not go with --synthetic");
     apply_preset(*cmd, args->grid, &args->heads, &args->head_dim);
     run_route_command(*args);
   });
+}
+
+// CLI11 reads integers with strtoll / strtoull, which saturate out-of-range text (and
+// take "010" as octal): every integer option's text passes check_integer_text first.
+void check_integer_options(CLI::App& app) {
+  for (CLI::App* command : app.get_subcommands([](CLI::App*) { return true; }))
+    for (CLI::Option* option : command->get_options()) {
+      const std::string type = option->get_type_name();
+      const bool is_unsigned = type.rfind("UINT", 0) == 0;
+      if (!is_unsigned && type.rfind("INT", 0) != 0) continue;
+      option->transform(CLI::Validator(
+          [is_unsigned](std::string& text) { return check_integer_text(text, is_unsigned); }, ""));
+    }
 }
 
 }  // namespace
@@ -232,6 +257,10 @@ int main(int argc, char** argv) {
   stsa::cli::add_plan_command(app);
   stsa::cli::add_bench_command(app);
   stsa::cli::add_route_command(app);
+  stsa::cli::check_integer_options(app);
+  // Past a file size limit (ulimit -f), a write then fails with EFBIG, which the writers
+  // report as one line, instead of the signal killing the process mid-file.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     app.parse(argc, argv);
     if (app.get_subcommands().empty()) stsa::cli::run_demo();

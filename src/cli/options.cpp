@@ -1,5 +1,10 @@
 #include "cli/options.hpp"
 
+#include <charconv>
+#include <cstdint>
+#include <limits>
+#include <system_error>
+
 #include "stsa/error.hpp"
 
 namespace stsa::cli {
@@ -15,6 +20,30 @@ VideoGrid GridArgs::grid() const {
   g.text_placement = text_placement == "before" ? TextPlacement::Before : TextPlacement::After;
   g.validate();
   return g;
+}
+
+std::string check_integer_text(std::string& text, bool is_unsigned) {
+  const bool minus = text.starts_with('-');
+  if (text.size() == std::size_t(minus) || text.find_first_not_of("0123456789", minus) != std::string::npos)
+    return detail::concat("'", text, "' is not a decimal integer");
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  if (is_unsigned) {
+    using Limits = std::numeric_limits<std::uint64_t>;
+    std::uint64_t value = 0;
+    const bool zero = text.find_first_not_of("-0") == std::string::npos;  // "-0" is 0
+    if ((minus && !zero) || std::from_chars(first + minus, last, value).ec != std::errc())
+      return detail::concat(text, " is out of range: a 64-bit unsigned integer lies in [0, ", Limits::max(), "]");
+    text = std::to_string(value);
+  } else {
+    using Limits = std::numeric_limits<std::int64_t>;
+    std::int64_t value = 0;
+    if (std::from_chars(first, last, value).ec != std::errc())
+      return detail::concat(text, " is out of range: a 64-bit integer lies in [", Limits::min(), ", ", Limits::max(),
+                            "]");
+    text = std::to_string(value);
+  }
+  return "";
 }
 
 MaskSpec mask_by_name(const VideoGrid& grid, const std::string& name, double density, bool anchor) {

@@ -16,6 +16,13 @@ struct GridArgs {
   VideoGrid grid() const;  // validated
 };
 
+// The check the text of every integer option passes before CLI11 reads it (main.cpp):
+// CLI11 2.1 reads with strtoll / strtoull, which saturate out-of-range text to the
+// type's limit and read "010" as octal. Returns "" for a decimal integer in range of
+// the 64-bit type (unsigned: >= 0), rewriting `text` as plain decimal; else why not.
+// (Narrower int options: CLI11 itself refuses what does not fit.)
+std::string check_integer_text(std::string& text, bool is_unsigned);
+
 // "dense" | "spatial" | "temporal" | "frames" at kept density `density`.
 MaskSpec mask_by_name(const VideoGrid& grid, const std::string& name, double density, bool anchor = true);
 inline const std::vector<std::string> kMaskNames{"dense", "spatial", "temporal", "frames"};

@@ -20,7 +20,8 @@ void VideoGrid::validate() const {
   constexpr std::int64_t kMaxTokens = (std::int64_t(1) << 31) - 1;  // tile indices and plans use 32-bit columns
   std::int64_t video = 0;
   const bool overflow = __builtin_mul_overflow(frames, height, &video) || __builtin_mul_overflow(video, width, &video);
-  STSA_CHECK(!overflow && video <= kMaxTokens && video + text_tokens <= kMaxTokens, InvalidArgument,
+  // Compared as kMaxTokens - video: video + text_tokens could overflow for a huge text count.
+  STSA_CHECK(!overflow && video <= kMaxTokens && text_tokens <= kMaxTokens - video, InvalidArgument,
              "token count of ", frames, "x", height, "x", width, " + ", text_tokens,
              " text exceeds the supported maximum of ", kMaxTokens);
 }

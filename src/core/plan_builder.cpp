@@ -125,12 +125,11 @@ class PlanBuilder {
     p.row_begin_.reserve(std::size_t(p.q_tiles_) + 1);
     p.partial_begin_.reserve(std::size_t(p.q_tiles_));
     p.row_begin_.push_back(0);
-    // Kept tiles are about kept pairs / tile area, plus the diagonal's partial edges;
-    // reserving avoids regrowing (and page-faulting) multi-megabyte arrays.
-    const auto estimate = std::size_t(double(s.exact_kept_pairs) / (double(tile_.q) * double(tile_.k)) * 1.05) +
-                          std::size_t(4 * p.q_tiles_);
-    p.key_tiles_.reserve(estimate);
-    p.mask_ids_.reserve(estimate);
+    // Room for every candidate tile, so that the arrays never regrow, and, where every
+    // candidate is kept, shrink_to_fit below copies nothing: that copy doubled the peak.
+    const std::size_t candidates = count_candidate_tiles();
+    p.key_tiles_.reserve(candidates);
+    p.mask_ids_.reserve(candidates);
     std::vector<std::int32_t> full, partial;
     std::vector<std::int32_t> partial_ids;
     for (std::int64_t qt = 0; qt < p.q_tiles_; ++qt) {
@@ -162,7 +161,7 @@ class PlanBuilder {
     s.kept_pairs = s.exact_kept_pairs + s.added_pairs - s.removed_pairs;
     s.changed_pairs = s.added_pairs + s.removed_pairs;
     s.distinct_masks = std::int64_t(p.masks_.size() / (std::size_t(tile_.q) * std::size_t(words_per_row_)));
-    p.key_tiles_.shrink_to_fit();
+    p.key_tiles_.shrink_to_fit();  // a copy only where some candidates were empty or rounded away
     p.mask_ids_.shrink_to_fit();
     s.plan_bytes = std::int64_t(sizeof(TilePlan) + p.row_begin_.size() * 8 + p.partial_begin_.size() * 8 +
                                 p.key_tiles_.size() * 4 + p.mask_ids_.size() * 4 + p.masks_.size() * 8);
@@ -175,15 +174,24 @@ class PlanBuilder {
   Range tile_cols(std::int64_t kt) const { return {kt * tile_.k, std::min(rule_.tokens, (kt + 1) * tile_.k)}; }
   static std::int64_t area(Range rows, Range cols) { return (rows.end - rows.begin) * (cols.end - cols.begin); }
 
+  // The candidate tiles, O(1) per row: a bound on the kept ones, which they all are but
+  // where a partial tile is rounded away or a run's end tile holds no allowed pair.
+  std::size_t count_candidate_tiles() const {
+    std::size_t count = 0;
+    for (std::int64_t qt = 0; qt < plan_->q_tiles_; ++qt)
+      for_each_candidate_run(tile_rows(qt), [&](Range tiles) { count += std::size_t(tiles.end - tiles.begin); });
+    return count;
+  }
+
   // Whether the range holds a token outside the regular run (text or anchor).
   bool has_always(Range r) const { return r.begin < rule_.regular.begin || r.end > rule_.regular.end; }
 
-  // Calls visit(kt) in ascending order for every key tile that may hold an allowed pair.
+  // Calls visit(tiles) in ascending order for disjoint runs of key tiles that hold every
+  // key tile that may hold an allowed pair.
   template <class Visit>
-  void for_each_candidate(Range rows, Visit&& visit) const {
-    const std::int64_t k_tiles = plan_->k_tiles_;
+  void for_each_candidate_run(Range rows, Visit&& visit) const {
     if (rule_.dense || has_always(rows)) {
-      for (std::int64_t kt = 0; kt < k_tiles; ++kt) visit(kt);
+      visit(Range{0, plan_->k_tiles_});
       return;
     }
     // Always keys lie before and after the regular run; regular keys within reach.
@@ -192,11 +200,18 @@ class PlanBuilder {
     std::int64_t next = 0;  // first tile not visited yet
     for (const Range& span : spans) {
       if (span.empty()) continue;
-      const std::int64_t first = std::max(next, span.begin / tile_.k);
-      const std::int64_t last = (span.end - 1) / tile_.k;
-      for (std::int64_t kt = first; kt <= last; ++kt) visit(kt);
-      next = std::max(next, last + 1);
+      const Range tiles{std::max(next, span.begin / tile_.k), (span.end - 1) / tile_.k + 1};
+      if (!tiles.empty()) visit(tiles);
+      next = std::max(next, tiles.end);
     }
+  }
+
+  // Calls visit(kt) in ascending order for every key tile that may hold an allowed pair.
+  template <class Visit>
+  void for_each_candidate(Range rows, Visit&& visit) const {
+    for_each_candidate_run(rows, [&](Range tiles) {
+      for (std::int64_t kt = tiles.begin; kt < tiles.end; ++kt) visit(kt);
+    });
   }
 
   TileClass classify(Range rows, Range cols) const {

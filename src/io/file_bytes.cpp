@@ -7,6 +7,9 @@
 #include <memory>
 #include <system_error>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "stsa/error.hpp"
 #include "stsa/tensor.hpp"
 
@@ -46,6 +49,37 @@ std::vector<std::byte> read_range(const std::string& path, std::uint64_t offset,
 }
 
 std::vector<std::byte> read_whole(const std::string& path) { return read_range(path, 0, file_size(path)); }
+
+void write_file(const std::string& path, std::initializer_list<std::span<const std::byte>> parts, bool overwrite,
+                std::string_view refusal) {
+  // "x" opens exclusively, so an existing file is never clobbered even in a race.
+  std::FILE* file = std::fopen(path.c_str(), overwrite ? "wb" : "wbx");
+  if (file == nullptr) {
+    STSA_CHECK(overwrite || errno != EEXIST, IoError, path, ": already exists (", refusal, ")");
+    throw IoError(stsa::detail::concat(path, ": cannot create (", std::strerror(errno), ")"));
+  }
+  struct stat opened {};
+  const bool regular = ::fstat(::fileno(file), &opened) == 0 && S_ISREG(opened.st_mode);
+  bool ok = true;
+  int error = 0;  // the first failure's errno
+  const auto note = [&](bool step_ok) {
+    if (!step_ok && ok) error = errno;
+    ok = ok && step_ok;
+  };
+  for (const auto& part : parts)
+    if (ok && !part.empty()) note(std::fwrite(part.data(), 1, part.size(), file) == part.size());
+  note(std::fflush(file) == 0);
+  note(std::fclose(file) == 0);  // the last buffered bytes may only fail here
+  if (ok) return;
+  // What is there now is a fragment. The file was created by this call, or (overwrite) its old
+  // content went when the open truncated it: either way nothing of the user's is left to keep,
+  // and a fragment would pass for output (or block the next run as "exists"). Only a regular
+  // file, still the one we opened, is removed: never a device such as /dev/full.
+  struct stat now {};
+  if (regular && ::stat(path.c_str(), &now) == 0 && now.st_dev == opened.st_dev && now.st_ino == opened.st_ino)
+    ::unlink(path.c_str());
+  throw IoError(stsa::detail::concat(path, ": write failed (", error != 0 ? std::strerror(error) : "I/O error", ")"));
+}
 
 bool checked_mul(std::int64_t a, std::int64_t b, std::int64_t& out) {
   return !__builtin_mul_overflow(a, b, &out) && out >= 0;

@@ -1,10 +1,13 @@
-// Whole-file and ranged reads shared by the array readers. Every failure is an
+// Whole-file and ranged reads shared by the array readers, and the writers' file output. Every failure is an
 // IoError naming the file; sizes are checked before anything is allocated.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace stsa::io::files {
@@ -15,6 +18,13 @@ std::uint64_t file_size(const std::string& path);
 std::vector<std::byte> read_range(const std::string& path, std::uint64_t offset, std::uint64_t count);
 // The whole file.
 std::vector<std::byte> read_whole(const std::string& path);
+
+// Writes `parts`, in order, into a new file at `path`, or (overwrite) into whatever is there.
+// An existing file without overwrite: IoError "<path>: already exists (<refusal>)". A failed
+// write (disk full, file size limit) removes the regular file it left (see write_file) and
+// throws one line naming the path and the system's reason.
+void write_file(const std::string& path, std::initializer_list<std::span<const std::byte>> parts, bool overwrite,
+                std::string_view refusal);
 
 // Multiplies sizes with an overflow check (false when the product does not fit in 63 bits).
 bool checked_mul(std::int64_t a, std::int64_t b, std::int64_t& out);

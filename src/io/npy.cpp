@@ -6,12 +6,9 @@
 // newline, then the raw C-order data. The header is untrusted: it is parsed by
 // a small literal parser that checks every index, and all sizes are multiplied
 // with overflow checks before they are compared with the bytes present.
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "io/file_bytes.hpp"
@@ -159,10 +156,6 @@ std::uint32_t read_le(const std::byte* p, int bytes) {
   return v;
 }
 
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
-
 }  // namespace
 
 HostArray parse_npy(const std::byte* bytes, std::size_t size, const std::string& name) {
@@ -225,22 +218,14 @@ void write_npy(const std::string& path, const HostArray& array, bool overwrite) 
   dict.append(total - prefix - dict.size() - 1, ' ');
   dict += '\n';
 
-  // "x" opens exclusively, so an existing file is never clobbered even in a race.
-  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), overwrite ? "wb" : "wbx"));
-  if (!file) {
-    STSA_CHECK(overwrite || errno != EEXIST, IoError, path, ": already exists (refusing to overwrite)");
-    throw IoError(stsa::detail::concat(path, ": cannot create (", std::strerror(errno), ")"));
-  }
   std::string head(kMagic, kMagicSize);
   head += char(v1 ? 1 : 2);
   head += char(0);
   const std::uint32_t len = std::uint32_t(dict.size());
   for (std::size_t i = 0; i < (v1 ? 2u : 4u); ++i) head += char((len >> (8 * i)) & 0xff);
   head += dict;
-  bool ok = std::fwrite(head.data(), 1, head.size(), file.get()) == head.size();
-  if (!array.data.empty()) ok = ok && std::fwrite(array.data.data(), 1, array.data.size(), file.get()) == array.data.size();
-  ok = (std::fflush(file.get()) == 0) && ok;
-  STSA_CHECK(ok, IoError, path, ": write failed (", std::strerror(errno), ")");
+  files::write_file(path, {std::as_bytes(std::span(head)), std::span(array.data)}, overwrite,
+                    "refusing to overwrite");
 }
 
 }  // namespace stsa::io

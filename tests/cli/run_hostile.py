@@ -2,11 +2,15 @@
 """Runs every line of hostile_inputs.txt against the stsa binary.
 
 Each case must end with exit code 2, exactly one non-empty line on stderr, no
-signal and no hang (5 s). The list must mention every flag that `stsa <command>
---help` lists, so a new flag without a hostile case fails here.
+signal and no hang (5 s), and leave no new file in the scratch folder. A case
+that starts with @FSIZE=<bytes>@ runs under that file size limit (ulimit -f),
+with SIGXFSZ at its default, as a shell gives it. The list must mention every
+flag that `stsa <command> --help` lists, so a new flag without a hostile case
+fails here.
 """
 import os
 import re
+import resource
 import shlex
 import subprocess
 import sys
@@ -18,6 +22,15 @@ TIMEOUT_S = 5
 def flags_of(binary, command):
     out = subprocess.run([binary, command, "--help"], capture_output=True, text=True, timeout=TIMEOUT_S).stdout
     return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", out)) - {"--help"}
+
+
+def files_under(folder):
+    return {os.path.join(root, name) for root, _, names in os.walk(folder) for name in names}
+
+
+def file_size_limit(size):
+    """A preexec_fn: the child may write at most `size` bytes into any file."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
 
 def main():
@@ -39,13 +52,24 @@ def main():
         if not line or line.startswith("#"):
             continue
         args = [a.replace("@DIR@", workdir) for a in shlex.split(line)]
+        limit = re.fullmatch(r"@FSIZE=(\d+)@", args[0])
+        if limit:
+            args = args[1:]
         covered.update((args[0], a.split("=")[0]) for a in args[1:] if a.startswith("--"))
         cases += 1
+        before = files_under(workdir)
         try:
-            r = subprocess.run([binary] + args, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=workdir)
+            # (Python ignores SIGXFSZ; subprocess restores it to the default in the child.)
+            r = subprocess.run([binary] + args, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=workdir,
+                               preexec_fn=file_size_limit(int(limit.group(1))) if limit else None)
         except subprocess.TimeoutExpired:
             failures.append(f"{line}: no answer within {TIMEOUT_S} s")
             continue
+        left = files_under(workdir) - before
+        for path in left:
+            os.remove(path)
+        if left:
+            failures.append(f"{line}: left files behind: {sorted(os.path.relpath(p, workdir) for p in left)}")
         lines = [l for l in r.stderr.splitlines() if l.strip()]
         if r.returncode < 0:
             failures.append(f"{line}: killed by signal {-r.returncode}")

@@ -13,7 +13,7 @@ import tempfile
 def run(binary, args, timeout=240):
     r = subprocess.run([binary] + args, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
-        raise SystemExit(f"FAIL stsa {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}")
+        raise SystemExit(f"FAIL stsa {' '.join(map(os.fsdecode, args))}: exit {r.returncode}: {r.stderr.strip()}")
     return r.stdout
 
 
@@ -124,6 +124,12 @@ def check_inputs_from_files(binary):
     wrong = subprocess.run([binary, "route"] + files("bhnd") + grid, capture_output=True, text=True, timeout=60)
     if wrong.returncode != 2 or "--memory bhnd" not in wrong.stderr or len(wrong.stderr.splitlines()) != 1:
         print(f"FAIL [B, H, N, D] files read as bnhd: exit {wrong.returncode}, {wrong.stderr.strip()!r}")
+        failures += 1
+    # Options of the synthetic data are refused with files, not ignored (--heads 5 ran with the files' 6).
+    ignored = subprocess.run([binary, "route"] + files("bnhd") + grid + ["--heads", "5"], capture_output=True,
+                             text=True, timeout=60)
+    if ignored.returncode != 2 or "--heads" not in ignored.stderr or len(ignored.stderr.splitlines()) != 1:
+        print(f"FAIL --heads with --q/--k/--v: exit {ignored.returncode}, {ignored.stderr.strip()!r}")
         failures += 1
     saved = open(os.path.join(folder, "bnhd", "q.npy"), "rb").read()
     again = subprocess.run([binary] + synthetic + ["--seed", "4", "--save-inputs", os.path.join(folder, "bnhd")],
@@ -307,11 +313,18 @@ def main():
         if f.read(8) != b"\x89PNG\r\n\x1a\n":
             print("FAIL --png did not write a PNG")
             failures += 1
+    # A file name that is not UTF-8 (Linux allows any bytes): written, and named in the JSON
+    # with U+FFFD for the bad byte instead of the JSON failing after the file was written.
+    odd = os.path.join(os.fsencode(tempfile.mkdtemp()), b"tiles\xff.png")
+    record = json.loads(run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", odd, "--json"]))
+    if not os.path.exists(odd) or not record["png"].endswith("tiles\ufffd.png"):
+        print(f"FAIL --png with a non-UTF-8 name and --json: written {os.path.exists(odd)}, png {record['png']!r}")
+        failures += 1
     demo = run(binary, [])
     if "CPU kernel" not in demo or "Tile plans" not in demo:
         print("FAIL the demo did not print its two parts")
         failures += 1
-    total = len(checks) + 11 + FILE_CHECKS
+    total = len(checks) + 12 + FILE_CHECKS
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 
