@@ -9,13 +9,16 @@ ml_dtypes' in NumPy) on the host, with ``out`` then bfloat16 (or float32, float1
 and their per-(batch, head) descales given as ``q_descale``, ``k_descale`` and
 ``v_descale`` ([B, H] arrays or numbers, as FlashAttention-3 takes them).
 Nothing is copied: the library reads the inputs where they are and writes ``out``
-(allocated like ``q`` in its own framework when not given; bfloat16 for float8). Accumulation is fp32; ``lse`` is the natural-log sum of exp per row,
-[B, H, N] float32. Host arrays run on the CPU backend, CUDA arrays on the CUDA
-backend (bf16 or fp16, head dims 64 and 128; routing, permutation and attention
-all on the GPU, enqueued on torch's current stream or ``stream``: ``attention``
-returns once enqueued, as torch's own operators do; a routed call waits for its
-routing decisions, and for its outputs when it times itself, ``timed=True``);
-``backend`` names another ("reference": fp64 loops).
+(allocated like ``q`` in its own framework when not given; bfloat16 for float8); a
+torch input with its negative or conjugate bit set (``z.conj().imag``) is the one
+exception, resolved into a copy first. Accumulation is fp32; ``lse`` is the
+natural-log sum of exp per row, [B, H, N] float32. Host arrays run on the CPU
+backend, CUDA arrays on the CUDA backend (bf16 or fp16, head dims 64 and 128;
+routing, permutation and attention all on the GPU, enqueued on torch's current
+stream or ``stream``: ``attention`` returns once enqueued, as torch's own
+operators do; a routed call waits for its routing decisions, and for its outputs
+when it times itself, ``timed=True``); ``backend`` names another ("reference":
+fp64 loops).
 
     import stsa
     grid = stsa.VideoGrid(frames=21, height=30, width=52)          # Wan2.1 480p latents
@@ -110,8 +113,9 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     ``stream``) the call is one operator in the compiled graph,
     ``torch.ops.stsa.attention``, not a graph break.
     """
-    masks = [mask] if isinstance(mask, str) else list(mask)
-    _refuse_autograd(q, k, v)
+    masks, density = _masks(mask), _number("density", density)
+    anchor, return_lse = _flag("anchor", anchor), _flag("return_lse", return_lse)
+    _refuse_autograd(q, k, v, out, lse)
     if out is None and lse is None and stream is None and _traced(q):
         from ._torch_op import traced_attention
 
@@ -120,8 +124,8 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
         return (out, lse) if return_lse else out
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
     descales = _descales(q, layout, q_descale, k_descale, v_descale)
-    with _device_of(q):
-        _stsa.attention(**_arrays(q, k, v, out, lse), **descales,
+    with _device_of(q), _written(out, lse):
+        _stsa.attention(**_arrays(q, k, v, out, lse, stream), **descales,
                         **_where(q, grid, scale, backend, stream, tile, align, layout), masks=masks, density=density,
                         anchor=anchor)
     return (out, lse) if want_lse else out
@@ -152,7 +156,8 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     """
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
-    _refuse_autograd(q, k, v)
+    return_lse = _flag("return_lse", return_lse)
+    _refuse_autograd(q, k, v, out, lse)
     if out is None and lse is None and stream is None and _traced(q):
         from ._torch_op import traced_routed_attention
 
@@ -161,8 +166,8 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
         return (out, lse, None) if return_lse else (out, None)
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
     descales = _descales(q, layout, q_descale, k_descale, v_descale)
-    with _device_of(q):
-        info = _stsa.routed_attention(**_arrays(q, k, v, out, lse), **descales,
+    with _device_of(q), _written(out, lse):
+        info = _stsa.routed_attention(**_arrays(q, k, v, out, lse, stream), **descales,
                                       **_where(q, grid, scale, backend, stream, tile, align, layout), **router,
                                       timed=_flag("timed", timed))
     return (out, lse, info) if want_lse else (out, info)
@@ -182,7 +187,7 @@ def route(q, k, v, grid, density: float = 0.25, *, spatial_density: float | None
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
     with _device_of(q):
-        return _stsa.route(**_arrays(q, k, v), **_descales(q, layout, q_descale, k_descale, v_descale),
+        return _stsa.route(**_arrays(q, k, v, stream=stream), **_descales(q, layout, q_descale, k_descale, v_descale),
                            grid=_grid(grid), scale=_scale(scale), stream=_stream(q, stream), layout=layout, **router)
 
 
@@ -243,8 +248,9 @@ class Policy:
         Returns ``routes``, ``heads``, and ``routing`` (what ``route()`` returns for the
         heads routed now; None when none was)."""
         with _device_of(q):
-            return self._policy.route(**_arrays(q, k, v), **_descales(q, layout, q_descale, k_descale, v_descale),
-                                      grid=_grid(grid), step=step, layer=layer,
+            return self._policy.route(**_arrays(q, k, v, stream=stream),
+                                      **_descales(q, layout, q_descale, k_descale, v_descale), grid=_grid(grid),
+                                      step=step, layer=layer,
                                       scale=_scale(scale), stream=_stream(q, stream), layout=layout)
 
     @property
@@ -267,7 +273,8 @@ class Policy:
         (torch tensors, no ``out``, ``lse`` or ``stream``) the call is one operator,
         ``torch.ops.stsa.policy_attention``, whose ``step`` and ``layer`` are read when it
         runs; ``info`` is then None and ``last_info`` holds it after the call."""
-        _refuse_autograd(q, k, v)
+        return_lse = _flag("return_lse", return_lse)
+        _refuse_autograd(q, k, v, out, lse)
         if out is None and lse is None and stream is None and _traced(q):
             from ._torch_op import traced_policy_attention
 
@@ -277,8 +284,8 @@ class Policy:
             return (out, lse, None) if return_lse else (out, None)
         out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
         descales = _descales(q, layout, q_descale, k_descale, v_descale)
-        with _device_of(q):
-            info = self._policy.attention(**_arrays(q, k, v, out, lse), **descales,
+        with _device_of(q), _written(out, lse):
+            info = self._policy.attention(**_arrays(q, k, v, out, lse, stream), **descales,
                                           **_where(q, grid, scale, backend, stream, tile, align, layout), step=step,
                                           layer=layer, timed=_flag("timed", timed))
         self.last_info = info
@@ -295,7 +302,8 @@ def plan(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = T
          tile: int | tuple[int, int] = _DEFAULT_TILE, align: str = "exact") -> dict[str, Any]:
     """The tile plan of one mask on ``grid``: tiles full / partial / empty, kept pairs
     (exact, and what the plan computes), pairs rounding changed, size and build time."""
-    return _stsa.plan(_grid(grid), mask, density, anchor, *_tile(tile), align, lists=False)
+    return _stsa.plan(_grid(grid), _mask_name(mask), _number("density", density), _flag("anchor", anchor),
+                      *_tile(tile), align, lists=False)
 
 
 def tile_lists(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = True,
@@ -310,7 +318,8 @@ def tile_lists(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bo
     - ``order``: the token order the tiles are in ("spatial-major" for a temporal mask:
       gather the tokens with ``token_order(grid, order)`` first), and ``tile``.
     """
-    lists = _stsa.plan(_grid(grid), mask, density, anchor, *_tile(tile), align, lists=True)
+    lists = _stsa.plan(_grid(grid), _mask_name(mask), _number("density", density), _flag("anchor", anchor),
+                       *_tile(tile), align, lists=True)
     lists["masks"] = lists["masks"].view(bool)  # bytes of 0 or 1 from the module
     return lists
 
@@ -410,6 +419,37 @@ def _flag(name: str, value) -> bool:
     return value
 
 
+def _number(name: str, value) -> float:
+    """A real-valued argument as a float; None, a str or a bool is refused (the module's
+    float would take "0.3" nowhere and True as 1)."""
+    if value is not None and not isinstance(value, (str, bytes, bool)):
+        try:
+            return float(value)
+        except (TypeError, ValueError, RuntimeError):  # RuntimeError: a torch tensor of several values
+            pass
+    raise InvalidArgument(f"{name} must be a number, got {value!r}")
+
+
+def _mask_name(mask) -> str:
+    if not isinstance(mask, str):
+        raise InvalidArgument(f"mask must be a mask name ('dense', 'spatial', 'temporal' or 'frames'), got {mask!r}")
+    return mask
+
+
+def _masks(mask) -> list[str]:
+    """One mask name for every head, or a sequence of them, one per head."""
+    if isinstance(mask, str):
+        return [mask]
+    try:
+        masks = list(mask)
+    except TypeError:
+        masks = None
+    if masks is None or not all(isinstance(m, str) for m in masks):
+        raise InvalidArgument(f"mask must be a mask name ('dense', 'spatial', 'temporal' or 'frames') or a sequence "
+                              f"of them, one per head, got {mask!r}")
+    return masks
+
+
 def _or(value, default):
     return default if value is None else value
 
@@ -418,9 +458,10 @@ def _scale(scale: float | None) -> float:
     # The library reads 0 as "1 / sqrt(D)"; a caller's own 0 would be taken for that.
     if scale is None:
         return 0.0
+    scale = _number("scale", scale)
     if scale == 0:
         raise InvalidArgument("scale must be non-zero (None means 1 / sqrt(head_dim))")
-    return float(scale)
+    return scale
 
 
 def _is_torch_cuda(array) -> bool:
@@ -441,6 +482,9 @@ def _stream(array, stream: int | None) -> int:
     """The stream a GPU call is enqueued on: the one given, else torch's current
     stream for a torch CUDA tensor, else the default stream (0)."""
     if stream is not None:
+        if not isinstance(stream, numbers.Integral) or isinstance(stream, bool) or not 0 <= stream < 2**64:
+            raise InvalidArgument(f"stream must be a cudaStream_t as an int (torch.cuda.Stream's cuda_stream), "
+                                  f"got {stream!r}")
         return int(stream)
     if _is_torch_cuda(array):
         import torch
@@ -454,25 +498,77 @@ def _stream(array, stream: int | None) -> int:
 _NUMPY_BIT_VIEWS = {"bfloat16": ("uint16", "bf16"), "float8_e4m3fn": ("uint8", "fp8_e4m3")}
 
 
-def _arrays(q, k, v, out=None, lse=None) -> dict[str, Any]:
+def _arrays(q, k, v, out=None, lse=None, stream: int | None = None) -> dict[str, Any]:
     """The arrays as the module takes them (keywords), NumPy bfloat16 and float8_e4m3fn
     (ml_dtypes) passed as unsigned-integer views named in ``bit_views``; routing alone
-    takes no ``out`` or ``lse``."""
+    takes no ``out`` or ``lse``. What the module could not take is refused here by name
+    (it would raise nanobind's TypeError listing its signatures), and a torch input with
+    its negative or conjugate bit set is resolved into a copy (DLPack hands over the
+    storage without the bit: the values would be read negated)."""
     _check_rank(q)
-    arrays = {"q": q, "k": k, "v": v} if out is None else {"q": q, "k": k, "v": v, "out": out}
+    arrays = {"q": q, "k": k, "v": v} if out is None else {"q": q, "k": k, "v": v, "out": out, "lse": lse}
     bit_views = {}
     for name, array in arrays.items():
+        if array is None and name == "lse":  # none asked for
+            continue
         if not hasattr(array, "shape"):
             raise InvalidArgument(f"{name} must be an array (NumPy, PyTorch or any DLPack array), got {type(array)}")
-        view = _NUMPY_BIT_VIEWS.get(getattr(array.dtype, "name", "")) if _framework(array) == "numpy" else None
-        if view is not None:
-            arrays[name] = array.view(view[0])
-            bit_views[name] = view[1]
-    if out is not None:
-        if lse is not None and not hasattr(lse, "shape"):
-            raise InvalidArgument(f"lse must be an array (NumPy, PyTorch or any DLPack array), got {type(lse)}")
-        arrays["lse"] = lse
-    return {**arrays, "bit_views": bit_views}
+        if _framework(array) == "numpy":
+            arrays[name], bit_views[name] = _numpy_array(name, array)
+        elif _framework(array) == "torch":
+            arrays[name] = _torch_array(name, array, stream)
+    return {**arrays, "bit_views": {name: view for name, view in bit_views.items() if view}}
+
+
+def _numpy_array(name: str, array):
+    """A NumPy array as the module takes it, and the type it is a bit view of ("" for none)."""
+    if not array.dtype.isnative:
+        raise InvalidArgument(f"{name} is byte-swapped (dtype {array.dtype.str}): stsa reads values in this machine's "
+                              f"byte order (convert with {name}.astype({name}.dtype.newbyteorder('=')))")
+    view = _NUMPY_BIT_VIEWS.get(array.dtype.name)
+    if view is not None:
+        return array.view(view[0]), view[1]
+    # What neither DLPack nor the buffer protocol carries (ml_dtypes' other types, objects, strings);
+    # NumPy's other numbers go on, for the library to name the types it takes.
+    if array.dtype.kind not in "biufc" or array.dtype.isbuiltin != 1:
+        raise InvalidArgument(f"{name} is {array.dtype.name}: stsa takes float32, float16, bfloat16 or float8_e4m3fn")
+    return array, ""
+
+
+def _torch_array(name: str, tensor, stream: int | None):
+    """A torch tensor as the module takes it: dense, in host or CUDA memory, with no negative
+    or conjugate bit (an input's resolved into a copy; an output's refused)."""
+    import torch
+
+    if tensor.layout != torch.strided:
+        raise Unsupported(f"{name} is a {tensor.layout} tensor: stsa takes dense (strided) tensors")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise Unsupported(f"{name} is on {tensor.device}: stsa takes host (CPU) and CUDA tensors")
+    if not (tensor.is_neg() or tensor.is_conj()):
+        return tensor
+    if name in ("out", "lse"):
+        raise InvalidArgument(f"{name} has torch's negative or conjugate bit set ({name}.is_neg()): stsa cannot write "
+                              "through it in place; give a tensor without it")
+    if tensor.device.type == "cuda" and stream is not None:
+        # On the call's own stream: the copy is made before stsa reads it, and its memory not reused until then.
+        with torch.cuda.stream(torch.cuda.ExternalStream(_stream(tensor, stream), device=tensor.device)):
+            return tensor.resolve_conj().resolve_neg()
+    return tensor.resolve_conj().resolve_neg()
+
+
+@contextlib.contextmanager
+def _written(*outputs):
+    """Bumps the autograd version counter of the torch tensors among ``outputs`` once the call has
+    run (or failed part-way), as torch's in-place operators do: a tensor saved for a backward pass
+    and then overwritten by stsa is then refused by that backward pass, not used with the new values."""
+    try:
+        yield
+    finally:
+        tensors = [x for x in outputs if _framework(x) == "torch"]
+        if tensors:
+            import torch
+
+            torch.autograd.graph.increment_version(tensors)
 
 
 def _descales(q, layout: str, q_descale, k_descale, v_descale) -> dict[str, Any]:
@@ -493,7 +589,7 @@ def _descales(q, layout: str, q_descale, k_descale, v_descale) -> dict[str, Any]
             if value.device.type != "cpu":
                 raise Unsupported(f"{name} is on {value.device}: descales are taken on the host only, by the host "
                                   "backends (the cuda backend takes none yet)")
-            value = value.detach().float().numpy()
+            value = _torch_array(name, value.detach(), None).float().numpy()  # a copy where a bit was set
         try:
             array = np.asarray(value, dtype=np.float32)
         except (TypeError, ValueError) as error:
@@ -517,13 +613,18 @@ def _where(q, grid, scale, backend, stream, tile, align, layout) -> dict[str, An
 def _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
             anchor) -> dict[str, Any]:
     """The module's keywords for the router; the densities of each kind default to ``density``."""
-    if not isinstance(seed, numbers.Integral) or seed < 0:
-        raise InvalidArgument(f"seed must be a non-negative integer, got {seed!r}")
+    if not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**64:
+        raise InvalidArgument(f"seed must be a non-negative integer below 2^64, got {seed!r}")
     if not isinstance(samples, numbers.Integral) or not 1 <= int(samples) <= 2**31 - 1:
         raise InvalidArgument(f"samples must be an integer in [1, 2^31 - 1], got {samples!r}")
-    return {"samples": int(samples), "spatial_density": _or(spatial_density, density),
-            "temporal_density": _or(temporal_density, density), "frames_density": _or(frames_density, density),
-            "try_frames": try_frames, "max_rel_l2": max_rel_l2, "anchor": anchor, "seed": int(seed)}
+
+    def kind(name, value):  # a kind's own density, else ``density``, named as given
+        return _number("density", density) if value is None else _number(name, value)
+
+    return {"samples": int(samples), "spatial_density": kind("spatial_density", spatial_density),
+            "temporal_density": kind("temporal_density", temporal_density),
+            "frames_density": kind("frames_density", frames_density), "try_frames": _flag("try_frames", try_frames),
+            "max_rel_l2": _number("max_rel_l2", max_rel_l2), "anchor": _flag("anchor", anchor), "seed": int(seed)}
 
 
 def _traced(array) -> bool:
@@ -545,16 +646,24 @@ def _require_torch_operators(torch) -> None:
                           "Eager calls on torch tensors work with it.")
 
 
-def _refuse_autograd(q, k, v) -> None:
+def _refuse_autograd(q, k, v, out=None, lse=None) -> None:
     """stsa computes no gradients: an output detached from tensors that need them would
-    train the rest of the model as if attention were a constant, without a word."""
-    if _framework(q) != "torch":
+    train the rest of the model as if attention were a constant, without a word. An
+    ``out`` or ``lse`` that requires grad is refused too, as torch's own out= operators
+    refuse it (written in place, it would hold values autograd knows nothing of)."""
+    if all(_framework(x) != "torch" for x in (q, k, v, out, lse)):
         return
     import torch
 
-    if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+    if not torch.is_grad_enabled():
+        return
+    if any(getattr(x, "requires_grad", False) for x in (q, k, v)):
         raise Unsupported("stsa computes no gradients: call it under torch.no_grad() or torch.inference_mode(), "
                           "or pass tensors that do not require grad (.detach())")
+    for name, x in (("out", out), ("lse", lse)):
+        if getattr(x, "requires_grad", False):
+            raise Unsupported(f"stsa computes no gradients, and {name} requires grad: call it under torch.no_grad() "
+                              f"or torch.inference_mode(), or give an {name} that does not require grad")
 
 
 def _framework(array) -> str:

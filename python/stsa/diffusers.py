@@ -29,7 +29,9 @@ diffusers 0.35 or later (each family from the release whose processor stsa repro
 latent grid of each forward comes from the transformer's input (over its patch size, and
 the prompt's length); the step from its timestep: a lower timestep than the last
 forward's is the next step, an equal one the same step (the unconditional pass of
-classifier-free guidance), a higher one a new generation (step 0, decisions forgotten).
+classifier-free guidance), a higher one a new generation (step 0, decisions forgotten);
+Mochi's timesteps rise over a generation (its pipeline inverts the scheduler's sigmas),
+so there a higher one is the next step and a lower one a new generation.
 A generation whose steps all fall in the policy's dense warm-up (a distilled model at a
 few steps under a preset made for fifty), or a model whose layers all fall in its dense
 layers, saved nothing: ``DenseWarning`` says so, with the numbers.
@@ -117,7 +119,8 @@ class DenseWarning(UserWarning):
 class _StepClock:
     """The denoising step, read from the timesteps of the forwards of one or more
     transformers: lower than the last is the next step, equal the same step, higher
-    (or the first after reset()) a new generation. ``on_generation_end`` gets each
+    (or the first after reset()) a new generation; the other way round for a model
+    whose timesteps rise (``rising``: Mochi's). ``on_generation_end`` gets each
     generation's step count once, when the next one begins or at ``finish()``."""
 
     def __init__(self, on_generation_end: Callable[[int], None]):
@@ -127,7 +130,9 @@ class _StepClock:
         self._on_generation_end = on_generation_end
         self._open = False  # a generation has begun and not been reported
 
-    def observe(self, timestep: float) -> None:
+    def observe(self, timestep: float, rising: bool = False) -> None:
+        # Compared as falling timesteps: a rising one, negated, falls as the steps go on.
+        timestep = -timestep if rising else timestep
         if self._last_timestep is None or timestep > self._last_timestep:
             self.finish()
             self.step = 0
@@ -188,18 +193,23 @@ class SparseTransformer:
         self._id = next(_ids)
         _owners[self._id] = self
         self._originals = [attn.processor for attn in attentions]
+        dense_layers = self.policy.settings["dense_layers"]
+        if dense_layers >= len(attentions):
+            # Before anything is installed: under warnings-as-errors this raises, leaving the model as it was.
+            warnings.warn(f"stsa will run {type(transformer).__name__} dense: its {len(attentions)} self-attention "
+                          f"layer(s) all fall in the policy's dense layers (dense_layers={dense_layers})",
+                          DenseWarning, stacklevel=3)
         # Read on the host once per forward (the step is the timestep's value): under a
         # whole-model torch.compile this is the one graph break, taken on purpose.
         self._hook = transformer.register_forward_pre_hook(torch.compiler.disable(self._before_forward),
                                                            with_kwargs=True)
-        for layer, attn in enumerate(attentions):
-            _set_processor(attn, self._family.processor(self, layer))
         self._attentions = attentions
-        dense_layers = self.policy.settings["dense_layers"]
-        if dense_layers >= len(attentions):
-            warnings.warn(f"stsa will run {type(transformer).__name__} dense: its {len(attentions)} self-attention "
-                          f"layer(s) all fall in the policy's dense layers (dense_layers={dense_layers})",
-                          DenseWarning, stacklevel=3)
+        try:
+            for layer, attn in enumerate(attentions):
+                _set_processor(attn, self._family.processor(self, layer))
+        except BaseException:
+            self.disable()  # the hook and the processors set so far go: the model as it was
+            raise
 
     def disable(self) -> None:
         """Puts the model's own processors back and removes the hook; the records stay."""
@@ -238,7 +248,7 @@ class SparseTransformer:
         # Per sample, the prompt tokens its mask keeps (HunyuanVideo pads every prompt to one length).
         self.text_counts = self._family.text_counts(bound)
         # One host read per forward: the step is what the policy is keyed by.
-        self._clock.observe(float(torch.as_tensor(bound["timestep"]).max()))
+        self._clock.observe(float(torch.as_tensor(bound["timestep"]).max()), self._family.rising_timesteps)
         if self._generation != self._clock.generation:
             # A new video (another prompt, another seed): its heads are routed afresh, not
             # given a decision made for the last one that a long reuse would still hold.
@@ -1071,6 +1081,9 @@ class _Family:
     grid: Any                     # (transformer, the forward's arguments by name) -> VideoGrid
     text_counts: Any = lambda inputs: None  # (arguments) -> per sample, the prompt tokens kept; None: all
     since: str = "0.35"           # the first diffusers release whose `replaced` processors this reproduces (tested)
+    # Timesteps that rise over a generation: Mochi's pipeline runs its scheduler with inverted
+    # sigmas (invert_sigmas=True), from 0 up, where every other family's count down.
+    rising_timesteps: bool = False
 
     def self_attentions(self, transformer) -> list:
         attentions = [(f"{name}[{i}].{self.attention}", operator.attrgetter(self.attention)(block))
@@ -1127,7 +1140,7 @@ _FAMILIES = {
     "HunyuanVideo15Transformer3DModel": _Family(("transformer_blocks",), "attn", ("HunyuanVideo15AttnProcessor2_0",),
                                                 _HunyuanVideo15SelfAttention, _hunyuan_grid, since="0.36"),
     "MochiTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("MochiAttnProcessor2_0",),
-                                       _MochiSelfAttention, _mochi_grid),
+                                       _MochiSelfAttention, _mochi_grid, rising_timesteps=True),
     # Cosmos: its cross-attention runs the same processor class and is left as it was.
     "CosmosTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("CosmosAttnProcessor2_0",),
                                         _CosmosSelfAttention, _wan_grid),

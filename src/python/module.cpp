@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <map>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -207,6 +208,10 @@ void register_errors(nb::module_& m) {
       PyErr_SetString(io, e.what());
     } catch (const Error& e) {
       PyErr_SetString(error, e.what());
+    } catch (const std::bad_alloc&) {
+      // An allocation too large for the host (a plan for a huge grid, say): stsa.ResourceError,
+      // which is a MemoryError as nanobind's own translation would be, and a stsa.Error.
+      PyErr_SetString(resource, "out of host memory (std::bad_alloc)");
     }
   });
 }

@@ -74,6 +74,7 @@ class Model:
     # A dense policy against the model's own output in fp32 (relative L2): the kernels round apart by ~1e-7.
     fp32_tolerance: float = 1e-6
     head_dim: int = 64
+    rising_timesteps: bool = False   # the pipeline's timesteps rise over a generation (Mochi's: 1000 - t)
 
 
 def _tiny_wan(layers):
@@ -226,7 +227,8 @@ MOCHI = Model("mochi", _tiny_mochi, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, te
               "bnhd", attention_processor.MochiAttnProcessor2_0,
               (attention_processor.F, "scaled_dot_product_attention"), mochi_inputs, fuses=False,
               # The model attends one sample at a time over its kept tokens, head-major.
-              padding_sees_keys=False, as_stock=lambda x, spec: x[:, :spec.grid.tokens].transpose(1, 2))
+              padding_sees_keys=False, as_stock=lambda x, spec: x[:, :spec.grid.tokens].transpose(1, 2),
+              rising_timesteps=True)
 
 
 def _tiny_wan_animate(layers):  # a face adapter after every block, a motion encoder of 16 x 16 faces
@@ -538,6 +540,12 @@ def inputs(rng, timestep, device="cpu", dtype=torch.float32, spec=WAN):
                           dtype=dtype if spec.timestep_dtype == "model" else torch.float32)
     return {"hidden_states": latents.to(device, dtype), "timestep": timestep,
             "encoder_hidden_states": text.to(device, dtype), **spec.extra_inputs(device, dtype)}
+
+
+def denoising(spec, *timesteps):
+    """A generation's timesteps (999, 500, ...) as the family's pipeline passes them: Mochi's inverted
+    scheduler counts them up from 0 (1000 - t)."""
+    return [1000 - t for t in timesteps] if spec.rising_timesteps else list(timesteps)
 
 
 def attentions(model, spec=WAN):

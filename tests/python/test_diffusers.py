@@ -30,8 +30,8 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
 from diffusers_models import (  # noqa: E402
     ANYFLOW, CHRONOEDIT, FRAMEPACK, HELIOS, HISTORY_TOKENS, HUNYUAN, HUNYUAN15, KANDINSKY, KANDINSKY6, LTX, LTX2,
-    MOCHI, MODELS, SKYREELS_V2, WAN, WAN_ANIMATE, attentions, framepack_inputs, hunyuan15_inputs, hunyuan_inputs,
-    inputs, mochi_inputs, needs, param, tiny, tiny_helios, tiny_ltx2, tiny_wan)
+    MOCHI, MODELS, SKYREELS_V2, WAN, WAN_ANIMATE, attentions, denoising, framepack_inputs, hunyuan15_inputs,
+    hunyuan_inputs, inputs, mochi_inputs, needs, param, tiny, tiny_helios, tiny_ltx2, tiny_wan)
 from torch_helpers import check, require_gpu  # noqa: E402
 
 diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; tiny() mends it
@@ -318,6 +318,37 @@ def test_a_new_generation_routes_afresh_however_long_the_reuse(rng):
     first, reused, next_video = sparse.records
     assert (first.step, reused.step, next_video.step) == (0, 1, 0)
     assert first.routing_ms > 0 and reused.routing_ms == 0 and next_video.routing_ms > 0
+
+
+@needs(MOCHI)
+def test_mochis_rising_timesteps_count_its_steps(rng):
+    """Mochi's pipeline inverts its scheduler's sigmas: its timesteps rise over a generation
+    (0, 8.3, ..., 464 at six steps). A higher one is the next step, an equal one the same
+    step, a lower one (its start again) a new generation, whose heads are routed afresh."""
+    model = tiny(MOCHI, layers=1)
+    sparse = stsa.diffusers.enable(model, stsa.Policy(dense_steps=1, reuse_steps=100, density=0.4, **ALL_SPARSE))
+    for timestep in (0.0, 0.0, 8.3, 16.7, 463.9, 0.0, 8.3):  # as MochiPipeline passes them
+        forward(model, inputs(rng, timestep, spec=MOCHI))
+    records = sparse.records
+    assert [r.step for r in records] == [0, 0, 1, 2, 3, 0, 1]
+    assert records[0].routes == records[5].routes == ("dense", "dense")
+    assert "dense" not in records[2].routes + records[6].routes
+    assert records[2].routing_ms > 0 and records[3].routing_ms == 0 and records[6].routing_ms > 0
+    sparse.disable()
+
+
+def test_a_refused_enable_leaves_the_model_as_it_was(rng):
+    """enable's DenseWarning comes before anything is installed: raised (warnings as
+    errors), it leaves the model's own processors and no hook behind."""
+    model = tiny_wan(layers=1)
+    processors = [attn.processor for attn in attentions(model)]
+    hooks = len(model._forward_pre_hooks)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", stsa.diffusers.DenseWarning)
+        with pytest.raises(stsa.diffusers.DenseWarning, match="dense layers"):
+            stsa.diffusers.enable(model, stsa.Policy(dense_layers=1))
+    assert [attn.processor for attn in attentions(model)] == processors
+    assert len(model._forward_pre_hooks) == hooks
 
 
 @needs(CHRONOEDIT)
@@ -765,7 +796,7 @@ def test_a_whole_model_compile_breaks_at_the_step_hook_only(spec, rng):
 
     torch._dynamo.reset()
     model = tiny(spec)
-    steps = [inputs(rng, timestep, spec=spec) for timestep in (999, 500)]
+    steps = [inputs(rng, timestep, spec=spec) for timestep in denoising(spec, 999, 500)]
     policy = {"dense_steps": 1, "density": 0.4, **ALL_SPARSE}
     with stsa.diffusers.enable(model, stsa.Policy(**policy)):
         eager = [forward(model, x) for x in steps]

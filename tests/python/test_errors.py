@@ -1,6 +1,10 @@
 """Bad input gets a clear exception (a stsa.Error that is also the built-in kind),
 and nothing the caller gave is written when a call is refused."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -169,3 +173,92 @@ def test_backend_must_reach_the_arrays(qkv):
     # Host arrays: "cuda" is refused by name (a build without it does not know it; one with it takes CUDA arrays).
     with pytest.raises(stsa.InvalidArgument, match="cuda"):
         stsa.attention(*qkv, GRID, backend="cuda")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"density": None}, "density must be a number, got None"),
+        ({"density": "0.3"}, "density must be a number, got '0.3'"),
+        ({"anchor": "no"}, "anchor must be True or False"),
+        ({"return_lse": "no"}, "return_lse must be True or False"),  # not taken as true
+        ({"mask": None}, "mask must be a mask name"),
+        ({"mask": [1, 2]}, "mask must be a mask name"),
+        ({"scale": "x"}, "scale must be a number"),
+        ({"stream": -1}, "stream must be"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_named(qkv, kwargs, message):
+    """One stsa error naming the argument, not nanobind's TypeError listing the module's signatures."""
+    with pytest.raises(stsa.InvalidArgument, match=message):
+        stsa.attention(*qkv, GRID, **kwargs)
+
+
+def test_router_and_plan_arguments_of_the_wrong_type_are_named(qkv):
+    for kwargs, message in (({"density": None}, "density must be a number"),
+                            ({"temporal_density": "0.3"}, "temporal_density must be a number"),
+                            ({"try_frames": "no"}, "try_frames must be True or False"),
+                            ({"anchor": 1}, "anchor must be True or False"),
+                            ({"seed": 2**64}, "seed must be a non-negative integer")):
+        with pytest.raises(stsa.InvalidArgument, match=message):
+            stsa.routed_attention(*qkv, GRID, **kwargs)
+        with pytest.raises(stsa.InvalidArgument, match=message):
+            stsa.Policy(**kwargs)
+    with pytest.raises(stsa.InvalidArgument, match="mask must be a mask name"):
+        stsa.plan(GRID, None)
+    with pytest.raises(stsa.InvalidArgument, match="density must be a number"):
+        stsa.tile_lists(GRID, "spatial", None)
+    assert stsa.plan(GRID, "spatial", np.float32(0.5))["kept_fraction"] > 0  # NumPy's numbers are numbers
+
+
+def test_arrays_neither_dlpack_nor_the_buffer_protocol_carries(qkv):
+    import ml_dtypes
+
+    q, k, v = qkv
+    swapped = q.astype(q.dtype.newbyteorder())
+    with pytest.raises(stsa.InvalidArgument, match="q is byte-swapped"):
+        stsa.attention(swapped, k, v, GRID)
+    out = np.empty_like(q).astype(q.dtype.newbyteorder())
+    with pytest.raises(stsa.InvalidArgument, match="out is byte-swapped"):
+        stsa.attention(q, k, v, GRID, out=out)
+    e5m2 = tuple(x.astype(ml_dtypes.float8_e5m2) for x in qkv)
+    with pytest.raises(stsa.InvalidArgument, match="q is float8_e5m2: stsa takes float32, float16, bfloat16 or f"):
+        stsa.attention(*e5m2, GRID)
+    with pytest.raises(stsa.InvalidArgument, match="k is object"):
+        stsa.route(q, k.astype(object), v, GRID)
+
+
+def test_a_grid_the_tensors_do_not_have_is_refused_before_any_plan_is_built(qkv):
+    """The shapes are checked first: a wrong grid of millions (or billions) of tokens is
+    refused at once, not after building (or failing to allocate) its plan."""
+    import time
+
+    cached = stsa._stsa.plan_cache_size()
+    start = time.perf_counter()
+    for grid in (stsa.VideoGrid(100, 100, 200), stsa.VideoGrid(1000, 1000, 2000)):
+        for mask in ("dense", "spatial"):
+            with pytest.raises(stsa.InvalidArgument, match="q has shape"):
+                stsa.attention(*qkv, grid, mask=mask)
+        with pytest.raises(stsa.InvalidArgument, match="q has shape"):
+            stsa.routed_attention(*qkv, grid)
+        with pytest.raises(stsa.InvalidArgument, match="q has shape"):
+            stsa.Policy().attention(*qkv, grid, step=5, layer=5)
+    assert time.perf_counter() - start < 1.0
+    assert stsa._stsa.plan_cache_size() == cached
+
+
+@pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", ""), reason="AddressSanitizer reserves the address space")
+def test_host_memory_running_out_is_a_resource_error():
+    """std::bad_alloc in the library: stsa.ResourceError (a MemoryError and a stsa.Error)."""
+    script = """
+import resource, stsa
+used = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + 256 * 2**20, resource.RLIM_INFINITY))
+try:
+    stsa.plan(stsa.VideoGrid(100, 100, 200), "dense")  # about 2 GB of plan
+except stsa.ResourceError as error:
+    print(isinstance(error, MemoryError), error)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True out of host memory (std::bad_alloc)"

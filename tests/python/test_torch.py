@@ -81,6 +81,80 @@ def test_tensors_that_need_gradients_are_refused(rng):
         assert torch.equal(stsa.attention(q, k, v, grid), stsa.attention(q, k.detach(), v, grid))
 
 
+def with_negative_bit(x):
+    """x's values in a view with torch's negative bit set (``z.conj().imag``)."""
+    view = torch.complex(torch.zeros_like(x), -x).conj().imag
+    assert view.is_neg() and torch.equal(view, x)
+    return view
+
+
+def test_a_negative_bit_is_applied_to_inputs_and_refused_on_outputs(rng):
+    """DLPack hands over a tensor's storage without torch's negative (or conjugate) bit: an
+    input with it is read through a resolved copy, the caller's tensor left as it was; an
+    ``out`` or ``lse`` with it, which stsa cannot write through in place, is refused."""
+    grid = stsa.VideoGrid(4, 4, 4)
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    nq, nk, nv = (with_negative_bit(x) for x in (q, k, v))
+    assert torch.equal(stsa.attention(nq, k, nv, grid), stsa.attention(q, k, v, grid))
+    assert torch.equal(stsa.routed_attention(q, nk, v, grid, samples=8)[0],
+                       stsa.routed_attention(q, k, v, grid, samples=8)[0])
+    assert stsa.route(nq, nk, nv, grid)["heads"] == stsa.route(q, k, v, grid)["heads"]
+    assert torch.equal(stsa.attention(q, k, v, grid, q_descale=with_negative_bit(torch.full((1, 2), 0.5))),
+                       stsa.attention(q, k, v, grid, q_descale=0.5))
+    assert all(x.is_neg() for x in (nq, nk, nv)) and torch.equal(nq, q)  # the caller's tensors as they were
+    out = torch.zeros(q.shape, dtype=torch.complex64).conj().imag
+    lse = torch.zeros((1, 2, grid.tokens), dtype=torch.complex64).conj().imag
+    with pytest.raises(stsa.InvalidArgument, match="out has torch's negative or conjugate bit set"):
+        stsa.attention(q, k, v, grid, out=out)
+    with pytest.raises(stsa.InvalidArgument, match="lse has torch's negative or conjugate bit set"):
+        stsa.Policy().attention(q, k, v, grid, step=0, layer=0, lse=lse)
+    assert not out.any() and not lse.any()
+
+
+def test_tensors_stsa_cannot_read_are_refused_by_name(rng):
+    """Tensors that DLPack cannot hand over (meta, sparse): one stsa error naming the argument,
+    not nanobind's TypeError listing the module's signatures."""
+    grid = stsa.VideoGrid(4, 4, 4)
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    with pytest.raises(stsa.Unsupported, match="q is on meta: stsa takes host"):
+        stsa.attention(q.to("meta"), k.to("meta"), v.to("meta"), grid)
+    with pytest.raises(stsa.Unsupported, match="out is on meta"):
+        stsa.attention(q, k, v, grid, out=torch.empty(q.shape, device="meta"))
+    with pytest.raises(stsa.Unsupported, match="k is a torch.sparse_coo tensor"):
+        stsa.route(q, k.to_sparse(), v, grid)
+    with pytest.raises(stsa.Unsupported, match="k_descale is a torch.sparse_coo tensor"):
+        stsa.attention(q, k, v, grid, k_descale=torch.ones(1, 2).to_sparse())
+
+
+def test_outputs_autograd_tracks_are_refused_or_marked_written(rng):
+    """As torch's own out= operators: an ``out`` (or ``lse``) that requires grad is refused
+    while grad mode is on, and one written bumps its version counter, so a backward pass
+    that saved it before stsa overwrote it is refused instead of using the new values."""
+    grid = stsa.VideoGrid(4, 4, 4)
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    needs_grad = torch.zeros(q.shape, requires_grad=True)
+    with pytest.raises(stsa.Unsupported, match="out requires grad"):
+        stsa.attention(q, k, v, grid, out=needs_grad)
+    with pytest.raises(stsa.Unsupported, match="lse requires grad"):
+        stsa.routed_attention(q, k, v, grid, lse=torch.zeros((1, 2, grid.tokens), requires_grad=True))
+    assert not needs_grad.detach().any()
+    with torch.no_grad():
+        stsa.attention(q, k, v, grid, out=needs_grad)  # not recorded: as torch's out= ops under no_grad
+    out, lse = torch.empty(q.shape), torch.empty((1, 2, grid.tokens))
+    for call in (lambda: stsa.attention(q, k, v, grid, out=out, lse=lse),
+                 lambda: stsa.routed_attention(q, k, v, grid, out=out, lse=lse),
+                 lambda: stsa.Policy().attention(q, k, v, grid, step=0, layer=0, out=out, lse=lse)):
+        versions = out._version, lse._version
+        call()
+        assert out._version > versions[0] and lse._version > versions[1]
+    w = torch.randn(q.shape, requires_grad=True)
+    saved = torch.exp(w)  # exp keeps its output for the backward pass
+    with torch.no_grad():
+        stsa.attention(q, k, v, grid, out=saved)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_cuda_tensors(dtype, head_dim, rng):
