@@ -202,5 +202,12 @@ TEST(Plan, WidestBandsAreDense) {
     }
 }
 
+// A plan that cannot fit in memory is refused before it is built: a dense plan of a
+// 2e9-token grid (2.4e14 tiles) ran for minutes before.
+TEST(Plan, OneTooLargeForMemoryIsRefusedUpFront) {
+  EXPECT_THROW(TilePlan::build(VideoGrid{1000, 1000, 2000, 0, TextPlacement::After}, MaskSpec::dense()),
+               ResourceError);
+}
+
 }  // namespace
 }  // namespace stsa

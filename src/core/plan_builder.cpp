@@ -15,6 +15,7 @@
 
 #include "stsa/error.hpp"
 #include "stsa/plan.hpp"
+#include "stsa/tensor.hpp"
 
 namespace stsa {
 namespace {
@@ -128,6 +129,11 @@ class PlanBuilder {
     // Room for every candidate tile, so that the arrays never regrow, and, where every
     // candidate is kept, shrink_to_fit below copies nothing: that copy doubled the peak.
     const std::size_t candidates = count_candidate_tiles();
+    // A plan that cannot fit is refused before it is built (a dense plan of a 2e9-token grid
+    // would have run for hours): its tile lists alone need this much.
+    check_host_allocation(std::uint64_t(candidates) * (sizeof(std::int32_t) + sizeof(std::int32_t)) +
+                              std::uint64_t(p.q_tiles_) * 16,
+                          "the tile plan");
     p.key_tiles_.reserve(candidates);
     p.mask_ids_.reserve(candidates);
     std::vector<std::int32_t> full, partial;
