@@ -4,7 +4,9 @@
 // (first_block_anchor.hpp), computed on the reference path.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "stsa/layout.hpp"
@@ -15,7 +17,12 @@ namespace stsa {
 
 // sqrt(squared_error / reference_squared): 0 where both are 0, infinite where only the
 // reference is, NaN where either is NaN (a NaN in an output must not read as no error).
-double relative_l2(double squared_error, double reference_squared);
+// The router's candidate errors (CPU and GPU) and the evaluation of routes alike.
+inline double relative_l2(double squared_error, double reference_squared) {
+  if (std::isnan(squared_error) || std::isnan(reference_squared)) return std::numeric_limits<double>::quiet_NaN();
+  if (reference_squared > 0) return std::sqrt(squared_error / reference_squared);
+  return squared_error > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+}
 
 struct RouteEvaluation {
   std::vector<std::int64_t> rows;  // evaluated token positions (frame-major), every batch entry

@@ -19,9 +19,9 @@
 #include "cuda/routing_launch.hpp"
 #include "cuda/routing_splits.hpp"
 #include "cuda/stream_scratch.hpp"
-#include "router/route_errors.hpp"
 #include "stsa/cuda_routing.hpp"
 #include "stsa/error.hpp"
+#include "stsa/route_eval.hpp"
 
 namespace stsa {
 namespace {
@@ -233,7 +233,7 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
       ce.route = routes[c];
       ce.spec = specs[c];
       ce.mse = squared_error / values;
-      ce.rel_l2 = router_detail::relative_l2(squared_error, squared_reference);
+      ce.rel_l2 = relative_l2(squared_error, squared_reference);
       head.candidates.push_back(ce);
     }
     const CandidateError* best = head.best();

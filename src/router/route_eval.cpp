@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <random>
 
 #include "router/parallel.hpp"
@@ -11,12 +10,6 @@
 #include "stsa/reference.hpp"
 
 namespace stsa {
-
-double relative_l2(double squared_error, double reference_squared) {
-  if (std::isnan(squared_error) || std::isnan(reference_squared)) return std::nan("");
-  if (reference_squared > 0) return std::sqrt(squared_error / reference_squared);
-  return squared_error == 0 ? 0.0 : std::numeric_limits<double>::infinity();
-}
 
 double RouteEvaluation::rel_l2(const std::vector<double>& squared_error, const std::vector<HeadRoute>& heads,
                                const std::vector<Route>& routes) const {

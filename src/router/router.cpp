@@ -7,10 +7,10 @@
 
 #include "router/candidate_mask.hpp"
 #include "router/parallel.hpp"
-#include "router/route_errors.hpp"
 #include "router/sampled_attention.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/error.hpp"
+#include "stsa/route_eval.hpp"
 
 namespace stsa {
 namespace {
@@ -178,7 +178,7 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
       ce.route = routes[c];
       ce.spec = masks[c].spec;
       ce.mse = e.squared_error[c] / values;
-      ce.rel_l2 = router_detail::relative_l2(e.squared_error[c], e.squared_reference);
+      ce.rel_l2 = relative_l2(e.squared_error[c], e.squared_reference);
       head.candidates.push_back(ce);
     }
     const CandidateError* best = head.best();
