@@ -206,7 +206,9 @@ class Policy:
                  spatial_density: float | None = None, temporal_density: float | None = None,
                  frames_density: float | None = None, try_frames: bool = False, samples: int = 64, seed: int = 1,
                  max_rel_l2: float = 0.5, anchor: bool = True):
-        self._policy = _stsa.Policy(dense_steps=dense_steps, dense_layers=dense_layers, reuse_steps=reuse_steps,
+        self._policy = _stsa.Policy(dense_steps=_count("dense_steps", dense_steps, 0),
+                                    dense_layers=_count("dense_layers", dense_layers, 0),
+                                    reuse_steps=_count("reuse_steps", reuse_steps, 1),
                                     **_router(density, spatial_density, temporal_density, frames_density, try_frames,
                                               samples, seed, max_rel_l2, anchor))
         self.last_info: dict[str, Any] | None = None  # the latest attention call's info (under torch.compile too)
@@ -239,7 +241,7 @@ class Policy:
 
     def dense(self, step: int, layer: int) -> bool:
         """Whether (step, layer) is in the dense warm-up."""
-        return self._policy.dense(step, layer)
+        return self._policy.dense(_count("step", step, 0), _count("layer", layer, 0))
 
     def route(self, q, k, v, grid, step: int, layer: int, *, layout: str = "bnhd", scale: float | None = None,
               stream: int | None = None, q_descale=None, k_descale=None, v_descale=None) -> dict[str, Any]:
@@ -250,7 +252,7 @@ class Policy:
         with _device_of(q):
             return self._policy.route(**_arrays(q, k, v, stream=stream),
                                       **_descales(q, layout, q_descale, k_descale, v_descale), grid=_grid(grid),
-                                      step=step, layer=layer,
+                                      step=_count("step", step, 0), layer=_count("layer", layer, 0),
                                       scale=_scale(scale), stream=_stream(q, stream), layout=layout)
 
     @property
@@ -286,8 +288,9 @@ class Policy:
         descales = _descales(q, layout, q_descale, k_descale, v_descale)
         with _device_of(q), _written(out, lse):
             info = self._policy.attention(**_arrays(q, k, v, out, lse, stream), **descales,
-                                          **_where(q, grid, scale, backend, stream, tile, align, layout), step=step,
-                                          layer=layer, timed=_flag("timed", timed))
+                                          **_where(q, grid, scale, backend, stream, tile, align, layout),
+                                          step=_count("step", step, 0), layer=_count("layer", layer, 0),
+                                          timed=_flag("timed", timed))
         self.last_info = info
         return (out, lse, info) if want_lse else (out, info)
 
@@ -358,7 +361,7 @@ def set_num_threads(threads: int) -> None:
     """The threads of host calls (the CPU backend, the router, the permutation) from the next
     call on, before ``STSA_THREADS``, as ``torch.set_num_threads`` is before ``OMP_NUM_THREADS``;
     0 goes back to ``STSA_THREADS``, then all cores. For the whole process, in [0, 4096]."""
-    if not isinstance(threads, numbers.Integral) or isinstance(threads, bool):
+    if not isinstance(threads, numbers.Integral) or isinstance(threads, bool) or not 0 <= threads <= 4096:
         raise InvalidArgument(f"threads must be an int in [0, 4096] (0: STSA_THREADS, then all), got {threads!r}")
     isa, _ = _stsa.cpu_defaults()
     _stsa.set_cpu_defaults(isa, int(threads))
@@ -411,6 +414,14 @@ def _tile(tile) -> tuple[int, int]:
             and all(1 <= t <= 2**31 - 1 for t in tile)):
         return int(tile[0]), int(tile[1])
     raise InvalidArgument(f"tile must be (rows, columns) or one int, positive integers, got {tile!r}")
+
+
+def _count(name: str, value, minimum: int) -> int:
+    """A whole-number argument the module takes as a 64-bit integer (a step, a layer, a count of
+    them): a float, a bool or a value past 2^63 - 1 is refused here, with its name."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not minimum <= int(value) < 2**63:
+        raise InvalidArgument(f"{name} must be an integer in [{minimum}, 2^63 - 1], got {value!r}")
+    return int(value)
 
 
 def _flag(name: str, value) -> bool:

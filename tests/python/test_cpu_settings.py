@@ -125,7 +125,7 @@ def test_a_policy_made_before_routes_with_any_thread_count(rng):
     assert one["heads"] == two["heads"]  # the router's errors are bit-identical for any thread count
 
 
-@pytest.mark.parametrize("threads", [-1, 4097, 1.5, True, "2", None])
+@pytest.mark.parametrize("threads", [-1, 4097, 2**40, 1.5, True, "2", None])
 def test_bad_thread_counts_are_refused_and_change_nothing(threads):
     stsa.set_num_threads(2)
     with pytest.raises(stsa.InvalidArgument, match="threads"):

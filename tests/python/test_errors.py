@@ -83,6 +83,26 @@ def test_bad_grids(qkv):
     assert (GRID.tokens, GRID.video_tokens) == (50, 48) and stsa.VideoGrid(np.int64(3), 4, 4).tokens == 48
 
 
+@pytest.mark.parametrize("settings", [{"dense_steps": 1.5}, {"dense_layers": -1}, {"reuse_steps": 0},
+                                      {"reuse_steps": True}, {"dense_steps": 2**63}])
+def test_bad_policy_counts_are_named(settings):
+    with pytest.raises(stsa.InvalidArgument, match=f"{next(iter(settings))} must be an integer"):
+        stsa.Policy(**settings)
+
+
+@pytest.mark.parametrize("step, layer, name", [(2**63, 0, "step"), (0, 1.0, "layer"), (-1, 0, "step"),
+                                               (0, np.float32(2), "layer")])
+def test_bad_steps_and_layers_are_named(qkv, step, layer, name):
+    policy = stsa.Policy()
+    out = np.full_like(qkv[0], 7.0)
+    for call in (lambda: policy.dense(step, layer), lambda: policy.route(*qkv, GRID, step, layer),
+                 lambda: policy.attention(*qkv, GRID, step, layer, out=out)):
+        with pytest.raises(stsa.InvalidArgument, match=f"{name} must be an integer"):
+            call()
+    assert policy.cached_count == 0 and (out == 7.0).all()
+    assert policy.dense(np.int64(0), 2**63 - 1) is False  # any integral type, the whole int64 range
+
+
 def test_grids_are_values():
     import pickle
 
