@@ -208,6 +208,17 @@ nlohmann::json run_route(const RouteArgs& args) {
              "--backend cuda: the GPU router takes bf16 or fp16 inputs; add --dtype bf16");
   const MemoryLayout memory = parse_memory(args.memory);
   if (!args.save_output.empty()) check_output_file(args.save_output, args.synthetic ? args.save_inputs : "");
+  if (args.synthetic) {
+    // What this command holds at once, counted together before the first buffer is made: each could
+    // fit alone where all do not, and then the first write past memory meets the OOM killer, not an error.
+    const VideoLayout wanted{grid, args.batch, args.heads, args.head_dim};
+    wanted.validate();
+    const auto values = std::uint64_t(wanted.batch * wanted.tokens() * wanted.heads * wanted.head_dim);
+    const auto lse_values = std::uint64_t(wanted.batch * wanted.heads * wanted.tokens());
+    const std::uint64_t bytes = values * (3 * element_size(parse_dtype(args.dtype))) +
+                                values * element_size(parse_dtype(args.out_dtype)) + lse_values * sizeof(float);
+    check_host_allocation(bytes, "the synthetic Q/K/V, the output and its LSE");
+  }
   Inputs in = make_inputs(args, grid, memory);
   const VideoLayout& layout = in.layout;
 

@@ -188,6 +188,21 @@ def check_fp8(binary):
     return failures
 
 
+def check_memory_counted_together(binary):
+    """Synthetic inputs that fit in memory, with an output that does not fit beside them: refused
+    before any buffer is made (each alone fits: the OOM killer used to end the run instead)."""
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    values = physical // 8  # bf16 Q/K/V 6 bytes a value (3/4 of memory), with the fp32 output 10 (5/4)
+    frames = -(-values // (16 * 64 * 256 * 256))
+    r = subprocess.run([binary, "route", "--synthetic", "--frames", str(frames), "--height", "256", "--width", "256",
+                        "--heads", "16", "--head-dim", "64", "--dtype", "bf16", "--out-dtype", "fp32"],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 2 or "the synthetic Q/K/V, the output and its LSE needs" not in r.stderr:
+        print(f"FAIL route on {frames} frames of 256x256 x 16 heads: exit {r.returncode}, {r.stderr[-300:]!r}")
+        return 1
+    return 0
+
+
 def main():
     binary = sys.argv[1]
     failures = 0
@@ -307,6 +322,7 @@ def main():
         failures += 1
     failures += check_inputs_from_files(binary)
     failures += check_fp8(binary)
+    failures += check_memory_counted_together(binary)
     png = os.path.join(tempfile.mkdtemp(), "tiles.png")
     run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", png])
     with open(png, "rb") as f:
@@ -324,7 +340,7 @@ def main():
     if "CPU kernel" not in demo or "Tile plans" not in demo:
         print("FAIL the demo did not print its two parts")
         failures += 1
-    total = len(checks) + 12 + FILE_CHECKS
+    total = len(checks) + 13 + FILE_CHECKS
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 
