@@ -78,7 +78,8 @@ void cuda_synchronize();
 // temporal heads) comes from a stream-ordered pool the library keeps per device,
 // so that repeated calls never allocate from the driver (cudaMalloc and cudaFree
 // synchronize the device). The pool keeps its high-water mark.
-// The bytes it holds on the current device (0 where the device has no pools):
+// The bytes it holds on the current device (0 where the device has no pools);
+// throws Unsupported without a GPU, as cuda_release_scratch does.
 std::int64_t cuda_scratch_bytes();
 // Waits for the current device, then returns the pool's unused memory to the driver.
 void cuda_release_scratch();

@@ -30,7 +30,7 @@ HostArray read_npy(const std::string& path);
 void write_npy(const std::string& path, const HostArray& array, bool overwrite = false);
 
 std::vector<std::string> safetensors_names(const std::string& path);
-// dtypes F32, BF16, F16; throws IoError naming the file and the tensor when absent or malformed.
+// dtypes F32, BF16, F16, F8_E4M3; throws IoError naming the file and the tensor when absent or malformed.
 HostArray parse_safetensors(const std::byte* bytes, std::size_t size, const std::string& tensor,
                             const std::string& name = "<memory>");
 HostArray read_safetensors(const std::string& path, const std::string& tensor);

@@ -43,7 +43,8 @@ struct MaskSpec {
 
   // The token order in which this mask is tile-contiguous (what its plan is built for).
   TokenOrder natural_order() const { return kind == MaskKind::Band ? band_order : TokenOrder::FrameMajor; }
-  // Throws InvalidArgument if band/radius are out of range for the grid.
+  // Throws InvalidArgument for an invalid grid or a band or radius below -1 (one past the
+  // grid keeps what the grid holds: the masks clamp to it).
   void validate(const VideoGrid& grid) const;
   std::string describe() const;  // e.g. "spatial band 1234 +anchor"
   bool operator==(const MaskSpec&) const = default;

@@ -12,8 +12,8 @@
 //
 // Cost per head: 2 S N D FLOPs for the scores plus 2 S D (N + kept keys of each
 // candidate) for the outputs, i.e. O(S x N x D); the report gives the exact count.
-// On CPUs with AMX, bf16 and fp16 inputs (head dims a multiple of 32) run these
-// as tile products: every candidate's output over all keys, with the weights as
+// On CPUs with AMX, bf16, fp16 and fp8 inputs (any head dim up to 512, padded
+// to the packer's) run these as tile products: every candidate's output over all keys, with the weights as
 // two bf16 parts each (within 2^-16 of themselves); the counted FLOPs stay the
 // ones above.
 #pragma once
@@ -45,8 +45,8 @@ struct RouterOptions {
   bool anchor = true;                 // symmetric frame-0 anchor in every candidate
   std::uint64_t seed = 1;
   int threads = 0;                    // 0: resolve_threads(0) (cpu.hpp): the process default, STSA_THREADS, all
-  // Auto or Amx: AMX tile products where they apply (bf16 or fp16 inputs, head
-  // dim a multiple of 32), resolved as CpuOptions::isa is (STSA_ISA; Amx on a CPU
+  // Auto or Amx: AMX tile products where they apply (bf16, fp16 or fp8 inputs,
+  // head dim up to 512), resolved as CpuOptions::isa is (STSA_ISA; Amx on a CPU
   // without it throws Unsupported). Any other: fp32 vector arithmetic throughout.
   Isa isa = Isa::Auto;
   void validate() const;              // throws InvalidArgument naming the field and its range

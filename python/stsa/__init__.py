@@ -182,7 +182,7 @@ def route(q, k, v, grid, density: float = 0.25, *, spatial_density: float | None
     ``routed_attention`` makes it (on the GPU for CUDA arrays), without computing
     the attention. Returns ``routes``, ``heads`` (route, mask, band, candidates'
     errors), ``sampled_rows``, ``routing_ms``, ``flops`` and ``tile_products``
-    (whether the CPU router computed on AMX tiles: bf16 or fp16 inputs on a CPU
+    (whether the CPU router computed on AMX tiles: bf16, fp16 or fp8 inputs on a CPU
     with AMX); ``tile_lists(grid, route, density)`` gives each route's plan."""
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
