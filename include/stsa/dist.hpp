@@ -93,7 +93,8 @@ class Communicator {
   [[noreturn]] virtual void abort(int exit_code) = 0;
 
   // How long any one collective may wait for the other ranks. Default: the
-  // STSA_DIST_TIMEOUT environment variable in seconds, else 120 s.
+  // STSA_DIST_TIMEOUT environment variable in seconds (in (0, 1e7), rounded up to
+  // a millisecond; any other text makes the constructor throw InvalidArgument), else 120 s.
   void set_timeout(std::chrono::milliseconds timeout);
   std::chrono::milliseconds timeout() const { return timeout_; }
   Traffic traffic() const { return traffic_; }

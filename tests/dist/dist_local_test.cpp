@@ -496,16 +496,25 @@ TEST(UlyssesLocal, RejectsBadViewsAndDtypesAtTheAgreement) {
   }
 }
 
-// STSA_DIST_TIMEOUT: seconds, > 0 and below 1e7, the whole string a number; else the 120 s default.
+// STSA_DIST_TIMEOUT: seconds, > 0 and below 1e7, the whole string a number, rounded up to a
+// millisecond; empty: the 120 s default; anything else refused (not silently the default).
 TEST(LocalCommunicator, TimeoutFromTheEnvironment) {
   const char* saved = std::getenv("STSA_DIST_TIMEOUT");
   const std::string kept = saved ? saved : "";
   const std::pair<const char*, std::int64_t> cases[] = {
-      {"2.5", 2500},      {"0", 120000},   {"-3", 120000},           {"5x", 120000},
-      {"", 120000},       {"1e7", 120000}, {"9999999", 9999999000}};
+      {"2.5", 2500}, {"", 120000}, {"0.0001", 1}, {"9999999", 9999999000}};
   for (const auto& [text, ms] : cases) {
     ::setenv("STSA_DIST_TIMEOUT", text, 1);
     EXPECT_EQ(make_local_communicator()->timeout().count(), ms) << "'" << text << "'";
+  }
+  for (const char* text : {"0", "-3", "5x", "30s", "abc", "1e7", "nan", "inf"}) {
+    ::setenv("STSA_DIST_TIMEOUT", text, 1);
+    try {
+      make_local_communicator();
+      ADD_FAILURE() << "'" << text << "' was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("STSA_DIST_TIMEOUT must be seconds"), std::string::npos) << e.what();
+    }
   }
   if (saved)
     ::setenv("STSA_DIST_TIMEOUT", kept.c_str(), 1);
