@@ -133,8 +133,10 @@ RouterOptions router_options(int samples, double spatial_density, double tempora
   return options;
 }
 
-// Options that size every kind of mask to one kept density (route_spec reads them).
+// Options that size every kind of mask to one kept density (route_spec reads them). Checked here,
+// in the caller's words: no router is involved, so the router's field names would mislead.
 RouterOptions one_density(double density, bool anchor) {
+  STSA_CHECK(density >= 0 && density <= 1, InvalidArgument, "density must be in [0, 1], got ", density);
   RouterOptions options;
   options.spatial_density = options.temporal_density = options.frame_window_density = density;
   options.anchor = anchor;
@@ -142,10 +144,18 @@ RouterOptions one_density(double density, bool anchor) {
   return options;
 }
 
+// The mask a name gives ("dense", "spatial", "temporal", "frames"), refused in the argument's words.
+Route parse_mask(const std::string& name) {
+  for (const Route r : {Route::Dense, Route::Spatial, Route::Temporal, Route::FrameWindow})
+    if (name == to_string(r)) return r;
+  throw InvalidArgument(
+      detail::concat("mask must be 'dense', 'spatial', 'temporal' or 'frames', got '", name, "'"));
+}
+
 // The cached plan of the mask `mask` names, sized to `density`.
 std::shared_ptr<const TilePlan> plan_of(const VideoGrid& grid, const std::string& mask, double density, bool anchor,
                                         std::int32_t tile_q, std::int32_t tile_k, const std::string& align) {
-  const MaskSpec spec = route_spec(grid, parse_route(mask), one_density(density, anchor));
+  const MaskSpec spec = route_spec(grid, parse_mask(mask), one_density(density, anchor));
   return plan_cache().get(grid, spec, tile_shape(tile_q, tile_k), parse_alignment(align));
 }
 
@@ -162,7 +172,7 @@ nb::dict attention(const Tensors& t, const VideoGrid& grid, const std::vector<st
   const RouterOptions densities = one_density(density, anchor);
   std::vector<HeadRoute> decisions(std::size_t(std::max<std::int64_t>(heads, 0)));
   for (std::size_t h = 0; h < decisions.size(); ++h) {
-    decisions[h].route = parse_route(masks[masks.size() == 1 ? 0 : h]);
+    decisions[h].route = parse_mask(masks[masks.size() == 1 ? 0 : h]);
     decisions[h].spec = route_spec(grid, decisions[h].route, densities);
   }
   return result_dict(without_gil([&] { return run_given(target, plan_cache(), call, std::move(decisions), options); }));

@@ -103,6 +103,17 @@ def test_bad_steps_and_layers_are_named(qkv, step, layer, name):
     assert policy.dense(np.int64(0), 2**63 - 1) is False  # any integral type, the whole int64 range
 
 
+def test_density_and_mask_errors_name_the_argument_not_the_router(qkv):
+    """No router is involved in a given mask's call: its refusals use the caller's words."""
+    for call in (lambda: stsa.attention(*qkv, GRID, density=2.0), lambda: stsa.plan(GRID, "temporal", 1.5),
+                 lambda: stsa.tile_lists(GRID, "frames", -1.0)):
+        with pytest.raises(stsa.InvalidArgument, match=r"^density must be in \[0, 1\], got"):
+            call()
+    for call in (lambda: stsa.attention(*qkv, GRID, mask="bogus"), lambda: stsa.plan(GRID, "bogus")):
+        with pytest.raises(stsa.InvalidArgument, match="^mask must be 'dense', 'spatial', 'temporal' or 'frames', got"):
+            call()
+
+
 def test_grids_are_values():
     import pickle
 
