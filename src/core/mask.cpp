@@ -51,7 +51,9 @@ std::string MaskSpec::describe() const {
     case MaskKind::Band:
       text = detail::concat(band_order == TokenOrder::FrameMajor ? "spatial" : "temporal", " band ", band);
       break;
-    case MaskKind::FrameWindow: text = detail::concat("frame window +-", frame_radius); break;
+    case MaskKind::FrameWindow:  // radius -1 keeps no frame: "+--1" would read as a typo
+      text = frame_radius < 0 ? std::string("frame window none") : detail::concat("frame window +-", frame_radius);
+      break;
   }
   return text + (anchor ? " +anchor" : "");
 }
