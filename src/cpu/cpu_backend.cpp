@@ -207,8 +207,9 @@ class CpuBackend final : public Backend {
     const Support support = supports(call, config);
     if (!support.ok) throw Unsupported(support.why);
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!pool_ || pool_threads_ != config.threads) {
-      pool_.reset();  // its workers end before the new pool's start
+    // A pool inherited through fork() has no workers in this process: a fresh one gets them back.
+    if (!pool_ || pool_threads_ != config.threads || !pool_->owned_by_this_process()) {
+      pool_.reset();  // its workers end before the new pool's start (a forked child's is left alone)
       pool_ = std::make_unique<ThreadPool>(config.threads);
       pool_threads_ = config.threads;
     }
@@ -434,7 +435,8 @@ class CpuBackend final : public Backend {
 
   CpuOptions requested_;
   mutable std::mutex mutex_;
-  mutable std::unique_ptr<ThreadPool> pool_;  // started on the first run, again when the thread count changes
+  // Started on the first run, again when the thread count changes and in a forked child.
+  mutable std::unique_ptr<ThreadPool> pool_;
   mutable int pool_threads_ = 0;              // the count pool_ was asked for (it may run fewer)
   // Kept across runs (guarded by mutex_): fresh pages would be faulted in on every call.
   mutable FloatBuffer panels_;
@@ -445,9 +447,26 @@ class CpuBackend final : public Backend {
 }  // namespace
 }  // namespace cpu
 
-Isa kernel_isa(Isa isa, const AttentionCall& call) { return cpu::choose_kernel(isa, call).isa; }
+namespace {
 
-std::int64_t kernel_head_dim(Isa isa, const AttentionCall& call) { return cpu::choose_kernel(isa, call).kernel.dim; }
+// kernel_isa and kernel_head_dim answer for a resolved instruction set: Auto depends on the defaults and the machine.
+void check_resolved(Isa isa, const char* what) {
+  STSA_CHECK(isa == Isa::Scalar || isa == Isa::Avx2 || isa == Isa::Avx512 || isa == Isa::Amx, InvalidArgument, what,
+             ": the instruction set must be resolved (resolve_isa), got ",
+             isa == Isa::Auto ? std::string("auto") : std::to_string(int(isa)));
+}
+
+}  // namespace
+
+Isa kernel_isa(Isa isa, const AttentionCall& call) {
+  check_resolved(isa, "kernel_isa");
+  return cpu::choose_kernel(isa, call).isa;
+}
+
+std::int64_t kernel_head_dim(Isa isa, const AttentionCall& call) {
+  check_resolved(isa, "kernel_head_dim");
+  return cpu::choose_kernel(isa, call).kernel.dim;
+}
 
 std::unique_ptr<Backend> make_cpu_backend(CpuOptions options) {
   STSA_CHECK(options.threads >= 0 && options.threads <= 4096, InvalidArgument,
