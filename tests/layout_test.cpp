@@ -96,5 +96,21 @@ TEST(Layout, HugeTextCountIsRefusedWithoutOverflow) {
   }
 }
 
+// A cast integer is no placement: it once passed, and a mismatch message then
+// printed two grids that read the same ("... text after").
+TEST(Layout, TextPlacementOutsideTheEnumIsRefused) {
+  for (const std::int64_t text : {0, 3}) {
+    try {
+      VideoGrid{2, 3, 4, text, TextPlacement(2)}.validate();
+      ADD_FAILURE() << "placement 2 was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("text placement must be before or after, got 2"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW((VideoLayout{{2, 3, 4, text, TextPlacement(7)}, 1, 2, 64}.validate()), InvalidArgument);
+  }
+  EXPECT_NO_THROW((VideoGrid{2, 3, 4, 3, TextPlacement::Before}.validate()));
+}
+
 }  // namespace
 }  // namespace stsa

@@ -42,6 +42,11 @@ struct HeadMask {
 //   LSE[b, h, i]  = log sum_j exp(scale * q[b, h] * k[b, h] * q_i . k_j)
 // Each is empty (every factor 1) or B x H floats, (b, h) at b * H + h, finite and
 // > 0 (validate()). Any input dtype; the CPU and reference backends take them.
+// validate() also refuses a call where |scale * q[b, h] * k[b, h]| * log2(e), which
+// the kernels keep in fp32, is not a finite fp32 for some (b, h).
+// A limit: on the bf16 paths of the CPU's AVX-512 and AMX kernels, products of Q and
+// K values below 2^-126 flush to zero before the scale and descales apply, so Q and K
+// scaled down that far (by ~2^-64 each, with descales of 2^64) lose their scores.
 struct Descales {
   std::span<const float> q, k, v;
 
@@ -74,8 +79,9 @@ struct AttentionCall {
 void validate_descales(const Descales& descales, std::int64_t batch, std::int64_t heads);
 
 // Checks everything a backend relies on: layout, shapes and strides against the
-// layout, dtypes, that o/lse do not overlap q/k/v or each other, one mask per
-// head, and (when require_plans) that every computed head has a matching plan.
+// layout, dtypes (DType values), the scale and descales, that o/lse do not overlap
+// q/k/v or each other, one mask per head, the computed heads' token orders, and
+// (when require_plans) that every computed head has a matching plan.
 void validate(const AttentionCall& call, bool require_plans);
 
 // The tensor parts of validate(): the layout itself, then one logical

@@ -78,6 +78,9 @@ bool disjoint_slices_of_one_view(const NamedExtent& a, const NamedExtent& b) {
 
 bool is_token_order(TokenOrder order) { return order == TokenOrder::FrameMajor || order == TokenOrder::SpatialMajor; }
 
+// Whether t is one of DType's values (a cast integer may be none: its element size and conversions are made up).
+bool is_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16 || t == DType::F8E4M3; }
+
 // What a scattered output and a gathered input (`what`, its tensors' `side`)
 // both check: the grid, the token orders, the call's computed heads in `order`.
 void check_grid_and_orders(const AttentionCall& call, const char* what, const char* side, const VideoGrid& grid,
@@ -178,6 +181,8 @@ void validate_tensor(const char* name, const TensorView& t, const VideoLayout& l
 }
 
 void validate_view_memory(const char* name, const TensorView& t) {
+  STSA_CHECK(is_dtype(t.dtype), InvalidArgument, name, " has dtype ", int(t.dtype),
+             ", not a DType value (fp32, bf16, fp16 or fp8)");
   t.byte_extent();  // throws when the strides reach past the address space
   check_distinct_addresses(name, t.shape, t.stride);
   const auto address = reinterpret_cast<std::uintptr_t>(t.data);
@@ -284,6 +289,27 @@ double AttentionCall::score_scale(std::int64_t b, std::int64_t h) const {
   return double(scale()) * descales.score(b, h, layout.heads);
 }
 
+namespace {
+
+// Kernels compute exp2(score_scale x log2(e) x q.k) with that factor in fp32: a finite scale and
+// descales whose product is past fp32's range would make it inf and every output NaN.
+void check_score_scale(const AttentionCall& call) {
+  const std::int64_t heads = call.layout.heads;
+  const bool per_head = !call.descales.q.empty() || !call.descales.k.empty();
+  double largest = 0;
+  std::int64_t at = 0;
+  for (std::int64_t i = 0; i < (per_head ? call.layout.batch * heads : 1); ++i) {
+    const double factor = std::abs(call.score_scale(i / heads, i % heads));
+    if (factor > largest) largest = factor, at = i;
+  }
+  constexpr double kLog2e = 1.44269504088896340736;
+  STSA_CHECK(largest * kLog2e <= double(std::numeric_limits<float>::max()), InvalidArgument,
+             "scale x q_descale x k_descale = ", largest, " for (batch, head) (", at / heads, ", ", at % heads,
+             ") is too large: times log2(e) it is past fp32's range");
+}
+
+}  // namespace
+
 void validate(const AttentionCall& call, bool require_plans) {
   call.layout.validate();
   validate_tensor("q", call.q, call.layout);
@@ -298,6 +324,7 @@ void validate(const AttentionCall& call, bool require_plans) {
   STSA_CHECK(std::isfinite(call.softmax_scale), InvalidArgument, "softmax scale must be finite, got ",
              call.softmax_scale);
   validate_descales(call.descales, call.layout.batch, call.layout.heads);
+  check_score_scale(call);
   if (call.lse.data != nullptr) validate_lse("lse", call.lse, call.layout);
   const NamedExtent outputs[] = {NamedExtent::of("o", call.o), NamedExtent::of("lse", call.lse)};
   const NamedExtent inputs[] = {NamedExtent::of("q", call.q),
@@ -312,6 +339,8 @@ void validate(const AttentionCall& call, bool require_plans) {
   for (std::size_t h = 0; h < call.heads.size(); ++h) {
     const HeadMask& head = call.heads[h];
     if (!head.compute) continue;
+    STSA_CHECK(is_token_order(head.order), InvalidArgument, "head ", h, "'s token order ", int(head.order),
+               " is not a TokenOrder value (frame-major or spatial-major)");
     head.spec.validate(call.layout.grid);
     if (!require_plans) continue;
     STSA_CHECK(head.plan != nullptr, InvalidArgument, "head ", h, " has no tile plan");

@@ -17,6 +17,9 @@ void VideoGrid::validate() const {
   STSA_CHECK(height >= 1, InvalidArgument, "height must be >= 1, got ", height);
   STSA_CHECK(width >= 1, InvalidArgument, "width must be >= 1, got ", width);
   STSA_CHECK(text_tokens >= 0, InvalidArgument, "text tokens must be >= 0, got ", text_tokens);
+  // (A cast integer would pass for After in positions and print as "after".)
+  STSA_CHECK(text_placement == TextPlacement::Before || text_placement == TextPlacement::After, InvalidArgument,
+             "text placement must be before or after, got ", int(text_placement));
   constexpr std::int64_t kMaxTokens = (std::int64_t(1) << 31) - 1;  // tile indices and plans use 32-bit columns
   std::int64_t video = 0;
   const bool overflow = __builtin_mul_overflow(frames, height, &video) || __builtin_mul_overflow(video, width, &video);
