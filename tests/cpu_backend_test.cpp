@@ -586,6 +586,9 @@ TEST(CpuBackend, FmaPeakIsPositive) {
   EXPECT_GT(one, 0.1);
   EXPECT_THROW(measure_fma_peak_gflops(-1, 0.1), InvalidArgument);
   EXPECT_THROW(measure_fma_peak_gflops(1, 0.0), InvalidArgument);
+  // [0, 4096] as every other entry point (INT_MAX once ended in bad_alloc).
+  for (const int threads : {4097, std::numeric_limits<int>::max()})
+    EXPECT_THROW(measure_fma_peak_gflops(threads, 0.02), InvalidArgument) << threads;
 }
 
 TEST(CpuBackend, AmxPeakIsPositiveWhereThereIsAmx) {
@@ -596,6 +599,8 @@ TEST(CpuBackend, AmxPeakIsPositiveWhereThereIsAmx) {
   EXPECT_GT(measure_amx_peak_gflops(1, 0.02), 0.1);
   EXPECT_THROW(measure_amx_peak_gflops(-1, 0.1), InvalidArgument);
   EXPECT_THROW(measure_amx_peak_gflops(1, 0.0), InvalidArgument);
+  for (const int threads : {4097, std::numeric_limits<int>::max()})
+    EXPECT_THROW(measure_amx_peak_gflops(threads, 0.02), InvalidArgument) << threads;
 }
 
 // Which calls the tile products take: Q, K and V all bf16 or all fp16, any head
@@ -623,6 +628,25 @@ TEST(CpuBackend, AmxRunsBf16AndF16CallsWithHeadDimsUpTo128) {
   EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, bf16, bf16, DType::F32)), Isa::Avx512);  // V must be exact in bf16
   EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, DType::F32, bf16, bf16)), Isa::Avx512);
   EXPECT_EQ(kernel_isa(Isa::Avx512, call_of(128, bf16, bf16, bf16)), Isa::Avx512);
+}
+
+// kernel_isa and kernel_head_dim answer for a resolved instruction set (Auto once
+// came back as Auto, and the head dim as the scalar kernel's).
+TEST(CpuBackend, KernelQueriesRefuseAnUnresolvedIsa) {
+  AttentionCall call;
+  call.layout = {{1, 2, 2, 0, TextPlacement::After}, 1, 1, 72};
+  call.q.dtype = call.k.dtype = call.v.dtype = DType::BF16;
+  for (const Isa isa : {Isa::Auto, Isa(9)}) {
+    EXPECT_THROW(kernel_isa(isa, call), InvalidArgument) << int(isa);
+    EXPECT_THROW(kernel_head_dim(isa, call), InvalidArgument) << int(isa);
+  }
+  try {
+    kernel_isa(Isa::Auto, call);
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("must be resolved (resolve_isa), got auto"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(kernel_isa(Isa::Avx2, call), Isa::Avx2);
+  EXPECT_EQ(kernel_head_dim(resolve_isa(Isa::Auto), call) > 0, true);
 }
 
 // The head dim each kernel computes a call at: its own where a kernel is built

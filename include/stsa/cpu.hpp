@@ -1,5 +1,5 @@
 // The CPU backend: flash-style online softmax over a tile plan, SIMD kernels
-// chosen at run time (AMX tiles for bf16, AVX-512, AVX2+FMA, scalar), all cores.
+// chosen at run time (AMX tiles for bf16, fp16 and fp8, AVX-512, AVX2+FMA, scalar), all cores.
 #pragma once
 
 #include <memory>
@@ -9,9 +9,13 @@
 
 namespace stsa {
 
-// Amx: AVX-512 plus AMX tile products for calls with bf16 Q, K and V and a head
-// dim that is a multiple of 32 (their error bound is the AVX-512 kernel's);
-// every other call runs the AVX-512 kernel.
+// Amx: AVX-512 plus AMX tile products for calls whose Q, K and V are all bf16, all
+// fp16 (each value as two bf16 parts) or all fp8 (as bf16), any head dim up to 128
+// (run padded to the next of 64, 96 and 128 the tile kernel is built for); every
+// other call runs the AVX-512 kernel. P enters P V as three bf16 parts for an fp32
+// output (exact), two for an fp16 output or fp16 inputs (to within 2^-16), and
+// rounded to bf16 for a bf16 output from bf16 or fp8 inputs, as bf16 FlashAttention
+// kernels do: within the bound every kernel meets (README.md has the figures).
 enum class Isa : std::uint8_t { Auto, Scalar, Avx2, Avx512, Amx };
 std::string_view to_string(Isa isa);
 Isa parse_isa(std::string_view name);  // "auto" | "scalar" | "avx2" | "avx512" | "amx"
@@ -42,8 +46,9 @@ CpuOptions cpu_defaults();
 Isa resolve_isa(Isa requested);
 int resolve_threads(int requested);
 
-// The kernel the CPU backend running `isa` (resolved, not Auto) computes `call` with:
-// Amx for the calls the tile kernel takes, Avx512 for the others under Amx, else `isa`.
+// The kernel the CPU backend running `isa` (resolved, not Auto: InvalidArgument, as
+// for any value that is no instruction set) computes `call` with: Amx for the calls
+// the tile kernel takes, Avx512 for the others under Amx, else `isa`.
 Isa kernel_isa(Isa isa, const AttentionCall& call);
 
 // The head dim that kernel computes `call` at: the call's own, or the next one it

@@ -61,7 +61,8 @@ namespace cpu {
 namespace {
 
 double measure_peak(Chains chains, int flops_per_iteration, int threads, double seconds) {
-  STSA_CHECK(threads >= 0, InvalidArgument, "threads must be >= 0 (0: all), got ", threads);
+  // The bound every other entry point has: a huge count would only fail to allocate its per-thread slots.
+  STSA_CHECK(threads >= 0 && threads <= 4096, InvalidArgument, "threads must be in [0, 4096] (0: all), got ", threads);
   STSA_CHECK(seconds > 0 && seconds <= 60, InvalidArgument, "seconds must be in (0, 60], got ", seconds);
   if (threads == 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
 

@@ -96,7 +96,8 @@ AttendFn attend_scalar(int head_dim);
 AttendFn attend_avx2(int head_dim);
 AttendFn attend_avx512(int head_dim);
 // S = Q K^T and O += P V as AMX tile products from q_pairs, kv.kt_pairs and
-// kv.v_pairs (bf16 Q, K, V, or fp16 ones in two parts); head dims that are a multiple of 32.
+// kv.v_pairs (bf16 Q, K, V, fp8 ones as their bf16 values, or fp16 ones in two parts); head
+// dims 64, 96 and 128 (the backend pads the others up to 128 to the next of them).
 AttendFn attend_amx(int head_dim);
 
 // fp16 values (their bits) as bf16 high and low parts with high + low == value
