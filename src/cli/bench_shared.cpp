@@ -7,7 +7,9 @@
 #include <cmath>
 #include <exception>
 #include <random>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "bench/figures.hpp"
 #include "bench/record.hpp"
@@ -67,6 +69,7 @@ BenchSetup parse_bench_setup(const BenchArgs& args) {
   STSA_CHECK(args.repeats >= 1 && args.repeats <= 1000, InvalidArgument, "--repeats must be in [1, 1000], got ",
              args.repeats);
   STSA_CHECK(args.check_rows >= 0, InvalidArgument, "--check-rows must be >= 0, got ", args.check_rows);
+  STSA_CHECK(args.max_tflop > 0, InvalidArgument, "--max-tflop must be > 0, got ", args.max_tflop);
   return s;
 }
 
@@ -76,17 +79,32 @@ BenchOptions parse_bench_options(const BenchArgs& args) {
   return o;
 }
 
-BenchCase::BenchCase(const BenchOptions& o, std::uint64_t seed) {
+int hardware_threads() { return int(std::max(1u, std::thread::hardware_concurrency())); }
+
+void check_bench_memory(const BenchOptions& o) {
   const VideoLayout& l = o.layout;
-  const std::int64_t n = l.tokens();
-  const double bytes =
-      5.0 * double(l.batch) * double(n) * double(l.heads) * double(l.head_dim) * double(element_size(o.dtype));
+  const double values = double(l.batch) * double(l.tokens()) * double(l.heads) * double(l.head_dim);
+  // Q, K, V at the input dtype; the two outputs at theirs (bf16 for fp8 inputs); two fp32 LSE.
+  const double bytes = 3.0 * values * double(element_size(o.dtype)) +
+                       2.0 * values * double(element_size(default_output_dtype(o.dtype))) +
+                       2.0 * double(l.batch) * double(l.heads) * double(l.tokens()) * double(sizeof(float));
   const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
   STSA_CHECK(memory <= 0 || bytes < 0.5 * memory, ResourceError, "the benchmark tensors need ", bytes / 1e9,
              " GB, more than half of this machine's ", memory / 1e9, " GB");
+}
+
+void check_bench_work(const BenchArgs& args, double tflop, const std::string& what) {
+  STSA_CHECK(tflop <= args.max_tflop, InvalidArgument, "the benchmark would do ", tflop, " TFLOP (", what,
+             "), more than --max-tflop ", args.max_tflop, ": check the shape, or raise --max-tflop to run it");
+}
+
+BenchCase::BenchCase(const BenchOptions& o, std::uint64_t seed, std::shared_ptr<const TilePlan> sparse_plan) {
+  check_bench_memory(o);
+  const VideoLayout& l = o.layout;
+  const std::int64_t n = l.tokens();
 
   // Temporal heads run in spatial-major order: random inputs are simply taken as already permuted.
-  plan = TilePlan::build(l.grid, o.spec, o.tile, o.alignment);
+  plan = sparse_plan ? std::move(sparse_plan) : TilePlan::build(l.grid, o.spec, o.tile, o.alignment);
   dense_plan = TilePlan::build(l.grid, MaskSpec::dense(), o.tile, Alignment::Exact);
   for (Tensor* t : {&q, &k, &v}) *t = Tensor(o.dtype, l.batch, n, l.heads, l.head_dim);
   for (Tensor* t : {&o_dense, &o_sparse}) *t = Tensor(default_output_dtype(o.dtype), l.batch, n, l.heads, l.head_dim);
@@ -236,7 +254,8 @@ nlohmann::json bench_case_record(const BenchArgs& args, const BenchOptions& opti
       {"check_rows", errors.rows},
       {"seed", args.seed},
       {"changed_pairs", stats.changed_pairs},
-      {"ideal_speedup", 1.0 / stats.tile_density()},
+      // The work the kept tiles save, ragged last tiles by their area as in the FLOP counts (null: none kept).
+      {"ideal_speedup", bench::json_number(work.dense_flops / work.kept_tile_flops)},
       {"dense_flops", work.dense_flops},
       {"kept_tile_flops", work.kept_tile_flops},
       {"rel_l2_err", bench::json_number(errors.sparse.rel_l2)},

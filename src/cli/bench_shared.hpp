@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -34,10 +35,25 @@ struct BenchOptions : BenchSetup {
 };
 BenchOptions parse_bench_options(const BenchArgs& args);
 
+// All hardware threads (at least 1): where measure_fma_peak_gflops and
+// measure_amx_peak_gflops are given more threads, they scale their sum back to
+// this many (src/cpu/fma_peak.cpp), so CPU-time rates are spread over no more.
+int hardware_threads();
+
+// ResourceError when the case's host tensors (Q, K, V at the input dtype, both
+// outputs at the output dtype, both LSE) need more than half this machine's memory.
+void check_bench_memory(const BenchOptions& options);
+
+// InvalidArgument when `tflop`, the work a benchmark is estimated to do (`what`:
+// which calls), is above --max-tflop: a typo in the shape (--frames 2100 for 21)
+// is refused at once, not run for hours without output.
+void check_bench_work(const BenchArgs& args, double tflop, const std::string& what);
+
 // One case on the host: both plans, random q, k, v, the outputs, and the dense
 // and sparse calls over them. Built in place (the calls point into the tensors).
 struct BenchCase {
-  BenchCase(const BenchOptions& options, std::uint64_t seed);  // ResourceError above half this machine's memory
+  // check_bench_memory first; `plan`: the sparse plan, if already built for `options`.
+  BenchCase(const BenchOptions& options, std::uint64_t seed, std::shared_ptr<const TilePlan> plan = nullptr);
   BenchCase(const BenchCase&) = delete;
   BenchCase& operator=(const BenchCase&) = delete;
 

@@ -1,10 +1,13 @@
 // `stsa bench`: the CPU backend, dense and sparse on the same random inputs,
 // timed in one run (by the harness in src/bench) against this machine's
-// measured peak of the units the kernel runs on (FMA, or AMX tiles for bf16)
+// measured peak of the units the kernel runs on (FMA, or AMX tiles for bf16, fp16, fp8)
 // and checked against the fp64 reference. (--dist hands over
 // to cmd_bench_dist.cpp.)
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <utility>
 
 #include "bench/figures.hpp"
 #include "bench/record.hpp"
@@ -16,6 +19,7 @@
 #include "stsa/attention.hpp"
 #include "stsa/cpu.hpp"
 #include "stsa/error.hpp"
+#include "stsa/flops.hpp"
 #include "stsa/plan.hpp"
 
 namespace stsa::cli {
@@ -54,7 +58,7 @@ void print_text(const nlohmann::json& r) {
               f("peak_fraction"));
   std::printf("sparse: %9.2f ms  %7.1f GFLOP/s on kept tiles (%.2f of peak), %.1f dense-equivalent\n", f("sparse_ms"),
               f("sparse_gflops_on_kept_tiles"), f("sparse_peak_fraction"), f("sparse_gflops_dense_equivalent"));
-  std::printf("speedup %.2fx (tile density %.3f: ideal %.2fx, %.0f%% of it)\n", f("speedup"), f("tile_density"),
+  std::printf("speedup %.2fx (ideal %.2fx: dense work / kept tiles' work, %.0f%% of it)\n", f("speedup"),
               f("ideal_speedup"), 100.0 * f("speedup") / f("ideal_speedup"));
   std::printf("in CPU time (other jobs excluded): dense %.2f of peak, sparse kept tiles %.2f, speedup %.2fx\n",
               f("peak_fraction_cpu_time"), f("sparse_peak_fraction_cpu_time"), f("speedup_cpu_time"));
@@ -79,7 +83,17 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
     const Support support = backend->supports(shape_only);
     if (!support.ok) throw Unsupported(support.why);
   }
-  const BenchCase c(options, args.seed);
+  // The work of the warm-up and timed calls, dense and sparse. The dense part alone
+  // first: it needs no plan, and an absurd shape's plan would take long to build.
+  const std::string calls = std::to_string(1 + args.repeats);
+  check_bench_work(args, (1 + args.repeats) * dense_attention_flops(options.layout) / 1e12,
+                   "the " + calls + " dense calls alone");
+  check_bench_memory(options);
+  auto plan = TilePlan::build(options.layout.grid, options.spec, options.tile, options.alignment);
+  const bench::AttentionWork work = bench::attention_work(options.layout, *plan);
+  check_bench_work(args, (1 + args.repeats) * (work.dense_flops + work.kept_tile_flops) / 1e12,
+                   "dense and kept tiles, " + calls + " calls each");
+  const BenchCase c(options, args.seed, std::move(plan));
   const AttentionCall &dense = c.dense, &sparse = c.sparse;
 
   bench::TimedRuns dense_t, sparse_t;
@@ -93,7 +107,7 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   }
   const BenchErrors errors =
       check_dense_and_sparse(dense, sparse, c.plan, args.check_rows, args.seed, progress);
-  // The ceiling of the units the kernel runs on: AMX tile products take bf16 and fp16 calls where there is AMX.
+  // The ceiling of the units the kernel runs on: AMX tile products take bf16, fp16 and fp8 calls where there is AMX.
   const Isa kernel = kernel_isa(isa, dense);
   const bool amx = kernel == Isa::Amx;
   double peak = 0;
@@ -102,17 +116,18 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
     peak = amx ? measure_amx_peak_gflops(threads, 0.3) : measure_fma_peak_gflops(threads, 0.3);
   }
 
-  const bench::AttentionWork work = bench::attention_work(options.layout, *c.plan);
   const bench::Samples &dense_wall = dense_t[0], &sparse_wall = sparse_t[0];
   const bench::Samples &dense_cpu = dense_t[1], &sparse_cpu = sparse_t[1];
   const double dense_ms = dense_wall.median_ms(), sparse_ms = sparse_wall.median_ms();
   const double dense_gflops = bench::gflops(work.dense_flops, dense_ms);
   const double kept_gflops = bench::gflops(work.kept_tile_flops, sparse_ms);
   // The same from process CPU time spread over the threads: what the rates are
-  // while the threads actually run, so other jobs on the machine drop out.
+  // while the threads actually run, so other jobs on the machine drop out. More
+  // threads than hardware threads share the cores: spread over the cores, as the peak is.
   const double dense_cpu_ms = dense_cpu.median_ms(), sparse_cpu_ms = sparse_cpu.median_ms();
-  const double dense_gflops_cpu = bench::gflops(work.dense_flops, dense_cpu_ms / threads);
-  const double kept_gflops_cpu = bench::gflops(work.kept_tile_flops, sparse_cpu_ms / threads);
+  const int running = std::min(threads, hardware_threads());
+  const double dense_gflops_cpu = bench::gflops(work.dense_flops, dense_cpu_ms / running);
+  const double kept_gflops_cpu = bench::gflops(work.kept_tile_flops, sparse_cpu_ms / running);
   nlohmann::json record = bench_case_record(args, options, *c.plan, errors);
   record.update({
       {"backend", "cpu"},

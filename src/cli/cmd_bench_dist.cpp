@@ -16,7 +16,7 @@
 #include <cstring>
 #include <numbers>
 #include <optional>
-#include <thread>
+#include <string>
 #include <vector>
 
 #include "bench/figures.hpp"
@@ -28,6 +28,7 @@
 #include "stsa/cpu.hpp"
 #include "stsa/dist.hpp"
 #include "stsa/error.hpp"
+#include "stsa/flops.hpp"
 #include "stsa/reference.hpp"
 #include "stsa/routed.hpp"
 
@@ -100,8 +101,6 @@ class SlowestRankStopwatch final : public bench::Stopwatch {
   std::array<bench::Samples, 4> phases_;
 };
 
-int hardware_threads() { return std::max(1, int(std::thread::hardware_concurrency())); }
-
 // Ranks on this machine (OpenMPI tells each process), so that ranks share the cores instead of oversubscribing them.
 int local_ranks(int ranks) {
   if (const char* text = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
@@ -113,6 +112,7 @@ int local_ranks(int ranks) {
 
 struct Settings : BenchSetup {
   std::vector<MaskSpec> masks{};  // empty when routed
+  std::vector<MaskSpec> all_temporal{};  // every head temporal, for permutation_bytes_if_sharded_all_temporal
   std::optional<Router> router{};
   Isa isa = Isa::Auto;
   int rank_threads = 1, single_threads = 1;
@@ -137,6 +137,7 @@ Settings parse(const BenchArgs& args, int ranks) {
   } else {
     s.masks.push_back(mask_by_name(s.layout.grid, args.mask, args.density));
   }
+  s.all_temporal.push_back(mask_by_name(s.layout.grid, "temporal", args.density));
   const int per_rank = std::max(1, hardware_threads() / std::min(local_ranks(ranks), hardware_threads()));
   s.rank_threads = args.threads > 0 ? args.threads : per_rank;
   s.single_threads = args.threads > 0 ? args.threads : hardware_threads();
@@ -155,7 +156,32 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
   Settings s = parse(args, ranks);
   const VideoLayout& l = s.layout;
   const VideoGrid& g = l.grid;
-  const DType out_dtype = DType::F32;
+  // O as the one-process benchmark has it: the input dtype, bf16 for fp8.
+  const DType out_dtype = default_output_dtype(s.dtype);
+  PlanCache plans;  // the masks' plans: built for the work estimate, then used by the calls
+  {
+    // The work of the warm-up and timed calls, distributed and single-process: every
+    // head's kept tiles (routed: dense, which the router may choose for any head).
+    // First from the masks' kept pairs (closed form, about the tiles' work): an absurd
+    // shape's plans would take long to build.
+    const int calls = 1 + args.repeats;
+    const std::string what = "of the distributed and the single-process call, " + std::to_string(calls) + " calls each";
+    double pair_flops = 0, tile_flops = 0;
+    if (s.router) {
+      pair_flops = tile_flops = dense_attention_flops(l);
+    } else {
+      const auto head_spec = [&](std::int64_t h) -> const MaskSpec& {
+        return s.masks[s.masks.size() == 1 ? 0 : std::size_t(h)];
+      };
+      for (std::int64_t h = 0; h < l.heads; ++h)
+        pair_flops += double(l.batch) * attention_flops(kept_pairs(g, head_spec(h)), l.head_dim);
+      check_bench_work(args, 2.0 * calls * pair_flops / 1e12, "the kept pairs " + what);
+      const VideoLayout one_head{g, l.batch, 1, l.head_dim};
+      for (std::int64_t h = 0; h < l.heads; ++h)
+        tile_flops += kept_tile_flops(one_head, *plans.get(g, head_spec(h), s.tile, s.alignment));
+    }
+    check_bench_work(args, 2.0 * calls * tile_flops / 1e12, "the kept tiles " + what);
+  }
   const dist::Shard shard = dist::sequence_shard(g.video_tokens(), ranks, rank);
   const std::int64_t text_begin = g.text_placement == TextPlacement::Before ? 0 : g.video_end();
 
@@ -202,7 +228,6 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
   call.alignment = s.alignment;
 
   const auto rank_backend = make_cpu_backend(CpuOptions{s.isa, s.rank_threads});
-  PlanCache plans;
   dist::UlyssesWorkspace workspace;  // kept across calls, as a serving loop would
   // One warm-up (plans, workspace pages, caches), then a fixed count of runs: every
   // rank must make the same number of collective calls, so no time budget here.
@@ -215,7 +240,6 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
   const auto& phase_ms = slowest.phases();
 
   // ---- Per-rank figures and outputs to rank 0 (after timing: not part of the call's traffic).
-  const std::vector<MaskSpec> all_temporal{mask_by_name(g, "temporal", args.density)};
   const bool with_lse = true;
   RankFigures figures{double(report.total.bytes_sent),
                       double(report.total.bytes_received),
@@ -362,7 +386,8 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
       control = std::max(control, f.control_bytes_sent);
       local_bytes = std::max(local_bytes, f.local_bytes);
       sharded = std::max(sharded, double(dist::sharded_permutation_bytes(l, decided_masks, s.dtype, out_dtype, with_lse, ranks, r)));
-      sharded_all = std::max(sharded_all, double(dist::sharded_permutation_bytes(l, all_temporal, s.dtype, out_dtype, with_lse, ranks, r)));
+      sharded_all = std::max(sharded_all, double(dist::sharded_permutation_bytes(l, s.all_temporal, s.dtype,
+                                                                                 out_dtype, with_lse, ranks, r)));
       sent_by_rank.push_back(std::int64_t(f.bytes_sent));
       exact_by_rank.push_back(std::int64_t(f.expected_exact));
       shard_tokens.push_back(std::int64_t(f.shard_tokens));
@@ -376,6 +401,7 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
                      {"text_placement", std::string(to_string(g.text_placement))}, {"batch", l.batch},
                      {"heads", l.heads}, {"head_dim", l.head_dim}, {"tokens", g.tokens()}};
     out["dtype"] = std::string(to_string(s.dtype));
+    out["out_dtype"] = std::string(to_string(out_dtype));
     out["mask"] = args.mask;
     out["density"] = args.density;
     out["routes"] = routes;
@@ -421,12 +447,14 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
 
 void print_text(const Json& j) {
   const auto& l = j["layout"];
+  const std::string dtype = j["dtype"].get<std::string>(), out_dtype = j["out_dtype"].get<std::string>();
   std::printf("stsa bench --dist: %d ranks x %lld heads, grid %lldx%lldx%lld (+%lld text), B=%lld H=%lld D=%lld %s, %s masks at %.2f\n",
               j["ranks"].get<int>(), (long long)j["heads_per_rank"].get<std::int64_t>(),
               (long long)l["frames"].get<std::int64_t>(), (long long)l["height"].get<std::int64_t>(),
               (long long)l["width"].get<std::int64_t>(), (long long)l["text"].get<std::int64_t>(),
               (long long)l["batch"].get<std::int64_t>(), (long long)l["heads"].get<std::int64_t>(),
-              (long long)l["head_dim"].get<std::int64_t>(), j["dtype"].get<std::string>().c_str(),
+              (long long)l["head_dim"].get<std::int64_t>(),
+              (dtype == out_dtype ? dtype : dtype + " in, " + out_dtype + " out").c_str(),
               j["mask"].get<std::string>().c_str(), j["density"].get<double>());
   const auto& p = j["phases_ms"];
   std::printf("  distributed %10.3f ms  (agree %.3f, scatter %.3f, local %.3f, gather %.3f; %d threads per rank)\n",

@@ -75,9 +75,12 @@ void print_text(const nlohmann::json& r) {
                 double(i64("changed_pairs")) / double(std::max<std::int64_t>(1, i64("exact_kept_pairs"))));
   std::printf("%lld distinct partial masks; one plan serves all heads: %.1f KiB, built in %.1f ms\n",
               (long long)i64("distinct_masks"), double(i64("plan_bytes")) / 1024.0, f64("build_ms"));
-  std::printf("work per call: %.2f TFLOP dense, %.2f TFLOP on kept tiles (%.2fx less)\n",
-              f64("dense_tflop_per_call"), f64("kept_tile_tflop_per_call"),
-              f64("dense_tflop_per_call") / std::max(1e-30, f64("kept_tile_tflop_per_call")));
+  // %.3g: a small grid's work is well under 0.01 TFLOP.
+  const double dense = f64("dense_tflop_per_call"), kept = f64("kept_tile_tflop_per_call");
+  if (kept > 0)
+    std::printf("work per call: %.3g TFLOP dense, %.3g TFLOP on kept tiles (%.2fx less)\n", dense, kept, dense / kept);
+  else
+    std::printf("work per call: %.3g TFLOP dense, none on kept tiles (no kept tiles)\n", dense);
   if (!r["png"].get<std::string>().empty()) std::printf("tile map written to %s\n", r["png"].get<std::string>().c_str());
 }
 

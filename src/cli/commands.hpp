@@ -44,6 +44,10 @@ struct BenchArgs {
   int repeats = 5;
   int check_rows = 64;
   std::uint64_t seed = 1;
+  // The most work (TFLOP, every warm-up and timed call) the CPU benchmark starts: an hour at 1 TFLOP/s.
+  // Every --preset runs under it at the default options (the largest, skyreels-v2-14b-720p: 1,918
+  // TFLOP); --frames 2100 for 21 on the default grid (8,900 TFLOP) does not.
+  double max_tflop = 3600;
   bool json = false;
   bool dist = false;
   std::string backend = "cpu";  // cpu | cuda

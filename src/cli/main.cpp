@@ -104,7 +104,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "threads (0: STSA_THREADS or all)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
-  cmd->add_option("--isa", args->isa, "auto | scalar | avx2 | avx512 | amx (AVX-512 with AMX tiles for bf16, fp16)")
+  cmd->add_option("--isa", args->isa,
+                  "auto | scalar | avx2 | avx512 | amx (AVX-512 with AMX tiles for bf16, fp16 and fp8, any head dim "
+                  "padded)")
       ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "amx"}))
       ->capture_default_str();
   cmd->add_option("--repeats", args->repeats, "timed runs (median; after one warm-up)")
@@ -135,9 +137,16 @@ void add_bench_command(CLI::App& app) {
                   "the work)")
       ->check(CLI::IsMember({"balanced", "round-robin", "snake"}))
       ->capture_default_str();
+  cmd->add_option("--max-tflop", args->max_tflop,
+                  "the most work (TFLOP, warm-up included) a CPU or --dist benchmark starts; more is refused at "
+                  "once (a shape typo), unless raised here")
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_flag("--dist", args->dist, "run the sequence-parallel benchmark under mpirun instead");
   cmd->callback([args, dtype, cmd] {
+    // The CUDA benchmark's work is bounded by the GPU's memory, and a GPU does it in seconds.
+    STSA_CHECK(args->backend != "cuda" || cmd->count("--max-tflop") == 0, InvalidArgument,
+               "--max-tflop bounds the CPU benchmark's work; it does not go with --backend cuda");
     apply_preset(*cmd, args->grid, &args->heads, &args->head_dim);
     if (args->backend == "cuda" && dtype->count() == 0) args->dtype = "bf16";  // what the CUDA kernels read
     run_bench_command(*args);
@@ -192,7 +201,7 @@ void add_route_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--isa", args->isa,
                   "the router's and the CPU backend's: auto | scalar | avx2 | avx512 | amx (auto and amx: AMX tile "
-                  "products for bf16 and fp16 where the CPU has them)")
+                  "products for bf16, fp16 and fp8 where the CPU has them, any head dim padded)")
       ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "amx"}))
       ->capture_default_str();
   cmd->add_option("--scatter", args->scatter,

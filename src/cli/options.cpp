@@ -47,7 +47,14 @@ std::string check_integer_text(std::string& text, bool is_unsigned) {
 }
 
 MaskSpec mask_by_name(const VideoGrid& grid, const std::string& name, double density, bool anchor) {
-  if (name == "dense") return MaskSpec::dense();
+  // Checked for every kind, dense too (which keeps every pair whatever the density), so a
+  // bad --density never runs nor lands in a record (NaN fails both comparisons).
+  STSA_CHECK(density >= 0.0 && density <= 1.0, InvalidArgument, "--density must be in [0, 1], got ", density);
+  if (name == "dense") {
+    STSA_CHECK(anchor, InvalidArgument, "--no-anchor drops a sparse mask's frame-0 anchor; the dense mask keeps "
+                                        "every pair, so it has none to drop");
+    return MaskSpec::dense();
+  }
   if (name == "spatial") return mask_for_density(grid, SparseKind::Spatial, density, anchor);
   if (name == "temporal") return mask_for_density(grid, SparseKind::Temporal, density, anchor);
   if (name == "frames") return mask_for_density(grid, SparseKind::FrameWindow, density, anchor);

@@ -23,7 +23,8 @@ struct GridArgs {
 // (Narrower int options: CLI11 itself refuses what does not fit.)
 std::string check_integer_text(std::string& text, bool is_unsigned);
 
-// "dense" | "spatial" | "temporal" | "frames" at kept density `density`.
+// "dense" | "spatial" | "temporal" | "frames" at kept density `density`; InvalidArgument for
+// a density outside [0, 1] (NaN too) whatever the kind, and for the dense mask without the anchor.
 MaskSpec mask_by_name(const VideoGrid& grid, const std::string& name, double density, bool anchor = true);
 inline const std::vector<std::string> kMaskNames{"dense", "spatial", "temporal", "frames"};
 

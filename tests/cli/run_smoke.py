@@ -203,6 +203,71 @@ def check_memory_counted_together(binary):
     return 0
 
 
+def refused(binary, args, timeout=10):
+    """(ok, why): `stsa args` exits 2 with one line on stderr within `timeout` s."""
+    try:
+        r = subprocess.run([binary] + args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"no answer within {timeout} s", ""
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    return r.returncode == 2 and len(lines) == 1, f"exit {r.returncode}, stderr {r.stderr.strip()[-300:]!r}", r.stderr
+
+
+BENCH_CHECKS = 6
+
+
+def check_bench_figures(binary, ragged_bench):
+    """What `stsa bench` and `stsa plan` print about work and rates. Returns the number of failed checks."""
+    failures = 0
+    # More threads than hardware threads share the cores: the CPU-time rates are spread over the
+    # cores, as the peak is (over the threads, they were threads/cores times too high: above 1 of peak).
+    cores = os.cpu_count() or 1
+    threads = min(4096, 4 * cores)
+    r = json.loads(run(binary, ["bench", "--frames", "8", "--height", "16", "--width", "16", "--heads", "8",
+                                "--head-dim", "64", "--threads", str(threads), "--repeats", "3", "--json"]))
+    spread = r["dense_flops"] / (r["dense_cpu_ms"] * 1e-3 / min(threads, cores)) / 1e9
+    if (r["threads"] != threads or not abs(r["dense_gflops_cpu_time"] - spread) <= 1e-6 * spread
+            or not r["peak_fraction_cpu_time"] <= 1.2 or not r["sparse_peak_fraction_cpu_time"] <= 1.2):
+        print(f"FAIL bench --threads {threads} on {cores} cores: dense {r['dense_gflops_cpu_time']} GFLOP/s in CPU "
+              f"time, expected {spread} (CPU time over the cores); fractions of peak {r['peak_fraction_cpu_time']}, "
+              f"{r['sparse_peak_fraction_cpu_time']}")
+        failures += 1
+    # A shape typo (--frames 2100 for 21: ~7,000 TFLOP, hours of silence) is refused at once.
+    ok, why, err = refused(binary, ["bench", "--frames", "2100"], timeout=5)
+    if not ok or "TFLOP" not in err or "--max-tflop" not in err:
+        print(f"FAIL bench --frames 2100 not refused for its work: {why}")
+        failures += 1
+    # fp8 inputs have bf16 outputs, and the LSE take 4 bytes a row: at head dim 1 that is 15 bytes a
+    # value, not the 5 of five one-byte tensors. A shape needing 3/4 of memory is refused as such
+    # (--max-tflop out of the way: the work guard comes first).
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    frames = -(-physical // 20 // (64 * 256 * 256))
+    ok, why, err = refused(binary, ["bench", "--frames", str(frames), "--height", "256", "--width", "256",
+                                    "--heads", "64", "--head-dim", "1", "--dtype", "fp8_e4m3", "--max-tflop", "1e30"])
+    if not ok or "the benchmark tensors need" not in err:
+        print(f"FAIL bench fp8 on {frames} frames of 256x256 x 64 heads of dim 1 not refused for memory: {why}")
+        failures += 1
+    # The ideal speedup is the work the kept tiles save, ragged last tiles by their area (3x8x8
+    # tokens: one full and one 64-row tile; by tile count it was 1.33, the FLOP counts give 1.125).
+    ideal = ragged_bench["dense_flops"] / ragged_bench["kept_tile_flops"]
+    if not abs(ragged_bench["ideal_speedup"] - ideal) <= 1e-9 * ideal:
+        print(f"FAIL bench ideal_speedup {ragged_bench['ideal_speedup']}, dense / kept tile FLOPs {ideal}")
+        failures += 1
+    # Nothing kept: said so (it was "7.5e26x less"); small grids' work in significant digits, not 0.00.
+    text = run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--mask", "spatial", "--density",
+                        "0", "--no-anchor", "--tile", "64"])
+    work = [l for l in text.splitlines() if l.startswith("work per call")]
+    if work != ["work per call: 0.000755 TFLOP dense, none on kept tiles (no kept tiles)"]:
+        print(f"FAIL plan keeping nothing: {work}")
+        failures += 1
+    # fp8 runs on AMX too (the --isa help said bf16 and fp16 only).
+    isa = run(binary, ["bench", "--help"]).split("--isa", 1)[-1].split("--repeats", 1)[0]
+    if "fp8" not in isa:
+        print(f"FAIL bench --help: --isa does not say fp8 runs on AMX: {isa.strip()!r}")
+        failures += 1
+    return failures
+
+
 def main():
     binary = sys.argv[1]
     failures = 0
@@ -323,6 +388,7 @@ def main():
     failures += check_inputs_from_files(binary)
     failures += check_fp8(binary)
     failures += check_memory_counted_together(binary)
+    failures += check_bench_figures(binary, records[2])
     png = os.path.join(tempfile.mkdtemp(), "tiles.png")
     run(binary, ["plan", "--frames", "3", "--height", "8", "--width", "8", "--png", png])
     with open(png, "rb") as f:
@@ -340,7 +406,7 @@ def main():
     if "CPU kernel" not in demo or "Tile plans" not in demo:
         print("FAIL the demo did not print its two parts")
         failures += 1
-    total = len(checks) + 13 + FILE_CHECKS
+    total = len(checks) + 13 + FILE_CHECKS + BENCH_CHECKS
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 
