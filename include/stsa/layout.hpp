@@ -54,7 +54,7 @@ struct VideoGrid {
   std::int64_t video_position(std::int64_t frame, std::int64_t patch, TokenOrder order) const;  // relative to video_begin()
   std::int64_t position(const TokenCoord& c, TokenOrder order) const;  // absolute
 
-  std::string describe() const;  // e.g. "21x90x160 (+0 text)"
+  std::string describe() const;  // e.g. "21x90x160 (+0 text after)"
   bool operator==(const VideoGrid&) const = default;
 };
 

@@ -67,8 +67,8 @@ void add_plan_command(CLI::App& app) {
       });
   cmd->add_option("--align", args->align, "exact | round (partial tiles become full or empty)")->capture_default_str();
   cmd->add_flag("--no-anchor", args->no_anchor, "drop the symmetric frame-0 anchor");
-  cmd->add_option("--png", args->png, "write a picture of the tile map (refuses to overwrite)");
-  cmd->add_flag("--force", args->force, "allow --png to overwrite an existing file");
+  auto* png = cmd->add_option("--png", args->png, "write a picture of the tile map (refuses to overwrite)");
+  cmd->add_flag("--force", args->force, "allow --png to overwrite an existing file")->needs(png);
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args, cmd] {
     apply_preset(*cmd, args->grid, &args->heads, &args->head_dim);
