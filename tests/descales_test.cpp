@@ -122,6 +122,67 @@ TEST(Descales, OnesGiveTheSameBitsAsNone) {
     }
 }
 
+// bf16 Q and K scaled by 2^-62 with descales of 2^62: most products fall under 2^-126,
+// which VDPBF16PS and the tile unit flush to zero, so at such a score scale every kernel
+// must take fp32 products (kBf16PairScoreScaleLimit); with flushed products rel L2 was ~0.75.
+TEST(Descales, TinyBf16ProductsUnderHugeDescalesKeepTheirScores) {
+  const VideoLayout layout{{3, 5, 7, 4, TextPlacement::After}, 1, 3, 64};
+  PlanCache plans;
+  for (Isa isa : testing::isas_of_this_machine()) {
+    testing::Problem p = testing::make_problem(layout, DType::BF16, mixed_heads(layout, 0.4, plans),
+                                               testing::fresh_seed(), MemoryLayout::BNHD, DType::F32);
+    const AttentionCall call = p.call();
+    for (std::int64_t n = 0; n < layout.tokens(); ++n)
+      for (std::int64_t h = 0; h < layout.heads; ++h)
+        for (std::int64_t d = 0; d < layout.head_dim; ++d) {  // powers of two: exact in bf16
+          call.q.store(0, n, h, d, call.q.load(0, n, h, d) * 0x1p-62f);
+          call.k.store(0, n, h, d, call.k.load(0, n, h, d) * 0x1p-62f);
+        }
+    p.q_descale = p.k_descale = std::vector<float>(std::size_t(layout.heads), 0x1p62f);
+    SCOPED_TRACE(p.label + " isa " + std::string(to_string(isa)));
+    make_cpu_backend({isa, 2})->run(p.call());
+    const testing::Comparison cmp = testing::compare_with_reference(p);
+    EXPECT_TRUE(cmp.ok()) << cmp.failure;
+  }
+}
+
+// The router's tile products flush the same way: at such a scale it computes in fp32 too.
+TEST(Descales, TheRouterKeepsTinyBf16ProductsUnderHugeDescales) {
+  synth::Options o;
+  o.grid = {4, 6, 8, 3, TextPlacement::After};
+  o.heads = 3;
+  o.head_dim = 64;
+  o.dtype = DType::BF16;
+  o.seed = testing::fresh_seed();
+  const synth::Data data = synth::make_video_tokens(o);
+  Tensor q = data.q, k = data.k;  // copies, scaled below
+  for (std::int64_t n = 0; n < data.layout.tokens(); ++n)
+    for (std::int64_t h = 0; h < o.heads; ++h)
+      for (std::int64_t d = 0; d < o.head_dim; ++d) {
+        q.view().store(0, n, h, d, data.q.view().load(0, n, h, d) * 0x1p-62f);
+        k.view().store(0, n, h, d, data.k.view().load(0, n, h, d) * 0x1p-62f);
+      }
+  const std::vector<float> huge(std::size_t(o.heads), 0x1p62f);
+  for (Isa isa : testing::isas_of_this_machine()) {
+    SCOPED_TRACE(to_string(isa));
+    RouterOptions ro;
+    ro.samples = 24;
+    ro.isa = isa;
+    const Router router(ro);
+    const RoutingReport scaled = router.route(data.layout, q.view(), k.view(), data.v.view(), TokenOrder::FrameMajor,
+                                              0.f, {}, Descales{huge, huge, {}});
+    const RoutingReport plain = router.route(data.layout, data.q.view(), data.k.view(), data.v.view());
+    ASSERT_EQ(scaled.heads.size(), plain.heads.size());
+    for (std::size_t h = 0; h < plain.heads.size(); ++h) {
+      EXPECT_EQ(scaled.heads[h].route, plain.heads[h].route) << "head " << h;
+      for (std::size_t c = 0; c < plain.heads[h].candidates.size(); ++c)  // tile and fp32 paths: last bits differ
+        EXPECT_NEAR(scaled.heads[h].candidates[c].rel_l2, plain.heads[h].candidates[c].rel_l2,
+                    1e-3 * plain.heads[h].candidates[c].rel_l2)
+            << "head " << h;
+    }
+  }
+}
+
 TEST(Descales, BadDescalesAreRefusedBeforeAnythingIsWritten) {
   const VideoLayout layout{{2, 3, 4, 0, TextPlacement::After}, 2, 2, 64};
   PlanCache plans;

@@ -44,9 +44,10 @@ struct HeadMask {
 // > 0 (validate()). Any input dtype; the CPU and reference backends take them.
 // validate() also refuses a call where |scale * q[b, h] * k[b, h]| * log2(e), which
 // the kernels keep in fp32, is not a finite fp32 for some (b, h).
-// A limit: on the bf16 paths of the CPU's AVX-512 and AMX kernels, products of Q and
-// K values below 2^-126 flush to zero before the scale and descales apply, so Q and K
-// scaled down that far (by ~2^-64 each, with descales of 2^64) lose their scores.
+// The CPU's AVX-512 and AMX kernels compute bf16 Q K^T from bf16 products, which flush
+// those below 2^-126 (and bf16 subnormal inputs) to zero; a bf16 call whose scale times
+// its largest q and k descales reaches 2^91, where such products could matter (Q and K
+// scaled down by ~2^-60 with descales of 2^60), computes it in fp32 instead.
 struct Descales {
   std::span<const float> q, k, v;
 

@@ -82,6 +82,21 @@ struct KernelChoice {
   Isa isa;
   Kernel kernel;
 };
+// Whether `call`'s Q K^T may come from bf16 products on the pair and tile paths: its inputs
+// are not bf16, or its scale times its largest q and k descales is below
+// kBf16PairScoreScaleLimit (a bound for every head that reads only the descales given, so
+// kernel_isa can ask it of a call not validated).
+bool bf16_products_apply(const AttentionCall& call) {
+  if (call.q.dtype != DType::BF16) return true;
+  const auto largest = [](std::span<const float> descales) {
+    double most = 1;  // empty: every factor 1
+    if (!descales.empty()) most = std::abs(double(*std::ranges::max_element(descales)));
+    return most;
+  };
+  return std::abs(double(call.scale())) * largest(call.descales.q) * largest(call.descales.k) <
+         kBf16PairScoreScaleLimit;
+}
+
 KernelChoice choose_kernel(Isa isa, const AttentionCall& call) {
   const std::int64_t head_dim = call.layout.head_dim;
   if (isa != Isa::Amx) return {isa, simd_kernel(isa, head_dim)};
@@ -90,7 +105,8 @@ KernelChoice choose_kernel(Isa isa, const AttentionCall& call) {
   // (converted to bf16, exactly). A head dim it is not built for runs padded to the
   // next one it is (D = 80 at 96: 3.2x the AVX-512 kernel's speed; bench/NOTES.md, session 45).
   const DType in = call.q.dtype;
-  if ((in == DType::BF16 || in == DType::F16 || in == DType::F8E4M3) && call.k.dtype == in && call.v.dtype == in)
+  if ((in == DType::BF16 || in == DType::F16 || in == DType::F8E4M3) && call.k.dtype == in && call.v.dtype == in &&
+      bf16_products_apply(call))
     if (const Kernel tiles = padded_kernel(attend_amx, head_dim); tiles.attend != nullptr) return {Isa::Amx, tiles};
   return {Isa::Avx512, simd_kernel(Isa::Avx512, head_dim)};
 }
@@ -231,12 +247,15 @@ class CpuBackend final : public Backend {
     // the (batch, head)'s descales, goes into the kernel's exp2.
     const float q_scale = call.scale() < 0 ? -1.0f : 1.0f;
     // bf16 inputs on AVX-512 (which here includes BF16) compute S = Q K^T from bf16
-    // pairs with VDPBF16PS or tile products: the values are exact either way, the products too.
+    // pairs with VDPBF16PS or tile products: the values are exact either way, the products too
+    // (but for those under 2^-126, which only a score scale past kBf16PairScoreScaleLimit would
+    // make matter: such a call takes fp32 rows).
     // fp16 inputs on the AMX kernel do too, each value split into two bf16 parts,
     // and fp8 ones as their values' bf16 bits.
     const int in_parts = amx && call.q.dtype == DType::F16 ? 2 : 1;
     const bool bf16_pairs = in_parts == 2 || (amx && call.q.dtype == DType::F8E4M3) ||
-                            (isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16);
+                            (isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16 &&
+                             bf16_products_apply(call));
 
     std::vector<PairWork> pairs;
     for (std::int64_t b = 0; b < layout.batch; ++b)

@@ -116,6 +116,12 @@ struct KvFlags {
 // that matters (>= 2^-60) would fall under the 2^-126 that bf16 tile products flush.
 // (No fp16 value, nor the low part of one, is this small: fp16 goes down to 2^-24.)
 inline constexpr float kTinyV = 0x1p-64f;
+
+// bf16 products below 2^-126 flush to zero in VDPBF16PS and the tile unit (bf16 subnormal
+// inputs count as zero there too). With at most kMaxHeadDim = 2^10 channels a score loses
+// under 2^-116 that way, which times a score scale below this stays under 2^-24 in exp2's
+// argument: a bf16 call with a larger scale computes Q K^T from fp32 (bf16_products_apply).
+inline constexpr double kBf16PairScoreScaleLimit = 0x1p91;
 // With kernel_dim above the head dim, every panel has kernel_dim channels, zero past the head's.
 KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
                      float* v_rows, std::uint32_t* kt_pairs = nullptr, std::uint32_t* v_pairs = nullptr,

@@ -123,7 +123,7 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
   // so the errors are bit-identical for any thread count (grouping only changes
   // which thread computes a head's chunk, not how). Groups shrink until every
   // thread has a couple of items.
-  const bool tiles = router_detail::tiles_apply(resolve_isa(options_.isa), q, k, v);
+  const bool tiles = router_detail::tiles_apply(resolve_isa(options_.isa), q, k, v, scales);
   report.tile_products = tiles;
   const int threads = resolve_threads(options_.threads);
   const std::int64_t chunks = router_detail::key_chunks(layout.tokens());

@@ -71,9 +71,12 @@ void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v
                    ChunkScratch& scratch, std::span<ChunkPartial> out);
 
 // Whether sampled_chunk_tiles takes these inputs: `isa` (resolved) is Amx, Q, K
-// and V are all bf16, all fp16 or all fp8, and the head dim is at most cpu::kMaxPairPanelDim
-// (padded to a multiple of 32 with zero channels).
-bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v);
+// and V are all bf16, all fp16 or all fp8, the head dim is at most cpu::kMaxPairPanelDim
+// (padded to a multiple of 32 with zero channels), and for bf16 every score scale in
+// `scales` is below cpu::kBf16PairScoreScaleLimit (larger ones would make the products
+// the tile unit flushes matter).
+bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v,
+                 std::span<const float> scales);
 
 // sampled_chunk's partial sums from AMX tile products (sampled_attention_tiles.cpp):
 // scores exact products summed in fp32, as sampled_chunk's; the weights as two

@@ -22,6 +22,7 @@
 // depth) runs padded with zero channels to the next one, as the attention
 // kernel pads its (pack.hpp).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -281,11 +282,16 @@ class TileChunk {
 
 }  // namespace
 
-bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v) {
+bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v,
+                 std::span<const float> scales) {
   const DType dtype = q.dtype;
   const std::int64_t dim = q.head_dim();
+  const bool products_exact =
+      dtype != DType::BF16 || std::ranges::all_of(scales, [](float s) {
+        return double(std::abs(s)) < cpu::kBf16PairScoreScaleLimit;
+      });
   return isa == Isa::Amx && (dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F8E4M3) &&
-         k.dtype == dtype && v.dtype == dtype && dim <= cpu::kMaxPairPanelDim;
+         k.dtype == dtype && v.dtype == dtype && dim <= cpu::kMaxPairPanelDim && products_exact;
 }
 
 bool sampled_chunk_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
