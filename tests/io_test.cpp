@@ -360,5 +360,41 @@ TEST(Safetensors, ZeroSizeTensorsAndTheDimensionLimit) {
   EXPECT_EQ(parse_safetensors(quoted.data(), quoted.size(), "q").numel(), 6);
 }
 
+// The JSON parser keeps the last of repeated keys, so a tensor listed twice, or an entry with a
+// second dtype or data_offsets, read whichever came last. Both are refused; repeats inside
+// __metadata__ (free-form, read by nothing here) are not.
+TEST(Safetensors, RepeatedTensorsAndEntryKeysAreRefused) {
+  const auto data = sample_data();
+  const std::string q0 = R"("q": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})";
+  const std::string q1 = R"("q": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]})";
+  expect_st_error("{" + q0 + ", " + q1 + "}", data, "q", "tensor 'q' is listed twice");
+  expect_st_error("{" + q0 + R"(, "k": {"dtype": "F32", "shape": [1], "data_offsets": [16, 20]}, )" + q1 + "}", data,
+                  "k", "tensor 'q' is listed twice");
+  expect_st_error(R"({"q": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "data_offsets": [8, 16]}})", data,
+                  "q", "key 'data_offsets' repeats in the entry of 'q'");
+  expect_st_error(R"({"q": {"dtype": "F16", "shape": [2], "dtype": "F32", "data_offsets": [0, 8]}})", data, "q",
+                  "key 'dtype' repeats");
+  expect_st_error(R"({"__metadata__": {}, "__metadata__": {}, )" + q0 + "}", data, "q", "listed twice");
+  const auto metadata = safetensors(R"({"__metadata__": {"a": "1", "a": "2"}, )" + q0 + "}", data);
+  EXPECT_EQ(parse_safetensors(metadata.data(), metadata.size(), "q").data.size(), 8u);
+  // The same key in different entries is no repeat.
+  const auto two = safetensors("{" + q0 + R"(, "k": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})", data);
+  EXPECT_EQ(parse_safetensors(two.data(), two.size(), "k").data[0], std::byte(8));
+}
+
+// numel() of a caller's own shape: the product overflowed (UB; [2^40, 2^40] came out 0) and a
+// negative dimension gave a negative count.
+TEST(HostArrayNumel, RefusesOverflowAndNegativeDimensions) {
+  HostArray a;
+  a.shape = {std::int64_t(1) << 40, std::int64_t(1) << 40};
+  EXPECT_THROW(a.numel(), ResourceError);
+  a.shape = {3, -2};
+  EXPECT_THROW(a.numel(), InvalidArgument);
+  a.shape = {0, std::int64_t(1) << 62};
+  EXPECT_EQ(a.numel(), 0);
+  a.shape = {};
+  EXPECT_EQ(a.numel(), 1);
+}
+
 }  // namespace
 }  // namespace stsa::io

@@ -6,6 +6,7 @@
 
 #include "stsa/error.hpp"
 #include "stsa/mask.hpp"
+#include "stsa/plan.hpp"
 
 namespace stsa {
 namespace {
@@ -125,6 +126,23 @@ TEST(Mask, DescriptionsNameEveryKindAndTheEmptyWindow) {
   EXPECT_EQ(MaskSpec::temporal(3, false).describe(), "temporal band 3");
   EXPECT_EQ(MaskSpec::frame_window(2, false).describe(), "frame window +-2");
   EXPECT_EQ(MaskSpec::frame_window(-1).describe(), "frame window none +anchor");
+}
+
+// Kinds and orders outside their enums are refused: a cast MaskKind passed validate(), and then
+// allowed() kept no regular pair, kept_pairs() counted it as a frame window and the plan builder
+// as a band, three different masks; a cast SparseKind came back from mask_for_density as dense.
+TEST(Mask, KindsAndOrdersOutsideTheEnumsAreRefused) {
+  const VideoGrid g{3, 4, 4};
+  MaskSpec kind = MaskSpec::spatial(3, false);
+  kind.kind = MaskKind(7);
+  MaskSpec order = MaskSpec::spatial(3, false);
+  order.band_order = TokenOrder(5);
+  for (const MaskSpec& spec : {kind, order}) {
+    EXPECT_THROW(spec.validate(g), InvalidArgument);
+    EXPECT_THROW(kept_pairs(g, spec), InvalidArgument);
+    EXPECT_THROW(TilePlan::build(g, spec), InvalidArgument);
+  }
+  EXPECT_THROW(mask_for_density(g, SparseKind(9), 0.5), InvalidArgument);
 }
 
 }  // namespace

@@ -1,10 +1,15 @@
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
 
 #include "stsa/error.hpp"
 #include "stsa/plan.hpp"
+#include "support/testing.hpp"
 
 namespace stsa {
 namespace {
@@ -207,6 +212,59 @@ TEST(Plan, WidestBandsAreDense) {
 TEST(Plan, OneTooLargeForMemoryIsRefusedUpFront) {
   EXPECT_THROW(TilePlan::build(VideoGrid{1000, 1000, 2000, 0, TextPlacement::After}, MaskSpec::dense()),
                ResourceError);
+}
+
+// The accessors index the CSR arrays: a row, mask id or position outside the plan is an error.
+// computes() took -1 into tile 0 (and read before the masks) and answered for positions in a
+// ragged last tile past the matrix (true where that tile is full).
+TEST(Plan, AccessorsRefuseRowsMasksAndPositionsOutsideThePlan) {
+  const auto plan = TilePlan::build(VideoGrid{3, 4, 4}, MaskSpec::spatial(3, false), {16, 64});
+  ASSERT_GT(plan->stats().distinct_masks, 0);
+  const std::int64_t n = plan->tokens(), rows = plan->q_tiles();
+  for (const auto& [q, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{-1, 0}, {0, -1}, {n, 0}, {0, n}})
+    EXPECT_THROW(plan->computes(q, k), InvalidArgument) << q << ", " << k;
+  EXPECT_NO_THROW(plan->computes(n - 1, n - 1));
+  for (const std::int64_t row : {std::int64_t(-1), rows}) {
+    EXPECT_THROW(plan->full_tiles(row), InvalidArgument);
+    EXPECT_THROW(plan->partial_tiles(row), InvalidArgument);
+    EXPECT_THROW(plan->partial_mask_ids(row), InvalidArgument);
+  }
+  EXPECT_THROW(plan->mask(-1), InvalidArgument);
+  EXPECT_THROW(plan->mask(std::int32_t(plan->stats().distinct_masks)), InvalidArgument);
+  const auto dense = TilePlan::build(VideoGrid{1, 1, 50}, MaskSpec::dense(), {64, 64});  // one ragged full tile
+  EXPECT_TRUE(dense->computes(49, 49));
+  EXPECT_THROW(dense->computes(50, 0), InvalidArgument);
+}
+
+// An alignment outside the enum is refused: it built an exact plan that reported itself as rounded.
+TEST(Plan, AlignmentOutsideTheEnumIsRefused) {
+  EXPECT_THROW(TilePlan::build(VideoGrid{2, 2, 2}, MaskSpec::spatial(1), {64, 64}, Alignment(7)), InvalidArgument);
+}
+
+// A grid of 2^31 - 1 tokens in one-row tiles: the refusal comes before any of the plan's arrays
+// are reserved. Its two row arrays (16 GiB each) were reserved before the size check, so where
+// the address space is smaller (ulimit -v, or less memory than that) std::bad_alloc came first.
+// The child caps its address space; a sanitizer's shadow memory cannot run under such a cap.
+TEST(Plan, HugeGridIsRefusedBeforeItsRowsAreReserved) {
+  if (testing::kSanitized) GTEST_SKIP() << "an address-space cap breaks the sanitizer's own mappings";
+  const auto child = [] {
+    std::ifstream statm("/proc/self/statm");
+    long pages = 0;
+    statm >> pages;
+    const rlim_t cap = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(1) << 30);
+    const rlimit limit{cap, cap};
+    if (pages <= 0 || setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(2);
+    try {
+      TilePlan::build(VideoGrid{1, 1, (std::int64_t(1) << 31) - 1, 0, TextPlacement::After}, MaskSpec::dense(),
+                      {1, 1024});
+    } catch (const ResourceError&) {
+      std::_Exit(0);
+    } catch (...) {
+      std::_Exit(1);
+    }
+    std::_Exit(3);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ struct HostArray {
   DType dtype = DType::F32;
   std::vector<std::int64_t> shape;  // C order
   std::vector<std::byte> data;      // little-endian, contiguous
-  std::int64_t numel() const;
+  std::int64_t numel() const;       // InvalidArgument for a negative dimension, ResourceError past 64 bits
 };
 
 // Parses a whole .npy file held in memory (`name` only labels errors): dtypes
@@ -30,7 +30,8 @@ HostArray read_npy(const std::string& path);
 void write_npy(const std::string& path, const HostArray& array, bool overwrite = false);
 
 std::vector<std::string> safetensors_names(const std::string& path);
-// dtypes F32, BF16, F16, F8_E4M3; throws IoError naming the file and the tensor when absent or malformed.
+// dtypes F32, BF16, F16, F8_E4M3; throws IoError naming the file and the tensor when absent or malformed,
+// and for a header that lists a tensor twice or repeats a key inside an entry.
 HostArray parse_safetensors(const std::byte* bytes, std::size_t size, const std::string& tensor,
                             const std::string& name = "<memory>");
 HostArray read_safetensors(const std::string& path, const std::string& tensor);

@@ -43,8 +43,8 @@ struct MaskSpec {
 
   // The token order in which this mask is tile-contiguous (what its plan is built for).
   TokenOrder natural_order() const { return kind == MaskKind::Band ? band_order : TokenOrder::FrameMajor; }
-  // Throws InvalidArgument for an invalid grid or a band or radius below -1 (one past the
-  // grid keeps what the grid holds: the masks clamp to it).
+  // Throws InvalidArgument for an invalid grid, a kind or band order outside its enum, or a band
+  // or radius below -1 (one past the grid keeps what the grid holds: the masks clamp to it).
   void validate(const VideoGrid& grid) const;
   std::string describe() const;  // e.g. "spatial band 1234 +anchor"
   bool operator==(const MaskSpec&) const = default;
@@ -66,7 +66,8 @@ inline double kept_fraction(const VideoGrid& grid, const MaskSpec& spec) {
 enum class SparseKind : std::uint8_t { Spatial, Temporal, FrameWindow };
 // The mask of `kind` whose exact kept fraction is closest to `density` in [0, 1]
 // (ties go to the larger mask). density 1 keeps every pair; density 0 keeps only
-// what the anchor and text force. Throws InvalidArgument outside [0, 1] or NaN.
+// what the anchor and text force. Throws InvalidArgument outside [0, 1], for NaN, or for a kind
+// outside the enum.
 MaskSpec mask_for_density(const VideoGrid& grid, SparseKind kind, double density, bool anchor = true);
 
 }  // namespace stsa

@@ -57,7 +57,8 @@ struct PlanStats {
 
 class TilePlan {
  public:
-  // Builds analytically from the spec (O(kept tiles) work, no N x N matrix).
+  // Builds analytically from the spec (O(kept tiles) work, no N x N matrix). InvalidArgument for an
+  // invalid grid, spec, tile or alignment; ResourceError, before building, for one too large to hold.
   static std::shared_ptr<const TilePlan> build(const VideoGrid& grid, const MaskSpec& spec,
                                                TileShape tile = {}, Alignment alignment = Alignment::Exact);
 
@@ -71,6 +72,7 @@ class TilePlan {
   std::int64_t k_tiles() const { return k_tiles_; }
   const PlanStats& stats() const { return stats_; }
 
+  // Row q_tile of the CSR; InvalidArgument outside [0, q_tiles()).
   std::span<const std::int32_t> full_tiles(std::int64_t q_tile) const;
   std::span<const std::int32_t> partial_tiles(std::int64_t q_tile) const;
   std::span<const std::int32_t> partial_mask_ids(std::int64_t q_tile) const;  // parallel to partial_tiles()
@@ -79,16 +81,18 @@ class TilePlan {
   // bit c of row r says whether query q0 + r may see key k0 + c. Bits outside the
   // matrix (ragged last tiles) are 0.
   std::int32_t mask_words_per_row() const { return tile_.k / 64; }
-  const std::uint64_t* mask(std::int32_t id) const;
+  const std::uint64_t* mask(std::int32_t id) const;  // InvalidArgument outside [0, stats().distinct_masks)
 
   TileClass classify(std::int64_t q_tile, std::int64_t k_tile) const;  // binary search in the CSR row
-  bool computes(std::int64_t q_pos, std::int64_t k_pos) const;         // what a backend following the plan does
+  // What a backend following the plan does; InvalidArgument for a position outside [0, tokens()).
+  bool computes(std::int64_t q_pos, std::int64_t k_pos) const;
 
   // Throws InvalidArgument unless this plan fits the grid, the head's spec and token order.
   void check_matches(const VideoGrid& grid, const MaskSpec& spec, TokenOrder tensor_order) const;
 
   // Rebuilds nothing; checks the CSR structure: rows ascending, every key tile in range, mask ids
-  // in range, counts as in stats(). O(kept tiles). check_matches compares the mask bits with the spec.
+  // in range, counts as in stats(). O(kept tiles). Neither this nor check_matches compares the
+  // mask bits with the spec (check_matches compares the specs; the tests compare the bits).
   void self_check() const;
 
  private:

@@ -39,6 +39,12 @@ MaskSpec spec_of(SparseKind kind, std::int64_t parameter, bool anchor) {
 
 void MaskSpec::validate(const VideoGrid& grid) const {
   grid.validate();
+  // A cast integer would pass: allowed() keeps no regular pair for an unknown kind while the
+  // plan builder treats it as a band, and describe() prints nothing for it.
+  STSA_CHECK(kind == MaskKind::Dense || kind == MaskKind::Band || kind == MaskKind::FrameWindow, InvalidArgument,
+             "mask kind must be dense, band or frame window, got ", int(kind));
+  STSA_CHECK(band_order == TokenOrder::FrameMajor || band_order == TokenOrder::SpatialMajor, InvalidArgument,
+             "band order must be frame-major or spatial-major, got ", int(band_order));
   STSA_CHECK(band >= -1, InvalidArgument, "band width must be >= -1 (-1 keeps no band pair), got ", band);
   STSA_CHECK(frame_radius >= -1, InvalidArgument, "frame radius must be >= -1 (-1 keeps no frame), got ",
              frame_radius);
@@ -101,6 +107,9 @@ MaskSpec mask_for_density(const VideoGrid& grid, SparseKind kind, double density
   grid.validate();
   STSA_CHECK(std::isfinite(density) && density >= 0.0 && density <= 1.0, InvalidArgument,
              "density must be in [0, 1], got ", density);
+  // A cast integer would come back as a dense mask (spec_of's fallback), searched as a spatial one.
+  STSA_CHECK(kind == SparseKind::Spatial || kind == SparseKind::Temporal || kind == SparseKind::FrameWindow,
+             InvalidArgument, "sparse kind must be spatial, temporal or frame window, got ", int(kind));
   const double total = double(grid.tokens()) * double(grid.tokens());
   const double target = density * total;
   auto kept = [&](std::int64_t parameter) { return double(kept_pairs(grid, spec_of(kind, parameter, anchor))); };

@@ -26,25 +26,40 @@ double PlanStats::tile_density() const {
   return all ? double(tiles_full + tiles_partial) / double(all) : 0.0;
 }
 
+namespace {
+
+// The accessors index the CSR arrays directly: a row or id outside the plan would read past them.
+void check_row(std::int64_t q_tile, std::int64_t q_tiles) {
+  STSA_CHECK(q_tile >= 0 && q_tile < q_tiles, InvalidArgument, "query tile ", q_tile, " outside the plan's ", q_tiles,
+             " rows");
+}
+
+}  // namespace
+
 std::span<const std::int32_t> TilePlan::full_tiles(std::int64_t q_tile) const {
+  check_row(q_tile, q_tiles_);
   const auto begin = std::size_t(row_begin_[std::size_t(q_tile)]);
   const auto end = std::size_t(partial_begin_[std::size_t(q_tile)]);
   return {key_tiles_.data() + begin, end - begin};
 }
 
 std::span<const std::int32_t> TilePlan::partial_tiles(std::int64_t q_tile) const {
+  check_row(q_tile, q_tiles_);
   const auto begin = std::size_t(partial_begin_[std::size_t(q_tile)]);
   const auto end = std::size_t(row_begin_[std::size_t(q_tile) + 1]);
   return {key_tiles_.data() + begin, end - begin};
 }
 
 std::span<const std::int32_t> TilePlan::partial_mask_ids(std::int64_t q_tile) const {
+  check_row(q_tile, q_tiles_);
   const auto begin = std::size_t(partial_begin_[std::size_t(q_tile)]);
   const auto end = std::size_t(row_begin_[std::size_t(q_tile) + 1]);
   return {mask_ids_.data() + begin, end - begin};
 }
 
 const std::uint64_t* TilePlan::mask(std::int32_t id) const {
+  STSA_CHECK(id >= 0 && id < stats_.distinct_masks, InvalidArgument, "mask id ", id, " outside the plan's ",
+             stats_.distinct_masks, " masks");
   return masks_.data() + std::size_t(id) * std::size_t(tile_.q) * std::size_t(mask_words_per_row());
 }
 
@@ -59,6 +74,10 @@ TileClass TilePlan::classify(std::int64_t q_tile, std::int64_t k_tile) const {
 }
 
 bool TilePlan::computes(std::int64_t q_pos, std::int64_t k_pos) const {
+  // Checked here, not by tile: a ragged last tile holds positions past the matrix, and
+  // q_pos / tile rounds -1 into tile 0.
+  STSA_CHECK(q_pos >= 0 && q_pos < tokens() && k_pos >= 0 && k_pos < tokens(), InvalidArgument, "pair (", q_pos,
+             ", ", k_pos, ") outside the plan's ", tokens(), " tokens");
   const std::int64_t qt = q_pos / tile_.q, kt = k_pos / tile_.k;
   switch (classify(qt, kt)) {
     case TileClass::Empty: return false;

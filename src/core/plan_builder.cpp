@@ -123,9 +123,6 @@ class PlanBuilder {
     PlanStats& s = p.stats_;
     s.total_pairs = rule_.tokens * rule_.tokens;
     s.exact_kept_pairs = kept_pairs(p.grid_, p.spec_);
-    p.row_begin_.reserve(std::size_t(p.q_tiles_) + 1);
-    p.partial_begin_.reserve(std::size_t(p.q_tiles_));
-    p.row_begin_.push_back(0);
     // Room for every candidate tile, so that the arrays never regrow, and, where every
     // candidate is kept, shrink_to_fit below copies nothing: that copy doubled the peak.
     const std::size_t candidates = count_candidate_tiles();
@@ -134,6 +131,11 @@ class PlanBuilder {
     check_host_allocation(std::uint64_t(candidates) * (sizeof(std::int32_t) + sizeof(std::int32_t)) +
                               std::uint64_t(p.q_tiles_) * 16,
                           "the tile plan");
+    // The row arrays only after that check, which counts them: for a grid of 2^31 one-row
+    // tiles they alone were 32 GiB, and their std::bad_alloc came before the ResourceError.
+    p.row_begin_.reserve(std::size_t(p.q_tiles_) + 1);
+    p.partial_begin_.reserve(std::size_t(p.q_tiles_));
+    p.row_begin_.push_back(0);
     p.key_tiles_.reserve(candidates);
     p.mask_ids_.reserve(candidates);
     std::vector<std::int32_t> full, partial;
@@ -183,6 +185,7 @@ class PlanBuilder {
   // The candidate tiles, O(1) per row: a bound on the kept ones, which they all are but
   // where a partial tile is rounded away or a run's end tile holds no allowed pair.
   std::size_t count_candidate_tiles() const {
+    if (rule_.dense) return std::size_t(plan_->q_tiles_) * std::size_t(plan_->k_tiles_);  // not a loop of 2^31 rows
     std::size_t count = 0;
     for (std::int64_t qt = 0; qt < plan_->q_tiles_; ++qt)
       for_each_candidate_run(tile_rows(qt), [&](Range tiles) { count += std::size_t(tiles.end - tiles.begin); });
@@ -298,6 +301,9 @@ std::shared_ptr<const TilePlan> TilePlan::build(const VideoGrid& grid, const Mas
   grid.validate();
   spec.validate(grid);
   tile.validate();
+  // A cast integer would build an exact plan that alignment() and to_string() call "round".
+  STSA_CHECK(alignment == Alignment::Exact || alignment == Alignment::Round, InvalidArgument,
+             "alignment must be exact or round, got ", int(alignment));
   return PlanBuilder(grid, spec, tile, alignment).build();
 }
 

@@ -7,6 +7,7 @@
 // offset and size is checked against the data block with overflow-safe arithmetic.
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -104,13 +105,34 @@ Index parse_index(const std::byte* header, std::uint64_t header_len, std::uint64
   const std::string_view text(reinterpret_cast<const char*>(header), std::size_t(header_len));
   STSA_CHECK(json_depth(text) <= kMaxJsonDepth, IoError, name, ": malformed header (JSON nested deeper than ",
              kMaxJsonDepth, ")");
+  // The JSON parser keeps the last of repeated keys: a tensor listed twice (or an entry with two
+  // 'data_offsets') would read whichever came last, silently. Both are refused; repeats inside
+  // __metadata__ (free-form strings, read by nothing here) are left alone.
+  std::vector<std::set<std::string>> open_objects;  // the keys seen in each object being parsed
+  std::string top_key, duplicate;
+  const auto watch_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) open_objects.emplace_back();
+    if (event == Event::object_end && !open_objects.empty()) open_objects.pop_back();
+    if (event == Event::key && !open_objects.empty()) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      if (open_objects.size() == 1) top_key = key;
+      const bool in_metadata = open_objects.size() > 1 && top_key == "__metadata__";
+      if (!open_objects.back().insert(key).second && !in_metadata && duplicate.empty())
+        duplicate = open_objects.size() == 1 ? stsa::detail::concat("tensor '", key, "' is listed twice")
+                                             : stsa::detail::concat("key '", key, "' repeats in the entry of '",
+                                                                    top_key, "'");
+    }
+    return true;
+  };
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+    json = nlohmann::json::parse(text.begin(), text.end(), watch_keys, /*allow_exceptions=*/false);
   } catch (const nlohmann::json::exception& e) {
     throw IoError(stsa::detail::concat(name, ": malformed header JSON (", e.what(), ")"));
   }
   STSA_CHECK(!json.is_discarded(), IoError, name, ": malformed header (not valid JSON)");
+  STSA_CHECK(duplicate.empty(), IoError, name, ": malformed header (", duplicate, ")");
   STSA_CHECK(json.is_object(), IoError, name, ": malformed header (the JSON is not an object)");
   Index index;
   for (const auto& [key, value] : json.items()) {
