@@ -269,7 +269,8 @@ class CudaBackend final : public Backend {
 std::unique_ptr<Backend> make_cuda_backend();
 
 // GPU versions of gather_heads / scatter_heads (permute.hpp), same arguments and
-// checks, on device tensors, enqueued on `stream` (nullptr: default stream).
+// checks (made on the host first: InvalidArgument with or without a GPU), on
+// device tensors (Unsupported otherwise), enqueued on `stream` (nullptr: default stream).
 // Rows move as 16-byte vectors when the head dim is contiguous and rows are
 // 16-byte aligned, element by element otherwise.
 void cuda_gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,

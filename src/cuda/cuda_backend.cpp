@@ -32,8 +32,10 @@ constexpr double kLog2e = 1.4426950408889634;
 // Everything that can be checked without a GPU.
 void check_on_host(const AttentionCall& call) {
   // The kernels index tokens in 32 bits, up to one tile past the last (the
-  // ragged-tile test `first_key + kTileK > tokens`). First, so that a layout
+  // ragged-tile test `first_key + kTileK > tokens`). Right after the layout's
+  // own checks (tokens() of an unchecked grid can overflow), so that a layout
   // too large for them is named as such rather than as a tensor mismatch.
+  call.layout.validate();
   constexpr std::int64_t kMaxTokens = std::int64_t(INT_MAX) - cuda_detail::kTileK;
   STSA_CHECK(call.layout.tokens() <= kMaxTokens, Unsupported, "the cuda backend indexes tokens in 32 bits: at most ",
              kMaxTokens, " tokens per sequence, got ", call.layout.tokens());

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cuda/capture.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_checks.hpp"
 #include "cuda/permute_launch.hpp"
+#include "stsa/attention.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/error.hpp"
 
@@ -103,14 +105,38 @@ void permute(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<co
   }
 }
 
-void check_common(const VideoGrid& grid, std::span<const std::int64_t> heads, std::span<const TensorView> full,
-                  std::span<const TensorView> packed, int device) {
+// What gather_heads / scatter_heads check (permute.hpp), all on the host and
+// before any GPU is asked for, so that a malformed call is InvalidArgument with
+// or without one. Sources are `full` for a gather, `packed` for a scatter.
+void check_on_host(const VideoGrid& grid, std::span<const std::int64_t> heads, std::span<const TensorView> full,
+                   std::span<const TensorView> packed, bool gather) {
   grid.validate();
   STSA_CHECK(full.size() == packed.size(), InvalidArgument, "permutation: ", full.size(), " full tensors but ",
              packed.size(), " packed ones");
   for (std::size_t i = 0; i < full.size(); ++i) {
     check_heads(heads, full[i].heads());
     check_pair(i, grid, full[i], packed[i], heads.size());
+  }
+  if (heads.empty()) return;
+  // Each destination's elements at distinct addresses, and none over another
+  // pair's source or destination: the copies run in parallel, so such a byte
+  // would be raced for (the CPU functions refuse the same).
+  const std::span<const TensorView> sources = gather ? full : packed, dests = gather ? packed : full;
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < dests.size(); ++i) names.push_back(detail::concat("destination ", i));
+  for (std::size_t i = 0; i < sources.size(); ++i) names.push_back(detail::concat("source ", i));
+  std::vector<NamedExtent> outputs, inputs;
+  for (std::size_t i = 0; i < dests.size(); ++i) {
+    validate_view_memory(detail::concat("permutation: ", names[i]).c_str(), dests[i]);
+    outputs.push_back(NamedExtent::of(names[i], dests[i]));
+  }
+  for (std::size_t i = 0; i < sources.size(); ++i)
+    inputs.push_back(NamedExtent::of(names[dests.size() + i], sources[i]));
+  check_outputs_apart("permutation: ", outputs, inputs);
+}
+
+void check_on_device(std::span<const TensorView> full, std::span<const TensorView> packed, int device) {
+  for (std::size_t i = 0; i < full.size(); ++i) {
     cuda_detail::require_device_memory("permutation: ", detail::concat("tensor ", i, " (full)"), full[i].byte_extent(),
                                        device, kHostPermutation);
     cuda_detail::require_device_memory("permutation: ", detail::concat("tensor ", i, " (packed)"),
@@ -122,8 +148,8 @@ void check_common(const VideoGrid& grid, std::span<const std::int64_t> heads, st
 
 void cuda_gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
                        std::span<const TensorView> sources, std::span<const TensorView> packed, void* stream) {
-  const int device = cuda_detail::current_device();
-  check_common(grid, heads, sources, packed, device);
+  check_on_host(grid, heads, sources, packed, /*gather=*/true);
+  check_on_device(sources, packed, cuda_detail::current_device());
   refuse_blocked_legacy_stream(stream);
   permute(grid, from, to, heads, sources, packed, /*gather=*/true, stream);
 }
@@ -131,9 +157,7 @@ void cuda_gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, st
 void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
                         std::span<const TensorView> packed, std::span<const TensorView> dests,
                         const LseView& packed_lse, const LseView& lse, void* stream) {
-  const int device = cuda_detail::current_device();
-  check_common(grid, heads, dests, packed, device);
-  refuse_blocked_legacy_stream(stream);
+  check_on_host(grid, heads, dests, packed, /*gather=*/false);
   STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument,
              "permutation: give both LSE views or neither");
   const bool with_lse = packed_lse.data != nullptr;
@@ -152,10 +176,16 @@ void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, s
                InvalidArgument, "permutation: LSE views must be 4-byte aligned");
     STSA_CHECK(!extents_overlap(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
                "permutation: LSE source and destination overlap");
+    if (!heads.empty()) validate_lse_memory("permutation: LSE destination", lse);  // distinct addresses, as above
+  }
+  const int device = cuda_detail::current_device();
+  check_on_device(dests, packed, device);
+  if (with_lse) {
     cuda_detail::require_device_memory("permutation: ", "packed LSE", packed_lse.byte_extent(), device,
                                        kHostPermutation);
     cuda_detail::require_device_memory("permutation: ", "LSE", lse.byte_extent(), device, kHostPermutation);
   }
+  refuse_blocked_legacy_stream(stream);
   permute(grid, from, to, heads, packed, dests, /*gather=*/false, stream);
   if (!with_lse) return;
   cuda_detail::PermuteLseParams p;

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <climits>
 #include <cstddef>
 #include <mutex>
 #include <tuple>
@@ -71,6 +72,10 @@ std::pair<void*, std::size_t> upload(const BlockSchedule& schedule, LaunchSchedu
 LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackendOptions& options, bool persistent,
                                std::int64_t pairs, int persistent_blocks, bool may_upload) {
   if (!persistent) {
+    // One block per item, counted in 32 bits (attention_launch.cu): refused here,
+    // before the call's first launch, rather than at this one's.
+    STSA_CHECK(pairs > 0 && plan.q_tiles <= INT_MAX / pairs, ResourceError, "an sm80 attention launch of ",
+               plan.q_tiles, " query tiles x ", pairs, " batch x heads has more blocks than one grid takes");
     LaunchSchedule launch;
     launch.work_order = fixed_order(options.work_order);
     if (launch.work_order == kWorkHeavyFirst) launch.heavy_ranks = heavy_first_ranks(plan.rank_costs);

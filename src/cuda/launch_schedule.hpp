@@ -25,7 +25,8 @@ struct LaunchSchedule {
 // blocks a persistent launch may use. sm80 launches (persistent = false) get
 // their order only: across heads unless head by head is asked for, the order
 // their speed was measured in. Throws ResourceError when a persistent block
-// would walk more key tiles than the kernel counts in 32 bits, and
+// would walk more key tiles than the kernel counts in 32 bits, or an sm80 grid
+// (q_tiles x pairs blocks) would pass 2^31 - 1, and
 // InvalidArgument when the shape's balanced schedule is not on the device yet
 // and `may_upload` is false (the launch stream is being captured into a graph).
 LaunchSchedule launch_schedule(const DevicePlan::Arrays& plan, const CudaBackendOptions& options, bool persistent,
