@@ -117,6 +117,7 @@ TEST_F(CpuDefaults, ComeBeforeTheEnvironment) {
     const Support refused = backend->supports(problem.call());
     EXPECT_FALSE(refused.ok);
     EXPECT_NE(refused.why.find("STSA_THREADS"), std::string::npos) << refused.why;
+    EXPECT_THROW(backend->run(problem.call()), InvalidArgument);  // a malformed setting, not a CPU that lacks one
     set_cpu_defaults({Isa::Auto, 2});
     EXPECT_EQ(resolve_threads(0), 2);
     EXPECT_TRUE(backend->supports(problem.call()).ok);
@@ -125,6 +126,9 @@ TEST_F(CpuDefaults, ComeBeforeTheEnvironment) {
     const ScopedEnv isa("STSA_ISA", "sse");
     set_cpu_defaults({});
     EXPECT_FALSE(backend->supports(problem.call()).ok);
+    // Named no instruction set: InvalidArgument, as a malformed STSA_THREADS is (it was Unsupported).
+    EXPECT_THROW(backend->run(problem.call()), InvalidArgument);
+    EXPECT_THROW(resolve_isa(Isa::Auto), InvalidArgument);
     set_cpu_defaults({Isa::Scalar, 0});
     EXPECT_TRUE(backend->supports(problem.call()).ok);
     EXPECT_EQ(resolve_isa(Isa::Auto), Isa::Scalar);

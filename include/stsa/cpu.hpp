@@ -41,8 +41,10 @@ CpuOptions cpu_defaults();
 
 // What a call with these options runs now: the instruction set (Auto resolved
 // through the defaults, STSA_ISA and the machine; throws Unsupported for one this
-// CPU lacks) and the thread count (0 resolved through the defaults, STSA_THREADS,
-// then all hardware threads; InvalidArgument for a malformed STSA_THREADS).
+// CPU lacks, InvalidArgument for an STSA_ISA that names none) and the thread count
+// (0 resolved through the defaults, STSA_THREADS, then all hardware threads;
+// InvalidArgument for a malformed STSA_THREADS). A backend's run() throws the same
+// kinds for the same settings.
 Isa resolve_isa(Isa requested);
 int resolve_threads(int requested);
 

@@ -199,13 +199,15 @@ class CpuBackend final : public Backend {
     Isa isa = Isa::Scalar;
     int threads = 1;
     std::string error;  // why the backend cannot run at all
+    bool malformed = false;  // that is a malformed STSA_ISA or STSA_THREADS: InvalidArgument, not Unsupported
   };
   Configuration configuration() const {
     Configuration c;
     const IsaChoice isa = choose_isa(requested_.isa);
     c.isa = isa.isa;
     c.threads = threads_from(requested_.threads, c.error);
-    if (!isa.why.empty()) c.error = isa.why;
+    c.malformed = !c.error.empty();  // threads_from's only error is a malformed STSA_THREADS
+    if (!isa.why.empty()) c.error = isa.why, c.malformed = isa.malformed;
     return c;
   }
 
@@ -221,6 +223,7 @@ class CpuBackend final : public Backend {
   void run_checked(const AttentionCall& call, const RowSource& in, const RowDestination& out) const {
     const Configuration config = configuration();
     const Support support = supports(call, config);
+    if (!support.ok && config.malformed) throw InvalidArgument(support.why);
     if (!support.ok) throw Unsupported(support.why);
     std::lock_guard<std::mutex> lock(mutex_);
     // A pool inherited through fork() has no workers in this process: a fresh one gets them back.

@@ -66,6 +66,7 @@ int threads_from(int requested, std::string& why) {
 
 Isa resolve_isa(Isa requested) {
   const cpu::IsaChoice choice = cpu::choose_isa(requested);
+  if (choice.malformed) throw InvalidArgument("cpu backend: " + choice.why);
   if (!choice.why.empty()) throw Unsupported("cpu backend: " + choice.why);
   return choice.isa;
 }

@@ -134,6 +134,7 @@ IsaChoice choose_isa(Isa requested) {
       choice.isa = best_isa();
     } catch (const InvalidArgument& e) {
       choice.why = detail::concat("STSA_ISA: ", e.what());
+      choice.malformed = true;
     }
     return choice;
   }

@@ -14,10 +14,12 @@ Isa machine_best_isa();
 // The instruction set a backend built with `requested` runs: an explicit request
 // is taken as is, Auto means the process default (set_cpu_defaults), else
 // best_isa(). Returns an empty `why` when this machine can run it, otherwise the
-// reason (the backend then reports Unsupported).
+// reason: `malformed` when STSA_ISA names no instruction set (the caller's mistake:
+// InvalidArgument), else this CPU lacks the one asked for (Unsupported).
 struct IsaChoice {
   Isa isa = Isa::Scalar;
   std::string why;
+  bool malformed = false;
 };
 IsaChoice choose_isa(Isa requested);
 
