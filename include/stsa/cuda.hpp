@@ -67,7 +67,8 @@ struct CudaDeviceInfo {
   int driver_version = 0, runtime_version = 0;  // e.g. 13000
   std::string pci_bus_id;  // "0000:00:06.0", as cudaDeviceGetPCIBusId writes it (how NVML finds the device)
 };
-// Properties of `device` (-1: the current one). Throws Unsupported without a GPU.
+// Properties of `device` (-1: the current one). Throws InvalidArgument for another
+// negative index or one past the devices present, Unsupported without a GPU.
 CudaDeviceInfo cuda_device_info(int device = -1);
 
 // Waits for all work on the current device; throws Error with CUDA's message

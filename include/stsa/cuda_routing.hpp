@@ -47,7 +47,8 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
 // as the graph may replay (hold the workspace that long): the temporal heads'
 // packed copies (memory made before the capture) and the device plans and
 // block schedules the recorded launches read. Sized for `call`'s shape with up
-// to `temporal_heads` temporal heads (-1: every head; 0: plans only), and for
+// to `temporal_heads` temporal heads (-1: every head; 0: plans only; other
+// values outside [-1, heads]: InvalidArgument), and for
 // packed outputs too when the scatter will not be fused. Allocated on the
 // current device; Unsupported without a GPU, ResourceError when the device is
 // out of memory. One call at a time: calls sharing a workspace must be

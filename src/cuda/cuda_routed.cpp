@@ -168,7 +168,7 @@ void CudaRoutedWorkspace::keep(const std::vector<std::shared_ptr<const DevicePla
 }
 
 CudaRoutedWorkspace::CudaRoutedWorkspace(const RoutedCall& call, std::int64_t temporal_heads, bool fuse_scatter)
-    : buffer_(bytes_needed(call, temporal_heads < 0 ? call.layout.heads : temporal_heads, !fuse_scatter)) {}
+    : buffer_(bytes_needed(call, temporal_heads == -1 ? call.layout.heads : temporal_heads, !fuse_scatter)) {}
 
 RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
                              std::vector<HeadRoute> decisions, const RoutedOptions& options, void* stream,

@@ -71,8 +71,10 @@ int cuda_device_count() { return device_count_once().count; }
 std::string cuda_unavailable_reason() { return device_count_once().reason; }
 
 CudaDeviceInfo cuda_device_info(int device) {
+  // -1 alone means the current device: -2 is a mistake, not a synonym (checked before the GPU is asked for).
+  STSA_CHECK(device >= -1, InvalidArgument, "CUDA device ", device, " does not exist (-1: the current one)");
   const int current = cuda_detail::current_device();
-  if (device < 0) device = current;
+  if (device == -1) device = current;
   STSA_CHECK(device < cuda_device_count(), InvalidArgument, "CUDA device ", device, " does not exist (",
              cuda_device_count(), " present)");
   cudaDeviceProp props{};
