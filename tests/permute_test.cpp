@@ -318,5 +318,55 @@ TEST(Permute, RefusesDestinationsThatWouldLoseValues) {
                                 lse.view()));
 }
 
+// One pass copies every pair for the batch entries of the first: a pair with fewer
+// was read and written past its end (768 bytes beyond a batch-1 packed view).
+TEST(Permute, RefusesPairsWithAnotherBatch) {
+  const VideoGrid g{3, 2, 2, 0, TextPlacement::After};
+  const std::int64_t n = g.tokens();
+  Tensor q(DType::F32, 2, n, 4, 8), pq(DType::F32, 2, n, 2, 8), k(DType::F32, 2, n, 4, 8), pk(DType::F32, 2, n, 2, 8);
+  testing::fill_normal(pk.view(), 1);
+  const Tensor pk_before = pk;
+  TensorView k_one = k.view(), pk_one = pk.view();  // batch entry 0 of each; entry 1 stands for what lies past it
+  k_one.shape[0] = pk_one.shape[0] = 1;
+  const std::vector<std::int64_t> heads = {1, 3};
+  const TensorView sources[] = {q.view(), k_one}, packed[] = {pq.view(), pk_one};
+  EXPECT_THROW(gather_heads(g, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, heads, sources, packed, 1),
+               InvalidArgument);
+  EXPECT_EQ(std::memcmp(pk.view().data, pk_before.view().data, pk.bytes()), 0);
+  Tensor o(DType::F32, 2, n, 4, 8), o2(DType::F32, 2, n, 4, 8);
+  TensorView o_one = o2.view();
+  o_one.shape[0] = 1;
+  const TensorView from[] = {pq.view(), pk_one}, dests[] = {o.view(), o_one};
+  EXPECT_THROW(scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, from, dests, {}, {}, 1),
+               InvalidArgument);
+}
+
+// A scatter's LSE rows are written in the same pass as O: an LSE destination over
+// an O destination or over a packed tensor, or an O destination over the packed
+// LSE, would keep one of two values or be read after it was written.
+TEST(Permute, ScatterRefusesLseOverTheTensors) {
+  const VideoGrid g{3, 2, 2, 0, TextPlacement::After};
+  const std::int64_t n = g.tokens();
+  Tensor packed_o(DType::F32, 1, n, 2, 8), o(DType::F32, 1, n, 4, 8);
+  LseBuffer plse(1, 2, n), lse(1, 4, n);
+  const std::vector<std::int64_t> heads = {0, 3};
+  const auto scatter = [&](const TensorView& from, const TensorView& to, const LseView& from_lse,
+                           const LseView& to_lse) {
+    const TensorView packed[] = {from}, dests[] = {to};
+    scatter_heads(g, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, heads, packed, dests, from_lse, to_lse, 1);
+  };
+  // An [1, 4, N] float view over the first 4 N floats of a tensor.
+  const auto lse_over = [&](const Tensor& t) {
+    return LseView::contiguous(static_cast<float*>(t.view().data), 1, 4, n);
+  };
+  const auto packed_lse_over = [&](const Tensor& t) {
+    return LseView::contiguous(static_cast<float*>(t.view().data), 1, 2, n);
+  };
+  EXPECT_THROW(scatter(packed_o.view(), o.view(), plse.view(), lse_over(o)), InvalidArgument);
+  EXPECT_THROW(scatter(packed_o.view(), o.view(), plse.view(), lse_over(packed_o)), InvalidArgument);
+  EXPECT_THROW(scatter(packed_o.view(), o.view(), packed_lse_over(o), lse.view()), InvalidArgument);
+  EXPECT_NO_THROW(scatter(packed_o.view(), o.view(), plse.view(), lse.view()));
+}
+
 }  // namespace
 }  // namespace stsa

@@ -189,7 +189,8 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
 RoutedResult routed_attention(const Backend& backend, PlanCache& plans, const RoutedCall& call, const Router& router,
                               const RoutedOptions& options = {});
 
-// Runs with given decisions (one per head; only route and spec are used).
+// Runs with given decisions (one per head): each head runs with its spec (a band in
+// spatial-major order gathered, as a temporal head); route is only carried into the result.
 RoutedResult run_routed(const Backend& backend, PlanCache& plans, const RoutedCall& call,
                         std::vector<HeadRoute> decisions, const RoutedOptions& options = {});
 

@@ -27,9 +27,12 @@ void check_heads(std::span<const std::int64_t> heads, std::int64_t total) {
   }
 }
 
+// `batch`: the first pair's; one pass copies that many batch entries of every pair.
 void check_pair(const char* what, std::size_t i, const VideoGrid& grid, const TensorView& full,
-                const TensorView& packed, std::int64_t packed_heads) {
+                const TensorView& packed, std::int64_t packed_heads, std::int64_t batch) {
   STSA_CHECK(full.data != nullptr && packed.data != nullptr, InvalidArgument, what, " tensor ", i, " is null");
+  STSA_CHECK(full.batch() == batch, InvalidArgument, what, " tensor ", i, " has batch ", full.batch(),
+             ", tensor 0 has ", batch);
   STSA_CHECK(full.dtype == packed.dtype, InvalidArgument, what, " tensor ", i, ": dtypes differ (",
              to_string(full.dtype), " vs ", to_string(packed.dtype), "); a permutation copies bits");
   STSA_CHECK(full.tokens() == grid.tokens() && packed.tokens() == grid.tokens(), InvalidArgument, what, " tensor ", i,
@@ -52,8 +55,9 @@ void check_pair(const char* what, std::size_t i, const VideoGrid& grid, const Te
 // What a permutation writes: each destination's elements at distinct, aligned
 // addresses, and no destination over another pair's source or another destination
 // (one pass copies every pair, so such a byte would be read after it was written,
-// or keep one of two values).
-void check_destinations(const char* what, std::span<const TensorView> sources, std::span<const TensorView> dests) {
+// or keep one of two values). A scatter's LSE rows move in that pass too.
+void check_destinations(const char* what, std::span<const TensorView> sources, std::span<const TensorView> dests,
+                        const LseView& source_lse = {}, const LseView& dest_lse = {}) {
   std::vector<std::string> names;
   for (std::size_t i = 0; i < dests.size(); ++i) names.push_back(detail::concat("destination ", i));
   for (std::size_t i = 0; i < sources.size(); ++i) names.push_back(detail::concat("source ", i));
@@ -63,6 +67,8 @@ void check_destinations(const char* what, std::span<const TensorView> sources, s
     outputs.push_back(NamedExtent::of(names[i], dests[i]));
   }
   for (std::size_t i = 0; i < sources.size(); ++i) inputs.push_back(NamedExtent::of(names[dests.size() + i], sources[i]));
+  if (dest_lse.data != nullptr) outputs.push_back(NamedExtent::of("LSE destination", dest_lse));
+  if (source_lse.data != nullptr) inputs.push_back(NamedExtent::of("LSE source", source_lse));
   check_outputs_apart(detail::concat(what, " "), outputs, inputs);
 }
 
@@ -144,7 +150,7 @@ void gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::sp
              packed.size(), " packed tensors");
   const std::int64_t count = std::int64_t(heads.size());
   for (std::size_t i = 0; i < sources.size(); ++i) {
-    check_pair("gather", i, grid, sources[i], packed[i], count);
+    check_pair("gather", i, grid, sources[i], packed[i], count, sources[0].batch());
     check_heads(heads, sources[i].heads());
   }
   if (count > 0) check_destinations("gather", sources, packed);
@@ -175,10 +181,9 @@ void scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::s
              dests.size(), " destinations");
   const std::int64_t count = std::int64_t(heads.size());
   for (std::size_t i = 0; i < packed.size(); ++i) {
-    check_pair("scatter", i, grid, dests[i], packed[i], count);
+    check_pair("scatter", i, grid, dests[i], packed[i], count, packed[0].batch());
     check_heads(heads, dests[i].heads());
   }
-  if (count > 0) check_destinations("scatter", packed, dests);
   const bool with_lse = packed_lse.data != nullptr && lse.data != nullptr;
   STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument,
              "scatter: give both LSE views or neither");
@@ -200,6 +205,8 @@ void scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::s
       validate_lse_memory("scatter: LSE destination", lse);
     }
   }
+  // After the LSE checks: the views' extents are only computed for valid strides.
+  if (count > 0) check_destinations("scatter", packed, dests, packed_lse, lse);
   if (count == 0 || batch == 0) return;
   const std::vector<std::int64_t> map = permutation_map(grid, from, to);  // packed position of each destination token
   const std::int64_t n = grid.tokens();
