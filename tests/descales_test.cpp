@@ -180,6 +180,19 @@ TEST(Descales, TheRouterKeepsTinyBf16ProductsUnderHugeDescales) {
                     1e-3 * plain.heads[h].candidates[c].rel_l2)
             << "head " << h;
     }
+    // The choice is the head's own: head 0 at scale 1 keeps its bits whether it is routed beside
+    // head 1 at 2^62 or in a call of its own (as a Ulysses rank holding it alone would route it);
+    // a call-wide choice moved it to the fp32 path beside head 1.
+    const std::vector<float> mixed{1.f, 0x1p62f, 1.f}, one{1.f};
+    const RoutingReport beside = router.route(data.layout, data.q.view(), data.k.view(), data.v.view(),
+                                              TokenOrder::FrameMajor, 0.f, {}, Descales{mixed, mixed, {}});
+    VideoLayout first = data.layout;
+    first.heads = 1;
+    TensorView q0 = data.q.view(), k0 = data.k.view(), v0 = data.v.view();
+    for (TensorView* t : {&q0, &k0, &v0}) t->shape[2] = 1;  // head 0 alone, same strides
+    const RoutingReport solo = router.route(first, q0, k0, v0, TokenOrder::FrameMajor, 0.f, {}, Descales{one, one, {}});
+    for (std::size_t c = 0; c < solo.heads[0].candidates.size(); ++c)
+      EXPECT_EQ(beside.heads[0].candidates[c].mse, solo.heads[0].candidates[c].mse);
   }
 }
 

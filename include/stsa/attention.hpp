@@ -47,7 +47,8 @@ struct HeadMask {
 // The CPU's AVX-512 and AMX kernels compute bf16 Q K^T from bf16 products, which flush
 // those below 2^-126 (and bf16 subnormal inputs) to zero; a bf16 call whose scale times
 // its largest q and k descales reaches 2^91, where such products could matter (Q and K
-// scaled down by ~2^-60 with descales of 2^60), computes it in fp32 instead.
+// scaled down by ~2^-60 with descales of 2^60), computes it in fp32 instead (every head of
+// it: such a head's bits then depend on the heads beside it; the router decides per head).
 struct Descales {
   std::span<const float> q, k, v;
 

@@ -123,7 +123,7 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
   // so the errors are bit-identical for any thread count (grouping only changes
   // which thread computes a head's chunk, not how). Groups shrink until every
   // thread has a couple of items.
-  const bool tiles = router_detail::tiles_apply(resolve_isa(options_.isa), q, k, v, scales);
+  const bool tiles = router_detail::tiles_apply(resolve_isa(options_.isa), q, k, v);
   report.tile_products = tiles;
   const int threads = resolve_threads(options_.threads);
   const std::int64_t chunks = router_detail::key_chunks(layout.tokens());
@@ -147,9 +147,10 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
       router_detail::sampled_chunk(q, k, v, group_heads, set_scales, row_set, masks, chunk, buffers, out);
     } else if (!router_detail::sampled_chunk_tiles(q, k, v, group_heads, set_scales, row_set, masks, chunk, buffers,
                                                    out)) {
-      // A V value below 2^-64 in this chunk, in some head's keys: that head alone takes the fp32
-      // path, the others the tile path, as in any other group (the two differ in their last bits, and
-      // groups change with the thread count and the heads routed).
+      // A V value below 2^-64 in this chunk, in some head's keys, or a bf16 head's score scale
+      // past 2^91 (sampled_attention.hpp): that head alone takes the fp32 path, the others the
+      // tile path, as in any other group (the two differ in their last bits, and groups change
+      // with the thread count and the heads routed).
       for (std::size_t i = 0; i < group_heads.size(); ++i) {
         const auto head = group_heads.subspan(i, 1);
         const auto head_out = std::span(out).subspan(i, 1);

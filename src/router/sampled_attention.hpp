@@ -71,18 +71,17 @@ void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v
                    ChunkScratch& scratch, std::span<ChunkPartial> out);
 
 // Whether sampled_chunk_tiles takes these inputs: `isa` (resolved) is Amx, Q, K
-// and V are all bf16, all fp16 or all fp8, the head dim is at most cpu::kMaxPairPanelDim
-// (padded to a multiple of 32 with zero channels), and for bf16 every score scale in
-// `scales` is below cpu::kBf16PairScoreScaleLimit (larger ones would make the products
-// the tile unit flushes matter).
-bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v,
-                 std::span<const float> scales);
+// and V are all bf16, all fp16 or all fp8, and the head dim is at most cpu::kMaxPairPanelDim
+// (padded to a multiple of 32 with zero channels).
+bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v);
 
 // sampled_chunk's partial sums from AMX tile products (sampled_attention_tiles.cpp):
 // scores exact products summed in fp32, as sampled_chunk's; the weights as two
 // bf16 parts each (within 2^-16 of themselves) times V. Returns false, with `out`
 // unspecified, when the chunk holds a nonzero |V| below kTinyV (pack.hpp), whose
-// products the tile unit would flush to zero: the caller then runs sampled_chunk.
+// products the tile unit would flush to zero, or a head is bf16 with a score scale of
+// at least cpu::kBf16PairScoreScaleLimit, where its flushed Q K products would matter:
+// the caller then runs sampled_chunk.
 bool sampled_chunk_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
                          std::span<const std::int64_t> heads, std::span<const float> scales, const RowSet& rows,
                          const std::vector<CandidateMask>& masks, std::int64_t chunk, ChunkScratch& scratch,

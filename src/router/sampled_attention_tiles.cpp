@@ -83,6 +83,11 @@ class TileChunk {
       o.flops = 0;
     }
     if (count_ == 0 || begin_ >= end_) return true;
+    // The tile unit flushes products under 2^-126: a bf16 head whose score scale would make them
+    // matter takes the fp32 path, as a head with tiny V does (per head, whatever heads are beside it).
+    if (q_.dtype == DType::BF16)
+      for (const std::int64_t head : heads_)
+        if (double(std::abs(scales_[std::size_t(head)])) >= cpu::kBf16PairScoreScaleLimit) return false;
     allocate();
     sort_candidate_rows();
     const auto group = std::int64_t(heads_.size());
@@ -282,16 +287,11 @@ class TileChunk {
 
 }  // namespace
 
-bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v,
-                 std::span<const float> scales) {
+bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v) {
   const DType dtype = q.dtype;
   const std::int64_t dim = q.head_dim();
-  const bool products_exact =
-      dtype != DType::BF16 || std::ranges::all_of(scales, [](float s) {
-        return double(std::abs(s)) < cpu::kBf16PairScoreScaleLimit;
-      });
   return isa == Isa::Amx && (dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F8E4M3) &&
-         k.dtype == dtype && v.dtype == dtype && dim <= cpu::kMaxPairPanelDim && products_exact;
+         k.dtype == dtype && v.dtype == dtype && dim <= cpu::kMaxPairPanelDim;
 }
 
 bool sampled_chunk_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
