@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import itertools
 import numbers
+import sys
 import weakref
 from typing import Any, Sequence
 
@@ -74,6 +75,9 @@ class VideoGrid:
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool):
                 raise InvalidArgument(f"VideoGrid {name} must be an integer, got {value!r}")
+            # Held as a Python int: a NumPy integer failed torch.compile's trace (an operator's int
+            # argument) and made tokens and video_tokens NumPy integers.
+            object.__setattr__(self, name, int(value))
         if not isinstance(self.text_placement, str):
             raise InvalidArgument(f"VideoGrid text_placement must be 'before' or 'after', got {self.text_placement!r}")
         self._native()  # the library checks the values (stsa.InvalidArgument)
@@ -555,6 +559,10 @@ def _torch_array(name: str, tensor, stream: int | None):
         raise Unsupported(f"{name} is a {tensor.layout} tensor: stsa takes dense (strided) tensors")
     if tensor.device.type not in ("cpu", "cuda"):
         raise Unsupported(f"{name} is on {tensor.device}: stsa takes host (CPU) and CUDA tensors")
+    # Read (routing) or written (under no_grad) through the same memory, detached: a subclass's
+    # __dlpack__ refuses a tensor that requires grad, which came out as nanobind's TypeError.
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     if not (tensor.is_neg() or tensor.is_conj()):
         return tensor
     if name in ("out", "lse"):
@@ -678,7 +686,13 @@ def _refuse_autograd(q, k, v, out=None, lse=None) -> None:
 
 
 def _framework(array) -> str:
-    """The package an array comes from ("numpy", "torch", ...)."""
+    """The package an array comes from ("numpy", "torch", ...). A subclass of torch.Tensor or
+    numpy.ndarray defined elsewhere (a user's own, another library's) is its base's: by its
+    module alone it was no torch tensor, and lost the checks (gradients, negative bit) made for one."""
+    for name, base in (("torch", "Tensor"), ("numpy", "ndarray")):
+        module = sys.modules.get(name)  # not imported: none of its arrays can exist
+        if module is not None and isinstance(array, getattr(module, base, ())):
+            return name
     return type(array).__module__.split(".")[0]
 
 

@@ -75,13 +75,14 @@ def routed_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid:
                         seed: int, scale: Optional[float], layout: str, tile: list[int], align: str, backend: str,
                         timed: bool, q_descale: Optional[torch.Tensor], k_descale: Optional[torch.Tensor],
                         v_descale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of ``stsa.routed_attention``; ``densities`` spatial, temporal, frames."""
+    """(out, lse) of ``stsa.routed_attention``; ``densities`` spatial, temporal, frames; ``seed``
+    as _signed_seed passes it."""
     out, lse, _ = routed_attention(q, k, v, _grid(grid, text_before), spatial_density=densities[0],
                                    temporal_density=densities[1], frames_density=densities[2], try_frames=try_frames,
-                                   samples=samples, seed=seed, max_rel_l2=max_rel_l2, anchor=anchor, layout=layout,
-                                   scale=scale, tile=(tile[0], tile[1]), align=align, backend=backend or None,
-                                   return_lse=True, timed=timed, q_descale=q_descale, k_descale=k_descale,
-                                   v_descale=v_descale)
+                                   samples=samples, seed=seed % 2**64, max_rel_l2=max_rel_l2, anchor=anchor,
+                                   layout=layout, scale=scale, tile=(tile[0], tile[1]), align=align,
+                                   backend=backend or None, return_lse=True, timed=timed, q_descale=q_descale,
+                                   k_descale=k_descale, v_descale=v_descale)
     return out, lse
 
 
@@ -121,13 +122,19 @@ def traced_attention(q, k, v, grid: VideoGrid, masks: list[str], density, anchor
                                     backend or "", *_descale_tensors(descales, q, layout))
 
 
+def _signed_seed(seed: int) -> int:
+    # An operator's int is int64, the router's seed any integer below 2^64: a seed from 2^63 on is
+    # passed as the int64 of its bits, and the operator takes it back modulo 2^64.
+    return seed - 2**64 if seed >= 2**63 else seed
+
+
 def traced_routed_attention(q, k, v, grid: VideoGrid, router: dict, layout, scale, tile, align, backend, timed,
                             descales):
     """The operator's call for one ``stsa.routed_attention`` call being traced."""
     densities = [float(router[name]) for name in ("spatial_density", "temporal_density", "frames_density")]
     return torch.ops.stsa.routed_attention(q, k, v, *_grid_args(grid), router["samples"], densities,
                                            bool(router["try_frames"]), float(router["max_rel_l2"]),
-                                           bool(router["anchor"]), router["seed"],
+                                           bool(router["anchor"]), _signed_seed(router["seed"]),
                                            None if scale is None else float(scale), layout, [tile[0], tile[1]], align,
                                            backend or "", timed, *_descale_tensors(descales, q, layout))
 

@@ -111,6 +111,34 @@ def test_a_negative_bit_is_applied_to_inputs_and_refused_on_outputs(rng):
     assert not out.any() and not lse.any()
 
 
+class _Subclass(torch.Tensor):
+    """A torch.Tensor subclass of the caller's own module (a quantization or tracing library's, say)."""
+
+
+def test_tensor_subclasses_from_other_modules_are_torch_tensors(rng):
+    """A torch.Tensor subclass defined outside torch is a torch tensor: its output allocated
+    by torch, its negative bit resolved, its gradients refused (it was taken by its module's
+    name for another framework: NumPy's TypeError, the values read negated, no refusal)."""
+    grid = stsa.VideoGrid(4, 4, 4)
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    expected = stsa.attention(q, k, v, grid)
+    sq, sk, sv = (x.as_subclass(_Subclass) for x in (q, k, v))
+    assert torch.equal(stsa.attention(sq, sk, sv, grid), expected)
+    out = torch.empty_like(q).as_subclass(_Subclass)
+    assert stsa.attention(with_negative_bit(q).as_subclass(_Subclass), sk, sv, grid, out=out) is out
+    assert torch.equal(out.as_subclass(torch.Tensor), expected)
+    with pytest.raises(stsa.Unsupported, match="no gradients"):
+        stsa.attention(q.clone().requires_grad_().as_subclass(_Subclass), sk, sv, grid, out=out)
+    assert stsa.route(sq, sk, sv, grid)["heads"] == stsa.route(q, k, v, grid)["heads"]
+    # Routing reads tensors that require grad, a subclass's too (nanobind's TypeError before).
+    needs_grad = q.clone().requires_grad_().as_subclass(_Subclass)
+    assert stsa.route(needs_grad, sk, sv, grid)["heads"] == stsa.Policy().route(q, k, v, grid, 0, 0)["heads"]
+    out = torch.zeros_like(q).requires_grad_().as_subclass(_Subclass)
+    with torch.no_grad():  # and writes an out that does, under no_grad
+        stsa.attention(q, k, v, grid, out=out)
+    assert torch.equal(out.detach().as_subclass(torch.Tensor), expected)
+
+
 def test_tensors_stsa_cannot_read_are_refused_by_name(rng):
     """Tensors that DLPack cannot hand over (meta, sparse): one stsa error naming the argument,
     not nanobind's TypeError listing the module's signatures."""
@@ -368,6 +396,18 @@ def test_a_compiled_call_follows_its_grid_and_batch(rng):
 
 
 @needs_operators
+def test_a_grid_of_numpy_integers_compiles(rng):
+    """A grid whose sizes come from NumPy (np.prod of a shape, a config array) holds them as ints:
+    the trace failed on NumPy integers (an internal dynamo error at the operator's int arguments)."""
+    grid = stsa.VideoGrid(np.int64(5), np.int32(4), np.uint16(6), text=np.int64(3))
+    assert all(type(getattr(grid, name)) is int for name in ("frames", "height", "width", "text"))
+    assert type(grid.tokens) is int and grid == stsa.VideoGrid(5, 4, 6, text=3)
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    out, ops = compiled_graph_ops(lambda q, k, v: stsa.attention(q, k, v, grid, "spatial", 0.5), q, k, v)
+    assert ops.count("stsa.attention") == 1 and torch.equal(out, stsa.attention(q, k, v, grid, "spatial", 0.5))
+
+
+@needs_operators
 def test_the_operators_pass_torch_opcheck(rng):
     import stsa._torch_op  # noqa: F401  (registers torch.ops.stsa.*)
 
@@ -438,6 +478,28 @@ def test_compiled_routed_attention_is_one_operator(rng):
     eager_out, eager_lse, eager_info = layer(q, k, v)
     assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
     assert eager_info["routes"] == ["spatial", "temporal"]
+
+
+@needs_operators
+@pytest.mark.parametrize("seed", [2**63 - 1, 2**63, 2**64 - 1])
+def test_compiled_routed_attention_takes_every_seed(seed, rng, monkeypatch):
+    """Seeds run up to 2^64 - 1, the operator's ints to 2^63 - 1: a seed past that reaches the
+    router intact (it failed the trace: an int64 cannot hold it)."""
+    import stsa._torch_op
+
+    grid = stsa.VideoGrid(5, 4, 6)
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    seeds = []
+    routed = stsa._torch_op.routed_attention
+    monkeypatch.setattr(stsa._torch_op, "routed_attention",
+                        lambda *args, **kwargs: seeds.append(kwargs["seed"]) or routed(*args, **kwargs))
+
+    def layer(q, k, v):
+        return stsa.routed_attention(q, k, v, grid, 0.5, samples=8, seed=seed)[0]
+
+    out, ops = compiled_graph_ops(layer, q, k, v)
+    assert ops.count("stsa.routed_attention") == 1 and seed in seeds, (ops, seeds)
+    assert torch.equal(out, layer(q, k, v))
 
 
 @needs_operators
