@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "stsa/error.hpp"
@@ -85,6 +86,28 @@ TEST(CudaPermuteChecks, ADestinationWithOverlappingStridesIsInvalid) {
   const std::string lse_what = invalid_message(
       [&] { cuda_scatter_heads(s.grid, kTo, kFrom, s.heads, from, good, packed_lse.view(), squashed_lse); });
   EXPECT_NE(lse_what.find("overlapping strides"), std::string::npos) << lse_what;
+}
+
+// A scatter's LSE rows move in the same pass as O's: an LSE destination over an
+// O, or an O destination over the packed LSE, is refused, as on the CPU.
+TEST(CudaPermuteChecks, AScatterLseOverTheTensorsIsInvalid) {
+  Shapes s;
+  const std::vector<TensorView> from{s.packed_q.view()}, dests{s.q.view()};
+  LseBuffer packed_lse(1, 2, 18), lse(1, 3, 18);
+  // [1, 3, 18] floats over the first 216 bytes of a bf16 tensor (1 x 18 x 3 x 16 = 1,728 bytes).
+  const auto lse_over = [](const Tensor& t, std::int64_t heads) {
+    return LseView::contiguous(static_cast<float*>(t.view().data), 1, heads, 18);
+  };
+  for (const auto& [from_lse, to_lse] : {std::pair{packed_lse.view(), lse_over(s.q, 3)},
+                                         std::pair{packed_lse.view(), lse_over(s.packed_q, 3)},
+                                         std::pair{lse_over(s.q, 2), lse.view()}}) {
+    EXPECT_THROW(scatter_heads(s.grid, kTo, kFrom, s.heads, from, dests, from_lse, to_lse), InvalidArgument);
+    const std::string what =
+        invalid_message([&] { cuda_scatter_heads(s.grid, kTo, kFrom, s.heads, from, dests, from_lse, to_lse); });
+    EXPECT_NE(what.find("overlaps"), std::string::npos) << what;
+  }
+  EXPECT_THROW(cuda_scatter_heads(s.grid, kTo, kFrom, s.heads, from, dests, packed_lse.view(), lse.view()),
+               Unsupported);  // well formed: host memory, or no GPU
 }
 
 // Bad arguments are named as such with or without a GPU; a well-formed call on

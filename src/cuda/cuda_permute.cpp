@@ -105,11 +105,38 @@ void permute(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<co
   }
 }
 
+// A scatter's LSE views: both or neither, shapes of the grid, batch and heads,
+// strides the kernel takes, 4-byte aligned, apart from each other.
+void check_lse_views(const VideoGrid& grid, std::span<const std::int64_t> heads, std::span<const TensorView> dests,
+                     const LseView& packed_lse, const LseView& lse) {
+  STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument,
+             "permutation: give both LSE views or neither");
+  if (packed_lse.data == nullptr) return;
+  const std::int64_t batch = dests.empty() ? packed_lse.shape[0] : dests[0].batch();
+  STSA_CHECK(packed_lse.shape[0] == batch && lse.shape[0] == batch && packed_lse.shape[2] == grid.tokens() &&
+                 lse.shape[2] == grid.tokens() && packed_lse.shape[1] == std::int64_t(heads.size()),
+             InvalidArgument, "permutation: LSE shapes do not match the grid, batch and heads");
+  check_heads(heads, lse.shape[1]);
+  for (int d = 0; d < 3; ++d)
+    STSA_CHECK(packed_lse.stride[d] >= 0 && lse.stride[d] >= 0, InvalidArgument,
+               "permutation: negative LSE strides are not supported");
+  // A misaligned float would fault on the device and end the CUDA context.
+  STSA_CHECK(reinterpret_cast<std::uintptr_t>(packed_lse.data) % alignof(float) == 0 &&
+                 reinterpret_cast<std::uintptr_t>(lse.data) % alignof(float) == 0,
+             InvalidArgument, "permutation: LSE views must be 4-byte aligned");
+  STSA_CHECK(!extents_overlap(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
+             "permutation: LSE source and destination overlap");
+  if (!heads.empty()) validate_lse_memory("permutation: LSE destination", lse);  // distinct addresses
+}
+
 // What gather_heads / scatter_heads check (permute.hpp), all on the host and
 // before any GPU is asked for, so that a malformed call is InvalidArgument with
-// or without one. Sources are `full` for a gather, `packed` for a scatter.
+// or without one. Sources are `full` for a gather, `packed` for a scatter; a
+// scatter's LSE rows move in the same pass, so its LSE views count as a source
+// and a destination.
 void check_on_host(const VideoGrid& grid, std::span<const std::int64_t> heads, std::span<const TensorView> full,
-                   std::span<const TensorView> packed, bool gather) {
+                   std::span<const TensorView> packed, bool gather, const LseView& packed_lse = {},
+                   const LseView& lse = {}) {
   grid.validate();
   STSA_CHECK(full.size() == packed.size(), InvalidArgument, "permutation: ", full.size(), " full tensors but ",
              packed.size(), " packed ones");
@@ -117,6 +144,7 @@ void check_on_host(const VideoGrid& grid, std::span<const std::int64_t> heads, s
     check_heads(heads, full[i].heads());
     check_pair(i, grid, full[i], packed[i], heads.size());
   }
+  if (!gather) check_lse_views(grid, heads, full, packed_lse, lse);
   if (heads.empty()) return;
   // Each destination's elements at distinct addresses, and none over another
   // pair's source or destination: the copies run in parallel, so such a byte
@@ -132,6 +160,8 @@ void check_on_host(const VideoGrid& grid, std::span<const std::int64_t> heads, s
   }
   for (std::size_t i = 0; i < sources.size(); ++i)
     inputs.push_back(NamedExtent::of(names[dests.size() + i], sources[i]));
+  if (lse.data != nullptr) outputs.push_back(NamedExtent::of("LSE destination", lse));
+  if (packed_lse.data != nullptr) inputs.push_back(NamedExtent::of("LSE source", packed_lse));
   check_outputs_apart("permutation: ", outputs, inputs);
 }
 
@@ -157,27 +187,8 @@ void cuda_gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, st
 void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
                         std::span<const TensorView> packed, std::span<const TensorView> dests,
                         const LseView& packed_lse, const LseView& lse, void* stream) {
-  check_on_host(grid, heads, dests, packed, /*gather=*/false);
-  STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument,
-             "permutation: give both LSE views or neither");
+  check_on_host(grid, heads, dests, packed, /*gather=*/false, packed_lse, lse);
   const bool with_lse = packed_lse.data != nullptr;
-  if (with_lse) {
-    const std::int64_t batch = dests.empty() ? packed_lse.shape[0] : dests[0].batch();
-    STSA_CHECK(packed_lse.shape[0] == batch && lse.shape[0] == batch && packed_lse.shape[2] == grid.tokens() &&
-                   lse.shape[2] == grid.tokens() && packed_lse.shape[1] == std::int64_t(heads.size()),
-               InvalidArgument, "permutation: LSE shapes do not match the grid, batch and heads");
-    check_heads(heads, lse.shape[1]);
-    for (int d = 0; d < 3; ++d)
-      STSA_CHECK(packed_lse.stride[d] >= 0 && lse.stride[d] >= 0, InvalidArgument,
-                 "permutation: negative LSE strides are not supported");
-    // A misaligned float would fault on the device and end the CUDA context.
-    STSA_CHECK(reinterpret_cast<std::uintptr_t>(packed_lse.data) % alignof(float) == 0 &&
-                   reinterpret_cast<std::uintptr_t>(lse.data) % alignof(float) == 0,
-               InvalidArgument, "permutation: LSE views must be 4-byte aligned");
-    STSA_CHECK(!extents_overlap(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
-               "permutation: LSE source and destination overlap");
-    if (!heads.empty()) validate_lse_memory("permutation: LSE destination", lse);  // distinct addresses, as above
-  }
   const int device = cuda_detail::current_device();
   check_on_device(dests, packed, device);
   if (with_lse) {
