@@ -92,7 +92,8 @@ class Router {
   // Routes heads `heads` (all when empty) of q, k, v (logical [B, N, H, D], tokens in `order`).
   // softmax_scale 0 means 1 / sqrt(D); `descales` (attention.hpp) scale each (batch, head)'s
   // scores and outputs as the attention's, so the errors are those of the dequantized
-  // values. The views follow validate()'s rules (attention.hpp), the descales
+  // values. The views follow validate()'s memory rules (attention.hpp: shapes, strides,
+  // alignment; q, k and v may differ in dtype here, each read as its own), the descales
   // validate_descales'; InvalidArgument otherwise, before any element is read.
   RoutingReport route(const VideoLayout& layout, const TensorView& q, const TensorView& k, const TensorView& v,
                       TokenOrder order = TokenOrder::FrameMajor, float softmax_scale = 0.f,
