@@ -7,6 +7,9 @@ pipeline returns them with ``output_type="np"`` (``peak`` 1).
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
 from . import InvalidArgument
@@ -22,18 +25,20 @@ _K1, _K2 = 0.01, 0.03
 def psnr(reference, other, peak: float = 1.0) -> float:
     """Peak signal-to-noise ratio in dB over the whole video; inf when they are equal."""
     a, b = _pair(reference, other)
-    return _decibels(float(np.mean(np.square(a - b))), peak)
+    return _decibels(float(np.mean(np.square(a - b))), _peak(peak))
 
 
 def frame_psnr(reference, other, peak: float = 1.0) -> list[float]:
     """PSNR of each frame, in dB (the worst frame is what a viewer sees first)."""
     a, b = _pair(reference, other)
+    peak = _peak(peak)
     return [_decibels(float(np.mean(np.square(x - y))), peak) for x, y in zip(a, b)]
 
 
 def ssim(reference, other, peak: float = 1.0) -> float:
     """Structural similarity, the mean over frames and channels (1 when they are equal)."""
     a, b = _pair(reference, other)
+    peak = _peak(peak)
     if a.shape[1] < _WINDOW or a.shape[2] < _WINDOW:
         raise InvalidArgument(f"ssim needs frames of at least {_WINDOW} x {_WINDOW} pixels, got {a.shape[1:3]}")
     c1, c2 = (_K1 * peak) ** 2, (_K2 * peak) ** 2
@@ -62,6 +67,13 @@ def _pair(reference, other) -> tuple[np.ndarray, np.ndarray]:
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise InvalidArgument("the videos must hold finite values")
     return (a[..., None], b[..., None]) if a.ndim == 3 else (a, b)
+
+
+def _peak(peak) -> float:
+    """The peak value, checked: 0, a negative or a non-finite one gave -inf or NaN, not an error."""
+    if isinstance(peak, numbers.Real) and not isinstance(peak, bool) and math.isfinite(peak) and float(peak) > 0:
+        return float(peak)
+    raise InvalidArgument(f"peak must be a positive finite number, got {peak!r}")
 
 
 def _decibels(mse: float, peak: float) -> float:

@@ -63,3 +63,11 @@ def test_bad_videos_are_refused():
         stsa.quality.ssim(np.full((1, 8, 8), np.nan), np.zeros((1, 8, 8)))
     with pytest.raises(stsa.InvalidArgument, match="at least 7 x 7"):
         stsa.quality.ssim(np.zeros((1, 6, 8)), np.zeros((1, 6, 8)))
+
+
+@pytest.mark.parametrize("peak", [0, -1.0, math.nan, math.inf, "1"])
+def test_a_peak_that_is_not_positive_and_finite_is_refused(peak):
+    a = np.zeros((1, 8, 8))
+    for metric in (stsa.quality.psnr, stsa.quality.frame_psnr, stsa.quality.ssim):
+        with pytest.raises(stsa.InvalidArgument, match="peak must be a positive finite number"):
+            metric(a, a + 0.1, peak=peak)
