@@ -2,6 +2,7 @@
 // sampled errors against the fp64 reference, routing accuracy on synthetic
 // heads of known kind, the dense fallback, and argument checks.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -965,6 +966,33 @@ TEST(Router, RejectsAnUnknownInstructionSet) {
   RouterOptions bad;
   bad.isa = static_cast<Isa>(9);
   EXPECT_THROW(Router{bad}, InvalidArgument);
+}
+
+}  // namespace
+}  // namespace stsa
+
+namespace stsa {
+namespace {
+
+// A sample count near the token count keeps partial sums of rows x heads x key chunks,
+// which grows as the square of the tokens: past this machine's memory it is refused up
+// front (ResourceError), where it met the OOM killer partway through. One head of 16
+// channels and a sequence long enough for ~2x the memory; inputs of a few tens of MiB.
+TEST(Router, PartialSumsPastMemoryAreRefusedUpFront) {
+  const double physical = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  ASSERT_GT(physical, 0);
+  // bytes ~ tokens x (tokens / 4096) x 3 outputs x 16 channels x 4 bytes
+  const auto tokens = std::int64_t(std::sqrt(2 * physical * 4096 / (3 * 16 * 4)));
+  const VideoLayout layout{{1, 1, tokens, 0, TextPlacement::After}, 1, 1, 16};
+  const Tensor q(DType::BF16, 1, tokens, 1, 16), k(DType::BF16, 1, tokens, 1, 16), v(DType::BF16, 1, tokens, 1, 16);
+  RouterOptions ro;
+  ro.samples = tokens;
+  try {
+    Router(ro).route(layout, q.view(), k.view(), v.view());
+    ADD_FAILURE() << "no exception for " << tokens << " sampled rows";
+  } catch (const ResourceError& e) {
+    EXPECT_NE(std::string(e.what()).find("partial sums"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "router/candidate_mask.hpp"
 #include "router/parallel.hpp"
 #include "router/sampled_attention.hpp"
+#include "router/sampled_weights.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/error.hpp"
 #include "stsa/route_eval.hpp"
@@ -132,6 +133,13 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
   const std::int64_t groups = (heads_n + group - 1) / group;
   std::vector<router_detail::SampledErrors> errors(which.size());
   for (auto& e : errors) e.squared_error.assign(masks.size(), 0.0);
+  // Every (head, row set, key chunk) keeps its partial sums until they are merged: a sample count
+  // near the token count of a long video needs more than memory (12 heads at 720p, all 75,600 rows:
+  // ~35 GiB), refused here rather than met by the OOM killer partway through.
+  const auto outputs = std::uint64_t(masks.size() + 1);  // the dense output and each candidate's
+  check_host_allocation(std::uint64_t(report.sampled_rows.size()) * std::uint64_t(heads_n * chunks) * outputs *
+                            std::uint64_t(router_detail::partial_dim(layout.head_dim)) * sizeof(float),
+                        "the router's partial sums (sampled rows x heads x key chunks)");
   std::vector<router_detail::ChunkScratch> scratch(static_cast<std::size_t>(threads));
   // partials[(head index * sets + set) * chunks + chunk]
   std::vector<router_detail::ChunkPartial> partials(std::size_t(heads_n * sets * chunks));
