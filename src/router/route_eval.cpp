@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <random>
 
 #include "router/parallel.hpp"
+#include "stsa/attention.hpp"
 #include "stsa/error.hpp"
 #include "stsa/first_block_anchor.hpp"
 #include "stsa/reference.hpp"
@@ -46,28 +48,46 @@ RouteEvaluation evaluate_routes(const VideoLayout& layout, const TensorView& q, 
   eval.reference_squared.assign(hcount, 0.0);
   const PairPredicate first_block = first_block_predicate(layout.grid, heads, TokenOrder::FrameMajor);
 
-  // One head per task: reference_rows computes only the heads marked compute.
+  // The views checked whole first (shapes, strides, memory): each task then reads one head of them.
+  AttentionCall whole;
+  whole.layout = layout;
+  whole.q = q;
+  whole.k = k;
+  whole.v = v;
+  whole.o = routed_o;
+  whole.softmax_scale = softmax_scale;
+  whole.heads.assign(hcount, HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, false});
+  validate(whole, /*require_plans=*/false);
+
+  // One head per task, as a call of that head alone: its reference rows are [B, rows, 1, D]
+  // (a call of every head sized them for all, per task: ~0.9 GiB each at 720p with every row).
   if (threads <= 0) threads = resolve_threads(0);
   router_detail::parallel_for(layout.heads, threads, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t h = begin; h < end; ++h) {
-      AttentionCall call;
-      call.layout = layout;
-      call.q = q;
-      call.k = k;
-      call.v = v;
-      call.o = routed_o;  // validated for shape only; reference_rows writes its own buffers
-      call.softmax_scale = softmax_scale;
-      call.heads.assign(hcount, HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, false});
-      call.heads[std::size_t(h)].compute = true;
+      const auto head_of = [h](TensorView t) {
+        t.data = static_cast<std::byte*>(t.data) + h * t.stride[2] * std::int64_t(element_size(t.dtype));
+        t.shape[2] = 1;
+        return t;
+      };
+      AttentionCall call = whole;
+      call.layout.heads = 1;
+      call.q = head_of(q);
+      call.k = head_of(k);
+      call.v = head_of(v);
+      call.o = head_of(routed_o);  // validated for shape only; reference_rows writes its own buffers
+      call.heads.assign(1, HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, true});
+      const PairPredicate head_first_block = [&first_block, h](std::int64_t, std::int64_t i, std::int64_t j) {
+        return first_block(h, i, j);
+      };
       std::vector<double> dense_o, dense_lse, fb_o, fb_lse;
       reference_rows(call, eval.rows, dense_o, dense_lse);
-      reference_rows(call, eval.rows, fb_o, fb_lse, first_block);
+      reference_rows(call, eval.rows, fb_o, fb_lse, head_first_block);
       const auto count = std::int64_t(eval.rows.size());
       double routed = 0, fb = 0, ref = 0;
       for (std::int64_t b = 0; b < layout.batch; ++b)
         for (std::int64_t r = 0; r < count; ++r)
           for (std::int64_t d = 0; d < layout.head_dim; ++d) {
-            const std::size_t i = std::size_t(((b * count + r) * layout.heads + h) * layout.head_dim + d);
+            const std::size_t i = std::size_t((b * count + r) * layout.head_dim + d);
             const double x = routed_o.load(b, eval.rows[std::size_t(r)], h, d);
             routed += (x - dense_o[i]) * (x - dense_o[i]);
             fb += (fb_o[i] - dense_o[i]) * (fb_o[i] - dense_o[i]);
