@@ -275,6 +275,8 @@ int main(int argc, char** argv) {
     if (app.get_subcommands().empty()) stsa::cli::run_demo();
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
+  } catch (const CLI::ConversionError& e) {  // CLI11 says only "Could not convert: --tile = 99999999999"
+    return fail(std::string(e.what()) + ": not a number of the option's type, or outside its range (see --help)");
   } catch (const CLI::ParseError& e) {
     return fail(std::string(e.what()) + " (see --help)");
   } catch (const stsa::Error& e) {
