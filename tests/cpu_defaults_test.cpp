@@ -161,12 +161,8 @@ TEST_F(CpuDefaults, ReachABackendMadeBefore) {
 // The router's threads = 0 follows the same rule (it used to take all hardware
 // threads whatever STSA_THREADS said).
 TEST_F(CpuDefaults, ReachTheRouter) {
-  synth::Options o;
-  o.grid = {4, 12, 16, 0, TextPlacement::After};
-  o.heads = 3;
-  o.head_dim = 64;
-  o.dtype = DType::BF16;
-  o.seed = testing::fresh_seed();
+  const synth::Options o{.grid = {4, 12, 16, 0, TextPlacement::After}, .heads = 3, .head_dim = 64,
+                         .dtype = DType::BF16, .seed = testing::fresh_seed()};
   const synth::Data data = synth::make_video_tokens(o);
   RouterOptions ro;
   ro.samples = 16;

@@ -148,12 +148,8 @@ TEST(Descales, TinyBf16ProductsUnderHugeDescalesKeepTheirScores) {
 
 // The router's tile products flush the same way: at such a scale it computes in fp32 too.
 TEST(Descales, TheRouterKeepsTinyBf16ProductsUnderHugeDescales) {
-  synth::Options o;
-  o.grid = {4, 6, 8, 3, TextPlacement::After};
-  o.heads = 3;
-  o.head_dim = 64;
-  o.dtype = DType::BF16;
-  o.seed = testing::fresh_seed();
+  const synth::Options o{.grid = {4, 6, 8, 3, TextPlacement::After}, .heads = 3, .head_dim = 64, .dtype = DType::BF16,
+                         .seed = testing::fresh_seed()};
   const synth::Data data = synth::make_video_tokens(o);
   Tensor q = data.q, k = data.k;  // copies, scaled below
   for (std::int64_t n = 0; n < data.layout.tokens(); ++n)
@@ -251,12 +247,8 @@ TEST(Descales, BadDescalesAreRefusedBeforeAnythingIsWritten) {
 // The router scores the dequantized values: its errors with descales are those
 // of the inputs multiplied by them (up to the products' fp32 rounding).
 TEST(Descales, TheRouterRoutesTheDequantizedValues) {
-  synth::Options o;
-  o.grid = {6, 8, 10, 5, TextPlacement::After};
-  o.heads = 4;
-  o.batch = 2;
-  o.head_dim = 64;
-  o.seed = testing::fresh_seed();
+  const synth::Options o{.grid = {6, 8, 10, 5, TextPlacement::After}, .batch = 2, .heads = 4, .head_dim = 64,
+                         .seed = testing::fresh_seed()};
   const synth::Data data = synth::make_video_tokens(o);
   std::mt19937_64 rng(o.seed);
   const std::int64_t count = o.batch * o.heads;

@@ -260,12 +260,9 @@ TEST(Router, MoreSamplesThanTokensSampleEveryPositionOnce) {
 }
 
 TEST(Router, ErrorsAreBitIdenticalForAnyThreadCount) {
-  synth::Options o;
-  o.grid = {6, 30, 40, 7, TextPlacement::After};  // 7,207 tokens: two key chunks
-  o.heads = 5;
-  o.head_dim = 64;
-  o.batch = 2;
-  o.seed = testing::fresh_seed();
+  // 7,207 tokens: two key chunks.
+  const synth::Options o{.grid = {6, 30, 40, 7, TextPlacement::After}, .batch = 2, .heads = 5, .head_dim = 64,
+                         .seed = testing::fresh_seed()};
   const synth::Data data = synth::make_video_tokens(o);
   RouterOptions ro;
   ro.samples = 20;
@@ -296,13 +293,8 @@ TEST(Router, ErrorsAreBitIdenticalForAnyThreadCount) {
 }
 
 double routing_accuracy(std::uint64_t seed, std::int64_t batch, DType dtype) {
-  synth::Options o;
-  o.grid = {13, 12, 16, 0, TextPlacement::After};
-  o.heads = 16;
-  o.head_dim = 64;
-  o.batch = batch;
-  o.dtype = dtype;
-  o.seed = seed;
+  const synth::Options o{.grid = {13, 12, 16, 0, TextPlacement::After}, .batch = batch, .heads = 16, .head_dim = 64,
+                         .dtype = dtype, .seed = seed};
   const synth::Data data = synth::make_video_tokens(o);
   RouterOptions ro;
   ro.seed = seed;
@@ -818,12 +810,8 @@ TEST(Router, TilePathDecidesLikeTheFp32Path) {
   // (D = 80 runs padded to 96.)
   for (const auto& [dtype, head_dim] : {std::pair{DType::BF16, 128}, std::pair{DType::F16, 128},
                                         std::pair{DType::F8E4M3, 128}, std::pair{DType::BF16, 80}}) {
-    synth::Options o;
-    o.grid = {9, 20, 30, 0, TextPlacement::After};
-    o.heads = 6;
-    o.head_dim = head_dim;
-    o.dtype = dtype;
-    o.seed = testing::fresh_seed();
+    const synth::Options o{.grid = {9, 20, 30, 0, TextPlacement::After}, .heads = 6, .head_dim = head_dim,
+                           .dtype = dtype, .seed = testing::fresh_seed()};
     const synth::Data data = synth::make_video_tokens(o);
     // One thread: one work item per chunk with all six heads, packed four and two at a time.
     const RoutingReport fp32 = route_with(Isa::Avx512, data), tiles = route_with(Isa::Amx, data, 1);
@@ -856,13 +844,9 @@ TEST(Router, TilePathDecidesLikeTheFp32Path) {
 
 TEST(Router, TilePathErrorsAreBitIdenticalForAnyThreadCount) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
-  synth::Options o;
-  o.grid = {6, 30, 40, 7, TextPlacement::After};  // 7,207 tokens: two key chunks
-  o.heads = 5;
-  o.head_dim = 64;
-  o.batch = 2;
-  o.dtype = DType::BF16;
-  o.seed = testing::fresh_seed();
+  // 7,207 tokens: two key chunks.
+  const synth::Options o{.grid = {6, 30, 40, 7, TextPlacement::After}, .batch = 2, .heads = 5, .head_dim = 64,
+                         .dtype = DType::BF16, .seed = testing::fresh_seed()};
   const synth::Data data = synth::make_video_tokens(o);
   const RoutingReport one = route_with(Isa::Amx, data, 1, 20);
   for (int threads : {2, 3, 7}) {
@@ -880,12 +864,8 @@ TEST(Router, TilePathErrorsAreBitIdenticalForAnyThreadCount) {
 // tiny values gets the fp32 path's errors exactly (and its true route).
 TEST(Router, TinyValuesTakeTheFp32Path) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
-  synth::Options o;
-  o.grid = {9, 20, 30, 0, TextPlacement::After};
-  o.heads = 2;
-  o.head_dim = 64;
-  o.dtype = DType::BF16;
-  o.seed = testing::fresh_seed();
+  const synth::Options o{.grid = {9, 20, 30, 0, TextPlacement::After}, .heads = 2, .head_dim = 64, .dtype = DType::BF16,
+                         .seed = testing::fresh_seed()};
   synth::Data data = synth::make_video_tokens(o);
   const TensorView v = data.v.view();
   for (std::int64_t n = 0; n < data.layout.tokens(); ++n)
@@ -905,12 +885,8 @@ TEST(Router, TinyValuesTakeTheFp32Path) {
 // them in and whichever heads are routed (the whole group used to move with it).
 TEST(Router, ATinyValueMovesOnlyItsOwnHeadOffTheTilePath) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
-  synth::Options o;
-  o.grid = {4, 16, 16, 0, TextPlacement::After};
-  o.heads = 8;
-  o.head_dim = 64;
-  o.dtype = DType::BF16;
-  o.seed = testing::fresh_seed();
+  const synth::Options o{.grid = {4, 16, 16, 0, TextPlacement::After}, .heads = 8, .head_dim = 64,
+                         .dtype = DType::BF16, .seed = testing::fresh_seed()};
   SCOPED_TRACE("seed " + std::to_string(o.seed));
   synth::Data data = synth::make_video_tokens(o);
   const auto route = [&](int threads, std::span<const std::int64_t> heads = {}) {

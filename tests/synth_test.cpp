@@ -12,11 +12,7 @@ namespace stsa {
 namespace {
 
 synth::Options small(std::uint64_t seed) {
-  synth::Options o;
-  o.grid = {9, 8, 10, 5, TextPlacement::After};
-  o.heads = 6;
-  o.head_dim = 64;
-  o.seed = seed;
+  const synth::Options o{.grid = {9, 8, 10, 5, TextPlacement::After}, .heads = 6, .head_dim = 64, .seed = seed};
   return o;
 }
 

@@ -60,12 +60,8 @@ bool refuse_threads_after(int allowed) {
 // Exits 0 when every check holds; otherwise says which failed on stderr and exits 1.
 [[noreturn]] void run_with_threads_refused_after(int allowed) {
   // Inputs and the answers with one thread first, with no limit yet.
-  synth::Options o;
-  o.grid = {4, 12, 16, 5, TextPlacement::After};
-  o.heads = 3;
-  o.head_dim = 64;
-  o.dtype = DType::BF16;
-  o.seed = 11;
+  const synth::Options o{.grid = {4, 12, 16, 5, TextPlacement::After}, .heads = 3, .head_dim = 64,
+                         .dtype = DType::BF16, .seed = 11};
   const synth::Data data = synth::make_video_tokens(o);
   const auto route = [&](int threads) {
     RouterOptions ro;

@@ -103,13 +103,8 @@ TEST(GpuRouter, DecidesLikeTheCpuRouterOnSyntheticHeads) {
   };
   const std::uint64_t seed = testing::fresh_seed();
   for (const Case& c : cases) {
-    synth::Options o;
-    o.grid = c.grid;
-    o.batch = c.batch;
-    o.heads = c.heads;
-    o.head_dim = c.head_dim;
-    o.dtype = c.dtype;
-    o.seed = seed;
+    const synth::Options o{.grid = c.grid, .batch = c.batch, .heads = c.heads, .head_dim = c.head_dim,
+                           .dtype = c.dtype, .seed = seed};
     const synth::Data data = synth::make_video_tokens(o);
     RouterOptions ro;
     ro.seed = seed;

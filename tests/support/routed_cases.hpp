@@ -59,12 +59,8 @@ struct SyntheticRoutedCase {
 };
 
 inline SyntheticRoutedCase synthetic_routed_case(DType dtype, std::uint64_t seed) {
-  synth::Options o;
-  o.grid = {12, 6, 8, 6, TextPlacement::Before};
-  o.heads = 6;
-  o.head_dim = 64;
-  o.dtype = dtype;
-  o.seed = seed;
+  const synth::Options o{.grid = {12, 6, 8, 6, TextPlacement::Before}, .heads = 6, .head_dim = 64, .dtype = dtype,
+                         .seed = seed};
   synth::Data data = synth::make_video_tokens(o);
   RouterOptions ro;
   ro.samples = 32;
