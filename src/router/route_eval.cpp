@@ -10,6 +10,7 @@
 #include "stsa/error.hpp"
 #include "stsa/first_block_anchor.hpp"
 #include "stsa/reference.hpp"
+#include "stsa/routed.hpp"
 
 namespace stsa {
 
@@ -49,14 +50,7 @@ RouteEvaluation evaluate_routes(const VideoLayout& layout, const TensorView& q, 
   const PairPredicate first_block = first_block_predicate(layout.grid, heads, TokenOrder::FrameMajor);
 
   // The views checked whole first (shapes, strides, memory): each task then reads one head of them.
-  AttentionCall whole;
-  whole.layout = layout;
-  whole.q = q;
-  whole.k = k;
-  whole.v = v;
-  whole.o = routed_o;
-  whole.softmax_scale = softmax_scale;
-  whole.heads.assign(hcount, HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, false});
+  const AttentionCall whole = RoutedCall{layout, q, k, v, routed_o, {}, softmax_scale}.unrouted_call();
   validate(whole, /*require_plans=*/false);
 
   // One head per task, as a call of that head alone: its reference rows are [B, rows, 1, D]
