@@ -43,6 +43,7 @@ import dataclasses
 import itertools
 import numbers
 import sys
+import threading
 import weakref
 from typing import Any, Sequence
 
@@ -361,14 +362,21 @@ def backends() -> list[str]:
     return _stsa.backends()
 
 
+# set_num_threads and set_isa each change one of the two process defaults by reading both and
+# writing both back; Python threads can switch between the read and the write, and the field the
+# other call had just set was then written back as it was before (a lost update).
+_cpu_defaults_lock = threading.Lock()
+
+
 def set_num_threads(threads: int) -> None:
     """The threads of host calls (the CPU backend, the router, the permutation) from the next
     call on, before ``STSA_THREADS``, as ``torch.set_num_threads`` is before ``OMP_NUM_THREADS``;
     0 goes back to ``STSA_THREADS``, then all cores. For the whole process, in [0, 4096]."""
     if not isinstance(threads, numbers.Integral) or isinstance(threads, bool) or not 0 <= threads <= 4096:
         raise InvalidArgument(f"threads must be an int in [0, 4096] (0: STSA_THREADS, then all), got {threads!r}")
-    isa, _ = _stsa.cpu_defaults()
-    _stsa.set_cpu_defaults(isa, int(threads))
+    with _cpu_defaults_lock:  # the other field read and written back at once: a set_isa between is kept
+        isa, _ = _stsa.cpu_defaults()
+        _stsa.set_cpu_defaults(isa, int(threads))
 
 
 def get_num_threads() -> int:
@@ -382,8 +390,9 @@ def set_isa(isa: str) -> None:
     (back to ``STSA_ISA``, then the best this CPU has). ``stsa.Unsupported`` for one it lacks."""
     if not isinstance(isa, str):
         raise InvalidArgument(f"isa must be a str (auto, scalar, avx2, avx512 or amx), got {isa!r}")
-    _, threads = _stsa.cpu_defaults()
-    _stsa.set_cpu_defaults(isa, threads)
+    with _cpu_defaults_lock:
+        _, threads = _stsa.cpu_defaults()
+        _stsa.set_cpu_defaults(isa, threads)
 
 
 def get_isa() -> str:

@@ -203,9 +203,10 @@ class CpuBackend final : public Backend {
   };
   Configuration configuration() const {
     Configuration c;
-    const IsaChoice isa = choose_isa(requested_.isa);
+    const CpuOptions defaults = cpu_defaults();  // one read: both fields of one set_cpu_defaults
+    const IsaChoice isa = choose_isa(requested_.isa, defaults);
     c.isa = isa.isa;
-    c.threads = threads_from(requested_.threads, c.error);
+    c.threads = threads_from(requested_.threads, defaults, c.error);
     c.malformed = !c.error.empty();  // threads_from's only error is a malformed STSA_THREADS
     if (!isa.why.empty()) c.error = isa.why, c.malformed = isa.malformed;
     return c;

@@ -45,9 +45,9 @@ CpuOptions cpu_defaults() {
 
 namespace cpu {
 
-int threads_from(int requested, std::string& why) {
+int threads_from(int requested, const CpuOptions& defaults, std::string& why) {
   if (requested > 0) return requested;
-  if (const int chosen = cpu_defaults().threads; chosen > 0) return chosen;
+  if (const int chosen = defaults.threads; chosen > 0) return chosen;
   if (const char* env = std::getenv("STSA_THREADS"); env != nullptr && *env != '\0') {
     char* end = nullptr;
     const long n = std::strtol(env, &end, 10);
@@ -65,7 +65,7 @@ int threads_from(int requested, std::string& why) {
 }  // namespace cpu
 
 Isa resolve_isa(Isa requested) {
-  const cpu::IsaChoice choice = cpu::choose_isa(requested);
+  const cpu::IsaChoice choice = cpu::choose_isa(requested, cpu_defaults());
   if (choice.malformed) throw InvalidArgument("cpu backend: " + choice.why);
   if (!choice.why.empty()) throw Unsupported("cpu backend: " + choice.why);
   return choice.isa;
@@ -75,7 +75,7 @@ int resolve_threads(int requested) {
   STSA_CHECK(requested >= 0 && requested <= kMaxThreads, InvalidArgument,
              "threads must be in [0, 4096] (0: all), got ", requested);
   std::string why;
-  const int threads = cpu::threads_from(requested, why);
+  const int threads = cpu::threads_from(requested, cpu_defaults(), why);
   if (!why.empty()) throw InvalidArgument(why);
   return threads;
 }

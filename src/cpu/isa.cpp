@@ -118,9 +118,9 @@ Isa machine_best_isa() {
   return Isa::Scalar;
 }
 
-IsaChoice choose_isa(Isa requested) {
+IsaChoice choose_isa(Isa requested, const CpuOptions& defaults) {
   IsaChoice choice;
-  if (requested == Isa::Auto) requested = cpu_defaults().isa;  // set_cpu_defaults comes before STSA_ISA
+  if (requested == Isa::Auto) requested = defaults.isa;  // set_cpu_defaults comes before STSA_ISA
   if (requested == Isa::Auto) {
     // STSA_ISA picks the instruction set; naming one this CPU lacks is an error, not a silent downgrade.
     try {
