@@ -38,6 +38,9 @@ struct PolicyDecisions {
   RoutingReport routing;
 };
 
+// Each member is safe to call from several threads at once (one mutex), so layers may run
+// on different threads with one Policy. decide() is not one step: two callers deciding the
+// same (step, layer) at once may both route its heads, and the later remember() wins.
 class Policy {
  public:
   explicit Policy(PolicyOptions options = {});
