@@ -10,12 +10,24 @@ Usage: python3 bench/gpu/carried.py -m pytest ARGS...   or   python3 bench/gpu/c
 import glob
 import os
 import runpy
+import signal
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIFFUSERS = os.path.join(ROOT, "build-gpu-diffusers")
 sys.path.append(os.path.join(ROOT, "build-gpu-deps", "python"))
 sys.path += sorted(glob.glob(os.path.join(DIFFUSERS, "zips", "*.whl"))) + [os.path.join(DIFFUSERS, "python")]
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# check.sh's `timeout` ends a run cut short by the clock with SIGTERM: raised as a
+# KeyboardInterrupt, pytest still prints the failures so far, the skips and the
+# slowest tests (a plain SIGTERM ends it without a word); timeout's -k kills what
+# a handler cannot reach (a call stuck in the driver).
+signal.signal(signal.SIGTERM, _interrupted)
 
 if len(sys.argv) >= 3 and sys.argv[1] == "-m":
     sys.argv = [sys.argv[2]] + sys.argv[3:]

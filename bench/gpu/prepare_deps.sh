@@ -15,6 +15,8 @@
 # for the GPU image's CPython (STSA_GPU_PYTHON, 3.12 there), without NumPy (the
 # image has it), hf_xet (downloads only) and regex (tokenizers only): 34 MB, so
 # that both folders and the working tree stay under the device tool's 64 MiB.
+# With them ml_dtypes (2 MB unpacked; compiled): test_attention.py, test_cpu_settings.py
+# and test_descales.py import it, and the GPU image's torch does not bring it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DEPS="$ROOT/build-gpu-deps"
@@ -39,7 +41,8 @@ du -sh "$DEPS"
 
 rm -rf "$DIFFUSERS"
 python3 -m pip download -q --only-binary :all: --python-version "${STSA_GPU_PYTHON:-3.12}" \
-  --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any -d "$DIFFUSERS/wheels" diffusers
+  --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any -d "$DIFFUSERS/wheels" diffusers \
+  ml_dtypes
 mkdir -p "$DIFFUSERS/zips" "$DIFFUSERS/python"
 for wheel in "$DIFFUSERS"/wheels/*.whl; do
   case "$(basename "$wheel")" in
