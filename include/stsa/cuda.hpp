@@ -255,6 +255,8 @@ class CudaBackend final : public Backend {
   // cached while the host plan lives: at most kMaxCachedPlans plans, the least
   // recently used dropped first (a dropped plan is uploaded again when next used).
   std::shared_ptr<const DevicePlan> device_plan(const std::shared_ptr<const TilePlan>& plan) const;
+  // Device plans held, those of host plans gone since the last upload included (they are
+  // freed at the next upload outside a capture: freeing waits for the device).
   std::size_t cached_plans() const;
   static constexpr std::size_t kMaxCachedPlans = 256;
 
