@@ -95,7 +95,7 @@ std::string decision_bits(const std::vector<HeadRoute>& heads) {
 }
 
 // Restores the process defaults a test changed.
-class Concurrency : public ::testing::Test {
+class ThreadSafety : public ::testing::Test {
  protected:
   void SetUp() override { saved_ = cpu_defaults(); }
   void TearDown() override { set_cpu_defaults(saved_); }
@@ -162,7 +162,7 @@ struct AttentionCase {
 // The registry's CPU backend (shared by every caller, as Python's calls share it),
 // separate CPU backends of other thread counts and the reference backend, at once,
 // on fp32, bf16, fp16 and fp8 inputs (the AMX tile kernel where the CPU has it).
-TEST_F(Concurrency, BackendsServeConcurrentCallersBitForBit) {
+TEST_F(ThreadSafety, BackendsServeConcurrentCallersBitForBit) {
   // Shapes that differ in tokens, batch, heads, head dim (80 runs padded) and tile, so that
   // calls interleaved on one backend size its kept buffers differently from call to call.
   const VideoGrid grid{3, 5, 6, 4, TextPlacement::Before};  // 94 tokens: a ragged last tile
@@ -206,7 +206,7 @@ TEST_F(Concurrency, BackendsServeConcurrentCallersBitForBit) {
 }
 
 // Callers asking one cache for the same plans at once get one plan per key.
-TEST_F(Concurrency, PlanCacheGivesOnePlanPerKey) {
+TEST_F(ThreadSafety, PlanCacheGivesOnePlanPerKey) {
   const VideoGrid grid{4, 6, 8, 8, TextPlacement::After};
   std::vector<MaskSpec> specs;
   for (double density : {0.1, 0.2, 0.3, 0.5})
@@ -289,7 +289,7 @@ RoutedRun run_mode(Mode mode, const Backend& backend, PlanCache& plans, const Ro
 // One Router, one PlanCache (empty at the start, so callers build plans at once)
 // and the registry's CPU backend or separate ones, shared by callers running
 // every mode on fp32 and bf16 inputs.
-TEST_F(Concurrency, RoutedAttentionSharesRouterPlansAndBackend) {
+TEST_F(ThreadSafety, RoutedAttentionSharesRouterPlansAndBackend) {
   const std::uint64_t seed = 7;  // synthetic heads of both kinds: the gathered call runs
   std::vector<RoutedCase> cases;
   cases.push_back(routed_case(DType::F32, seed));
@@ -336,7 +336,7 @@ TEST_F(Concurrency, RoutedAttentionSharesRouterPlansAndBackend) {
 // One Policy shared by callers, each running its own layers through the steps (a
 // pipeline of layers on threads), with one PlanCache and the registry's backend;
 // another thread reads the cache meanwhile. Every call matches the same sequence run alone.
-TEST_F(Concurrency, PolicyAttentionSharesOnePolicy) {
+TEST_F(ThreadSafety, PolicyAttentionSharesOnePolicy) {
   const RoutedCase c = routed_case(DType::BF16, 11);
   PolicyOptions po;
   po.dense_steps = 1;
@@ -388,7 +388,7 @@ TEST_F(Concurrency, PolicyAttentionSharesOnePolicy) {
 
 // gather_heads / scatter_heads from callers sharing the source tensors, each with
 // its own packed and destination tensors, on different head subsets.
-TEST_F(Concurrency, GatherAndScatterFromSharedSources) {
+TEST_F(ThreadSafety, GatherAndScatterFromSharedSources) {
   const VideoGrid grid{5, 4, 6, 3, TextPlacement::After};
   Tensor q(DType::BF16, 2, grid.tokens(), 4, 32), v(DType::BF16, 2, grid.tokens(), 4, 32);
   testing::fill_normal(q.view(), 21);
@@ -447,7 +447,7 @@ TEST_F(Concurrency, GatherAndScatterFromSharedSources) {
 // backend, the router, the permutation and the resolvers, all of which read the
 // defaults at each call: thread counts change, the instruction set stays the one
 // Auto means (named, or Auto), so every result keeps its bits.
-TEST_F(Concurrency, DefaultsChangeWhileCallsRun) {
+TEST_F(ThreadSafety, DefaultsChangeWhileCallsRun) {
   const Isa isa = resolve_isa(Isa::Auto);
   PlanCache plans;
   const VideoGrid grid{3, 5, 6, 4, TextPlacement::Before};
@@ -514,7 +514,7 @@ TEST_F(Concurrency, DefaultsChangeWhileCallsRun) {
 // configuration, so its bits are those of one instruction set run alone (the
 // router's those of the fp32 or the tile path); a caller making refused calls
 // meanwhile changes nothing for the others.
-TEST_F(Concurrency, InstructionSetChangesWhileCallsRun) {
+TEST_F(ThreadSafety, InstructionSetChangesWhileCallsRun) {
   const std::vector<Isa> isas = testing::isas_of_this_machine();
   PlanCache plans;
   const VideoGrid grid{3, 5, 6, 4, TextPlacement::Before};
