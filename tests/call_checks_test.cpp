@@ -86,5 +86,34 @@ TEST(CallChecks, ScaleAndDescalesPastFp32AreRefused) {
   }
 }
 
+TEST(CallChecks, ScatteredOutputOverDescalesIsRefused) {
+  // One computed head stored to head 1 of a two-head o, with q's descale in that head's last
+  // element: the narrowed o that validate() sees (head 0) ends before it, so only the full
+  // o's check can see the store over a factor the backend reads.
+  const VideoLayout layout{kLayout.grid, 1, 1, 64};
+  const MaskSpec dense = MaskSpec::dense();
+  const HeadMask head{dense, dense.natural_order(), TilePlan::build(layout.grid, dense), true};
+  const testing::Problem p = testing::make_problem(layout, DType::F32, {head}, 7);
+  Tensor full(DType::F32, 1, layout.tokens(), 2, 64);
+  const TensorView o = full.view();
+  const std::int64_t last = o.offset(0, layout.tokens() - 1, 1, 63);
+  o.store(0, layout.tokens() - 1, 1, 63, 1.f);
+  AttentionCall call = p.call();
+  call.o = {};
+  call.lse = {};
+  call.descales.q = std::span<const float>(static_cast<const float*>(o.data) + last, 1);
+  const std::int64_t target[] = {1};
+  const ScatteredOutput out{layout.grid, TokenOrder::FrameMajor, TokenOrder::FrameMajor, target, o, {}};
+  try {
+    validate(scattered_call_for_checks(call, out), /*require_plans=*/true);
+    ADD_FAILURE() << "a scattered o over q_descale was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("scattered output: o overlaps an input tensor (q_descale)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(backend("cpu").run_scattered(call, out), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace stsa

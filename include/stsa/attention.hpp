@@ -147,9 +147,9 @@ struct ScatteredOutput {
 // The checks of a scattered call that no backend can leave out: call.o and
 // call.lse empty, the grid and the orders, the head map, the full tensors
 // (shapes, strides under which no two elements of any head share an address),
-// no overlap with the inputs or each other. Returns the call with out.o and
-// out.lse narrowed to its head count in the roles of o and lse, for validate()
-// and supports() (what the narrowing hides is what is checked here).
+// no overlap with the inputs (descales included) or each other. Returns the call
+// with out.o and out.lse narrowed to its head count in the roles of o and lse, for
+// validate() and supports() (what the narrowing hides is what is checked here).
 AttentionCall scattered_call_for_checks(const AttentionCall& call, const ScatteredOutput& out);
 
 // Where a call's Q, K and V come from when the gather of routed attention's

@@ -76,6 +76,16 @@ bool disjoint_slices_of_one_view(const NamedExtent& a, const NamedExtent& b) {
   return false;
 }
 
+// A view's byte_extent(), its error naming the view as every other check of validate() does.
+template <class View>
+void named_extent(const char* name, const View& view) {
+  try {
+    view.byte_extent();
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(detail::concat(name, ": ", e.what()));
+  }
+}
+
 bool is_token_order(TokenOrder order) { return order == TokenOrder::FrameMajor || order == TokenOrder::SpatialMajor; }
 
 // Whether t is one of DType's values (a cast integer may be none: its element size and conversions are made up).
@@ -125,8 +135,13 @@ AttentionCall scattered_call_for_checks(const AttentionCall& call, const Scatter
   const std::int64_t count = call.layout.heads;
   check_head_map("scattered output", "output", out.heads, count, out.o.heads());
   const NamedExtent outputs[] = {NamedExtent::of("o", out.o), NamedExtent::of("lse", out.lse)};
-  const NamedExtent inputs[] = {NamedExtent::of("q", call.q), NamedExtent::of("k", call.k),
-                                NamedExtent::of("v", call.v)};
+  // The descales too: validate() sees only the narrowed o, and the heads beyond it are stored to.
+  const NamedExtent inputs[] = {NamedExtent::of("q", call.q),
+                                NamedExtent::of("k", call.k),
+                                NamedExtent::of("v", call.v),
+                                {"q_descale", span_extent(call.descales.q)},
+                                {"k_descale", span_extent(call.descales.k)},
+                                {"v_descale", span_extent(call.descales.v)}};
   check_outputs_apart("scattered output: ", outputs, inputs);
   AttentionCall checked = call;
   checked.o = out.o;
@@ -183,7 +198,7 @@ void validate_tensor(const char* name, const TensorView& t, const VideoLayout& l
 void validate_view_memory(const char* name, const TensorView& t) {
   STSA_CHECK(is_dtype(t.dtype), InvalidArgument, name, " has dtype ", int(t.dtype),
              ", not a DType value (fp32, bf16, fp16 or fp8)");
-  t.byte_extent();  // throws when the strides reach past the address space
+  named_extent(name, t);  // throws when the strides reach past the address space
   check_distinct_addresses(name, t.shape, t.stride);
   const auto address = reinterpret_cast<std::uintptr_t>(t.data);
   STSA_CHECK(address % element_size(t.dtype) == 0, InvalidArgument, name, " is not aligned to its element size");
@@ -200,7 +215,7 @@ void validate_lse(const char* name, const LseView& lse, const VideoLayout& layou
 }
 
 void validate_lse_memory(const char* name, const LseView& lse) {
-  lse.byte_extent();  // throws when the strides reach past the address space
+  named_extent(name, lse);  // throws when the strides reach past the address space
   check_distinct_addresses(name, lse.shape, lse.stride);
   STSA_CHECK(reinterpret_cast<std::uintptr_t>(lse.data) % alignof(float) == 0, InvalidArgument, name,
              " is not aligned to 4 bytes");
