@@ -9,7 +9,11 @@
 // defect per input (a wrong shape, a negative or overlapping stride, a stride
 // whose offsets overflow, a misaligned or null pointer, an output over an input,
 // a plan for another grid or mask or token order, a non-finite scale, a bad head
-// map, router options out of range, a decision too many). Whatever the input:
+// map, router options out of range, a decision too many, a dtype, token order or text placement
+// outside its enum, a mask kind or band order outside its enum, gather_heads/scatter_heads pairs of
+// another batch size or a scatter's LSE views over the tensors). Sometimes bf16 (or fp32) Q and K are
+// scaled by 2^-46..2^-58 and the softmax scale by its inverse square: a valid call whose products fp32
+// must not flush (scale x descales past 2^91). Whatever the input:
 //   - the call is refused with stsa::Error, or every computed head's O and LSE
 //     agree with the fp64 reference (reference_rows: the mask from its
 //     definition, or what a rounded plan claims to compute; a routed head's
@@ -165,11 +169,14 @@ struct Tensor {
   Buffer buffer;
   stsa::TensorView view;
   Defect defect = Defect::None;
+  std::size_t element_bytes = 0;  // the dtype's it was made with (a planted dtype outside the enum has none)
 };
 
 Tensor make_tensor(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& layout, stsa::DType dtype,
-                   bool allow_defect, bool fill, std::int64_t free_dim = -1, std::int64_t kept_dim = -1) {
+                   bool allow_defect, bool fill, std::int64_t free_dim = -1, std::int64_t kept_dim = -1,
+                   float fill_scale = 1.f) {
   Tensor t;
+  t.element_bytes = stsa::element_size(dtype);
   t.view = padded_view(in, layout, dtype);
   std::size_t huge_dim = 0;
   t.defect = pick_defect(in, t.view.shape, t.view.stride, stsa::element_size(dtype), allow_defect, huge_dim, free_dim,
@@ -183,7 +190,7 @@ Tensor make_tensor(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& la
     for (std::int64_t b = 0; b < filled.shape[0]; ++b)
       for (std::int64_t n = 0; n < filled.shape[1]; ++n)
         for (std::int64_t h = 0; h < filled.shape[2]; ++h)
-          for (std::int64_t d = 0; d < filled.shape[3]; ++d) filled.store(b, n, h, d, value(rng));
+          for (std::int64_t d = 0; d < filled.shape[3]; ++d) filled.store(b, n, h, d, value(rng) * fill_scale);
   }
   apply_pointer_defect(t.defect, data);
   if (t.defect == Defect::HugeStride) t.view.stride[huge_dim] = kHugeStride;
@@ -343,7 +350,19 @@ struct Tally {
   long inputs = 0, ran[4] = {}, ran_gathered = 0, ran_non_finite = 0, ran_descales = 0, refused_invalid = 0,
        refused_unsupported = 0;
   long defects_refused = 0, compared_elements = 0;
+  // Refused as they must be: dtypes, token orders and text placements outside their enums in a call;
+  // mask kinds and band orders outside theirs; gather/scatter pairs of another batch size or LSE views
+  // over the tensors. Ran: calls with Q and K scaled down, and of them with a score scale past 2^91.
+  long refused_dtype = 0, refused_order = 0, refused_placement = 0, refused_mask_enum = 0, refused_batch_pair = 0,
+       refused_lse_overlap = 0, ran_tiny_qk = 0, ran_past_2_91 = 0;
   ~Tally() {
+    std::fprintf(stderr,
+                 "attention_fuzz: planted and refused: %ld dtypes, %ld token orders, %ld text placements, %ld mask "
+                 "kinds or band orders outside their enums, %ld gather/scatter pairs of another batch size, %ld "
+                 "scatter LSE views over the tensors; ran %ld calls with Q and K scaled by 2^-46..2^-58 (%ld of "
+                 "them bf16 with a score scale past 2^91)\n",
+                 refused_dtype, refused_order, refused_placement, refused_mask_enum, refused_batch_pair,
+                 refused_lse_overlap, ran_tiny_qk, ran_past_2_91);
     std::fprintf(stderr,
                  "attention_fuzz: ran %ld direct, %ld scattered (%ld of them from a gathered input), %ld routed "
                  "and %ld sequence-parallel calls (%ld with a NaN or infinity in Q, K or V, %ld with descales; %ld O "
@@ -515,12 +534,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     ExtraHead, BadPlan, ScatterHeads,  // direct and scattered calls
     RouterOptions, Decisions,          // routed and sequence-parallel calls (Decisions: a mask too many)
     Descale,                           // a per-(batch, head) descale of 0, NaN or one value too many
+    CallEnum,                          // a dtype, token order or text placement outside its enum
+    MaskEnum,                          // a head's mask kind or band order outside its enum
+    Permute,                           // scattered calls: gather_heads/scatter_heads given a bad pair
     Count
   };
   const Plant plant = in.one_in(3) ? Plant(in.next(1, int(Plant::Count) - 1)) : Plant::None;
   bool must_refuse = false;
+  // CallEnum: 0 a dtype, 1 a token order (direct and scattered calls), 2 the text placement.
+  std::int64_t call_enum = plant == Plant::CallEnum ? in.next(0, 2) : -1;
+  if (call_enum == 1 && mode != Mode::Direct && mode != Mode::Scattered) call_enum = 0;
+  if (call_enum == 2) {
+    layout.grid.text_placement = stsa::TextPlacement(2 + in.next(0, 253));
+    must_refuse = true;
+  }
 
   const stsa::DType input_dtype = pick_input_dtype(in);
+  // Q and K scaled down by 2^-tiny_exp, the softmax scale up by 2^(2 tiny_exp) (below).
+  const int tiny_exp = (input_dtype == stsa::DType::BF16 || input_dtype == stsa::DType::F32) && in.one_in(6)
+                           ? int(in.next(46, 58))
+                           : 0;
+  const float tiny = std::exp2(float(-tiny_exp));
   stsa::DType k_dtype = input_dtype;
   if (plant == Plant::KDtype) {
     k_dtype = stsa::DType((int(input_dtype) + in.next(1, 3)) % 4);
@@ -528,8 +562,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // A sequence-parallel call splits the tokens into video and text views with their stride.
   const std::int64_t kept_dim = mode == Mode::Ulysses ? 1 : -1;
-  Tensor q = make_tensor(in, rng, layout, input_dtype, plant == Plant::Q, true, -1, kept_dim);
-  Tensor k = make_tensor(in, rng, layout, k_dtype, plant == Plant::K, true, -1, kept_dim);
+  Tensor q = make_tensor(in, rng, layout, input_dtype, plant == Plant::Q, true, -1, kept_dim, tiny);
+  Tensor k = make_tensor(in, rng, layout, k_dtype, plant == Plant::K, true, -1, kept_dim, tiny);
   Tensor v = make_tensor(in, rng, layout, input_dtype, plant == Plant::V, true, -1, kept_dim);
   const auto defective = [&](const Tensor& t, bool output) {
     if (mode != Mode::Ulysses) return t.defect != Defect::None;
@@ -591,6 +625,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (plant == Plant::Scale) {
     softmax_scale = in.next(0, 1) ? NAN : -INFINITY;
     must_refuse = true;
+  } else if (tiny_exp != 0) {  // |scale| x 2^(2 tiny_exp) / sqrt(D), below 2^119: past fp32 only with descales
+    softmax_scale = float(in.next(50, 300) * (in.next(0, 1) ? 1 : -1)) / 100.f /
+                    std::sqrt(float(std::max<std::int64_t>(layout.head_dim, 1))) * std::exp2(float(2 * tiny_exp));
   } else if (in.next(0, 1)) {
     softmax_scale = float(in.next(-300, 300)) / 100.f / std::sqrt(float(std::max<std::int64_t>(layout.head_dim, 1)));
   }
@@ -614,6 +651,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
   const stsa::Descales call_descales{descales[0], descales[1], descales[2]};
+  if (call_enum == 0) {  // one of Q, K, V and O with a dtype outside the enum
+    Tensor* tensors[] = {&q, &k, &v, &o};
+    tensors[in.next(0, 3)]->view.dtype = stsa::DType(4 + in.next(0, 251));
+    must_refuse = true;
+  }
 
   constexpr stsa::Isa isas[] = {stsa::Isa::Auto, stsa::Isa::Scalar, stsa::Isa::Avx2, stsa::Isa::Avx512,
                                 stsa::Isa::Amx};
@@ -686,14 +728,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   } else if (mode == Mode::Ulysses) {
     // One rank holds every video token; the text tokens are views of their own.
-    const auto split = [&](const stsa::TensorView& t) {
-      return split_tokens(t, 1, stsa::element_size(t.dtype), layout.grid);
-    };
+    const auto split = [&](const Tensor& t) { return split_tokens(t.view, 1, t.element_bytes, layout.grid); };
     ulysses.layout = layout;
-    std::tie(ulysses.q, ulysses.text_q) = split(q.view);
-    std::tie(ulysses.k, ulysses.text_k) = split(k.view);
-    std::tie(ulysses.v, ulysses.text_v) = split(v.view);
-    std::tie(ulysses.o, ulysses.text_o) = split(o.view);
+    std::tie(ulysses.q, ulysses.text_q) = split(q);
+    std::tie(ulysses.k, ulysses.text_k) = split(k);
+    std::tie(ulysses.v, ulysses.text_v) = split(v);
+    std::tie(ulysses.o, ulysses.text_o) = split(o);
     std::tie(ulysses.lse, ulysses.text_lse) = split_tokens(lse.view, 2, sizeof(float), layout.grid);
     ulysses.softmax_scale = softmax_scale;
     ulysses.descales = call_descales;
@@ -784,6 +824,96 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
 
+  // A mask kind or band order outside its enum in one of the masks the call is given.
+  const auto spoil_mask = [&](stsa::MaskSpec& spec) {
+    if (in.next(0, 1))
+      spec.kind = stsa::MaskKind(3 + in.next(0, 252));
+    else
+      spec.band_order = stsa::TokenOrder(2 + in.next(0, 253));
+    must_refuse = true;
+  };
+  if (plant == Plant::MaskEnum) {
+    if (!call.heads.empty()) {
+      auto& head = call.heads[std::size_t(in.next(0, std::int64_t(call.heads.size()) - 1))];
+      head.compute = true;
+      spoil_mask(head.spec);
+    } else if (!given.empty()) {
+      spoil_mask(given[std::size_t(in.next(0, std::int64_t(given.size()) - 1))].spec);
+    } else if (!ulysses.masks.empty()) {
+      spoil_mask(ulysses.masks[std::size_t(in.next(0, std::int64_t(ulysses.masks.size()) - 1))]);
+    }
+  }
+  if (call_enum == 1) {  // a token order outside the enum: a head's, or the scatter's or the gather's
+    const auto bad_order = stsa::TokenOrder(2 + in.next(0, 253));
+    const std::int64_t where = in.next(0, mode == Mode::Scattered ? (gathered ? 4 : 2) : 0);
+    if (where == 0 && !call.heads.empty()) {
+      auto& head = call.heads[std::size_t(in.next(0, std::int64_t(call.heads.size()) - 1))];
+      head.compute = true;
+      head.order = bad_order;
+    } else if (where == 1) {
+      scatter.from = bad_order;
+    } else if (where == 2) {
+      scatter.to = bad_order;
+    } else if (where == 3) {
+      gather.from = bad_order;
+    } else if (where == 4) {
+      gather.to = bad_order;
+    }
+    must_refuse |= where != 0 || !call.heads.empty();
+  }
+  if (gathered) in_place.heads = call.heads;  // the gathered call's copy of them
+  if (plant == Plant::Permute && mode == Mode::Scattered) {
+    // Instead of the call: a gather whose pairs are not all of one batch size, or a scatter whose LSE
+    // destination lies over its O, or whose O lies over the packed LSE. Refused with InvalidArgument,
+    // nothing written.
+    const std::int64_t b = std::max<std::int64_t>(layout.batch, 0), n = std::max<std::int64_t>(layout.tokens(), 0),
+                       h = std::max<std::int64_t>(layout.heads, 0), d = std::max<std::int64_t>(layout.head_dim, 0);
+    const auto order = [&] { return in.next(0, 1) ? stsa::TokenOrder::SpatialMajor : stsa::TokenOrder::FrameMajor; };
+    const std::int64_t variant = in.next(0, 2);
+    bool refused_it = false;
+    try {
+      if (variant == 0) {
+        const std::int64_t odd = in.next(0, 2);
+        const bool shrink_source = b >= 2 && in.next(0, 1);
+        stsa::TensorView sources[] = {q.view, k.view, v.view};
+        stsa::Tensor packed[3];
+        stsa::TensorView packed_views[3];
+        for (std::int64_t i = 0; i < 3; ++i) {
+          packed[i] = stsa::Tensor(sources[i].dtype, b + (i == odd && !shrink_source ? 1 : 0), n, h, d);
+          packed_views[i] = packed[i].view();
+        }
+        if (shrink_source) sources[odd].shape[0] -= 1;
+        std::vector<std::int64_t> heads(static_cast<std::size_t>(h));
+        std::iota(heads.begin(), heads.end(), 0);
+        std::shuffle(heads.begin(), heads.end(), rng);
+        stsa::gather_heads(layout.grid, order(), order(), heads, sources, packed_views, int(in.next(0, 2)));
+      } else {
+        stsa::Tensor packed(o.view.dtype, b, n, h, d);
+        std::vector<float> packed_lse(std::size_t(std::max<std::int64_t>(b * h * n, 1)));
+        std::vector<float> lse_out(std::size_t(std::max<std::int64_t>(b * out_layout.heads * n, 1)));
+        const auto packed_lse_view = stsa::LseView::contiguous(packed_lse.data(), b, h, n);
+        stsa::TensorView dest = o.view;
+        auto lse_dest = stsa::LseView::contiguous(lse_out.data(), b, out_layout.heads, n);
+        if (variant == 1)
+          lse_dest.data = static_cast<float*>(o.view.data);  // the LSE destination over O
+        else
+          dest.data = packed_lse.data();  // O over the packed LSE
+        const stsa::TensorView packed_views[] = {packed.view()};
+        const stsa::TensorView dests[] = {dest};
+        stsa::scatter_heads(layout.grid, order(), order(), out_heads, packed_views, dests, packed_lse_view, lse_dest,
+                            int(in.next(0, 2)));
+      }
+    } catch (const stsa::InvalidArgument&) {
+      refused_it = true;
+    }
+    require(refused_it, variant == 0 ? "gather_heads took pairs of different batch sizes"
+                                     : "scatter_heads took an LSE view over its tensors");
+    ++(variant == 0 ? tally.refused_batch_pair : tally.refused_lse_overlap);
+    require(q.buffer.unchanged() && k.buffer.unchanged() && v.buffer.unchanged() && o.buffer.unchanged(),
+            "a refused gather or scatter wrote a tensor");
+    return 0;
+  }
+
   // A call made only of valid choices (no planted defect, a valid layout of a head dim the CPU kernels take,
   // valid masks, instruction sets this CPU has) must run: a refusal of it is a finding (a sequence-parallel
   // call whose video and text views of one O interleave in memory was one).
@@ -794,6 +924,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto refused = [&](const std::exception& error) {
     if (must_run) finding(("a call made only of valid choices was refused: " + std::string(error.what())).c_str());
   };
+  const auto count_new_plant = [&] {
+    tally.refused_dtype += call_enum == 0;
+    tally.refused_order += call_enum == 1 && must_refuse;
+    tally.refused_placement += call_enum == 2;
+    tally.refused_mask_enum += plant == Plant::MaskEnum && must_refuse;
+  };
   bool ran = false;
   try {
     run();
@@ -802,6 +938,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     refused(error);
     ++tally.refused_invalid;
     tally.defects_refused += must_refuse;
+    count_new_plant();
   } catch (const stsa::Unsupported& error) {
     require(!must_refuse, "a defective call was refused as unsupported, not as invalid");
     refused(error);
@@ -812,6 +949,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     refused(error);
     ++tally.refused_invalid;
     tally.defects_refused += must_refuse;
+    count_new_plant();
   }
   require(q.buffer.unchanged() && k.buffer.unchanged() && v.buffer.unchanged(), "an input was written");
   if (!ran) {
@@ -823,6 +961,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   tally.ran_gathered += gathered;
   tally.ran_non_finite += non_finite;
   tally.ran_descales += !call_descales.empty();
+  if (tiny_exp != 0) {
+    ++tally.ran_tiny_qk;
+    const auto largest = [](const std::vector<float>& f) {
+      return f.empty() ? 1.0 : double(*std::max_element(f.begin(), f.end()));
+    };
+    tally.ran_past_2_91 += input_dtype == stsa::DType::BF16 &&
+                           std::abs(double(softmax_scale)) * largest(descales[0]) * largest(descales[1]) >= 0x1p91;
+  }
 
   const auto same = [](std::int64_t i) { return i; };
   if (mode == Mode::Routed || mode == Mode::Ulysses) {
