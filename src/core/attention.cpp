@@ -1,6 +1,7 @@
 #include "stsa/attention.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -118,6 +119,16 @@ void check_head_map(const char* what, const char* side, std::span<const std::int
              " listed twice");
 }
 
+// What no output may lie over: Q, K, V and the descales.
+std::array<NamedExtent, 6> input_extents(const AttentionCall& call) {
+  return {NamedExtent::of("q", call.q),
+          NamedExtent::of("k", call.k),
+          NamedExtent::of("v", call.v),
+          {"q_descale", span_extent(call.descales.q)},
+          {"k_descale", span_extent(call.descales.k)},
+          {"v_descale", span_extent(call.descales.v)}};
+}
+
 }  // namespace
 
 AttentionCall scattered_call_for_checks(const AttentionCall& call, const ScatteredOutput& out) {
@@ -136,13 +147,7 @@ AttentionCall scattered_call_for_checks(const AttentionCall& call, const Scatter
   check_head_map("scattered output", "output", out.heads, count, out.o.heads());
   const NamedExtent outputs[] = {NamedExtent::of("o", out.o), NamedExtent::of("lse", out.lse)};
   // The descales too: validate() sees only the narrowed o, and the heads beyond it are stored to.
-  const NamedExtent inputs[] = {NamedExtent::of("q", call.q),
-                                NamedExtent::of("k", call.k),
-                                NamedExtent::of("v", call.v),
-                                {"q_descale", span_extent(call.descales.q)},
-                                {"k_descale", span_extent(call.descales.k)},
-                                {"v_descale", span_extent(call.descales.v)}};
-  check_outputs_apart("scattered output: ", outputs, inputs);
+  check_outputs_apart("scattered output: ", outputs, input_extents(call));
   AttentionCall checked = call;
   checked.o = out.o;
   checked.o.shape[2] = count;
@@ -342,13 +347,7 @@ void validate(const AttentionCall& call, bool require_plans) {
   check_score_scale(call);
   if (call.lse.data != nullptr) validate_lse("lse", call.lse, call.layout);
   const NamedExtent outputs[] = {NamedExtent::of("o", call.o), NamedExtent::of("lse", call.lse)};
-  const NamedExtent inputs[] = {NamedExtent::of("q", call.q),
-                                NamedExtent::of("k", call.k),
-                                NamedExtent::of("v", call.v),
-                                {"q_descale", span_extent(call.descales.q)},
-                                {"k_descale", span_extent(call.descales.k)},
-                                {"v_descale", span_extent(call.descales.v)}};
-  check_outputs_apart("", outputs, inputs);
+  check_outputs_apart("", outputs, input_extents(call));
   STSA_CHECK(std::int64_t(call.heads.size()) == call.layout.heads, InvalidArgument, "expected one mask per head (",
              call.layout.heads, "), got ", call.heads.size());
   for (std::size_t h = 0; h < call.heads.size(); ++h) {

@@ -8,18 +8,14 @@
 #include <cstdlib>
 #include <vector>
 
+#include "fuzz_finding.hpp"
 #include "fuzz_reader.hpp"
 #include "stsa/error.hpp"
 #include "stsa/io.hpp"
 
 namespace {
 
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "npy_fuzz: %s\n", what);
-    std::abort();
-  }
-}
+void require(bool ok, const char* what) { stsa::fuzz::require(ok, "npy_fuzz", what); }
 
 struct Tally {
   long parsed = 0, counted = 0, negative = 0, overflow = 0;
@@ -31,6 +27,18 @@ struct Tally {
   }
 } tally;
 
+// numel() of `array` must throw Error; `refused` counts it.
+template <class Error>
+void require_refused(const stsa::io::HostArray& array, long& refused, const char* otherwise) {
+  try {
+    array.numel();
+  } catch (const Error&) {
+    ++refused;
+    return;
+  }
+  require(false, otherwise);
+}
+
 // A shape of 1-5 dimensions; `plant` 1: one negative dimension among small ones, 2: a product past
 // 2^63 - 1 with no zero dimension, 0: one that fits (a zero dimension, or small ones).
 void check_numel(stsa::fuzz::Reader& in) {
@@ -40,13 +48,8 @@ void check_numel(stsa::fuzz::Reader& in) {
   if (plant == 1) {
     for (std::size_t i = 0; i < rank; ++i) array.shape.push_back(in.next(0, 200));
     array.shape[std::size_t(in.next(0, std::int64_t(rank) - 1))] = -in.next(1, 65535) * (in.next(0, 1) ? 1 : 1 << 20);
-    try {
-      array.numel();
-    } catch (const stsa::InvalidArgument&) {
-      ++tally.negative;
-      return;
-    }
-    require(false, "numel() of a negative dimension was not refused as InvalidArgument");
+    return require_refused<stsa::InvalidArgument>(array, tally.negative,
+                                                  "numel() of a negative dimension was not refused as InvalidArgument");
   }
   if (plant == 2) {
     array.shape.assign(std::max<std::size_t>(rank, 2), 1);
@@ -55,13 +58,8 @@ void check_numel(stsa::fuzz::Reader& in) {
     array.shape[0] = (std::int64_t(1) << a) + in.next(0, 1000);
     array.shape[1] = (std::int64_t(1) << in.next(64 - a, 62)) + in.next(0, 1000);
     for (std::size_t i = 2; i < array.shape.size(); ++i) array.shape[i] = in.next(1, 9);
-    try {
-      array.numel();
-    } catch (const stsa::ResourceError&) {
-      ++tally.overflow;
-      return;
-    }
-    require(false, "numel() past 64 bits was not refused as ResourceError");
+    return require_refused<stsa::ResourceError>(array, tally.overflow,
+                                                "numel() past 64 bits was not refused as ResourceError");
   }
   __int128 product = 1;
   const bool zero = in.one_in(4);

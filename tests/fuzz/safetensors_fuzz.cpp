@@ -13,18 +13,14 @@
 #include <utility>
 #include <vector>
 
+#include "fuzz_finding.hpp"
 #include "fuzz_reader.hpp"
 #include "stsa/error.hpp"
 #include "stsa/io.hpp"
 
 namespace {
 
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "safetensors_fuzz: %s\n", what);
-    std::abort();
-  }
-}
+void require(bool ok, const char* what) { stsa::fuzz::require(ok, "safetensors_fuzz", what); }
 
 struct Tally {
   long parsed = 0, built_read = 0, twice = 0, key_repeated = 0;
