@@ -12,6 +12,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_checks.hpp"
 #include "cuda/permute_launch.hpp"
+#include "router/permute_checks.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/cuda.hpp"
 #include "stsa/error.hpp"
@@ -22,41 +23,6 @@ namespace {
 using cuda_detail::kMaxPermuteHeads;
 
 constexpr std::string_view kHostPermutation = "host tensors go through gather_heads / scatter_heads";
-
-void check_heads(std::span<const std::int64_t> heads, std::int64_t total) {
-  STSA_CHECK(std::int64_t(heads.size()) <= total, InvalidArgument, "permutation lists ", heads.size(),
-             " heads of ", total);
-  std::vector<bool> seen(std::size_t(std::max<std::int64_t>(total, 0)), false);
-  for (const std::int64_t h : heads) {
-    STSA_CHECK(h >= 0 && h < total, InvalidArgument, "permutation head index ", h, " out of range [0, ", total, ")");
-    STSA_CHECK(!seen[std::size_t(h)], InvalidArgument, "permutation head index ", h, " listed twice");
-    seen[std::size_t(h)] = true;
-  }
-}
-
-void check_pair(std::size_t i, const VideoGrid& grid, const TensorView& full, const TensorView& packed,
-                std::size_t packed_heads) {
-  STSA_CHECK(full.data != nullptr && packed.data != nullptr, InvalidArgument, "permutation tensor ", i, " is null");
-  STSA_CHECK(full.dtype == packed.dtype, InvalidArgument, "permutation tensor ", i, ": dtypes differ (",
-             to_string(full.dtype), " vs ", to_string(packed.dtype), ")");
-  STSA_CHECK(full.tokens() == grid.tokens() && packed.tokens() == grid.tokens(), InvalidArgument,
-             "permutation tensor ", i, ": token counts ", full.tokens(), " / ", packed.tokens(),
-             " do not match the grid ", grid.describe());
-  STSA_CHECK(full.batch() == packed.batch() && full.head_dim() == packed.head_dim() && full.batch() >= 1 &&
-                 full.head_dim() >= 1,
-             InvalidArgument, "permutation tensor ", i, ": batch/head dim differ");
-  STSA_CHECK(packed.heads() == std::int64_t(packed_heads), InvalidArgument, "permutation tensor ", i,
-             ": packed tensor has ", packed.heads(), " heads, expected ", packed_heads);
-  for (int d = 0; d < 4; ++d)
-    STSA_CHECK(full.stride[d] >= 0 && packed.stride[d] >= 0, InvalidArgument, "permutation tensor ", i,
-               ": negative strides are not supported");
-  STSA_CHECK(!extents_overlap(full.byte_extent(), packed.byte_extent()), InvalidArgument, "permutation tensor ", i,
-             ": source and destination overlap");
-  const auto element = std::uintptr_t(element_size(full.dtype));
-  STSA_CHECK(reinterpret_cast<std::uintptr_t>(full.data) % element == 0 &&
-                 reinterpret_cast<std::uintptr_t>(packed.data) % element == 0,
-             InvalidArgument, "permutation tensor ", i, ": data is not aligned to its ", element, "-byte elements");
-}
 
 cuda_detail::PermuteGrid device_grid(const VideoGrid& grid, TokenOrder from, TokenOrder to) {
   cuda_detail::PermuteGrid g;
@@ -105,64 +71,23 @@ void permute(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<co
   }
 }
 
-// A scatter's LSE views: both or neither, shapes of the grid, batch and heads,
-// strides the kernel takes, 4-byte aligned, apart from each other.
-void check_lse_views(const VideoGrid& grid, std::span<const std::int64_t> heads, std::span<const TensorView> dests,
-                     const LseView& packed_lse, const LseView& lse) {
-  STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument,
-             "permutation: give both LSE views or neither");
-  if (packed_lse.data == nullptr) return;
-  const std::int64_t batch = dests.empty() ? packed_lse.shape[0] : dests[0].batch();
-  STSA_CHECK(packed_lse.shape[0] == batch && lse.shape[0] == batch && packed_lse.shape[2] == grid.tokens() &&
-                 lse.shape[2] == grid.tokens() && packed_lse.shape[1] == std::int64_t(heads.size()),
-             InvalidArgument, "permutation: LSE shapes do not match the grid, batch and heads");
-  check_heads(heads, lse.shape[1]);
-  for (int d = 0; d < 3; ++d)
-    STSA_CHECK(packed_lse.stride[d] >= 0 && lse.stride[d] >= 0, InvalidArgument,
-               "permutation: negative LSE strides are not supported");
-  // A misaligned float would fault on the device and end the CUDA context.
+// gather_heads' / scatter_heads' own checks (the shared router_detail::check_permutation),
+// all on the host and before any GPU is asked for, so that a malformed call is
+// InvalidArgument with or without one; then what only the device needs: every pointer
+// aligned to its elements (a misaligned one faults and ends the CUDA context).
+void check_on_host(const char* what, const VideoGrid& grid, std::span<const std::int64_t> heads,
+                   std::span<const TensorView> full, std::span<const TensorView> packed, bool gather,
+                   const LseView& packed_lse = {}, const LseView& lse = {}) {
+  router_detail::check_permutation(what, grid, heads, full, packed, gather, packed_lse, lse);
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    const auto element = std::uintptr_t(element_size(full[i].dtype));
+    STSA_CHECK(reinterpret_cast<std::uintptr_t>(full[i].data) % element == 0 &&
+                   reinterpret_cast<std::uintptr_t>(packed[i].data) % element == 0,
+               InvalidArgument, what, " tensor ", i, ": data is not aligned to its ", element, "-byte elements");
+  }
   STSA_CHECK(reinterpret_cast<std::uintptr_t>(packed_lse.data) % alignof(float) == 0 &&
                  reinterpret_cast<std::uintptr_t>(lse.data) % alignof(float) == 0,
-             InvalidArgument, "permutation: LSE views must be 4-byte aligned");
-  STSA_CHECK(!extents_overlap(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
-             "permutation: LSE source and destination overlap");
-  if (!heads.empty()) validate_lse_memory("permutation: LSE destination", lse);  // distinct addresses
-}
-
-// What gather_heads / scatter_heads check (permute.hpp), all on the host and
-// before any GPU is asked for, so that a malformed call is InvalidArgument with
-// or without one. Sources are `full` for a gather, `packed` for a scatter; a
-// scatter's LSE rows move in the same pass, so its LSE views count as a source
-// and a destination.
-void check_on_host(const VideoGrid& grid, std::span<const std::int64_t> heads, std::span<const TensorView> full,
-                   std::span<const TensorView> packed, bool gather, const LseView& packed_lse = {},
-                   const LseView& lse = {}) {
-  grid.validate();
-  STSA_CHECK(full.size() == packed.size(), InvalidArgument, "permutation: ", full.size(), " full tensors but ",
-             packed.size(), " packed ones");
-  for (std::size_t i = 0; i < full.size(); ++i) {
-    check_heads(heads, full[i].heads());
-    check_pair(i, grid, full[i], packed[i], heads.size());
-  }
-  if (!gather) check_lse_views(grid, heads, full, packed_lse, lse);
-  if (heads.empty()) return;
-  // Each destination's elements at distinct addresses, and none over another
-  // pair's source or destination: the copies run in parallel, so such a byte
-  // would be raced for (the CPU functions refuse the same).
-  const std::span<const TensorView> sources = gather ? full : packed, dests = gather ? packed : full;
-  std::vector<std::string> names;
-  for (std::size_t i = 0; i < dests.size(); ++i) names.push_back(detail::concat("destination ", i));
-  for (std::size_t i = 0; i < sources.size(); ++i) names.push_back(detail::concat("source ", i));
-  std::vector<NamedExtent> outputs, inputs;
-  for (std::size_t i = 0; i < dests.size(); ++i) {
-    validate_view_memory(detail::concat("permutation: ", names[i]).c_str(), dests[i]);
-    outputs.push_back(NamedExtent::of(names[i], dests[i]));
-  }
-  for (std::size_t i = 0; i < sources.size(); ++i)
-    inputs.push_back(NamedExtent::of(names[dests.size() + i], sources[i]));
-  if (lse.data != nullptr) outputs.push_back(NamedExtent::of("LSE destination", lse));
-  if (packed_lse.data != nullptr) inputs.push_back(NamedExtent::of("LSE source", packed_lse));
-  check_outputs_apart("permutation: ", outputs, inputs);
+             InvalidArgument, what, ": LSE views must be 4-byte aligned");
 }
 
 void check_on_device(std::span<const TensorView> full, std::span<const TensorView> packed, int device) {
@@ -178,7 +103,7 @@ void check_on_device(std::span<const TensorView> full, std::span<const TensorVie
 
 void cuda_gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
                        std::span<const TensorView> sources, std::span<const TensorView> packed, void* stream) {
-  check_on_host(grid, heads, sources, packed, /*gather=*/true);
+  check_on_host("cuda gather", grid, heads, sources, packed, /*gather=*/true);
   check_on_device(sources, packed, cuda_detail::current_device());
   refuse_blocked_legacy_stream(stream);
   permute(grid, from, to, heads, sources, packed, /*gather=*/true, stream);
@@ -187,7 +112,7 @@ void cuda_gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, st
 void cuda_scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
                         std::span<const TensorView> packed, std::span<const TensorView> dests,
                         const LseView& packed_lse, const LseView& lse, void* stream) {
-  check_on_host(grid, heads, dests, packed, /*gather=*/false, packed_lse, lse);
+  check_on_host("cuda scatter", grid, heads, dests, packed, /*gather=*/false, packed_lse, lse);
   const bool with_lse = packed_lse.data != nullptr;
   const int device = cuda_detail::current_device();
   check_on_device(dests, packed, device);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "router/parallel.hpp"
+#include "router/permute_checks.hpp"
 #include "stsa/cpu.hpp"
 #include "stsa/attention.hpp"
 #include "stsa/error.hpp"
@@ -143,17 +144,49 @@ std::vector<std::int64_t> permutation_map(const VideoGrid& grid, TokenOrder from
   return map;
 }
 
+namespace router_detail {
+
+void check_permutation(const char* what, const VideoGrid& grid, std::span<const std::int64_t> heads,
+                       std::span<const TensorView> full, std::span<const TensorView> packed, bool gather,
+                       const LseView& packed_lse, const LseView& lse) {
+  grid.validate();
+  STSA_CHECK(full.size() == packed.size(), InvalidArgument, what, ": ", full.size(), " full tensors but ",
+             packed.size(), " packed ones");
+  const std::int64_t count = std::int64_t(heads.size());
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    check_pair(what, i, grid, full[i], packed[i], count, full[0].batch());
+    check_heads(heads, full[i].heads());
+  }
+  STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument, what,
+             ": give both LSE views or neither");
+  if (lse.data != nullptr) {
+    const std::int64_t batch = full.empty() ? lse.shape[0] : full[0].batch();
+    STSA_CHECK(packed_lse.shape[0] == batch && lse.shape[0] == batch && packed_lse.shape[1] == count &&
+                   packed_lse.shape[2] == grid.tokens() && lse.shape[2] == grid.tokens(),
+               InvalidArgument, what, ": LSE shapes [", packed_lse.shape[0], ", ", packed_lse.shape[1], ", ",
+               packed_lse.shape[2], "] -> [", lse.shape[0], ", ", lse.shape[1], ", ", lse.shape[2],
+               "] do not match B=", batch, ", Ht=", count, ", N=", grid.tokens());
+    check_heads(heads, lse.shape[1]);
+    for (int d = 0; d < 3; ++d)
+      STSA_CHECK(packed_lse.stride[d] >= 0 && lse.stride[d] >= 0, InvalidArgument, what,
+                 ": negative LSE strides are not supported");
+    if (count > 0) {
+      STSA_CHECK(!extents_overlap(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument, what,
+                 ": LSE source and destination overlap");
+      validate_lse_memory(detail::concat(what, ": LSE destination").c_str(), lse);
+    }
+  }
+  // After the LSE checks: the views' extents are only computed for valid strides.
+  if (count > 0)
+    check_destinations(what, gather ? full : packed, gather ? packed : full, packed_lse, lse);
+}
+
+}  // namespace router_detail
+
 void gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
                   std::span<const TensorView> sources, std::span<const TensorView> packed, int threads) {
-  grid.validate();
-  STSA_CHECK(sources.size() == packed.size(), InvalidArgument, "gather: ", sources.size(), " sources but ",
-             packed.size(), " packed tensors");
+  router_detail::check_permutation("gather", grid, heads, sources, packed, /*gather=*/true);
   const std::int64_t count = std::int64_t(heads.size());
-  for (std::size_t i = 0; i < sources.size(); ++i) {
-    check_pair("gather", i, grid, sources[i], packed[i], count, sources[0].batch());
-    check_heads(heads, sources[i].heads());
-  }
-  if (count > 0) check_destinations("gather", sources, packed);
   if (count == 0 || sources.empty()) return;
   const std::vector<std::int64_t> map = permutation_map(grid, from, to);
   const std::int64_t n = grid.tokens(), batch = sources[0].batch();
@@ -176,37 +209,10 @@ void gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::sp
 void scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,
                    std::span<const TensorView> packed, std::span<const TensorView> dests, const LseView& packed_lse,
                    const LseView& lse, int threads) {
-  grid.validate();
-  STSA_CHECK(packed.size() == dests.size(), InvalidArgument, "scatter: ", packed.size(), " packed tensors but ",
-             dests.size(), " destinations");
+  router_detail::check_permutation("scatter", grid, heads, dests, packed, /*gather=*/false, packed_lse, lse);
   const std::int64_t count = std::int64_t(heads.size());
-  for (std::size_t i = 0; i < packed.size(); ++i) {
-    check_pair("scatter", i, grid, dests[i], packed[i], count, packed[0].batch());
-    check_heads(heads, dests[i].heads());
-  }
-  const bool with_lse = packed_lse.data != nullptr && lse.data != nullptr;
-  STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument,
-             "scatter: give both LSE views or neither");
-  std::int64_t batch = packed.empty() ? 0 : packed[0].batch();
-  if (with_lse) {
-    if (packed.empty()) batch = lse.shape[0];
-    STSA_CHECK(packed_lse.shape[0] == batch && lse.shape[0] == batch && packed_lse.shape[1] == count &&
-                   packed_lse.shape[2] == grid.tokens() && lse.shape[2] == grid.tokens(),
-               InvalidArgument, "scatter: LSE shapes [", packed_lse.shape[0], ", ", packed_lse.shape[1], ", ",
-               packed_lse.shape[2], "] -> [", lse.shape[0], ", ", lse.shape[1], ", ", lse.shape[2],
-               "] do not match B=", batch, ", Ht=", count, ", N=", grid.tokens());
-    check_heads(heads, lse.shape[1]);
-    for (int d = 0; d < 3; ++d)
-      STSA_CHECK(packed_lse.stride[d] >= 0 && lse.stride[d] >= 0, InvalidArgument,
-                 "scatter: negative LSE strides are not supported");
-    if (count > 0) {
-      STSA_CHECK(!extents_overlap(packed_lse.byte_extent(), lse.byte_extent()), InvalidArgument,
-                 "scatter: LSE source and destination overlap");
-      validate_lse_memory("scatter: LSE destination", lse);
-    }
-  }
-  // After the LSE checks: the views' extents are only computed for valid strides.
-  if (count > 0) check_destinations("scatter", packed, dests, packed_lse, lse);
+  const bool with_lse = lse.data != nullptr;
+  const std::int64_t batch = !packed.empty() ? packed[0].batch() : with_lse ? lse.shape[0] : 0;
   if (count == 0 || batch == 0) return;
   const std::vector<std::int64_t> map = permutation_map(grid, from, to);  // packed position of each destination token
   const std::int64_t n = grid.tokens();
