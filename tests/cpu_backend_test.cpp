@@ -430,6 +430,31 @@ TEST(CpuBackend, InfiniteScoresFollowTheirRules) {
     }
 }
 
+// Scores of +-(2.6-3.1)e38 with a softmax scale of 1 (testing::plant_scores_at_the_float_limit):
+// finite after the scale, infinite once times log2 e, so a probability must come from (s - max)
+// first. Each planted row's O is the mean of V over its highest-scoring keys (exact ties), its LSE
+// finite. The four mask kinds give partial tiles, ragged tiles and masked keys.
+TEST(CpuBackend, ScoresAtTheFloatLimitKeepFiniteRows) {
+  const VideoGrid grid{3, 5, 7, 11, TextPlacement::After};  // 116 tokens
+  const VideoLayout layout{grid, 1, 4, 64};
+  for (Isa isa : testing::isas_of_this_machine())
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      auto problem = testing::make_problem(layout, dtype, four_heads(grid, 0.3, true, {64, 64}, Alignment::Exact),
+                                           testing::fresh_seed());
+      testing::plant_scores_at_the_float_limit(problem, testing::fresh_seed());
+      SCOPED_TRACE(problem.label + " isa " + std::string(to_string(isa)));
+      make_cpu_backend({isa, 2})->run(problem.call());
+      const auto cmp = testing::compare_with_reference(problem);
+      EXPECT_TRUE(cmp.ok()) << cmp.failure;
+      const testing::FloatLimitErrors planted = testing::float_limit_errors(problem);
+      EXPECT_LT(planted.o_max_abs, 1e-5) << planted.rows << " planted rows";
+      EXPECT_LT(planted.lse_max_rel, 1e-6) << planted.rows << " planted rows";
+      // The regime: row 1's max score (its LSE, give or take a log of ties) x log2 e is past FLT_MAX.
+      EXPECT_GT(std::abs(double(problem.call().lse.at(0, 0, 1))) * std::log2(std::exp(1.0)),
+                double(std::numeric_limits<float>::max()));
+    }
+}
+
 TEST(CpuBackend, SkippedHeadsAreLeftUntouched) {
   const VideoGrid grid{2, 4, 4, 3, TextPlacement::Before};
   const VideoLayout layout{grid, 1, 2, 64};

@@ -211,8 +211,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) tile_sparse_attention_ker
       chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, 2));
       // A row with nothing allowed so far keeps max -inf; subtract 0 then, so
       // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-      const float offset = (chunk_max == kNegInf ? 0.f : chunk_max) * p.scale_log2;
-      const float rescale = fast_exp2(row_max[r] * p.scale_log2 - offset);  // 0 while row_max is -inf
+      float offset = (chunk_max == kNegInf ? 0.f : chunk_max) * p.scale_log2;
+      float previous = row_max[r] * p.scale_log2;  // -inf while row_max is: rescale 0
+      if (fabsf(offset) == INFINITY) {  // |s| x scale_log2 past FLT_MAX: see softmax_update (sm90)
+#pragma unroll
+        for (int n = 0; n < kBlockN / 8; ++n) {
+          s[n][2 * r] -= chunk_max;
+          s[n][2 * r + 1] -= chunk_max;
+        }
+        previous = (row_max[r] - chunk_max) * p.scale_log2;
+        offset = 0.f;
+      }
+      const float rescale = fast_exp2(previous - offset);
       row_max[r] = chunk_max;
       row_sum[r] *= rescale;
 #pragma unroll

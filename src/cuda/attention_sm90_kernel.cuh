@@ -275,8 +275,21 @@ __device__ __forceinline__ void softmax_update(float (&s)[64], SoftmaxState& sta
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
     // Nothing allowed yet: subtract 0 so exp2(-inf) = 0 rather than NaN.
-    const float offset = (tile_max == -INFINITY ? 0.f : tile_max) * scale_log2;
-    rescale[r] = fast_exp2(state.row_max[r] * scale_log2 - offset);  // 0 while row_max is -inf
+    float offset = (tile_max == -INFINITY ? 0.f : tile_max) * scale_log2;
+    float previous = state.row_max[r] * scale_log2;  // -inf while row_max is: rescale 0
+    if (fabsf(offset) == INFINITY) {
+      // Scores whose product with scale_log2 passes FLT_MAX (scale > ln 2, |s| ~1e38) while the
+      // reference's stay finite: shift the row by its max first, as the CPU kernels do. Rare,
+      // and the quad agrees (tile_max is the quad's), so the branch costs one test per row.
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        s[4 * j + 2 * r] -= tile_max;
+        s[4 * j + 2 * r + 1] -= tile_max;
+      }
+      previous = (state.row_max[r] - tile_max) * scale_log2;
+      offset = 0.f;
+    }
+    rescale[r] = fast_exp2(previous - offset);
     state.row_max[r] = tile_max;
     state.row_sum[r] *= rescale[r];
 #pragma unroll

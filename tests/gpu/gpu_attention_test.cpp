@@ -482,6 +482,28 @@ TEST_P(GpuAttention, SoftmaxScaleAndNoLse) {
   gpu_testing::expect_same_output_and_no_lse(with_lse, without_lse);
 }
 
+// Scores of +-(2.6-3.1)e38 with a softmax scale of 1 (testing::plant_scores_at_the_float_limit):
+// max x scale x log2 e passes FLT_MAX, so an exp2 offset taken that way is infinite and the row
+// NaN (every P 0, or exp2(+inf)), where the reference and the CPU kernels are finite. The
+// planted rows' O is the mean of V over exact ties; masked keys and ragged tiles included.
+TEST_P(GpuAttention, ScoresAtTheFloatLimitKeepFiniteRows) {
+  for (const std::int64_t dim : {64, 128}) {
+    const VideoLayout layout = make_layout(3, 7, 9, 11, TextPlacement::After, 1, 4, dim);
+    PlanCache cache;
+    auto problem = testing::make_problem(layout, DType::BF16, mixed_heads(layout, 0.3, cache), testing::fresh_seed());
+    testing::plant_scores_at_the_float_limit(problem, testing::fresh_seed());
+    SCOPED_TRACE(problem.label + " scores at the float limit");
+    DeviceProblem device(problem);
+    backend().run(device.call);
+    device.download_into(problem);
+    expect_every_row_written(problem);
+    expect_matches_reference(problem);
+    const testing::FloatLimitErrors planted = testing::float_limit_errors(problem);
+    EXPECT_LT(planted.o_max_abs, 1e-4) << planted.rows << " planted rows";
+    EXPECT_LT(planted.lse_max_rel, 1e-6) << planted.rows << " planted rows";
+  }
+}
+
 // What a model's fused QKV projection hands over: q, k and v as views into one
 // [B, N, 3, H, D] buffer (token stride 3 H D, head stride D), O with a padded
 // token stride, and LSE stored [B, N, H] (token-major). Both kernels' loads (TMA

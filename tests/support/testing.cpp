@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 
 #include "stsa/error.hpp"
 
@@ -205,6 +206,49 @@ void give_descales(Problem& p, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   for (std::vector<float>* factors : {&p.q_descale, &p.k_descale, &p.v_descale})
     *factors = random_descales(p.layout.batch * p.layout.heads, rng);
+}
+
+void plant_scores_at_the_float_limit(Problem& p, std::uint64_t seed) {
+  if (p.dtype != DType::F32 && p.dtype != DType::BF16)
+    throw std::invalid_argument("plant_scores_at_the_float_limit: fp32 or bf16 inputs only");
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> step(0, 38);
+  p.softmax_scale = 1.0f;
+  const VideoLayout& layout = p.layout;
+  for (std::int64_t b = 0; b < layout.batch; ++b)
+    for (std::int64_t n = 0; n < layout.tokens(); ++n)
+      for (std::int64_t h = 0; h < layout.heads; ++h) {
+        const float planted[3] = {0.0f, 0x1p64f, -0x1p64f};
+        p.q.view().store(b, n, h, 0, planted[n % 3]);
+        p.k.view().store(b, n, h, 0, 0x1p63f * (1.5f + 0x1p-7f * float(step(rng))));  // exact in bf16
+      }
+}
+
+FloatLimitErrors float_limit_errors(const Problem& p) {
+  const VideoLayout& layout = p.layout;
+  std::vector<std::int64_t> rows;
+  for (std::int64_t n = 0; n < layout.tokens(); ++n)
+    if (n % 3 != 0) rows.push_back(n);
+  const AttentionCall call = p.call();
+  std::vector<double> ref_o, ref_lse;
+  reference_rows(call, rows, ref_o, ref_lse);
+  FloatLimitErrors e;
+  e.rows = std::int64_t(rows.size());
+  const auto worse = [](double& worst, double err) { worst = std::isnan(err) ? INFINITY : std::max(worst, err); };
+  for (std::int64_t b = 0; b < layout.batch; ++b)
+    for (std::int64_t r = 0; r < e.rows; ++r)
+      for (std::int64_t h = 0; h < layout.heads; ++h) {
+        if (!call.heads[std::size_t(h)].compute) continue;
+        const std::int64_t n = rows[std::size_t(r)];
+        for (std::int64_t d = 0; d < layout.head_dim; ++d) {
+          const double want = ref_o[std::size_t(((b * e.rows + r) * layout.heads + h) * layout.head_dim + d)];
+          worse(e.o_max_abs, std::abs(double(call.o.load(b, n, h, d)) - want));
+        }
+        const double want = ref_lse[std::size_t((b * layout.heads + h) * e.rows + r)];
+        const double got = call.lse.at(b, h, n);
+        worse(e.lse_max_rel, got == want ? 0.0 : std::abs(got - want) / std::abs(want));
+      }
+  return e;
 }
 
 Problem make_problem(const VideoLayout& layout, DType dtype, std::vector<HeadMask> heads, std::uint64_t seed,

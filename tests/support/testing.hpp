@@ -115,6 +115,24 @@ std::vector<float> random_descales(std::int64_t count, std::mt19937_64& rng);
 // given the same seed get the same factors.
 void give_descales(Problem& p, std::uint64_t seed);
 
+// Scores at the float limit, with a softmax scale of 1: channel 0 of q is +2^64 on rows n % 3 == 1,
+// -2^64 on rows n % 3 == 2 and 0 on the others; channel 0 of every key is 2^63 x [1.5, 1.8], in the
+// 39 bf16 steps there. The planted rows score +-(2.6-3.1)e38 (the other channels' sums are lost
+// under their last bit, in fp32 and fp64 alike, so ties are exact ties everywhere): finite in fp32,
+// times the scale too, but past FLT_MAX once times log2 e. A kernel whose exp2 offset is
+// max x scale x log2 e gets an infinite one there. fp32 or bf16 inputs (fp16 cannot hold 2^64).
+void plant_scores_at_the_float_limit(Problem& p, std::uint64_t seed);
+
+// The planted rows against the fp64 reference. Each one's O is the mean of V over its exact ties,
+// so a kernel right there is off by its output's rounding only; compare_with_reference's bound
+// allows their score rounding too (~1e31). NaN counts as infinite.
+struct FloatLimitErrors {
+  double o_max_abs = 0;   // over every planted row, head and channel
+  double lse_max_rel = 0; // |LSE - reference| / |reference| (both -inf: 0)
+  std::int64_t rows = 0;
+};
+FloatLimitErrors float_limit_errors(const Problem& p);
+
 // Random Q/K/V for `layout` in `dtype`, with `heads` masks (one per head).
 Problem make_problem(const VideoLayout& layout, DType dtype, std::vector<HeadMask> heads, std::uint64_t seed,
                      MemoryLayout memory = MemoryLayout::BNHD, DType out_dtype = DType::F32);
