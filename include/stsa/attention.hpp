@@ -8,7 +8,9 @@
 // a NaN score (a NaN in q or k, or inf x 0) or a +inf score makes the row's O
 // and LSE NaN; a -inf score gives its key weight 0; a NaN or Inf in an allowed
 // key's v makes the row's O non-finite in that channel. Rows that never touch a
-// non-finite input are unaffected.
+// non-finite input are unaffected. Scores are fp32: every backend keeps a row
+// finite while its scale * q . k are, up to FLT_MAX (weights come from score
+// minus max, never from a product of a score that could pass FLT_MAX first).
 #pragma once
 
 #include <array>

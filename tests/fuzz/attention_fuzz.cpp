@@ -13,7 +13,9 @@
 // outside its enum, a mask kind or band order outside its enum, gather_heads/scatter_heads pairs of
 // another batch size or a scatter's LSE views over the tensors). Sometimes bf16 (or fp32) Q and K are
 // scaled by 2^-46..2^-58 and the softmax scale by its inverse square: a valid call whose products fp32
-// must not flush (scale x descales past 2^91). Whatever the input:
+// must not flush (scale x descales past 2^91). Sometimes, instead, channel 0 of bf16 (or fp32) Q is
+// +-2^64 or 0 and of K 2^63 x [1.5, 1.8] under a softmax scale of magnitude 0.7-1 and no descales:
+// scores of ~3e38 that stay finite times the scale but not times log2 e. Whatever the input:
 //   - the call is refused with stsa::Error, or every computed head's O and LSE
 //     agree with the fp64 reference (reference_rows: the mask from its
 //     definition, or what a rounded plan claims to compute; a routed head's
@@ -199,6 +201,24 @@ Tensor make_tensor(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& la
   return t;
 }
 
+// Scores at the float limit: channel 0 of Q +2^64, -2^64 or 0 by token (n % 3), of K 2^63 x [1.5, 1.8]
+// in bf16 steps, so that Q K^T reaches ~3e38 (the other channels' sums are lost under its last bit).
+// Not into a tensor with a planted defect, nor a K of another dtype (fp16 cannot hold 2^63).
+void plant_float_limit(std::mt19937_64& rng, Tensor& q, Tensor& k) {
+  if (q.defect != Defect::None || k.defect != Defect::None || k.view.dtype != q.view.dtype) return;
+  constexpr float kQuery[3] = {0.f, 0x1p64f, -0x1p64f};
+  std::uniform_int_distribution<int> step(0, 38);
+  for (std::int64_t b = 0; b < q.view.shape[0]; ++b)
+    for (std::int64_t n = 0; n < q.view.shape[1]; ++n)
+      for (std::int64_t h = 0; h < q.view.shape[2]; ++h)
+        if (q.view.shape[3] > 0) {
+          q.view.store(b, n, h, 0, kQuery[n % 3]);
+          k.view.store(b, n, h, 0, 0x1p63f * (1.5f + 0x1p-7f * float(step(rng))));
+        }
+  q.buffer.remember();
+  k.buffer.remember();
+}
+
 struct Lse {
   Buffer buffer;
   stsa::LseView view;
@@ -354,15 +374,15 @@ struct Tally {
   // mask kinds and band orders outside theirs; gather/scatter pairs of another batch size or LSE views
   // over the tensors. Ran: calls with Q and K scaled down, and of them with a score scale past 2^91.
   long refused_dtype = 0, refused_order = 0, refused_placement = 0, refused_mask_enum = 0, refused_batch_pair = 0,
-       refused_lse_overlap = 0, ran_tiny_qk = 0, ran_past_2_91 = 0;
+       refused_lse_overlap = 0, ran_tiny_qk = 0, ran_past_2_91 = 0, ran_float_limit = 0;
   ~Tally() {
     std::fprintf(stderr,
                  "attention_fuzz: planted and refused: %ld dtypes, %ld token orders, %ld text placements, %ld mask "
                  "kinds or band orders outside their enums, %ld gather/scatter pairs of another batch size, %ld "
                  "scatter LSE views over the tensors; ran %ld calls with Q and K scaled by 2^-46..2^-58 (%ld of "
-                 "them bf16 with a score scale past 2^91)\n",
+                 "them bf16 with a score scale past 2^91) and %ld with scores at the float limit\n",
                  refused_dtype, refused_order, refused_placement, refused_mask_enum, refused_batch_pair,
-                 refused_lse_overlap, ran_tiny_qk, ran_past_2_91);
+                 refused_lse_overlap, ran_tiny_qk, ran_past_2_91, ran_float_limit);
     std::fprintf(stderr,
                  "attention_fuzz: ran %ld direct, %ld scattered (%ld of them from a gathered input), %ld routed "
                  "and %ld sequence-parallel calls (%ld with a NaN or infinity in Q, K or V, %ld with descales; %ld O "
@@ -555,6 +575,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                            ? int(in.next(46, 58))
                            : 0;
   const float tiny = std::exp2(float(-tiny_exp));
+  const bool float_limit = tiny_exp == 0 && (input_dtype == stsa::DType::BF16 || input_dtype == stsa::DType::F32) &&
+                           in.one_in(8);
   stsa::DType k_dtype = input_dtype;
   if (plant == Plant::KDtype) {
     k_dtype = stsa::DType((int(input_dtype) + in.next(1, 3)) % 4);
@@ -570,6 +592,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return defect_survives_split(t.defect, t.view.stride[1], t.view.shape[1], layout.grid, output);
   };
   must_refuse |= defective(q, false) || defective(k, false) || defective(v, false);
+  if (float_limit) plant_float_limit(rng, q, k);
   bool non_finite = false;
   if (!must_refuse && in.one_in(6)) {
     // One NaN or infinity in Q, K or V: the rows that see it become non-finite
@@ -625,6 +648,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (plant == Plant::Scale) {
     softmax_scale = in.next(0, 1) ? NAN : -INFINITY;
     must_refuse = true;
+  } else if (float_limit) {  // past ln 2, so that max x scale x log2 e passes FLT_MAX
+    softmax_scale = float(in.next(70, 100) * (in.next(0, 1) ? 1 : -1)) / 100.f;
   } else if (tiny_exp != 0) {  // |scale| x 2^(2 tiny_exp) / sqrt(D), below 2^119: past fp32 only with descales
     softmax_scale = float(in.next(50, 300) * (in.next(0, 1) ? 1 : -1)) / 100.f /
                     std::sqrt(float(std::max<std::int64_t>(layout.head_dim, 1))) * std::exp2(float(2 * tiny_exp));
@@ -634,7 +659,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Per-(batch, head) descales for some of q, k and v, sometimes (the reference applies them too).
   std::vector<float> descales[3];
-  if (plant == Plant::Descale || in.one_in(3)) {
+  if (plant == Plant::Descale || (!float_limit && in.one_in(3))) {  // (descales of 4 would pass FLT_MAX there)
     const std::int64_t count = std::max<std::int64_t>(layout.batch, 0) * std::max<std::int64_t>(layout.heads, 0);
     for (auto& factors : descales) {
       if (in.next(0, 2) == 0) continue;
@@ -961,6 +986,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   tally.ran_gathered += gathered;
   tally.ran_non_finite += non_finite;
   tally.ran_descales += !call_descales.empty();
+  tally.ran_float_limit += float_limit;
   if (tiny_exp != 0) {
     ++tally.ran_tiny_qk;
     const auto largest = [](const std::vector<float>& f) {
