@@ -215,11 +215,11 @@ void plant_scores_at_the_float_limit(Problem& p, std::uint64_t seed) {
   std::uniform_int_distribution<int> step(0, 38);
   p.softmax_scale = 1.0f;
   const VideoLayout& layout = p.layout;
+  constexpr float kQuery[3] = {0.0f, 0x1p64f, -0x1p64f};
   for (std::int64_t b = 0; b < layout.batch; ++b)
     for (std::int64_t n = 0; n < layout.tokens(); ++n)
       for (std::int64_t h = 0; h < layout.heads; ++h) {
-        const float planted[3] = {0.0f, 0x1p64f, -0x1p64f};
-        p.q.view().store(b, n, h, 0, planted[n % 3]);
+        p.q.view().store(b, n, h, 0, kQuery[n % 3]);
         p.k.view().store(b, n, h, 0, 0x1p63f * (1.5f + 0x1p-7f * float(step(rng))));  // exact in bf16
       }
 }
