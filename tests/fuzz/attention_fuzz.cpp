@@ -203,9 +203,9 @@ Tensor make_tensor(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& la
 
 // Scores at the float limit: channel 0 of Q +2^64, -2^64 or 0 by token (n % 3), of K 2^63 x [1.5, 1.8]
 // in bf16 steps, so that Q K^T reaches ~3e38 (the other channels' sums are lost under its last bit).
-// Not into a tensor with a planted defect, nor a K of another dtype (fp16 cannot hold 2^63).
-void plant_float_limit(std::mt19937_64& rng, Tensor& q, Tensor& k) {
-  if (q.defect != Defect::None || k.defect != Defect::None || k.view.dtype != q.view.dtype) return;
+// Not into a tensor with a planted defect, nor a K of another dtype (fp16 cannot hold 2^63): false then.
+bool plant_float_limit(std::mt19937_64& rng, Tensor& q, Tensor& k) {
+  if (q.defect != Defect::None || k.defect != Defect::None || k.view.dtype != q.view.dtype) return false;
   constexpr float kQuery[3] = {0.f, 0x1p64f, -0x1p64f};
   std::uniform_int_distribution<int> step(0, 38);
   for (std::int64_t b = 0; b < q.view.shape[0]; ++b)
@@ -217,6 +217,7 @@ void plant_float_limit(std::mt19937_64& rng, Tensor& q, Tensor& k) {
         }
   q.buffer.remember();
   k.buffer.remember();
+  return true;
 }
 
 struct Lse {
@@ -592,7 +593,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return defect_survives_split(t.defect, t.view.stride[1], t.view.shape[1], layout.grid, output);
   };
   must_refuse |= defective(q, false) || defective(k, false) || defective(v, false);
-  if (float_limit) plant_float_limit(rng, q, k);
+  const bool at_float_limit = float_limit && plant_float_limit(rng, q, k);
   bool non_finite = false;
   if (!must_refuse && in.one_in(6)) {
     // One NaN or infinity in Q, K or V: the rows that see it become non-finite
@@ -986,7 +987,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   tally.ran_gathered += gathered;
   tally.ran_non_finite += non_finite;
   tally.ran_descales += !call_descales.empty();
-  tally.ran_float_limit += float_limit;
+  tally.ran_float_limit += at_float_limit;
   if (tiny_exp != 0) {
     ++tally.ran_tiny_qk;
     const auto largest = [](const std::vector<float>& f) {
