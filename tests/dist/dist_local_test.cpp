@@ -3,6 +3,7 @@
 // the one-rank LocalCommunicator.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -184,6 +185,21 @@ struct Case {
   const char* backend;
 };
 
+// A readable, stable name for a case, used for its CTest name and the value gtest prints (by
+// default its bytes, a pointer among them).
+std::string describe(const Case& c) {
+  std::string name = std::to_string(c.grid.frames) + "x" + std::to_string(c.grid.height) + "x" +
+                     std::to_string(c.grid.width) + "_text" + std::to_string(c.grid.text_tokens) +
+                     (c.grid.text_placement == TextPlacement::Before ? "first" : "last") + "_d" +
+                     std::to_string(c.dim) + "_" + std::string(to_string(c.dtype)) + "_" + c.backend;
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';  // gtest names take [A-Za-z0-9_] only
+  }
+  return name;
+}
+void PrintTo(const Case& c, std::ostream* os) { *os << describe(c); }
+std::string case_name(const ::testing::TestParamInfo<Case>& info) { return describe(info.param); }
+
 class SingleDevice : public ::testing::TestWithParam<Case> {};
 
 // The path every rank runs must itself be right: against the fp64 reference, temporal heads included.
@@ -204,7 +220,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{VideoGrid{3, 5, 7}, 4, 64, DType::F32, "cpu"},
                       Case{VideoGrid{4, 6, 5, 13, TextPlacement::Before}, 4, 80, DType::BF16, "cpu"},
                       Case{VideoGrid{1, 9, 11, 7, TextPlacement::After}, 4, 128, DType::F32, "cpu"},
-                      Case{VideoGrid{3, 5, 7, 5, TextPlacement::After}, 4, 64, DType::F32, "reference"}));
+                      Case{VideoGrid{3, 5, 7, 5, TextPlacement::After}, 4, 64, DType::F32, "reference"}),
+    case_name);
 
 TEST(UlyssesLocal, OneRankEqualsTheSingleDevicePathBitForBit) {
   VideoGrid g{3, 5, 7, 6, TextPlacement::Before};
