@@ -41,7 +41,8 @@ not_under_tsan=(CpuBackend.MatchesReferenceOnAwkwardShapes CpuBackend.RoundedPla
                 CpuBackend.AmxTileKernelMatchesReferenceOnBf16AndF16Inputs
                 Router.SampledErrorsMatchTheReferenceOnEitherPath Backends.EveryBackendMatchesTheReference
                 CpuBackend.AnyHeadDimUpTo128RunsPadded
-                CpuBackend.AmxBf16OutputRoundsPToBf16Unbiased CpuBackend.LongRowsKeepTheirFp32Accuracy
+                CpuBackend.AmxBf16OutputRoundsPToBf16Unbiased CpuBackend.Avx512Bf16OutputRoundsPToBf16Unbiased
+                CpuBackend.LongRowsKeepTheirFp32Accuracy
                 CpuBackend.StridedChannelsMatchTheReference Router.SampledErrorsMatchTheReference
                 Router.TilePathDecidesLikeTheFp32Path Router.FindsTheKnownKindOfSyntheticHeads)
 for name in "${not_under_tsan[@]}"; do

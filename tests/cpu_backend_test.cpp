@@ -197,27 +197,37 @@ TEST(CpuBackend, DensityOneEqualsDenseBitForBit) {
 }
 
 // Tiny values keep their relative error on every kernel: V near and below bf16's
-// smallest normal (the tile products flush results under 2^-126, so the AMX kernel
-// must take its fp32 P V there), and probabilities far below a row's largest whose
-// V is huge (exp2 must still give them; the AMX split keeps all but 2^-7 of a P
-// under 2^-103, its documented limit).
+// smallest normal (bf16 products flush results under 2^-126, so the AMX kernel, and
+// the AVX-512 one for bf16 in and out, must take their fp32 P V there), and
+// probabilities far below a row's largest whose V is huge (exp2 must still give
+// them; the AMX split keeps all but 2^-7 of a P under 2^-103, its documented limit;
+// a P rounded to bf16, as bf16 outputs take it, keeps all but 2^-9).
 TEST(CpuBackend, TinyValuesKeepTheirRelativeError) {
   const VideoGrid grid{2, 4, 8, 0, TextPlacement::After};  // 64 tokens
   const VideoLayout layout{grid, 1, 1, 64};
   const MaskSpec dense = MaskSpec::dense();
+  const std::pair<DType, DType> dtypes[] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32},
+                                            {DType::BF16, DType::BF16}};
   for (Isa isa : testing::isas_of_this_machine())
-    for (DType dtype : {DType::F32, DType::BF16}) {
-      for (int exponent : {-118, -126, -130}) {
-        SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) + " V * 2^" +
-                     std::to_string(exponent));
+    for (const auto& [dtype, out] : dtypes) {
+      const std::string label = std::string(to_string(isa)) + " " + std::string(to_string(dtype)) + " in, " +
+                                std::string(to_string(out)) + " out";
+      // A bf16 output's own rounding is 2^-9 of it, a flushed share of O all of it. Its
+      // outputs stay above bf16's smallest normal (subnormal ones keep fewer bits), while
+      // at 2^-122 most products of P and V are below it.
+      const double bound = out == DType::BF16 ? 4e-3 : 1e-5;
+      const std::vector<int> exponents = out == DType::BF16 ? std::vector<int>{-118, -122}
+                                                            : std::vector<int>{-118, -126, -130};
+      for (int exponent : exponents) {
+        SCOPED_TRACE(label + ", V * 2^" + std::to_string(exponent));
         auto problem = testing::make_problem(layout, dtype, {head_for(grid, dense, {64, 64}, Alignment::Exact)},
-                                             testing::fresh_seed());
+                                             testing::fresh_seed(), MemoryLayout::BNHD, out);
         const TensorView v = problem.v.view();
         for (std::int64_t n = 0; n < layout.tokens(); ++n)
           for (std::int64_t d = 0; d < 64; ++d) v.store(0, n, 0, d, std::ldexp(v.load(0, n, 0, d), exponent));
         make_cpu_backend({isa, 2})->run(problem.call());
         const auto cmp = testing::compare_with_reference(problem);
-        EXPECT_LT(cmp.rel_l2_err, 1e-5);  // (ok()'s absolute bound is loose at these sizes; the relative one is not)
+        EXPECT_LT(cmp.rel_l2_err, bound);  // (ok()'s absolute bound is loose at these sizes; the relative one is not)
         EXPECT_TRUE(cmp.all_finite_where_expected && cmp.guards_intact) << cmp.failure;  // rel_l2 skips NaN rows
       }
       // Every row: key 0 scores 0 with V = 0; the others score 87 lower (2^-125.5
@@ -225,9 +235,9 @@ TEST(CpuBackend, TinyValuesKeepTheirRelativeError) {
       // once more with V = +Inf in channel 1 of one key: O[., 1] = +Inf exactly
       // (and the AMX kernel takes its fp32 P V).
       for (bool with_inf : {false, true}) {
-        SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) +
-                     " probabilities of 2^-125.5" + (with_inf ? ", an Inf in V" : ""));
-        auto problem = testing::make_problem(layout, dtype, {head_for(grid, dense, {64, 64}, Alignment::Exact)}, 1);
+        SCOPED_TRACE(label + ", probabilities of 2^-125.5" + (with_inf ? ", an Inf in V" : ""));
+        auto problem = testing::make_problem(layout, dtype, {head_for(grid, dense, {64, 64}, Alignment::Exact)}, 1,
+                                             MemoryLayout::BNHD, out);
         problem.softmax_scale = 1.0f;
         AttentionCall call = problem.call();
         for (std::int64_t n = 0; n < layout.tokens(); ++n)
@@ -241,13 +251,14 @@ TEST(CpuBackend, TinyValuesKeepTheirRelativeError) {
         std::vector<double> ref_o, ref_lse;
         reference_rows(call, rows, ref_o, ref_lse);
         const bool tile_split = kernel_isa(isa, call) == Isa::Amx && !with_inf;
+        const double tolerance = tile_split ? 0x1p-7 : out == DType::BF16 ? 0x1p-8 : 1e-5;
         for (std::size_t r = 0; r < rows.size(); ++r) {
           if (with_inf) {
             EXPECT_EQ(call.o.load(0, rows[r], 0, 1), INFINITY) << "row " << rows[r];
           }
           const double want = ref_o[r * 64], got = call.o.load(0, rows[r], 0, 0);
           EXPECT_GT(want, 10.0);
-          EXPECT_NEAR(got, want, want * (tile_split ? 0x1p-7 : 1e-5)) << "row " << rows[r];
+          EXPECT_NEAR(got, want, want * tolerance) << "row " << rows[r];
         }
       }
     }
@@ -341,14 +352,18 @@ TEST(CpuBackend, NonFiniteInputsReachOnlyRowsThatSeeThem) {
   // A band of 1: key 40 is allowed for rows 39..41 only, and sits inside a partial tile for others.
   const VideoGrid grid{4, 4, 5, 0, TextPlacement::After};  // 80 tokens
   const VideoLayout layout{grid, 1, 1, 64};
+  // (bf16 in and out: the AVX-512 kernel's P V from bf16 pairs, which such a head must not take.)
+  const std::pair<DType, DType> dtypes[] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32},
+                                            {DType::BF16, DType::BF16}, {DType::F16, DType::F32},
+                                            {DType::F8E4M3, DType::F32}};
   for (Isa isa : testing::isas_of_this_machine())
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3})
+    for (const auto& [dtype, out] : dtypes)
       for (int which : {1, 2}) {  // NaN in K, then Inf in V (NaN in fp8, which has no Inf)
-        SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) +
-                     (which == 1 ? " NaN in K" : " Inf in V"));
+        SCOPED_TRACE(std::string(to_string(isa)) + " " + std::string(to_string(dtype)) + " in, " +
+                     std::string(to_string(out)) + " out" + (which == 1 ? ", NaN in K" : ", Inf in V"));
         const MaskSpec spec = MaskSpec::spatial(1, /*anchor=*/false);
         auto problem = testing::make_problem(layout, dtype, {head_for(grid, spec, {64, 64}, Alignment::Exact)},
-                                             testing::fresh_seed());
+                                             testing::fresh_seed(), MemoryLayout::BNHD, out);
         (which == 1 ? problem.k : problem.v).view().store(0, 40, 0, 3, which == 1 ? NAN : INFINITY);
         problem.o.poison_finite();  // rows expected NaN must be written NaN, not left so
         problem.lse.poison_finite();
@@ -779,22 +794,25 @@ TEST(CpuBackend, AmxPaddingSlotsHoldNothingFromAnEarlierCall) {
   }
 }
 
-// One call run twice, on the AMX kernel and on the AVX-512 one (P V in fp32),
-// and the head's scale each AMX element is held to: one unit in the last place
+// One call run twice, on a kernel under test and on one that takes P V in fp32,
+// and the head's scale each tested element is held to: one unit in the last place
 // of the head's largest fp32-P output (no element's unit is larger; a bound of
-// 2^-8 x largest was below it, and failed on CI).
-struct AmxAgainstFp32P {
-  testing::Problem amx, fp32p;
+// 2^-8 x largest was below it, and failed on CI). The AVX-512 kernel takes P in
+// fp32 but for bf16 in and out (there it rounds P too): AVX2's is the fp32-P one then.
+struct AgainstFp32P {
+  testing::Problem tested, fp32p;
   std::vector<double> last_place;  // per head
 };
-AmxAgainstFp32P run_amx_and_fp32p(const VideoLayout& layout, DType in, DType out, const std::vector<HeadMask>& heads) {
+AgainstFp32P run_against_fp32p(Isa isa, const VideoLayout& layout, DType in, DType out,
+                               const std::vector<HeadMask>& heads) {
   const std::uint64_t seed = testing::fresh_seed();
-  AmxAgainstFp32P runs{testing::make_problem(layout, in, heads, seed, MemoryLayout::BNHD, out),
-                       testing::make_problem(layout, in, heads, seed, MemoryLayout::BNHD, out),
-                       {}};
-  EXPECT_EQ(kernel_isa(Isa::Amx, runs.amx.call()), Isa::Amx);
-  make_cpu_backend({Isa::Amx, 2})->run(runs.amx.call());
-  make_cpu_backend({Isa::Avx512, 2})->run(runs.fp32p.call());
+  AgainstFp32P runs{testing::make_problem(layout, in, heads, seed, MemoryLayout::BNHD, out),
+                    testing::make_problem(layout, in, heads, seed, MemoryLayout::BNHD, out),
+                    {}};
+  EXPECT_EQ(kernel_isa(isa, runs.tested.call()), isa);
+  make_cpu_backend({isa, 2})->run(runs.tested.call());
+  const bool avx512_rounds_p = in == DType::BF16 && out == DType::BF16;
+  make_cpu_backend({avx512_rounds_p ? Isa::Avx2 : Isa::Avx512, 2})->run(runs.fp32p.call());
   const int stored_fraction_bits = out == DType::BF16 ? 7 : 10;
   for (std::int64_t h = 0; h < layout.heads; ++h) {
     double largest = 0;
@@ -825,13 +843,13 @@ TEST(CpuBackend, AmxSixteenBitOutputIsTheFp32PKernelsButForFewRoundings) {
         // fp16's units are 8x finer, so more values lie within 2^-16 of a boundary.
         const double share = out == DType::BF16 ? 0.02 : 0.08;
         const VideoLayout layout{grid, 1, 4, head_dim};
-        const auto runs = run_amx_and_fp32p(layout, in, out, four_heads(grid, 0.25, true, {128, 128}, Alignment::Exact));
-        SCOPED_TRACE(runs.amx.label);
+        const auto runs = run_against_fp32p(Isa::Amx, layout, in, out, four_heads(grid, 0.25, true, {128, 128}, Alignment::Exact));
+        SCOPED_TRACE(runs.tested.label);
         std::int64_t differ = 0, total = 0;
         for (std::int64_t h = 0; h < layout.heads; ++h)
           for (std::int64_t n = 0; n < grid.tokens(); ++n)
             for (std::int64_t d = 0; d < head_dim; ++d) {
-              const float got = runs.amx.o.view().load(0, n, h, d), want = runs.fp32p.o.view().load(0, n, h, d);
+              const float got = runs.tested.o.view().load(0, n, h, d), want = runs.fp32p.o.view().load(0, n, h, d);
               differ += got != want;
               ++total;
               // Never more than one unit of the output's precision at the head's scale apart.
@@ -842,41 +860,55 @@ TEST(CpuBackend, AmxSixteenBitOutputIsTheFp32PKernelsButForFewRoundings) {
       }
 }
 
-// bf16 in and out: P rounded to nearest bf16, one part, as bf16 FlashAttention
-// kernels and PyTorch's CPU attention do. Against the fp32-P kernel (AVX-512):
-// no element more than two units apart at the head's scale, the differences
-// unbiased (a truncated P would shrink every output by ~2^-10 of itself), and
-// the error against the fp64 reference no more than rounding P makes it. Measured
-// (500 tokens, D = 64 and 128): the outputs lean by under 3e-5 of themselves, and
-// the error is 1.31x the fp32-P kernel's (rel L2 2.17e-3 against 1.66e-3, which is
+// bf16 in and out: P rounded to nearest bf16 (the AMX kernel's one part; the
+// AVX-512 kernel's pairs of keys for VDPBF16PS), as bf16 FlashAttention kernels and
+// PyTorch's CPU attention do. Against an fp32-P kernel: no element more than two
+// units apart at the head's scale, the differences unbiased (a truncated P would
+// shrink every output by ~2^-10 of itself), and the error against the fp64
+// reference no more than rounding P makes it. Measured on the AMX kernel (500
+// tokens, D = 64 and 128): the outputs lean by under 3e-5 of themselves, and the
+// error is 1.31x the fp32-P kernel's (rel L2 2.17e-3 against 1.66e-3, which is
 // bf16's rounding of the output alone); with P truncated instead: -2.0e-3 and 1.96x.
-TEST(CpuBackend, AmxBf16OutputRoundsPToBf16Unbiased) {
-  if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
+void expect_p_rounded_unbiased(Isa isa) {
   const VideoGrid grid{5, 8, 12, 20, TextPlacement::After};  // 500 tokens
-  for (std::int64_t head_dim : {64, 128}) {
+  for (std::int64_t head_dim : {64, 80, 128}) {
+    if (isa == Isa::Amx && head_dim == 80) continue;  // tile products take 32 channels at a time: runs padded
     const VideoLayout layout{grid, 1, 4, head_dim};
-    const auto runs =
-        run_amx_and_fp32p(layout, DType::BF16, DType::BF16, four_heads(grid, 0.5, true, {128, 128}, Alignment::Exact));
-    SCOPED_TRACE(runs.amx.label);
-    double along = 0, apart = 0, norm = 0;
+    const auto runs = run_against_fp32p(isa, layout, DType::BF16, DType::BF16,
+                                        four_heads(grid, 0.5, true, {128, 128}, Alignment::Exact));
+    SCOPED_TRACE(runs.tested.label);
+    double along = 0, norm = 0;
+    std::int64_t differ = 0, total = 0;
     for (std::int64_t h = 0; h < layout.heads; ++h)
       for (std::int64_t n = 0; n < grid.tokens(); ++n)
         for (std::int64_t d = 0; d < head_dim; ++d) {
-          const double got = runs.amx.o.view().load(0, n, h, d), want = runs.fp32p.o.view().load(0, n, h, d);
+          const double got = runs.tested.o.view().load(0, n, h, d), want = runs.fp32p.o.view().load(0, n, h, d);
           // (Measured: one unit at most in 60 runs; two leave room for a rare row.)
           ASSERT_LE(std::abs(got - want), 2 * runs.last_place[std::size_t(h)])
               << "head " << h << ", token " << n << ", channel " << d;
           along += (got - want) * want;
-          apart += (got - want) * (got - want);
           norm += want * want;
+          differ += got != want;
+          ++total;
         }
-    const auto amx_error = testing::compare_with_reference(runs.amx, 0, 1);
+    const auto tested_error = testing::compare_with_reference(runs.tested, 0, 1);
     const auto fp32p_error = testing::compare_with_reference(runs.fp32p, 0, 1);
-    EXPECT_TRUE(amx_error.ok()) << amx_error.failure;
-    EXPECT_LT(std::abs(along / norm), 2e-4) << "the AMX output leans off the fp32-P kernel's by this share of it";
-    EXPECT_LT(amx_error.rel_l2_err, 1.5 * fp32p_error.rel_l2_err);
-    EXPECT_GT(apart, 0.0) << "P was not rounded: the one-part path did not run";
+    EXPECT_TRUE(tested_error.ok()) << tested_error.failure;
+    EXPECT_LT(std::abs(along / norm), 2e-4) << "the output leans off the fp32-P kernel's by this share of it";
+    EXPECT_LT(tested_error.rel_l2_err, 1.5 * fp32p_error.rel_l2_err);
+    // Rounded P moves ~38% of the elements by a unit (measured, AVX-512); the sums' order alone, 0.01%.
+    EXPECT_GT(double(differ), 0.1 * double(total)) << "P was not rounded: the bf16 P V path did not run";
   }
+}
+
+TEST(CpuBackend, AmxBf16OutputRoundsPToBf16Unbiased) {
+  if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
+  expect_p_rounded_unbiased(Isa::Amx);
+}
+
+TEST(CpuBackend, Avx512Bf16OutputRoundsPToBf16Unbiased) {
+  if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "no AVX-512 (with BF16) here";
+  expect_p_rounded_unbiased(Isa::Avx512);
 }
 
 // Channels with a stride other than 1 (every other element of a wider buffer,

@@ -124,7 +124,7 @@ struct PairWork {
   const TilePlan* plan = nullptr;
   // Offsets into the chunk's buffers: the fp32 Kt panel (absent when K is packed
   // as bf16 pairs) and the V panel in floats; the bf16-pair K and V panels in
-  // words (V pairs only for the AMX kernel).
+  // words (V pairs only for kernels that take P V from bf16 pairs).
   std::int64_t kt_offset = 0, v_offset = 0, pair_offset = 0, v_pair_offset = 0;
   bool v_nonfinite = false, v_tiny = false, k_nonfinite = false;
 };
@@ -139,6 +139,7 @@ struct WorkerScratch {
   FloatBuffer q, o, m, l, s;
   PairBuffer q_pairs;
   Bf16Buffer p_parts;  // the AMX kernel's split P
+  PairBuffer p_pairs;  // the AVX-512 kernel's P as bf16 pairs (bf16 in and out)
   std::vector<const std::uint64_t*> masks;
 };
 
@@ -260,6 +261,11 @@ class CpuBackend final : public Backend {
     const bool bf16_pairs = in_parts == 2 || (amx && call.q.dtype == DType::F8E4M3) ||
                             (isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16 &&
                              bf16_products_apply(call));
+    // bf16 in and out on AVX-512 without the tile unit: O += P V with VDPBF16PS too, from P
+    // rounded to bf16 (as the AMX kernel does for these calls) and V's pairs of keys: twice
+    // the products per instruction, for an output rounded to bf16 anyway.
+    const bool bf16_pv = !amx && bf16_pairs && call.v.dtype == DType::BF16 && out.o.dtype == DType::BF16;
+    const bool v_pairs = amx || bf16_pv;  // V packed as bf16 pairs of keys
 
     std::vector<PairWork> pairs;
     for (std::int64_t b = 0; b < layout.batch; ++b)
@@ -285,6 +291,7 @@ class CpuBackend final : public Backend {
       w.l.resize(max_q);
       w.s.resize(std::int64_t(amx ? std::max(kScratchRows, kAmxScratchRows) : kScratchRows) * max_k);
       if (bf16_pairs) w.q_pairs.resize(max_rows * d / 2 * in_parts);
+      if (bf16_pv) w.p_pairs.resize(std::int64_t(kScratchRows) * max_k / 2);
       if (amx) w.p_parts.resize(std::int64_t(kAmxPartRows) * max_k);
       if (w.masks.size() < std::size_t(max_partial)) w.masks.resize(std::size_t(max_partial));
     }
@@ -299,7 +306,7 @@ class CpuBackend final : public Backend {
         const TilePlan& plan = *pairs[last].plan;
         const std::int64_t panel = plan.k_tiles() * plan.tile().k * d;  // elements of K (or V) for all key tiles
         const std::int64_t kt_floats = bf16_pairs ? 0 : panel;
-        const std::int64_t k_words = bf16_pairs ? panel / 2 * in_parts : 0, v_words = amx ? panel / 2 * in_parts : 0;
+        const std::int64_t k_words = bf16_pairs ? panel / 2 * in_parts : 0, v_words = v_pairs ? panel / 2 * in_parts : 0;
         const std::int64_t bytes =
             (floats + kt_floats + panel + pair_words + k_words + v_words) * std::int64_t(sizeof(float));
         if (last > first && bytes > kPanelBudgetBytes) break;
@@ -314,18 +321,20 @@ class CpuBackend final : public Backend {
       panels.resize(floats);
       if (bf16_pairs) pair_panels_.resize(pair_words);
       run_chunk(call, in, out, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, amx,
-                in_parts, kernel, q_scale, scratch);
+                bf16_pv, in_parts, kernel, q_scale, scratch);
       first = last;
     }
   }
 
   // pair_panels: bf16-pair K panels (S = Q K^T from bf16 pairs), and with `amx`
-  // the V ones too; nullptr for the fp32 path. in_parts: 2 where fp16 values are
-  // split into two bf16 parts for the AMX kernel, else 1.
+  // or `bf16_pv` (P V from bf16 pairs on AVX-512) the V ones too; nullptr for the
+  // fp32 path. in_parts: 2 where fp16 values are split into two bf16 parts for the
+  // AMX kernel, else 1.
   void run_chunk(const AttentionCall& call, const RowSource& in, const RowDestination& out,
                  std::vector<PairWork>& pairs, std::size_t first, std::size_t last, float* panels,
-                 std::uint32_t* pair_panels, bool amx, int in_parts, const Kernel& kernel, float q_scale,
-                 std::vector<WorkerScratch>& scratch) const {
+                 std::uint32_t* pair_panels, bool amx, bool bf16_pv, int in_parts, const Kernel& kernel,
+                 float q_scale, std::vector<WorkerScratch>& scratch) const {
+    const bool v_pairs = amx || bf16_pv;
     const std::int64_t d = kernel.dim;  // the kernel's channels: the head's, then zeros
     const std::int64_t n = call.layout.tokens();
 
@@ -351,20 +360,21 @@ class CpuBackend final : public Backend {
       const std::int64_t tile_k = pw.plan->tile().k;
       const std::int64_t tile = packs[std::size_t(i)].tile;
       float* kt = pair_panels ? nullptr : panels + pw.kt_offset + tile * d * tile_k;
-      // The AMX kernel reads fp32 V only for heads with Inf, NaN or tiny V: made below where needed.
-      float* v = amx ? nullptr : panels + pw.v_offset + tile * tile_k * d;
+      // Kernels given V's pairs read fp32 V only for heads with Inf, NaN or tiny V: made below where needed.
+      float* v = v_pairs ? nullptr : panels + pw.v_offset + tile * tile_k * d;
       std::uint32_t* kt_pairs =
           pair_panels ? pair_panels + pw.pair_offset + tile * in_parts * d / 2 * tile_k : nullptr;
-      std::uint32_t* v_pairs = amx ? pair_panels + pw.v_pair_offset + tile * in_parts * tile_k / 2 * d : nullptr;
+      std::uint32_t* v_pair_panel =
+          v_pairs ? pair_panels + pw.v_pair_offset + tile * in_parts * tile_k / 2 * d : nullptr;
       packed[std::size_t(i)] =
-          pack_kv_tile(in, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs, v_pairs, d);
+          pack_kv_tile(in, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs, v_pair_panel, d);
     });
     for (std::size_t i = 0; i < packs.size(); ++i) {
       pairs[packs[i].pair].v_nonfinite |= packed[i].nonfinite;
       pairs[packs[i].pair].v_tiny |= packed[i].tiny;
       pairs[packs[i].pair].k_nonfinite |= packed[i].k_nonfinite;
     }
-    if (amx)
+    if (v_pairs)
       for (const PackItem& item : packs) {
         const PairWork& pw = pairs[item.pair];
         if (!pw.v_nonfinite && !pw.v_tiny) continue;
@@ -432,8 +442,9 @@ class CpuBackend final : public Backend {
         job.q_pairs = w.q_pairs.data();
         job.kv.kt_pairs = pair_panels + pw.pair_offset;
       }
+      if (v_pairs) job.kv.v_pairs = pair_panels + pw.v_pair_offset;
+      if (bf16_pv) job.p_pairs = w.p_pairs.data();
       if (amx) {
-        job.kv.v_pairs = pair_panels + pw.v_pair_offset;
         job.p_parts = w.p_parts.data();
         const DType out_dtype = out.o.dtype;
         job.p_part_count = out_dtype == DType::F32 ? 3 : out_dtype == DType::BF16 && in_parts == 1 ? 1 : 2;

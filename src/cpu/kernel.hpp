@@ -19,13 +19,15 @@ struct KvPanels {
   // high parts, then its low parts (so tile t starts at t * head_dim * tile_k).
   const std::uint32_t* kt_pairs = nullptr;
   const float* v = nullptr;    // [k_tiles * tile_k][head_dim]; rows past the sequence are zero
-  // For attend_amx: V as bf16 pairs of consecutive keys (the tile product's right
-  // operand), per key tile t [tile_k / 2][head_dim] at v_pairs + t * tile_k / 2 * head_dim;
+  // For attend_amx, and attend_avx512 given QueryTileJob::p_pairs: V as bf16 pairs of
+  // consecutive keys (the tile product's right operand), per key tile t
+  // [tile_k / 2][head_dim] at v_pairs + t * tile_k / 2 * head_dim;
   // with input_parts == 2, high then low parts, as kt_pairs.
   const std::uint32_t* v_pairs = nullptr;
   bool v_nonfinite = false;    // some V value is Inf/NaN: masked columns must then be skipped, not multiplied by 0
-  // Some nonzero |V| is below kTinyV: bf16 tile products, which flush results
-  // below 2^-126, would lose its share, so attend_amx takes the fp32 P V.
+  // Some nonzero |V| is below kTinyV: bf16 products (tile products, VDPBF16PS), which
+  // flush results below 2^-126, would lose its share, so attend_amx and attend_avx512
+  // take the fp32 P V.
   bool v_tiny = false;
 };
 
@@ -35,6 +37,12 @@ struct QueryTileJob {
   // pairs [rows][head_dim / 2] (bf16_pair, pack.hpp), used instead of q for S = Q K^T
   // together with kv.kt_pairs. nullptr: the fp32 path.
   const std::uint32_t* q_pairs = nullptr;
+  // attend_avx512 with q_pairs and kv.v_pairs, for bf16 inputs with a bf16 output:
+  // P rounded to nearest bf16 (as attend_amx's one part, and bf16 FlashAttention
+  // kernels), here as pairs of keys, kScratchRows * tile_k / 2 words, for O += P V
+  // with VDPBF16PS; l still sums P in fp32. Heads with Inf, NaN or tiny V
+  // (kv.v_nonfinite, kv.v_tiny) take the fp32 P V from kv.v instead. nullptr: P V in fp32.
+  std::uint32_t* p_pairs = nullptr;
   float exp_scale = 0;       // |softmax scale| * log2(e): p = exp2((s - m) * exp_scale)
   int rows = 0;              // valid query rows of this tile (ragged last tile: fewer than tile_q)
   int tile_k = 0;            // key columns per tile (a multiple of 64)

@@ -10,7 +10,8 @@
 //     reduce_max, reduce_add, exp2 (0 for -inf, NaN for NaN),
 //     select(bits, x, fill)  // lane i: bit i of bits ? x : fill
 //     kHasBf16Dot            // true: also load_pairs(p) and dot_pairs(acc, pair, pairs) =
-//                            //   acc + a.lo * b.lo + a.hi * b.hi per lane (bf16 pairs, fp32 sums)
+//                            //   acc + a.lo * b.lo + a.hi * b.hi per lane (bf16 pairs, fp32 sums),
+//                            //   round_to_pairs(lo, hi) (2W floats to W pairs of bf16) and store_pairs
 //   };
 //   constexpr int kQkRows, kQkVecs;   // S = Q K^T register block: rows x (vecs * W) columns
 //   constexpr int kPvAccumulators, kPvMaxVecs;  // O += P V register budget
@@ -142,6 +143,52 @@ inline void pv_rows(const float* p, int p_stride, int rows, const float* v, int 
       pv_block<kD, Mr, kVecs>(p + r * p_stride, p_stride, v + d0, cols, o + r * kD + d0);
   if constexpr (Mr > 1) {
     if (r < rows) pv_rows<kD, Mr - 1>(p + r * p_stride, p_stride, rows - r, v, cols, o + r * kD);
+  }
+}
+
+// P (the softmax's fp32 weights, S's rows) rounded to nearest bf16, as pairs of
+// neighbouring keys: row i's columns [0, cols) (a multiple of 2W) become words
+// [0, cols / 2) at p + i * p_stride.
+template <class V>
+inline void round_p_to_pairs(const float* s, int s_stride, int rows, int cols, std::uint32_t* p, int p_stride) {
+  for (int i = 0; i < rows; ++i)
+    for (int c = 0; c < cols; c += 2 * V::W)
+      V::store_pairs(p + i * p_stride + c / 2,
+                     V::round_to_pairs(V::load(s + i * s_stride + c), V::load(s + i * s_stride + c + V::W)));
+}
+
+// pv_block from bf16 pairs: P's pairs of keys (round_p_to_pairs) times V's
+// (KvPanels::v_pairs: pair row c2 holds keys 2 c2 and 2 c2 + 1 of every channel,
+// at v + c2 * kD), key_pairs of them; half the instructions of pv_block.
+template <class V, int kD, int Mr, int kVecs>
+inline void pv_block_bf16(const std::uint32_t* p, int p_stride, const std::uint32_t* v, int key_pairs, float* o) {
+  typename V::reg acc[Mr][kVecs];
+  for (int i = 0; i < Mr; ++i)
+    for (int j = 0; j < kVecs; ++j) acc[i][j] = V::zero();
+  for (int c2 = 0; c2 < key_pairs; ++c2) {
+    typename V::pairs vv[kVecs];
+    for (int j = 0; j < kVecs; ++j) vv[j] = V::load_pairs(v + c2 * kD + j * V::W);
+    for (int i = 0; i < Mr; ++i)
+      for (int j = 0; j < kVecs; ++j) acc[i][j] = V::dot_pairs(acc[i][j], p[i * p_stride + c2], vv[j]);
+  }
+  for (int i = 0; i < Mr; ++i)
+    for (int j = 0; j < kVecs; ++j) {
+      float* at = o + i * kD + j * V::W;
+      V::store(at, V::add(V::load(at), acc[i][j]));
+    }
+}
+
+template <class V, int kD, int Mr>
+inline void pv_rows_bf16(const std::uint32_t* p, int p_stride, int rows, const std::uint32_t* v, int key_pairs,
+                         float* o) {
+  constexpr int kVecs = PvShape<kD>::kVecs;
+  constexpr int kChunk = kVecs * V::W;
+  int r = 0;
+  for (; r + Mr <= rows; r += Mr)
+    for (int d0 = 0; d0 < kD; d0 += kChunk)
+      pv_block_bf16<V, kD, Mr, kVecs>(p + r * p_stride, p_stride, v + d0, key_pairs, o + r * kD + d0);
+  if constexpr (Mr > 1) {
+    if (r < rows) pv_rows_bf16<V, kD, Mr - 1>(p + r * p_stride, p_stride, rows - r, v, key_pairs, o + r * kD);
   }
 }
 
@@ -305,6 +352,9 @@ void attend(const QueryTileJob& job) {
 
   const int tile_k = job.tile_k;
   const int n_tiles = job.n_full + job.n_partial;
+  // P V from bf16 pairs (QueryTileJob::p_pairs); not for V with Inf or NaN (a masked
+  // column must be skipped, not multiplied by 0) or with values VDPBF16PS would flush.
+  const bool bf16_pv = job.p_pairs != nullptr && !job.kv.v_nonfinite && !job.kv.v_tiny;
   for (int n = 0; n < n_tiles; ++n) {
     const bool partial = n >= job.n_full;
     const std::int32_t tile = partial ? job.partial[n - job.n_full] : job.full[n];
@@ -343,6 +393,16 @@ void attend(const QueryTileJob& job) {
       else
         softmax_rows<kD, false>(s, tile_k, rows, cols, valid, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0, o);
       const int keys = valid < cols ? valid : cols;
+      if constexpr (Vec::kHasBf16Dot) {
+        if (bf16_pv) {
+          // P past the sequence's end is 0 (masked) and so is V there: an odd key count takes its pair whole.
+          round_p_to_pairs<Vec>(s, tile_k, rows, cols, job.p_pairs, tile_k / 2);
+          pv_rows_bf16<Vec, kD, PvShape<kD>::kRows>(
+              job.p_pairs, tile_k / 2, rows, job.kv.v_pairs + std::int64_t(tile) * (tile_k / 2) * kD + begin / 2 * kD,
+              (keys + 1) / 2, o);
+          continue;
+        }
+      }
       if (partial && job.kv.v_nonfinite)
         pv_rows_skipping_masked<kD>(s, tile_k, rows, v, keys, o, block_mask, job.mask_words);
       else

@@ -25,6 +25,10 @@ struct Vec {
   static reg dot_pairs(reg acc, std::uint32_t a, pairs b) {
     return _mm512_dpbf16_ps(acc, __m512bh(_mm512_set1_epi32(int(a))), __m512bh(b));
   }
+  // 2W values (lo's lanes, then hi's) rounded to nearest bf16, as W pairs of neighbours:
+  // pair j holds values 2j (low half) and 2j + 1.
+  static pairs round_to_pairs(reg lo, reg hi) { return __m512i(_mm512_cvtne2ps_pbh(hi, lo)); }
+  static void store_pairs(std::uint32_t* p, pairs x) { _mm512_storeu_si512(p, x); }
   // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by kExp2Poly (kernel.hpp). Below
   // x = -150 the result rounds to 0 anyway; those
   // lanes (-inf: every masked score) are zeroed through SCALEF's zero-mask and
