@@ -431,8 +431,8 @@ void check_outputs(stsa::AttentionCall reference, const stsa::PairPredicate& pre
           // differ: fp32 can round a tiny weight to 0, and 0 x inf is NaN), finite and close elsewhere.
           require(std::isfinite(got) == std::isfinite(want), "O is finite where the reference is not, or the reverse");
           // fp32 scores below ~35 in magnitude (|q|, |k| <= 1 per channel), |v| <= 1, then the output's rounding;
-          // for a 16-bit output P may be rounded to its precision too (the AMX kernel does so for bf16, as bf16
-          // FlashAttention kernels do), which moves O by up to that share of sum_j p_j |v_j| <= 1.
+          // for a 16-bit output P may be rounded to its precision too (the AMX and AVX-512 kernels do so for
+          // bf16, as bf16 FlashAttention kernels do), which moves O by up to that share of sum_j p_j |v_j| <= 1.
           require(!std::isfinite(want) || std::abs(got - want) <= 1e-3 + o_rounding * (std::abs(want) + 1.0),
                   "O differs from the reference");
           mark(o.view, o.buffer, o_written, b, row, head, d);
