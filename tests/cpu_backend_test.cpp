@@ -352,10 +352,10 @@ TEST(CpuBackend, NonFiniteInputsReachOnlyRowsThatSeeThem) {
   // A band of 1: key 40 is allowed for rows 39..41 only, and sits inside a partial tile for others.
   const VideoGrid grid{4, 4, 5, 0, TextPlacement::After};  // 80 tokens
   const VideoLayout layout{grid, 1, 1, 64};
-  // (bf16 in and out: the AVX-512 kernel's P V from bf16 pairs, which such a head must not take.)
-  const std::pair<DType, DType> dtypes[] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32},
-                                            {DType::BF16, DType::BF16}, {DType::F16, DType::F32},
-                                            {DType::F8E4M3, DType::F32}};
+  // (bf16 or fp8 in, bf16 out: the AVX-512 kernel's P V from bf16 pairs, which such a head must not take.)
+  const std::pair<DType, DType> dtypes[] = {{DType::F32, DType::F32},    {DType::BF16, DType::F32},
+                                            {DType::BF16, DType::BF16},   {DType::F16, DType::F32},
+                                            {DType::F8E4M3, DType::F32}, {DType::F8E4M3, DType::BF16}};
   for (Isa isa : testing::isas_of_this_machine())
     for (const auto& [dtype, out] : dtypes)
       for (int which : {1, 2}) {  // NaN in K, then Inf in V (NaN in fp8, which has no Inf)
@@ -798,7 +798,7 @@ TEST(CpuBackend, AmxPaddingSlotsHoldNothingFromAnEarlierCall) {
 // and the head's scale each tested element is held to: one unit in the last place
 // of the head's largest fp32-P output (no element's unit is larger; a bound of
 // 2^-8 x largest was below it, and failed on CI). The AVX-512 kernel takes P in
-// fp32 but for bf16 in and out (there it rounds P too): AVX2's is the fp32-P one then.
+// fp32 but for bf16 or fp8 in and bf16 out (there it rounds P too): AVX2's is the fp32-P one then.
 struct AgainstFp32P {
   testing::Problem tested, fp32p;
   std::vector<double> last_place;  // per head
@@ -811,7 +811,7 @@ AgainstFp32P run_against_fp32p(Isa isa, const VideoLayout& layout, DType in, DTy
                     {}};
   EXPECT_EQ(kernel_isa(isa, runs.tested.call()), isa);
   make_cpu_backend({isa, 2})->run(runs.tested.call());
-  const bool avx512_rounds_p = in == DType::BF16 && out == DType::BF16;
+  const bool avx512_rounds_p = (in == DType::BF16 || in == DType::F8E4M3) && out == DType::BF16;
   make_cpu_backend({avx512_rounds_p ? Isa::Avx2 : Isa::Avx512, 2})->run(runs.fp32p.call());
   const int stored_fraction_bits = out == DType::BF16 ? 7 : 10;
   for (std::int64_t h = 0; h < layout.heads; ++h) {
@@ -869,12 +869,12 @@ TEST(CpuBackend, AmxSixteenBitOutputIsTheFp32PKernelsButForFewRoundings) {
 // tokens, D = 64 and 128): the outputs lean by under 3e-5 of themselves, and the
 // error is 1.31x the fp32-P kernel's (rel L2 2.17e-3 against 1.66e-3, which is
 // bf16's rounding of the output alone); with P truncated instead: -2.0e-3 and 1.96x.
-void expect_p_rounded_unbiased(Isa isa) {
+void expect_p_rounded_unbiased(Isa isa, DType in) {
   const VideoGrid grid{5, 8, 12, 20, TextPlacement::After};  // 500 tokens
   for (std::int64_t head_dim : {64, 80, 128}) {
     if (isa == Isa::Amx && head_dim == 80) continue;  // tile products take 32 channels at a time: runs padded
     const VideoLayout layout{grid, 1, 4, head_dim};
-    const auto runs = run_against_fp32p(isa, layout, DType::BF16, DType::BF16,
+    const auto runs = run_against_fp32p(isa, layout, in, DType::BF16,
                                         four_heads(grid, 0.5, true, {128, 128}, Alignment::Exact));
     SCOPED_TRACE(runs.tested.label);
     double along = 0, norm = 0;
@@ -903,12 +903,13 @@ void expect_p_rounded_unbiased(Isa isa) {
 
 TEST(CpuBackend, AmxBf16OutputRoundsPToBf16Unbiased) {
   if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
-  expect_p_rounded_unbiased(Isa::Amx);
+  expect_p_rounded_unbiased(Isa::Amx, DType::BF16);
 }
 
 TEST(CpuBackend, Avx512Bf16OutputRoundsPToBf16Unbiased) {
   if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "no AVX-512 (with BF16) here";
-  expect_p_rounded_unbiased(Isa::Avx512);
+  expect_p_rounded_unbiased(Isa::Avx512, DType::BF16);
+  expect_p_rounded_unbiased(Isa::Avx512, DType::F8E4M3);  // fp8 values enter as their bf16 bits
 }
 
 // Channels with a stride other than 1 (every other element of a wider buffer,

@@ -254,17 +254,20 @@ class CpuBackend final : public Backend {
     // bf16 inputs on AVX-512 (which here includes BF16) compute S = Q K^T from bf16
     // pairs with VDPBF16PS or tile products: the values are exact either way, the products too
     // (but for those under 2^-126, which only a score scale past kBf16PairScoreScaleLimit would
-    // make matter: such a call takes fp32 rows).
-    // fp16 inputs on the AMX kernel do too, each value split into two bf16 parts,
-    // and fp8 ones as their values' bf16 bits.
+    // make matter: such a call takes fp32 rows). fp8 ones do too, as their values' bf16 bits
+    // (exact; no product of two fp8 values is below 2^-18).
+    // fp16 inputs on the AMX kernel do too, each value split into two bf16 parts.
     const int in_parts = amx && call.q.dtype == DType::F16 ? 2 : 1;
+    const bool fp8_qk = call.q.dtype == DType::F8E4M3 && call.k.dtype == DType::F8E4M3;
     const bool bf16_pairs = in_parts == 2 || (amx && call.q.dtype == DType::F8E4M3) ||
+                            (isa >= Isa::Avx512 && fp8_qk) ||
                             (isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16 &&
                              bf16_products_apply(call));
-    // bf16 in and out on AVX-512 without the tile unit: O += P V with VDPBF16PS too, from P
-    // rounded to bf16 (as the AMX kernel does for these calls) and V's pairs of keys: twice
-    // the products per instruction, for an output rounded to bf16 anyway.
-    const bool bf16_pv = !amx && bf16_pairs && call.v.dtype == DType::BF16 && out.o.dtype == DType::BF16;
+    // bf16 (or fp8) in and bf16 out on AVX-512 without the tile unit: O += P V with VDPBF16PS
+    // too, from P rounded to bf16 (as the AMX kernel does for these calls) and V's pairs of
+    // keys: twice the products per instruction, for an output rounded to bf16 anyway.
+    const bool bf16_pv = !amx && bf16_pairs && (call.v.dtype == DType::BF16 || call.v.dtype == DType::F8E4M3) &&
+                         out.o.dtype == DType::BF16;
     const bool v_pairs = amx || bf16_pv;  // V packed as bf16 pairs of keys
 
     std::vector<PairWork> pairs;
