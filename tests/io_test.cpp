@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "stsa/error.hpp"
@@ -102,8 +104,9 @@ TEST_F(IoTest, NpyWriterRefusesToOverwrite) {
 }
 
 // Past a file size limit (as under `ulimit -f`, SIGXFSZ ignored as the CLI does) the write
-// fails: one line naming the file, and the fragment is removed, whether the call created
-// the file or (overwrite) truncated an old one, so that no later run takes it for output.
+// fails: one line naming the file, and no fragment is left for a later run to take for
+// output. A file the call created is removed; one it was to overwrite is as it was (the new
+// bytes went to a file beside it, removed too).
 TEST_F(IoTest, NpyWriterLeavesNoFragmentWhenTheWriteFails) {
   rlimit saved{};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
@@ -129,7 +132,36 @@ TEST_F(IoTest, NpyWriterLeavesNoFragmentWhenTheWriteFails) {
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   }
   EXPECT_FALSE(fs::exists(created));
-  EXPECT_FALSE(fs::exists(replaced));
+  std::string kept;
+  std::getline(std::ifstream(replaced), kept);
+  EXPECT_EQ(kept, "old");
+  const auto entries = std::distance(fs::directory_iterator(fs::path(replaced).parent_path()), fs::directory_iterator());
+  EXPECT_EQ(entries, 1) << "a temporary file was left beside the old one";
+}
+
+// Overwriting replaces a regular file whole and keeps its permissions; a link is written
+// through (the file it names gets the bytes, the link stays); a file the caller may not
+// write is refused as before, and stays.
+TEST_F(IoTest, NpyOverwriteReplacesTheFileAndKeepsItsPermissions) {
+  const std::string p = path("mode.npy");
+  write_npy(p, counting(DType::F32, {2}));
+  fs::permissions(p, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  write_npy(p, counting(DType::F32, {5}), /*overwrite=*/true);
+  EXPECT_EQ(read_npy(p).shape, std::vector<std::int64_t>{5});
+  EXPECT_EQ(fs::status(p).permissions(), fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+
+  const std::string link = path("link.npy");
+  fs::create_symlink(p, link);
+  write_npy(link, counting(DType::F32, {7}), /*overwrite=*/true);
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(read_npy(p).shape, std::vector<std::int64_t>{7});
+
+  if (::geteuid() != 0) {  // root may write anything
+    fs::permissions(p, fs::perms::owner_read);
+    EXPECT_THROW(write_npy(p, counting(DType::F32, {9}), /*overwrite=*/true), IoError);
+    fs::permissions(p, fs::perms::owner_read | fs::perms::owner_write);
+    EXPECT_EQ(read_npy(p).shape, std::vector<std::int64_t>{7});
+  }
 }
 
 // A device is written into, never removed: /dev/full refuses the bytes and stays.

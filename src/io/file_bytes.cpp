@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -50,8 +51,61 @@ std::vector<std::byte> read_range(const std::string& path, std::uint64_t offset,
 
 std::vector<std::byte> read_whole(const std::string& path) { return read_range(path, 0, file_size(path)); }
 
+namespace {
+
+// Writes every part to `fd`; false with errno set at the first failure.
+bool write_all(int fd, std::initializer_list<std::span<const std::byte>> parts) {
+  for (const auto& part : parts) {
+    const std::byte* at = part.data();
+    std::size_t left = part.size();
+    while (left > 0) {
+      const ssize_t wrote = ::write(fd, at, left);
+      if (wrote < 0 && errno == EINTR) continue;
+      if (wrote <= 0) {
+        if (wrote == 0) errno = EIO;
+        return false;
+      }
+      at += wrote;
+      left -= std::size_t(wrote);
+    }
+  }
+  return true;
+}
+
+// Overwriting a regular file: the bytes go to a new file beside it, with its permissions, which
+// then replaces it in one rename. A failed write removes the new file and leaves the old one as it
+// was. false, with nothing written, where no file can be made beside it (a directory the caller
+// cannot write into): the caller then writes into the old file itself.
+bool replace_regular_file(const std::string& path, mode_t mode,
+                          std::initializer_list<std::span<const std::byte>> parts) {
+  std::string temporary = path + ".stsa-XXXXXX";
+  const int fd = ::mkstemp(temporary.data());
+  if (fd < 0) return false;
+  bool ok = ::fchmod(fd, mode & 07777) == 0 && write_all(fd, parts);
+  int error = ok ? 0 : errno;
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    error = errno;
+  }
+  if (ok && std::rename(temporary.c_str(), path.c_str()) != 0) {
+    ok = false;
+    error = errno;
+  }
+  if (ok) return true;
+  ::unlink(temporary.c_str());
+  throw IoError(stsa::detail::concat(path, ": write failed (", error != 0 ? std::strerror(error) : "I/O error",
+                                     "; the old file is as it was)"));
+}
+
+}  // namespace
+
 void write_file(const std::string& path, std::initializer_list<std::span<const std::byte>> parts, bool overwrite,
                 std::string_view refusal) {
+  // (A file the caller may not write is left to the open below to refuse, as before.)
+  struct stat existing {};
+  if (overwrite && ::lstat(path.c_str(), &existing) == 0 && S_ISREG(existing.st_mode) &&
+      ::access(path.c_str(), W_OK) == 0 && replace_regular_file(path, existing.st_mode, parts))
+    return;
   // "x" opens exclusively, so an existing file is never clobbered even in a race.
   std::FILE* file = std::fopen(path.c_str(), overwrite ? "wb" : "wbx");
   if (file == nullptr) {
@@ -71,10 +125,11 @@ void write_file(const std::string& path, std::initializer_list<std::span<const s
   note(std::fflush(file) == 0);
   note(std::fclose(file) == 0);  // the last buffered bytes may only fail here
   if (ok) return;
-  // What is there now is a fragment. The file was created by this call, or (overwrite) its old
-  // content went when the open truncated it: either way nothing of the user's is left to keep,
-  // and a fragment would pass for output (or block the next run as "exists"). Only a regular
-  // file, still the one we opened, is removed: never a device such as /dev/full.
+  // What is there now is a fragment. The file was created by this call, or (overwrite, where no
+  // file could be made beside it) its old content went when the open truncated it: either way
+  // nothing of the user's is left to keep, and a fragment would pass for output (or block the
+  // next run as "exists"). Only a regular file, still the one we opened, is removed: never a
+  // device such as /dev/full.
   struct stat now {};
   if (regular && ::stat(path.c_str(), &now) == 0 && now.st_dev == opened.st_dev && now.st_ino == opened.st_ino)
     ::unlink(path.c_str());
