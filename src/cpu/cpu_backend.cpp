@@ -139,7 +139,7 @@ struct WorkerScratch {
   FloatBuffer q, o, m, l, s;
   PairBuffer q_pairs;
   Bf16Buffer p_parts;  // the AMX kernel's split P
-  PairBuffer p_pairs;  // the AVX-512 kernel's P as bf16 pairs (bf16 in and out)
+  PairBuffer p_pairs;  // the AVX-512 kernel's P as bf16 pairs (bf16 or fp8 in, bf16 out)
   std::vector<const std::uint64_t*> masks;
 };
 
@@ -259,10 +259,8 @@ class CpuBackend final : public Backend {
     // fp16 inputs on the AMX kernel do too, each value split into two bf16 parts.
     const int in_parts = amx && call.q.dtype == DType::F16 ? 2 : 1;
     const bool fp8_qk = call.q.dtype == DType::F8E4M3 && call.k.dtype == DType::F8E4M3;
-    const bool bf16_pairs = in_parts == 2 || (amx && call.q.dtype == DType::F8E4M3) ||
-                            (isa >= Isa::Avx512 && fp8_qk) ||
-                            (isa >= Isa::Avx512 && call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16 &&
-                             bf16_products_apply(call));
+    const bool bf16_qk = call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16 && bf16_products_apply(call);
+    const bool bf16_pairs = in_parts == 2 || (isa >= Isa::Avx512 && (fp8_qk || bf16_qk));
     // bf16 (or fp8) in and bf16 out on AVX-512 without the tile unit: O += P V with VDPBF16PS
     // too, from P rounded to bf16 (as the AMX kernel does for these calls) and V's pairs of
     // keys: twice the products per instruction, for an output rounded to bf16 anyway.

@@ -37,7 +37,7 @@ struct QueryTileJob {
   // pairs [rows][head_dim / 2] (bf16_pair, pack.hpp), used instead of q for S = Q K^T
   // together with kv.kt_pairs. nullptr: the fp32 path.
   const std::uint32_t* q_pairs = nullptr;
-  // attend_avx512 with q_pairs and kv.v_pairs, for bf16 inputs with a bf16 output:
+  // attend_avx512 with q_pairs and kv.v_pairs, for bf16 or fp8 inputs with a bf16 output:
   // P rounded to nearest bf16 (as attend_amx's one part, and bf16 FlashAttention
   // kernels), here as pairs of keys, kScratchRows * tile_k / 2 words, for O += P V
   // with VDPBF16PS; l still sums P in fp32. Heads with Inf, NaN or tiny V
