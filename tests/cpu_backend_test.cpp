@@ -631,6 +631,18 @@ TEST(CpuBackend, FmaPeakIsPositive) {
     EXPECT_THROW(measure_fma_peak_gflops(threads, 0.02), InvalidArgument) << threads;
 }
 
+TEST(CpuBackend, Bf16DotPeakIsPositiveWhereThereIsAvx512Bf16) {
+  if (!cpu::machine_supports(Isa::Avx512)) {
+    EXPECT_THROW(measure_bf16_dot_peak_gflops(1, 0.02), Unsupported);
+    GTEST_SKIP() << "no AVX-512 with BF16 here";
+  }
+  EXPECT_GT(measure_bf16_dot_peak_gflops(1, 0.02), 0.1);
+  EXPECT_THROW(measure_bf16_dot_peak_gflops(-1, 0.1), InvalidArgument);
+  EXPECT_THROW(measure_bf16_dot_peak_gflops(1, 0.0), InvalidArgument);
+  for (const int threads : {4097, std::numeric_limits<int>::max()})
+    EXPECT_THROW(measure_bf16_dot_peak_gflops(threads, 0.02), InvalidArgument) << threads;
+}
+
 TEST(CpuBackend, AmxPeakIsPositiveWhereThereIsAmx) {
   if (!cpu::machine_supports(Isa::Amx)) {
     EXPECT_THROW(measure_amx_peak_gflops(1, 0.02), Unsupported);
@@ -668,6 +680,38 @@ TEST(CpuBackend, AmxRunsBf16AndF16CallsWithHeadDimsUpTo128) {
   EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, bf16, bf16, DType::F32)), Isa::Avx512);  // V must be exact in bf16
   EXPECT_EQ(kernel_isa(Isa::Amx, call_of(128, DType::F32, bf16, bf16)), Isa::Avx512);
   EXPECT_EQ(kernel_isa(Isa::Avx512, call_of(128, bf16, bf16, bf16)), Isa::Avx512);
+}
+
+// The units whose peak bounds a call (what `stsa bench` reports a share of): VDPBF16PS where
+// the AVX-512 kernel takes both products from bf16 pairs (bf16 or fp8 in, bf16 out), the
+// tile unit where the AMX kernel runs, else FMAs (bf16 in, fp32 out: P V in fp32).
+TEST(CpuBackend, KernelProductUnitsNameTheUnitsBothProductsRunOn) {
+  auto call_of = [](DType in, DType out) {
+    AttentionCall call;
+    call.layout = {{1, 2, 2, 0, TextPlacement::After}, 1, 1, 128};
+    call.q.dtype = call.k.dtype = call.v.dtype = in;
+    call.o.dtype = out;
+    return call;
+  };
+  const DType bf16 = DType::BF16, fp8 = DType::F8E4M3, f16 = DType::F16, f32 = DType::F32;
+  EXPECT_EQ(kernel_product_units(Isa::Avx512, call_of(bf16, bf16)), ProductUnits::Bf16Dot);
+  EXPECT_EQ(kernel_product_units(Isa::Avx512, call_of(fp8, bf16)), ProductUnits::Bf16Dot);
+  EXPECT_EQ(kernel_product_units(Isa::Avx512, call_of(bf16, f32)), ProductUnits::Fma);
+  EXPECT_EQ(kernel_product_units(Isa::Avx512, call_of(bf16, f16)), ProductUnits::Fma);
+  EXPECT_EQ(kernel_product_units(Isa::Avx512, call_of(f16, f16)), ProductUnits::Fma);
+  EXPECT_EQ(kernel_product_units(Isa::Avx512, call_of(f32, f32)), ProductUnits::Fma);
+  EXPECT_EQ(kernel_product_units(Isa::Avx2, call_of(bf16, bf16)), ProductUnits::Fma);
+  EXPECT_EQ(kernel_product_units(Isa::Scalar, call_of(bf16, bf16)), ProductUnits::Fma);
+  EXPECT_EQ(kernel_product_units(Isa::Amx, call_of(bf16, bf16)), ProductUnits::AmxTiles);
+  EXPECT_EQ(kernel_product_units(Isa::Amx, call_of(fp8, f32)), ProductUnits::AmxTiles);
+  EXPECT_EQ(kernel_product_units(Isa::Amx, call_of(f32, f32)), ProductUnits::Fma);  // the AVX-512 kernel's
+  AttentionCall mixed = call_of(bf16, bf16);
+  mixed.v.dtype = f32;  // not AMX's; the AVX-512 kernel's P V in fp32
+  EXPECT_EQ(kernel_product_units(Isa::Amx, mixed), ProductUnits::Fma);
+  EXPECT_THROW(kernel_product_units(Isa::Auto, call_of(bf16, bf16)), InvalidArgument);
+  EXPECT_EQ(to_string(ProductUnits::Fma), "fma");
+  EXPECT_EQ(to_string(ProductUnits::Bf16Dot), "bf16_dot");
+  EXPECT_EQ(to_string(ProductUnits::AmxTiles), "amx");
 }
 
 // kernel_isa and kernel_head_dim answer for a resolved instruction set (Auto once
@@ -876,6 +920,8 @@ void expect_p_rounded_unbiased(Isa isa, DType in, std::initializer_list<std::int
     const auto runs = run_against_fp32p(isa, layout, in, DType::BF16,
                                         four_heads(grid, 0.5, true, {128, 128}, Alignment::Exact));
     SCOPED_TRACE(runs.tested.label);
+    EXPECT_EQ(kernel_product_units(isa, runs.tested.call()),
+              isa == Isa::Amx ? ProductUnits::AmxTiles : ProductUnits::Bf16Dot);
     double along = 0, norm = 0;
     std::int64_t differ = 0, total = 0;
     for (std::int64_t h = 0; h < layout.heads; ++h)

@@ -16,6 +16,8 @@ namespace stsa {
 // output (exact), two for an fp16 output or fp16 inputs (to within 2^-16), and
 // rounded to bf16 for a bf16 output from bf16 or fp8 inputs, as bf16 FlashAttention
 // kernels do: within the bound every kernel meets (README.md has the figures).
+// Avx512 (which includes BF16): bf16 and fp8 Q K^T through VDPBF16PS, and P V too,
+// with P rounded to bf16 likewise, where the output is bf16.
 enum class Isa : std::uint8_t { Auto, Scalar, Avx2, Avx512, Amx };
 std::string_view to_string(Isa isa);
 Isa parse_isa(std::string_view name);  // "auto" | "scalar" | "avx2" | "avx512" | "amx"
@@ -59,8 +61,18 @@ Isa kernel_isa(Isa isa, const AttentionCall& call);
 // refuses such a call).
 std::int64_t kernel_head_dim(Isa isa, const AttentionCall& call);
 
+// The units that kernel computes `call`'s products on, whose measured peak (below) bounds its
+// rate: AMX tile products; VDPBF16PS for both Q K^T and P V (the AVX-512 kernel given bf16 or fp8
+// Q, K and V and a bf16 O); else FMAs. (The AVX-512 kernel with bf16 Q and K and an fp32 or fp16
+// O takes only Q K^T from VDPBF16PS: Fma, which it may exceed by up to a third.)
+enum class ProductUnits : std::uint8_t { Fma, Bf16Dot, AmxTiles };
+ProductUnits kernel_product_units(Isa isa, const AttentionCall& call);
+std::string_view to_string(ProductUnits units);  // "fma" | "bf16_dot" | "amx"
+
 // Measured fused-multiply-add peak of this machine with `threads` threads (0: all), GFLOP/s.
 double measure_fma_peak_gflops(int threads = 0, double seconds = 0.2);
+// Measured peak of VDPBF16PS bf16 dot products (AVX-512 BF16), GFLOP/s; Unsupported without them.
+double measure_bf16_dot_peak_gflops(int threads = 0, double seconds = 0.2);
 // Measured peak of AMX bf16 tile products (TDPBF16PS), GFLOP/s; Unsupported without AMX.
 double measure_amx_peak_gflops(int threads = 0, double seconds = 0.2);
 

@@ -81,6 +81,13 @@ BenchOptions parse_bench_options(const BenchArgs& args) {
 
 int hardware_threads() { return int(std::max(1u, std::thread::hardware_concurrency())); }
 
+const char* peak_units_text(const nlohmann::json& record) {
+  const std::string units = record.value("peak_of", "fma");
+  if (units == "amx") return "AMX bf16 tile";
+  if (units == "bf16_dot") return "VDPBF16PS bf16 dot";
+  return "FMA";
+}
+
 void check_bench_memory(const BenchOptions& o) {
   const VideoLayout& l = o.layout;
   const double values = double(l.batch) * double(l.tokens()) * double(l.heads) * double(l.head_dim);

@@ -35,10 +35,13 @@ struct BenchOptions : BenchSetup {
 };
 BenchOptions parse_bench_options(const BenchArgs& args);
 
-// All hardware threads (at least 1): where measure_fma_peak_gflops and
-// measure_amx_peak_gflops are given more threads, they scale their sum back to
-// this many (src/cpu/fma_peak.cpp), so CPU-time rates are spread over no more.
+// All hardware threads (at least 1): where the measure_*_peak_gflops functions are
+// given more threads, they scale their sum back to this many (src/cpu/fma_peak.cpp),
+// so CPU-time rates are spread over no more.
 int hardware_threads();
+
+// The units a CPU bench record's "peak_of" names ("fma", "bf16_dot", "amx"), in words.
+const char* peak_units_text(const nlohmann::json& record);
 
 // ResourceError when the case's host tensors (Q, K, V at the input dtype, both
 // outputs at the output dtype, both LSE) need more than half this machine's memory.

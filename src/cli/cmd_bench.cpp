@@ -52,8 +52,7 @@ void print_text(const nlohmann::json& r) {
                                                     : " at head dim " + std::to_string(kernel_dim) + ", zero-padded";
   std::printf("cpu backend: %s (the %s kernel ran%s), %lld threads; %s peak measured %.1f GFLOP/s\n",
               r["isa"].get<std::string>().c_str(), r["kernel"].get<std::string>().c_str(), padded.c_str(),
-              (long long)r["threads"].get<std::int64_t>(), r["peak_of"] == "amx" ? "AMX bf16 tile" : "FMA",
-              f("peak_gflops"));
+              (long long)r["threads"].get<std::int64_t>(), peak_units_text(r), f("peak_gflops"));
   std::printf("dense : %9.2f ms  %7.1f GFLOP/s  (%.2f of peak)\n", f("dense_ms"), f("dense_gflops"),
               f("peak_fraction"));
   std::printf("sparse: %9.2f ms  %7.1f GFLOP/s on kept tiles (%.2f of peak), %.1f dense-equivalent\n", f("sparse_ms"),
@@ -107,13 +106,19 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   }
   const BenchErrors errors =
       check_dense_and_sparse(dense, sparse, c.plan, args.check_rows, args.seed, progress);
-  // The ceiling of the units the kernel runs on: AMX tile products take bf16, fp16 and fp8 calls where there is AMX.
+  // The ceiling of the units the kernel runs on: AMX tile products take bf16, fp16 and fp8 calls where there is
+  // AMX; the AVX-512 kernel both products of bf16 and fp8 calls with a bf16 output through VDPBF16PS.
   const Isa kernel = kernel_isa(isa, dense);
-  const bool amx = kernel == Isa::Amx;
+  const ProductUnits units = kernel_product_units(isa, dense);
   double peak = 0;
   {
-    Progress p(amx ? "measuring the AMX peak" : "measuring the FMA peak", progress);
-    peak = amx ? measure_amx_peak_gflops(threads, 0.3) : measure_fma_peak_gflops(threads, 0.3);
+    Progress p(units == ProductUnits::AmxTiles  ? "measuring the AMX peak"
+               : units == ProductUnits::Bf16Dot ? "measuring the VDPBF16PS peak"
+                                                : "measuring the FMA peak",
+               progress);
+    peak = units == ProductUnits::AmxTiles  ? measure_amx_peak_gflops(threads, 0.3)
+           : units == ProductUnits::Bf16Dot ? measure_bf16_dot_peak_gflops(threads, 0.3)
+                                            : measure_fma_peak_gflops(threads, 0.3);
   }
 
   const bench::Samples &dense_wall = dense_t[0], &sparse_wall = sparse_t[0];
@@ -138,7 +143,7 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
       {"sparse_gflops_on_kept_tiles", kept_gflops},
       {"sparse_gflops_dense_equivalent", bench::gflops(work.dense_flops, sparse_ms)},
       {"peak_gflops", peak},
-      {"peak_of", amx ? "amx" : "fma"},
+      {"peak_of", std::string(to_string(units))},
       {"kernel", std::string(to_string(kernel))},
       {"kernel_head_dim", kernel_head_dim(isa, dense)},
       {"peak_fraction", bench::fraction_of_peak(dense_gflops, peak)},

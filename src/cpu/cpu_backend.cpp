@@ -97,6 +97,32 @@ bool bf16_products_apply(const AttentionCall& call) {
          kBf16PairScoreScaleLimit;
 }
 
+// Which of the kernel's products take bf16 pairs for a call whose output is `out`.
+struct PairPaths {
+  int in_parts = 1;         // 2: fp16 values split into two bf16 parts (the AMX kernel)
+  bool qk = false;          // S = Q K^T from bf16 pairs (VDPBF16PS or tile products)
+  bool pv_avx512 = false;   // the AVX-512 kernel's O += P V from bf16 pairs too (P rounded to bf16)
+};
+// bf16 inputs on AVX-512 (which here includes BF16) compute S = Q K^T from bf16
+// pairs with VDPBF16PS or tile products: the values are exact either way, the products too
+// (but for those under 2^-126, which only a score scale past kBf16PairScoreScaleLimit would
+// make matter: such a call takes fp32 rows). fp8 ones do too, as their values' bf16 bits
+// (exact; no product of two fp8 values is below 2^-18). fp16 inputs on the AMX kernel do too,
+// each value split into two bf16 parts.
+// bf16 (or fp8) in and bf16 out on AVX-512 without the tile unit: O += P V with VDPBF16PS
+// too, from P rounded to bf16 (as the AMX kernel does for these calls) and V's pairs of
+// keys: twice the products per instruction, for an output rounded to bf16 anyway.
+PairPaths pair_paths(Isa isa, bool amx, const AttentionCall& call, DType out) {
+  PairPaths paths;
+  paths.in_parts = amx && call.q.dtype == DType::F16 ? 2 : 1;
+  const bool fp8_qk = call.q.dtype == DType::F8E4M3 && call.k.dtype == DType::F8E4M3;
+  const bool bf16_qk = call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16 && bf16_products_apply(call);
+  paths.qk = paths.in_parts == 2 || (isa >= Isa::Avx512 && (fp8_qk || bf16_qk));
+  paths.pv_avx512 = !amx && paths.qk && (call.v.dtype == DType::BF16 || call.v.dtype == DType::F8E4M3) &&
+                    out == DType::BF16;
+  return paths;
+}
+
 KernelChoice choose_kernel(Isa isa, const AttentionCall& call) {
   const std::int64_t head_dim = call.layout.head_dim;
   if (isa != Isa::Amx) return {isa, simd_kernel(isa, head_dim)};
@@ -251,21 +277,9 @@ class CpuBackend final : public Backend {
     // Q only takes the scale's sign (exact; descales are positive); its magnitude, with
     // the (batch, head)'s descales, goes into the kernel's exp2.
     const float q_scale = call.scale() < 0 ? -1.0f : 1.0f;
-    // bf16 inputs on AVX-512 (which here includes BF16) compute S = Q K^T from bf16
-    // pairs with VDPBF16PS or tile products: the values are exact either way, the products too
-    // (but for those under 2^-126, which only a score scale past kBf16PairScoreScaleLimit would
-    // make matter: such a call takes fp32 rows). fp8 ones do too, as their values' bf16 bits
-    // (exact; no product of two fp8 values is below 2^-18).
-    // fp16 inputs on the AMX kernel do too, each value split into two bf16 parts.
-    const int in_parts = amx && call.q.dtype == DType::F16 ? 2 : 1;
-    const bool fp8_qk = call.q.dtype == DType::F8E4M3 && call.k.dtype == DType::F8E4M3;
-    const bool bf16_qk = call.q.dtype == DType::BF16 && call.k.dtype == DType::BF16 && bf16_products_apply(call);
-    const bool bf16_pairs = in_parts == 2 || (isa >= Isa::Avx512 && (fp8_qk || bf16_qk));
-    // bf16 (or fp8) in and bf16 out on AVX-512 without the tile unit: O += P V with VDPBF16PS
-    // too, from P rounded to bf16 (as the AMX kernel does for these calls) and V's pairs of
-    // keys: twice the products per instruction, for an output rounded to bf16 anyway.
-    const bool bf16_pv = !amx && bf16_pairs && (call.v.dtype == DType::BF16 || call.v.dtype == DType::F8E4M3) &&
-                         out.o.dtype == DType::BF16;
+    const PairPaths paths = pair_paths(isa, amx, call, out.o.dtype);
+    const int in_parts = paths.in_parts;
+    const bool bf16_pairs = paths.qk, bf16_pv = paths.pv_avx512;
     const bool v_pairs = amx || bf16_pv;  // V packed as bf16 pairs of keys
 
     std::vector<PairWork> pairs;
@@ -501,6 +515,22 @@ Isa kernel_isa(Isa isa, const AttentionCall& call) {
 std::int64_t kernel_head_dim(Isa isa, const AttentionCall& call) {
   check_resolved(isa, "kernel_head_dim");
   return cpu::choose_kernel(isa, call).kernel.dim;
+}
+
+ProductUnits kernel_product_units(Isa isa, const AttentionCall& call) {
+  check_resolved(isa, "kernel_product_units");
+  const Isa kernel = cpu::choose_kernel(isa, call).isa;
+  if (kernel == Isa::Amx) return ProductUnits::AmxTiles;
+  return cpu::pair_paths(isa, false, call, call.o.dtype).pv_avx512 ? ProductUnits::Bf16Dot : ProductUnits::Fma;
+}
+
+std::string_view to_string(ProductUnits units) {
+  switch (units) {
+    case ProductUnits::Fma: return "fma";
+    case ProductUnits::Bf16Dot: return "bf16_dot";
+    case ProductUnits::AmxTiles: return "amx";
+  }
+  return "?";
 }
 
 std::unique_ptr<Backend> make_cpu_backend(CpuOptions options) {

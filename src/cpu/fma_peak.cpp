@@ -1,6 +1,7 @@
 // measure_fma_peak_gflops: how many fp32 FLOP/s this machine's FMA units give
-// with the best instruction set; measure_amx_peak_gflops: the same for AMX bf16
-// tile products. They are the ceilings benchmarks report a fraction of.
+// with the best instruction set; measure_bf16_dot_peak_gflops and
+// measure_amx_peak_gflops: the same for VDPBF16PS and for AMX bf16 tile products.
+// They are the ceilings benchmarks report a fraction of.
 // Each thread times its loop in its own CPU time, so other jobs on a shared
 // machine slow the measurement down but do not lower the figure.
 #include <algorithm>
@@ -48,6 +49,13 @@ double measure_fma_peak_gflops(int threads, double seconds) {
   if (isa == Isa::Avx2)
     return cpu::measure_peak(cpu::fma_chains_avx2, cpu::fma_chain_flops_per_iteration_avx2(), threads, seconds);
   return cpu::measure_peak(cpu::fma_chains_scalar, cpu::fma_chain_flops_per_iteration_scalar(), threads, seconds);
+}
+
+double measure_bf16_dot_peak_gflops(int threads, double seconds) {
+  if (!cpu::machine_supports(Isa::Avx512))
+    throw Unsupported("measure_bf16_dot_peak_gflops: this CPU gives no AVX-512 with BF16 (VDPBF16PS)");
+  return cpu::measure_peak(cpu::bf16_dot_chains_avx512, cpu::bf16_dot_flops_per_iteration_avx512(), threads,
+                           seconds);
 }
 
 double measure_amx_peak_gflops(int threads, double seconds) {

@@ -125,6 +125,9 @@ float fma_chains_avx512(std::int64_t iterations);
 int fma_chain_flops_per_iteration_scalar();
 int fma_chain_flops_per_iteration_avx2();
 int fma_chain_flops_per_iteration_avx512();
+// The same for VDPBF16PS (AVX-512 BF16): 12 chains x 16 lanes x 2 products x 2.
+float bf16_dot_chains_avx512(std::int64_t iterations);
+int bf16_dot_flops_per_iteration_avx512();
 // The same for AMX bf16 tile products (TDPBF16PS); the caller has AMX permission.
 float tile_product_chains_amx(std::int64_t iterations);
 int tile_product_flops_per_iteration_amx();
