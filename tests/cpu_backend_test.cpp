@@ -621,26 +621,24 @@ TEST(CpuBackend, InstructionSetChoice) {
     ::unsetenv("STSA_ISA");
 }
 
-TEST(CpuBackend, FmaPeakIsPositive) {
-  const double one = measure_fma_peak_gflops(1, 0.02);
-  EXPECT_GT(one, 0.1);
-  EXPECT_THROW(measure_fma_peak_gflops(-1, 0.1), InvalidArgument);
-  EXPECT_THROW(measure_fma_peak_gflops(1, 0.0), InvalidArgument);
-  // [0, 4096] as every other entry point (INT_MAX once ended in bad_alloc).
+// A peak measurement where its units exist: positive, and the thread count and time checked
+// ([0, 4096] threads as every other entry point: INT_MAX once ended in bad_alloc).
+void expect_peak_measured(double (*measure)(int threads, double seconds)) {
+  EXPECT_GT(measure(1, 0.02), 0.1);
+  EXPECT_THROW(measure(-1, 0.1), InvalidArgument);
+  EXPECT_THROW(measure(1, 0.0), InvalidArgument);
   for (const int threads : {4097, std::numeric_limits<int>::max()})
-    EXPECT_THROW(measure_fma_peak_gflops(threads, 0.02), InvalidArgument) << threads;
+    EXPECT_THROW(measure(threads, 0.02), InvalidArgument) << threads;
 }
+
+TEST(CpuBackend, FmaPeakIsPositive) { expect_peak_measured(measure_fma_peak_gflops); }
 
 TEST(CpuBackend, Bf16DotPeakIsPositiveWhereThereIsAvx512Bf16) {
   if (!cpu::machine_supports(Isa::Avx512)) {
     EXPECT_THROW(measure_bf16_dot_peak_gflops(1, 0.02), Unsupported);
     GTEST_SKIP() << "no AVX-512 with BF16 here";
   }
-  EXPECT_GT(measure_bf16_dot_peak_gflops(1, 0.02), 0.1);
-  EXPECT_THROW(measure_bf16_dot_peak_gflops(-1, 0.1), InvalidArgument);
-  EXPECT_THROW(measure_bf16_dot_peak_gflops(1, 0.0), InvalidArgument);
-  for (const int threads : {4097, std::numeric_limits<int>::max()})
-    EXPECT_THROW(measure_bf16_dot_peak_gflops(threads, 0.02), InvalidArgument) << threads;
+  expect_peak_measured(measure_bf16_dot_peak_gflops);
 }
 
 TEST(CpuBackend, AmxPeakIsPositiveWhereThereIsAmx) {
@@ -648,11 +646,7 @@ TEST(CpuBackend, AmxPeakIsPositiveWhereThereIsAmx) {
     EXPECT_THROW(measure_amx_peak_gflops(1, 0.02), Unsupported);
     GTEST_SKIP() << "no AMX here";
   }
-  EXPECT_GT(measure_amx_peak_gflops(1, 0.02), 0.1);
-  EXPECT_THROW(measure_amx_peak_gflops(-1, 0.1), InvalidArgument);
-  EXPECT_THROW(measure_amx_peak_gflops(1, 0.0), InvalidArgument);
-  for (const int threads : {4097, std::numeric_limits<int>::max()})
-    EXPECT_THROW(measure_amx_peak_gflops(threads, 0.02), InvalidArgument) << threads;
+  expect_peak_measured(measure_amx_peak_gflops);
 }
 
 // Which calls the tile products take: Q, K and V all bf16 or all fp16, any head
