@@ -56,7 +56,8 @@ void run_demo() {
                 peak_units_text(r), json_double(r["peak_gflops"]));
     std::printf("     error vs the fp64 reference on sampled rows: rel L2 %.2e, max abs %.2e%s\n",
                 json_double(r["rel_l2_err"]), json_double(r["max_abs_err"]),
-                std::string(dtype) == "bf16" ? " (the bf16 output's rounding, and P's where the kernel rounds it)" : "");
+                std::string(dtype) == "bf16" ? " (the bf16 output's rounding, and P's where the kernel rounds it)"
+                                             : "");
   }
 
   RouteArgs route;

@@ -321,7 +321,8 @@ class CpuBackend final : public Backend {
         const TilePlan& plan = *pairs[last].plan;
         const std::int64_t panel = plan.k_tiles() * plan.tile().k * d;  // elements of K (or V) for all key tiles
         const std::int64_t kt_floats = bf16_pairs ? 0 : panel;
-        const std::int64_t k_words = bf16_pairs ? panel / 2 * in_parts : 0, v_words = v_pairs ? panel / 2 * in_parts : 0;
+        const std::int64_t k_words = bf16_pairs ? panel / 2 * in_parts : 0;
+        const std::int64_t v_words = v_pairs ? panel / 2 * in_parts : 0;
         const std::int64_t bytes =
             (floats + kt_floats + panel + pair_words + k_words + v_words) * std::int64_t(sizeof(float));
         if (last > first && bytes > kPanelBudgetBytes) break;
