@@ -81,8 +81,7 @@ BenchOptions parse_bench_options(const BenchArgs& args) {
 
 int hardware_threads() { return int(std::max(1u, std::thread::hardware_concurrency())); }
 
-const char* peak_units_text(const nlohmann::json& record) {
-  const std::string units = record.value("peak_of", "fma");
+const char* peak_units_text(std::string_view units) {
   if (units == "amx") return "AMX bf16 tile";
   if (units == "bf16_dot") return "VDPBF16PS bf16 dot";
   return "FMA";

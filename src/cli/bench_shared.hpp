@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,8 +41,8 @@ BenchOptions parse_bench_options(const BenchArgs& args);
 // so CPU-time rates are spread over no more.
 int hardware_threads();
 
-// The units a CPU bench record's "peak_of" names ("fma", "bf16_dot", "amx"), in words.
-const char* peak_units_text(const nlohmann::json& record);
+// The units a CPU bench record's "peak_of" names (to_string(ProductUnits): "fma", "bf16_dot", "amx"), in words.
+const char* peak_units_text(std::string_view units);
 
 // ResourceError when the case's host tensors (Q, K, V at the input dtype, both
 // outputs at the output dtype, both LSE) need more than half this machine's memory.

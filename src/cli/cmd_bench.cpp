@@ -52,7 +52,8 @@ void print_text(const nlohmann::json& r) {
                                                     : " at head dim " + std::to_string(kernel_dim) + ", zero-padded";
   std::printf("cpu backend: %s (the %s kernel ran%s), %lld threads; %s peak measured %.1f GFLOP/s\n",
               r["isa"].get<std::string>().c_str(), r["kernel"].get<std::string>().c_str(), padded.c_str(),
-              (long long)r["threads"].get<std::int64_t>(), peak_units_text(r), f("peak_gflops"));
+              (long long)r["threads"].get<std::int64_t>(), peak_units_text(r["peak_of"].get<std::string>()),
+              f("peak_gflops"));
   std::printf("dense : %9.2f ms  %7.1f GFLOP/s  (%.2f of peak)\n", f("dense_ms"), f("dense_gflops"),
               f("peak_fraction"));
   std::printf("sparse: %9.2f ms  %7.1f GFLOP/s on kept tiles (%.2f of peak), %.1f dense-equivalent\n", f("sparse_ms"),
@@ -110,15 +111,13 @@ nlohmann::json run_cpu_bench(const BenchArgs& args, bool progress) {
   // AMX; the AVX-512 kernel both products of bf16 and fp8 calls with a bf16 output through VDPBF16PS.
   const Isa kernel = kernel_isa(isa, dense);
   const ProductUnits units = kernel_product_units(isa, dense);
+  const auto measure = units == ProductUnits::AmxTiles  ? measure_amx_peak_gflops
+                       : units == ProductUnits::Bf16Dot ? measure_bf16_dot_peak_gflops
+                                                        : measure_fma_peak_gflops;
   double peak = 0;
   {
-    Progress p(units == ProductUnits::AmxTiles  ? "measuring the AMX peak"
-               : units == ProductUnits::Bf16Dot ? "measuring the VDPBF16PS peak"
-                                                : "measuring the FMA peak",
-               progress);
-    peak = units == ProductUnits::AmxTiles  ? measure_amx_peak_gflops(threads, 0.3)
-           : units == ProductUnits::Bf16Dot ? measure_bf16_dot_peak_gflops(threads, 0.3)
-                                            : measure_fma_peak_gflops(threads, 0.3);
+    Progress p(std::string("measuring the ") + peak_units_text(to_string(units)) + " peak", progress);
+    peak = measure(threads, 0.3);
   }
 
   const bench::Samples &dense_wall = dense_t[0], &sparse_wall = sparse_t[0];

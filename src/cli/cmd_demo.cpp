@@ -53,7 +53,7 @@ void run_demo() {
                 json_double(r["sparse_ms"]), json_double(r["speedup"]), json_double(r["ideal_speedup"]));
     std::printf("     dense kernel %.1f GFLOP/s = %.2f of this machine's measured %s peak (%.1f GFLOP/s);\n",
                 json_double(r["dense_gflops"]), json_double(r["peak_fraction"]),
-                peak_units_text(r), json_double(r["peak_gflops"]));
+                peak_units_text(r["peak_of"].get<std::string>()), json_double(r["peak_gflops"]));
     std::printf("     error vs the fp64 reference on sampled rows: rel L2 %.2e, max abs %.2e%s\n",
                 json_double(r["rel_l2_err"]), json_double(r["max_abs_err"]),
                 std::string(dtype) == "bf16" ? " (the bf16 output's rounding, and P's where the kernel rounds it)"

@@ -102,6 +102,7 @@ struct PairPaths {
   int in_parts = 1;         // 2: fp16 values split into two bf16 parts (the AMX kernel)
   bool qk = false;          // S = Q K^T from bf16 pairs (VDPBF16PS or tile products)
   bool pv_avx512 = false;   // the AVX-512 kernel's O += P V from bf16 pairs too (P rounded to bf16)
+  bool v = false;           // V packed as bf16 pairs of keys (the AMX kernel, or pv_avx512)
 };
 // bf16 inputs on AVX-512 (which here includes BF16) compute S = Q K^T from bf16
 // pairs with VDPBF16PS or tile products: the values are exact either way, the products too
@@ -120,6 +121,7 @@ PairPaths pair_paths(Isa isa, bool amx, const AttentionCall& call, DType out) {
   paths.qk = paths.in_parts == 2 || (isa >= Isa::Avx512 && (fp8_qk || bf16_qk));
   paths.pv_avx512 = !amx && paths.qk && (call.v.dtype == DType::BF16 || call.v.dtype == DType::F8E4M3) &&
                     out == DType::BF16;
+  paths.v = amx || paths.pv_avx512;
   return paths;
 }
 
@@ -279,8 +281,7 @@ class CpuBackend final : public Backend {
     const float q_scale = call.scale() < 0 ? -1.0f : 1.0f;
     const PairPaths paths = pair_paths(isa, amx, call, out.o.dtype);
     const int in_parts = paths.in_parts;
-    const bool bf16_pairs = paths.qk, bf16_pv = paths.pv_avx512;
-    const bool v_pairs = amx || bf16_pv;  // V packed as bf16 pairs of keys
+    const bool bf16_pairs = paths.qk;
 
     std::vector<PairWork> pairs;
     for (std::int64_t b = 0; b < layout.batch; ++b)
@@ -306,7 +307,7 @@ class CpuBackend final : public Backend {
       w.l.resize(max_q);
       w.s.resize(std::int64_t(amx ? std::max(kScratchRows, kAmxScratchRows) : kScratchRows) * max_k);
       if (bf16_pairs) w.q_pairs.resize(max_rows * d / 2 * in_parts);
-      if (bf16_pv) w.p_pairs.resize(std::int64_t(kScratchRows) * max_k / 2);
+      if (paths.pv_avx512) w.p_pairs.resize(std::int64_t(kScratchRows) * max_k / 2);
       if (amx) w.p_parts.resize(std::int64_t(kAmxPartRows) * max_k);
       if (w.masks.size() < std::size_t(max_partial)) w.masks.resize(std::size_t(max_partial));
     }
@@ -322,7 +323,7 @@ class CpuBackend final : public Backend {
         const std::int64_t panel = plan.k_tiles() * plan.tile().k * d;  // elements of K (or V) for all key tiles
         const std::int64_t kt_floats = bf16_pairs ? 0 : panel;
         const std::int64_t k_words = bf16_pairs ? panel / 2 * in_parts : 0;
-        const std::int64_t v_words = v_pairs ? panel / 2 * in_parts : 0;
+        const std::int64_t v_words = paths.v ? panel / 2 * in_parts : 0;
         const std::int64_t bytes =
             (floats + kt_floats + panel + pair_words + k_words + v_words) * std::int64_t(sizeof(float));
         if (last > first && bytes > kPanelBudgetBytes) break;
@@ -337,20 +338,18 @@ class CpuBackend final : public Backend {
       panels.resize(floats);
       if (bf16_pairs) pair_panels_.resize(pair_words);
       run_chunk(call, in, out, pairs, first, last, panels.data(), bf16_pairs ? pair_panels_.data() : nullptr, amx,
-                bf16_pv, in_parts, kernel, q_scale, scratch);
+                paths, kernel, q_scale, scratch);
       first = last;
     }
   }
 
-  // pair_panels: bf16-pair K panels (S = Q K^T from bf16 pairs), and with `amx`
-  // or `bf16_pv` (P V from bf16 pairs on AVX-512) the V ones too; nullptr for the
-  // fp32 path. in_parts: 2 where fp16 values are split into two bf16 parts for the
-  // AMX kernel, else 1.
+  // pair_panels: bf16-pair K panels (S = Q K^T from bf16 pairs), and with paths.v
+  // the V ones too; nullptr for the fp32 path.
   void run_chunk(const AttentionCall& call, const RowSource& in, const RowDestination& out,
                  std::vector<PairWork>& pairs, std::size_t first, std::size_t last, float* panels,
-                 std::uint32_t* pair_panels, bool amx, bool bf16_pv, int in_parts, const Kernel& kernel,
-                 float q_scale, std::vector<WorkerScratch>& scratch) const {
-    const bool v_pairs = amx || bf16_pv;
+                 std::uint32_t* pair_panels, bool amx, const PairPaths& paths, const Kernel& kernel, float q_scale,
+                 std::vector<WorkerScratch>& scratch) const {
+    const int in_parts = paths.in_parts;
     const std::int64_t d = kernel.dim;  // the kernel's channels: the head's, then zeros
     const std::int64_t n = call.layout.tokens();
 
@@ -377,11 +376,11 @@ class CpuBackend final : public Backend {
       const std::int64_t tile = packs[std::size_t(i)].tile;
       float* kt = pair_panels ? nullptr : panels + pw.kt_offset + tile * d * tile_k;
       // Kernels given V's pairs read fp32 V only for heads with Inf, NaN or tiny V: made below where needed.
-      float* v = v_pairs ? nullptr : panels + pw.v_offset + tile * tile_k * d;
+      float* v = paths.v ? nullptr : panels + pw.v_offset + tile * tile_k * d;
       std::uint32_t* kt_pairs =
           pair_panels ? pair_panels + pw.pair_offset + tile * in_parts * d / 2 * tile_k : nullptr;
       std::uint32_t* v_pair_panel =
-          v_pairs ? pair_panels + pw.v_pair_offset + tile * in_parts * tile_k / 2 * d : nullptr;
+          paths.v ? pair_panels + pw.v_pair_offset + tile * in_parts * tile_k / 2 * d : nullptr;
       packed[std::size_t(i)] =
           pack_kv_tile(in, pw.batch, pw.head, tile, int(tile_k), kt, v, kt_pairs, v_pair_panel, d);
     });
@@ -390,7 +389,7 @@ class CpuBackend final : public Backend {
       pairs[packs[i].pair].v_tiny |= packed[i].tiny;
       pairs[packs[i].pair].k_nonfinite |= packed[i].k_nonfinite;
     }
-    if (v_pairs)
+    if (paths.v)
       for (const PackItem& item : packs) {
         const PairWork& pw = pairs[item.pair];
         if (!pw.v_nonfinite && !pw.v_tiny) continue;
@@ -458,8 +457,8 @@ class CpuBackend final : public Backend {
         job.q_pairs = w.q_pairs.data();
         job.kv.kt_pairs = pair_panels + pw.pair_offset;
       }
-      if (v_pairs) job.kv.v_pairs = pair_panels + pw.v_pair_offset;
-      if (bf16_pv) job.p_pairs = w.p_pairs.data();
+      if (paths.v) job.kv.v_pairs = pair_panels + pw.v_pair_offset;
+      if (paths.pv_avx512) job.p_pairs = w.p_pairs.data();
       if (amx) {
         job.p_parts = w.p_parts.data();
         const DType out_dtype = out.o.dtype;

@@ -56,6 +56,7 @@
 #include "stsa/reference.hpp"
 #include "stsa/routed.hpp"
 #include "stsa/router.hpp"
+#include "support/float_limit.hpp"
 
 namespace {
 
@@ -201,20 +202,11 @@ Tensor make_tensor(Reader& in, std::mt19937_64& rng, const stsa::VideoLayout& la
   return t;
 }
 
-// Scores at the float limit: channel 0 of Q +2^64, -2^64 or 0 by token (n % 3), of K 2^63 x [1.5, 1.8]
-// in bf16 steps, so that Q K^T reaches ~3e38 (the other channels' sums are lost under its last bit).
-// Not into a tensor with a planted defect, nor a K of another dtype (fp16 cannot hold 2^63): false then.
+// Scores at the float limit (support/float_limit.hpp: Q K^T reaches ~3e38). Not into a tensor with a
+// planted defect, nor a K of another dtype (fp16 cannot hold 2^63): false then.
 bool plant_float_limit(std::mt19937_64& rng, Tensor& q, Tensor& k) {
   if (q.defect != Defect::None || k.defect != Defect::None || k.view.dtype != q.view.dtype) return false;
-  constexpr float kQuery[3] = {0.f, 0x1p64f, -0x1p64f};
-  std::uniform_int_distribution<int> step(0, 38);
-  for (std::int64_t b = 0; b < q.view.shape[0]; ++b)
-    for (std::int64_t n = 0; n < q.view.shape[1]; ++n)
-      for (std::int64_t h = 0; h < q.view.shape[2]; ++h)
-        if (q.view.shape[3] > 0) {
-          q.view.store(b, n, h, 0, kQuery[n % 3]);
-          k.view.store(b, n, h, 0, 0x1p63f * (1.5f + 0x1p-7f * float(step(rng))));
-        }
+  stsa::testing::store_float_limit_channels(q.view, k.view, rng);
   q.buffer.remember();
   k.buffer.remember();
   return true;

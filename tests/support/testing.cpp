@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "stsa/error.hpp"
+#include "support/float_limit.hpp"
 
 namespace stsa::testing {
 namespace {
@@ -212,16 +213,8 @@ void plant_scores_at_the_float_limit(Problem& p, std::uint64_t seed) {
   if (p.dtype != DType::F32 && p.dtype != DType::BF16)
     throw std::invalid_argument("plant_scores_at_the_float_limit: fp32 or bf16 inputs only");
   std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> step(0, 38);
   p.softmax_scale = 1.0f;
-  const VideoLayout& layout = p.layout;
-  constexpr float kQuery[3] = {0.0f, 0x1p64f, -0x1p64f};
-  for (std::int64_t b = 0; b < layout.batch; ++b)
-    for (std::int64_t n = 0; n < layout.tokens(); ++n)
-      for (std::int64_t h = 0; h < layout.heads; ++h) {
-        p.q.view().store(b, n, h, 0, kQuery[n % 3]);
-        p.k.view().store(b, n, h, 0, 0x1p63f * (1.5f + 0x1p-7f * float(step(rng))));  // exact in bf16
-      }
+  store_float_limit_channels(p.q.view(), p.k.view(), rng);
 }
 
 FloatLimitErrors float_limit_errors(const Problem& p) {
