@@ -180,10 +180,16 @@ TEST_F(CpuDefaults, ReachTheRouter) {
         EXPECT_EQ(three.heads[h].candidates[c].mse, all.heads[h].candidates[c].mse) << "head " << h;
     }
   }
-  // The instruction set too: Scalar takes the fp32 path, not the tile products.
+  // The instruction set too: Scalar takes the fp32 path, not the products of bf16 pairs.
+  const ProductUnits best_units = best_isa() == Isa::Amx      ? ProductUnits::AmxTiles
+                                  : best_isa() == Isa::Avx512 ? ProductUnits::Bf16Dot
+                                                              : ProductUnits::Fma;
+  EXPECT_EQ(all.product_units, best_units);
   EXPECT_EQ(all.tile_products, best_isa() == Isa::Amx);
   set_cpu_defaults({Isa::Scalar, 0});
-  EXPECT_FALSE(route().tile_products);
+  const RoutingReport scalar = route();
+  EXPECT_EQ(scalar.product_units, ProductUnits::Fma);
+  EXPECT_FALSE(scalar.tile_products);
 }
 
 // Changing the defaults while another thread runs calls (ThreadSanitizer's case):

@@ -1,9 +1,11 @@
-// The router's AMX tile kernels (routing_tiles.hpp) against plain fp64 loops:
-// scores of sampled rows against a key panel, weighted sums of V for many rows
-// with some (row tile, key step) products marked dead, and the two-part split
-// of the weights. Operands come from the library's packers (tested in
-// cpu_pack_test), bf16 values and fp16 values split into two parts; rows that
-// are not a multiple of 32 exercise the single-tile blocks. Skipped without AMX.
+// The router's products of bf16 pairs (routing_tiles.hpp) against plain fp64
+// loops: scores of sampled rows against a key panel, on AMX tiles and with
+// AVX-512 VDPBF16PS; on the tiles, weighted sums of V for many rows with some
+// (row tile, key step) products marked dead, and the two-part split of the
+// weights. Operands come from the library's packers (tested in cpu_pack_test):
+// bf16 and fp8 values, and for the tiles fp16 values split into two parts; rows
+// that are not a multiple of 32 exercise the single-tile blocks. Each unit's
+// tests are skipped on a CPU without it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,6 +24,19 @@ namespace stsa {
 namespace {
 
 int parts_of(DType dtype) { return dtype == DType::F16 ? 2 : 1; }
+
+// The isas whose units compute the scores here (Amx: tiles; Avx512: VDPBF16PS),
+// and the values each takes (VDPBF16PS: no split fp16).
+std::vector<Isa> score_units_here() {
+  std::vector<Isa> here;
+  for (const Isa isa : {Isa::Amx, Isa::Avx512})
+    if (cpu::machine_supports(isa)) here.push_back(isa);
+  return here;
+}
+std::vector<DType> score_dtypes(Isa unit) {
+  if (unit == Isa::Amx) return {DType::BF16, DType::F16, DType::F8E4M3};
+  return {DType::BF16, DType::F8E4M3};
+}
 
 struct Operands {
   Tensor q, k, v;  // [1, tokens, 1, head_dim]
@@ -58,37 +73,41 @@ Operands make_operands(DType dtype, std::int64_t tokens, int rows, int keys, int
 }
 
 TEST(RoutingTiles, ScoresAreTheDotProducts) {
-  if (!cpu::machine_supports(Isa::Amx)) GTEST_SKIP() << "no AMX here";
+  if (score_units_here().empty()) GTEST_SKIP() << "neither AMX nor AVX-512 here";
   const std::uint64_t seed = testing::fresh_seed();
-  for (DType dtype : {DType::BF16, DType::F16})
-    for (int head_dim : {64, 96, 128})
-      for (int rows : {16, 48}) {
-        SCOPED_TRACE(std::string(to_string(dtype)) + " D=" + std::to_string(head_dim) + " rows " +
-                     std::to_string(rows) + " seed " + std::to_string(seed));
-        constexpr int kKeys = 96;  // 90 real keys: the last panel ragged
-        const Operands x = make_operands(dtype, 90, rows, kKeys, head_dim, seed);
-        const int s_stride = kKeys + 16;
-        std::vector<float> s(std::size_t(rows * s_stride), NAN);
-        cpu::routing_scores_amx(x.q_pairs.data(), x.kt_pairs.data(), rows, kKeys, head_dim, parts_of(dtype), s.data(),
-                                s_stride);
-        for (int r = 0; r < rows; ++r)
-          for (int j = 0; j < s_stride; ++j) {
-            const float got = s[std::size_t(r * s_stride + j)];
-            if (j >= kKeys) {
-              EXPECT_TRUE(std::isnan(got)) << "written past the keys asked for: row " << r << " column " << j;
-              continue;
+  for (const Isa unit : score_units_here())
+    for (DType dtype : score_dtypes(unit))
+      for (int head_dim : {64, 96, 128})
+        for (int rows : {16, 48}) {
+          SCOPED_TRACE(std::string(to_string(unit)) + " " + std::string(to_string(dtype)) + " D=" +
+                       std::to_string(head_dim) + " rows " + std::to_string(rows) + " seed " + std::to_string(seed));
+          constexpr int kKeys = 96;  // 90 real keys: the last panel ragged
+          const Operands x = make_operands(dtype, 90, rows, kKeys, head_dim, seed);
+          const int s_stride = kKeys + 16;
+          std::vector<float> s(std::size_t(rows * s_stride), NAN);
+          if (unit == Isa::Amx)
+            cpu::routing_scores_amx(x.q_pairs.data(), x.kt_pairs.data(), rows, kKeys, head_dim, parts_of(dtype),
+                                    s.data(), s_stride);
+          else
+            cpu::routing_scores_avx512(x.q_pairs.data(), x.kt_pairs.data(), rows, kKeys, head_dim, s.data(), s_stride);
+          for (int r = 0; r < rows; ++r)
+            for (int j = 0; j < s_stride; ++j) {
+              const float got = s[std::size_t(r * s_stride + j)];
+              if (j >= kKeys) {
+                EXPECT_TRUE(std::isnan(got)) << "written past the keys asked for: row " << r << " column " << j;
+                continue;
+              }
+              double want = 0, magnitude = 0;
+              for (int d = 0; d < head_dim; ++d) {
+                const double qd = x.q.view().load(0, r, 0, d);
+                const double kd = j < 90 ? double(x.k.view().load(0, j, 0, d)) : 0.0;
+                want += qd * kd;
+                magnitude += std::abs(qd * kd);
+              }
+              // Exact products (split values: all four of their parts'), fp32 sums.
+              EXPECT_NEAR(got, want, 2.0 * head_dim * 0x1p-24 * magnitude + 1e-30) << "row " << r << " key " << j;
             }
-            double want = 0, magnitude = 0;
-            for (int d = 0; d < head_dim; ++d) {
-              const double qd = x.q.view().load(0, r, 0, d);
-              const double kd = j < 90 ? double(x.k.view().load(0, j, 0, d)) : 0.0;
-              want += qd * kd;
-              magnitude += std::abs(qd * kd);
-            }
-            // Exact products (split values: all four of their parts'), fp32 sums.
-            EXPECT_NEAR(got, want, 2.0 * head_dim * 0x1p-24 * magnitude + 1e-30) << "row " << r << " key " << j;
-          }
-      }
+        }
 }
 
 TEST(RoutingTiles, WeightedSumsAddTheLiveProductsOnly) {

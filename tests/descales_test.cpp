@@ -146,7 +146,9 @@ TEST(Descales, TinyBf16ProductsUnderHugeDescalesKeepTheirScores) {
   }
 }
 
-// The router's tile products flush the same way: at such a scale it computes in fp32 too.
+// The router's pair products (AMX tiles, VDPBF16PS) flush the same way: at such a scale it
+// computes in fp32 too. (2^-64 here: at 2^-62 the synthetic heads' larger values kept enough
+// products above 2^-126 that flushed scores still routed alike on the AVX-512 path.)
 TEST(Descales, TheRouterKeepsTinyBf16ProductsUnderHugeDescales) {
   const synth::Options o{.grid = {4, 6, 8, 3, TextPlacement::After}, .heads = 3, .head_dim = 64, .dtype = DType::BF16,
                          .seed = testing::fresh_seed()};
@@ -155,10 +157,10 @@ TEST(Descales, TheRouterKeepsTinyBf16ProductsUnderHugeDescales) {
   for (std::int64_t n = 0; n < data.layout.tokens(); ++n)
     for (std::int64_t h = 0; h < o.heads; ++h)
       for (std::int64_t d = 0; d < o.head_dim; ++d) {
-        q.view().store(0, n, h, d, data.q.view().load(0, n, h, d) * 0x1p-62f);
-        k.view().store(0, n, h, d, data.k.view().load(0, n, h, d) * 0x1p-62f);
+        q.view().store(0, n, h, d, data.q.view().load(0, n, h, d) * 0x1p-64f);
+        k.view().store(0, n, h, d, data.k.view().load(0, n, h, d) * 0x1p-64f);
       }
-  const std::vector<float> huge(std::size_t(o.heads), 0x1p62f);
+  const std::vector<float> huge(std::size_t(o.heads), 0x1p64f);
   for (Isa isa : testing::isas_of_this_machine()) {
     SCOPED_TRACE(to_string(isa));
     RouterOptions ro;

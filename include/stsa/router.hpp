@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -45,9 +46,11 @@ struct RouterOptions {
   bool anchor = true;                 // symmetric frame-0 anchor in every candidate
   std::uint64_t seed = 1;
   int threads = 0;                    // 0: resolve_threads(0) (cpu.hpp): the process default, STSA_THREADS, all
-  // Auto or Amx: AMX tile products where they apply (bf16, fp16 or fp8 inputs,
-  // head dim up to 512), resolved as CpuOptions::isa is (STSA_ISA; Amx on a CPU
-  // without it throws Unsupported). Any other: fp32 vector arithmetic throughout.
+  // Resolved as CpuOptions::isa is (STSA_ISA; Amx on a CPU without it throws
+  // Unsupported). Amx: AMX tile products where they apply (bf16, fp16 or fp8
+  // inputs, head dim up to 512); Avx512: AVX-512 bf16 dot products for bf16 or
+  // fp8 inputs (head dim up to 512); otherwise, and any other isa, fp32 vector
+  // arithmetic throughout (RoutingReport::product_units says which ran).
   Isa isa = Isa::Auto;
   void validate() const;              // throws InvalidArgument naming the field and its range
 };
@@ -76,7 +79,10 @@ struct RoutingReport {
   double routing_ms = 0;         // wall time of the whole call
   double routing_device_ms = 0;  // the GPU router's kernels alone (CUDA events); 0 from the CPU router
   double flops = 0;  // floating-point operations of the sampled attention (scores and outputs)
-  bool tile_products = false;  // the CPU router computed them on AMX tiles (RouterOptions::isa)
+  // What the CPU router computed them on (RouterOptions::isa): AmxTiles, Bf16Dot
+  // (AVX-512 VDPBF16PS) or Fma (fp32 vectors); empty from the GPU router.
+  std::optional<ProductUnits> product_units;
+  bool tile_products = false;  // product_units == AmxTiles
 };
 
 class Router {

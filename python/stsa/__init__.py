@@ -186,9 +186,12 @@ def route(q, k, v, grid, density: float = 0.25, *, spatial_density: float | None
     """Routing alone, for attention run elsewhere: each head's decision as
     ``routed_attention`` makes it (on the GPU for CUDA arrays), without computing
     the attention. Returns ``routes``, ``heads`` (route, mask, band, candidates'
-    errors), ``sampled_rows``, ``routing_ms``, ``flops`` and ``tile_products``
-    (whether the CPU router computed on AMX tiles: bf16, fp16 or fp8 inputs on a CPU
-    with AMX); ``tile_lists(grid, route, density)`` gives each route's plan."""
+    errors), ``sampled_rows``, ``routing_ms``, ``flops``, ``product_units`` (what
+    the CPU router computed on: ``"amx"`` tiles for bf16, fp16 or fp8 inputs on a CPU
+    with AMX, ``"bf16_dot"`` for bf16 or fp8 inputs on one with AVX-512 alone, else
+    ``"fma"``; ``None`` from the GPU router) and ``tile_products``
+    (``product_units == "amx"``);
+    ``tile_lists(grid, route, density)`` gives each route's plan."""
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
     with _device_of(q):
@@ -385,7 +388,7 @@ def get_num_threads() -> int:
 
 
 def set_isa(isa: str) -> None:
-    """The instruction set of host calls (the CPU backend's kernels, the router's tile products)
+    """The instruction set of host calls (the CPU backend's kernels, the router's products)
     from the next call on, before ``STSA_ISA``: "scalar", "avx2", "avx512" or "amx", or "auto"
     (back to ``STSA_ISA``, then the best this CPU has). ``stsa.Unsupported`` for one it lacks."""
     if not isinstance(isa, str):

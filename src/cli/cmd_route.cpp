@@ -315,6 +315,8 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"routing_device_ms", on_gpu ? nlohmann::json(report.routing_device_ms) : nlohmann::json(nullptr)},
       {"routing_gflop", report.flops / 1e9},
       {"routing_tile_products", report.tile_products},
+      {"routing_product_units",
+       report.product_units ? nlohmann::json(to_string(*report.product_units)) : nlohmann::json(nullptr)},
       {"attention_ms", run.attention_ms},
       {"attention_gflop", run.kept_tile_flops / 1e9},
       {"permutation_ms", run.permutation_ms},
@@ -355,7 +357,8 @@ void print_text(const nlohmann::json& r) {
   std::printf("routing %.2f ms (%lld sampled rows per head, %.3f GFLOP", r["routing_ms"].get<double>(),
               (long long)r["sampled_rows"].get<std::int64_t>(), r["routing_gflop"].get<double>());
   if (!r["routing_device_ms"].is_null()) std::printf("; its kernels %.2f ms", r["routing_device_ms"].get<double>());
-  if (r["routing_tile_products"].get<bool>()) std::printf("; AMX tile products");
+  if (const auto& units = r["routing_product_units"]; !units.is_null() && units != "fma")
+    std::printf("; %s products", units == "amx" ? "AMX tile" : "bf16 dot");
   std::printf("), permutation %.2f ms (%.2f GB/s = %.2f of the %.2f GB/s copy%s), "
               "attention %.2f ms; routing + permutation = %.2f%% of attention\n",
               r["permutation_ms"].get<double>(), r["permutation_gbps"].get<double>(),

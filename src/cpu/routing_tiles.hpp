@@ -1,7 +1,9 @@
-// The router's sampled attention on AMX tiles (routing_tiles_amx.cpp, built
-// with the AMX flags; call only where machine_supports(Isa::Amx)): the scores
-// of a few sampled query rows against a block of keys, and the weighted sums
-// of V for many weight rows at once. Plain pointers only, for the reason
+// The router's sampled attention as products of bf16 pairs: the scores of a
+// few sampled query rows against a block of keys, and the weighted sums of V
+// for many weight rows at once, on AMX tiles (routing_tiles_amx.cpp, built with
+// the AMX flags; call only where machine_supports(Isa::Amx)); and the scores
+// alone with AVX-512 VDPBF16PS (routing_dot_avx512.cpp; call only where
+// machine_supports(Isa::Avx512)). Plain pointers only, for the reason
 // kernel.hpp gives.
 //
 // Operands are bf16 pairs as pack.hpp lays them out: Q rows from
@@ -42,6 +44,12 @@ void routing_scores_amx(const std::uint32_t* q, const std::uint32_t* kt, int row
 void routing_weighted_sums_amx(const std::uint16_t* w, std::int64_t w_part_stride, int w_parts, int w_stride,
                                const std::uint32_t* v, int v_parts, int rows, int keys, int head_dim,
                                const std::uint8_t* live, int live_stride, float* acc, int acc_stride);
+
+// routing_scores_amx for bf16 values only (parts 1), with AVX-512 VDPBF16PS
+// (routing_dot_avx512.cpp): the same exact products, summed in fp32 in another
+// order; rows a multiple of 8, keys a multiple of 32.
+void routing_scores_avx512(const std::uint32_t* q, const std::uint32_t* kt, int rows, int keys, int head_dim,
+                           float* s, int s_stride);
 
 // Two bf16 parts of each weight of w[rows][cols] (row stride `stride`, cols a
 // multiple of 32), the attention kernel's split of P into two parts

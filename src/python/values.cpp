@@ -71,6 +71,12 @@ nb::dict routing_dict(const RoutingReport& report) {
   d["routing_device_ms"] = report.routing_device_ms;
   d["flops"] = report.flops;
   d["tile_products"] = report.tile_products;
+  if (report.product_units) {
+    const std::string_view units = to_string(*report.product_units);
+    d["product_units"] = nb::str(units.data(), units.size());
+  } else {
+    d["product_units"] = nb::none();
+  }
   return d;
 }
 

@@ -124,8 +124,9 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
   // so the errors are bit-identical for any thread count (grouping only changes
   // which thread computes a head's chunk, not how). Groups shrink until every
   // thread has a couple of items.
-  const bool tiles = router_detail::tiles_apply(resolve_isa(options_.isa), q, k, v);
-  report.tile_products = tiles;
+  const ProductUnits units = router_detail::pair_units(resolve_isa(options_.isa), q, k, v);
+  report.product_units = units;
+  report.tile_products = units == ProductUnits::AmxTiles;
   const int threads = resolve_threads(options_.threads);
   const std::int64_t chunks = router_detail::key_chunks(layout.tokens());
   const auto sets = std::int64_t(row_sets.size()), heads_n = std::int64_t(which.size());
@@ -151,8 +152,8 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
     const router_detail::RowSet& row_set = row_sets[std::size_t(set)];
     router_detail::ChunkScratch& buffers = scratch[std::size_t(worker)];
     const auto set_scales = batch_scales(row_set.batch);
-    if (!tiles) {
-      router_detail::sampled_chunk(q, k, v, group_heads, set_scales, row_set, masks, chunk, buffers, out);
+    if (units != ProductUnits::AmxTiles) {
+      router_detail::sampled_chunk(units, q, k, v, group_heads, set_scales, row_set, masks, chunk, buffers, out);
     } else if (!router_detail::sampled_chunk_tiles(q, k, v, group_heads, set_scales, row_set, masks, chunk, buffers,
                                                    out)) {
       // A V value below 2^-64 in this chunk, in some head's keys, or a bf16 head's score scale
@@ -163,7 +164,8 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
         const auto head = group_heads.subspan(i, 1);
         const auto head_out = std::span(out).subspan(i, 1);
         if (!router_detail::sampled_chunk_tiles(q, k, v, head, set_scales, row_set, masks, chunk, buffers, head_out))
-          router_detail::sampled_chunk(q, k, v, head, set_scales, row_set, masks, chunk, buffers, head_out);
+          router_detail::sampled_chunk(ProductUnits::Fma, q, k, v, head, set_scales, row_set, masks, chunk, buffers,
+                                       head_out);
       }
     }
     for (std::int64_t i = first; i < last; ++i)

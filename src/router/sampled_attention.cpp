@@ -4,19 +4,24 @@
 //      S x 512 buffer per head that stays in L2), then e = exp(s - running max);
 //   2. per key block: O_dense += sum_j e_j v_j for every row and, per candidate
 //      mask, the same over the block's allowed keys. Blocks a mask does not touch
-//      are skipped and blocks it takes whole reuse the dense weights and sums, so
-//      the per-key mask test runs only on boundary blocks. The factor exp(-max)
-//      cancels in every ratio, so one exp per pair serves all masks.
+//      are skipped and blocks it takes whole add the dense output's block sum (its
+//      normaliser's too), so products and the per-key mask test run only on
+//      boundary blocks. The factor exp(-max) cancels in every ratio, so one exp per
+//      pair serves all masks.
 // combine_chunks() rescales the chunks to the row's overall maximum (in fp64);
 // when a mask's allowed keys sit so far below it that their sum underflows, that
 // row is recomputed in fp64 with the mask's own maximum.
 #include "router/sampled_attention.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "core/round_up.hpp"
+#include "cpu/pack.hpp"
+#include "cpu/routing_tiles.hpp"
 #include "router/sampled_weights.hpp"
 #include "router/vector_clones.hpp"
 
@@ -46,7 +51,7 @@ STSA_VECTOR_CLONES void transpose_block(const float* __restrict rows, std::int64
     for (std::int64_t j = 0; j < kKeyBlock; ++j) kt[d * kKeyBlock + j] = rows[j * dim + d];
 }
 
-// out[r][d] += sum_j w[r][j] * v[j][d] for kRowBlock weight rows over a block of kKeyBlock keys;
+// out[r][d] += sum_j w[r][j] * v[j][d] (`add`; else =) for kRowBlock weight rows over a block of kKeyBlock keys;
 // v rows hold `padded` channels (a multiple of kLane). Each loaded lane of v serves all rows
 // (a small GEMM micro-kernel), and the rows are independent accumulation chains: two lanes
 // at a time where the row has them, so that 8 chains cover the FMA latency (with one lane, 4
@@ -54,7 +59,7 @@ STSA_VECTOR_CLONES void transpose_block(const float* __restrict rows, std::int64
 // A GCC/Clang vector type keeps one lane in a register (plain arrays get split into scalars).
 typedef float Lane __attribute__((vector_size(kLane * sizeof(float))));
 STSA_VECTOR_CLONES void accumulate_rows(const float* const* __restrict w, const float* __restrict v,
-                                        std::int64_t padded, float* const* __restrict out) {
+                                        std::int64_t padded, float* const* __restrict out, bool add) {
   // (Written out twice rather than through a helper: a helper would not carry the
   // clones' target and would run the vector type in scalar code.)
   std::int64_t d0 = 0;
@@ -71,9 +76,12 @@ STSA_VECTOR_CLONES void accumulate_rows(const float* const* __restrict w, const 
     }
     for (std::int64_t r = 0; r < kRowBlock; ++r)
       for (int l = 0; l < 2; ++l) {
-        Lane sum;
-        std::memcpy(&sum, out[r] + d0 + l * kLane, sizeof(sum));
-        sum += acc[r][l];
+        Lane sum = acc[r][l];
+        if (add) {
+          Lane before;
+          std::memcpy(&before, out[r] + d0 + l * kLane, sizeof(before));
+          sum += before;
+        }
         std::memcpy(out[r] + d0 + l * kLane, &sum, sizeof(sum));
       }
   }
@@ -85,9 +93,12 @@ STSA_VECTOR_CLONES void accumulate_rows(const float* const* __restrict w, const 
       for (std::int64_t r = 0; r < kRowBlock; ++r) acc[r] += w[r][j] * row;
     }
     for (std::int64_t r = 0; r < kRowBlock; ++r) {
-      Lane sum;
-      std::memcpy(&sum, out[r] + d0, sizeof(sum));
-      sum += acc[r];
+      Lane sum = acc[r];
+      if (add) {
+        Lane before;
+        std::memcpy(&before, out[r] + d0, sizeof(before));
+        sum += before;
+      }
       std::memcpy(out[r] + d0, &sum, sizeof(sum));
     }
   }
@@ -154,149 +165,335 @@ std::vector<double> exact_row(const TensorView& q, const TensorView& k, const Te
   return o;
 }
 
-}  // namespace
+// out[d] += in[d] for d < count.
+STSA_VECTOR_CLONES void add_row(float* __restrict out, const float* __restrict in, std::int64_t count) {
+  for (std::int64_t d = 0; d < count; ++d) out[d] += in[d];
+}
 
-std::int64_t key_chunks(std::int64_t tokens) { return (tokens + kKeysPerChunk - 1) / kKeysPerChunk; }
-
-void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v, std::span<const std::int64_t> heads,
-                   std::span<const float> scales, const RowSet& rows, const std::vector<CandidateMask>& masks,
-                   std::int64_t chunk,
-                   ChunkScratch& sc, std::span<ChunkPartial> out) {
-  const std::int64_t n = k.tokens(), dim = k.head_dim(), b = rows.batch;
-  const std::int64_t padded = partial_dim(dim);
-  const std::int64_t begin = chunk * kKeysPerChunk, end = std::min(n, begin + kKeysPerChunk);
-  const std::size_t candidates = masks.size(), outputs = candidates + 1;
-  const auto count = std::int64_t(rows.positions.size()), group = std::int64_t(heads.size());
-  const std::int64_t row_blocks = (count + kRowBlock - 1) / kRowBlock;
-  const auto rows_u = std::size_t(count);
-  const std::size_t acc_row = outputs * std::size_t(padded);
-  constexpr std::int64_t sub_width = kKeysPerSubChunk, sub_blocks = kKeysPerSubChunk / kKeyBlock;
-
-  for (ChunkPartial& o : out) {
-    o.max.assign(rows_u, -std::numeric_limits<float>::infinity());
-    o.z.assign(rows_u * outputs, 0.0);
-    o.acc.assign(rows_u * acc_row, 0.f);
-    o.kept.assign(candidates, 0);
-    o.flops = 0;
-  }
-  if (count == 0 || group == 0 || begin >= end) return;
-
-  // Per head g: scaled queries, a transposed key block, a value block, the sub-chunk's
-  // weights [rows][sub_width] and their per-block sums.
-  const std::size_t qs_head = std::size_t(row_blocks * kRowBlock * dim), kt_head = std::size_t(dim * kKeyBlock),
-                    vb_head = std::size_t(padded * kKeyBlock), e_head = rows_u * sub_width,
-                    sum_head = rows_u * sub_blocks;
-  sc.qs.assign(qs_head * std::size_t(group), 0.f);
-  for (std::int64_t g = 0; g < group; ++g) {
-    const float scale = scales[std::size_t(heads[std::size_t(g)])];
-    for (std::int64_t r = 0; r < count; ++r) {
-      float* row = sc.qs.data() + std::size_t(g) * qs_head + std::size_t(r * dim);
-      load_row(q, b, rows.positions[std::size_t(r)], heads[std::size_t(g)], row);
-      for (std::int64_t d = 0; d < dim; ++d) row[d] *= scale;
+// The 32 rows of V, `padded` channels each, in one pair panel of 32 keys
+// (pack.hpp: [16][kernel_dim] words, keys 2i and 2i + 1 of channel d in word
+// i * kernel_dim + d, the even key in the low half), as fp32: exact.
+STSA_VECTOR_CLONES void unpack_value_panel(const std::uint32_t* __restrict panel, std::int64_t kernel_dim,
+                                           std::int64_t padded, float* __restrict rows) {
+  for (std::int64_t i = 0; i < cpu::kRoutingPanelKeys / 2; ++i) {
+    float* even = rows + 2 * i * padded;
+    float* odd = even + padded;
+    for (std::int64_t d = 0; d < padded; ++d) {
+      const std::uint32_t pair = panel[i * kernel_dim + d];
+      even[d] = std::bit_cast<float>(pair << 16);
+      odd[d] = std::bit_cast<float>(pair & 0xffff0000u);
     }
   }
-  sc.kt.resize(kt_head * std::size_t(group));
-  sc.vb.resize(vb_head * std::size_t(group));
-  sc.key_rows.resize(kt_head * std::size_t(group));
-  sc.tile.resize(std::size_t(kRowBlock * kKeyBlock));
-  sc.e.resize(e_head * std::size_t(group));
-  sc.block_sum.resize(sum_head * std::size_t(group));
-  sc.masked.resize(rows_u * candidates * kKeyBlock);
-  sc.zeros.assign(std::size_t(kKeyBlock), 0.f);
-  sc.sink.resize(std::size_t(padded));
-  sc.factor.resize(rows_u);
+}
 
-  for (std::int64_t s0 = begin; s0 < end; s0 += sub_width) {
-    const std::int64_t s1 = std::min(end, s0 + sub_width), blocks = (s1 - s0 + kKeyBlock - 1) / kKeyBlock;
+// One work item on the vector units: keys [chunk * kKeysPerChunk, ...) for a
+// group of heads and one row set. Per sub-chunk of keys, two passes shared by
+// all sampled rows, so that each block of K and V is converted once and stays
+// in cache while every row uses it (file comment). The scores come from fp32
+// FMAs on scaled queries, or (`pairs`: bf16 or fp8 inputs on AVX-512) from
+// VDPBF16PS on bf16 pairs of the unscaled values, K and V packed by the
+// attention kernel's packer and V turned back into fp32 rows, exactly, for
+// the weighted sums, which are fp32 FMAs either way. Whether a head's scores
+// take pairs is its own choice (pair_scores), never its group's: a head's bits
+// do not depend on the heads beside it.
+class VectorChunk {
+ public:
+  VectorChunk(bool pairs, const TensorView& q, const TensorView& k, const TensorView& v,
+              std::span<const std::int64_t> heads, std::span<const float> scales, const RowSet& rows,
+              const std::vector<CandidateMask>& masks, std::int64_t chunk, ChunkScratch& sc,
+              std::span<ChunkPartial> out)
+      : pairs_(pairs), q_(q), k_(k), v_(v), heads_(heads), scales_(scales), rows_(rows), masks_(masks), sc_(sc),
+        out_(out),
+        dim_(k.head_dim()),
+        padded_(partial_dim(dim_)),
+        kernel_dim_(round_up(dim_, cpu::kRoutingDimStep)),
+        begin_(chunk * kKeysPerChunk),
+        end_(std::min(k.tokens(), begin_ + kKeysPerChunk)),
+        candidates_(masks.size()),
+        outputs_(candidates_ + 1),
+        count_(std::int64_t(rows.positions.size())),
+        group_(std::int64_t(heads.size())),
+        // Rows of the score buffers: whole blocks of either product's rows.
+        row_pad_(round_up(std::max<std::int64_t>(count_, 1), std::max(kPairScoreRows, kRowBlock))),
+        acc_row_(outputs_ * std::size_t(padded_)),
+        q_head_(std::size_t(row_pad_ * dim_)),
+        q_pairs_head_(std::size_t(row_pad_ * kernel_dim_ / 2)),
+        kt_head_(std::size_t(dim_ * kKeyBlock)),
+        kt_pairs_head_(std::size_t(kKeyBlock / 2 * kernel_dim_)),
+        v_pairs_head_(std::size_t(kKeysPerSubChunk / 2 * kernel_dim_)),
+        vb_head_(std::size_t(padded_ * kKeyBlock)),
+        e_head_(std::size_t(row_pad_ * kKeysPerSubChunk)),
+        sum_head_(std::size_t(count_ * kBlocksPerSubChunk)) {}
 
-    // Pass 1: scores. Each key row is read once for all heads of the group.
-    for (std::int64_t blk = 0; blk < blocks; ++blk) {
-      const std::int64_t k0 = s0 + blk * kKeyBlock, len = std::min(kKeyBlock, s1 - k0);
-      if (len < kKeyBlock) std::fill(sc.key_rows.begin(), sc.key_rows.end(), 0.f);
-      for (std::int64_t j = 0; j < len; ++j)
-        for (std::int64_t g = 0; g < group; ++g)
-          load_row(k, b, k0 + j, heads[std::size_t(g)], sc.key_rows.data() + std::size_t(g) * kt_head + std::size_t(j * dim));
-      for (std::int64_t g = 0; g < group; ++g)
-        transpose_block(sc.key_rows.data() + std::size_t(g) * kt_head, dim, sc.kt.data() + std::size_t(g) * kt_head);
-      for (std::int64_t g = 0; g < group; ++g)
-        for (std::int64_t rb = 0; rb < row_blocks; ++rb) {
-          score_rows(sc.qs.data() + std::size_t(g) * qs_head + std::size_t(rb * kRowBlock * dim), dim,
-                     sc.kt.data() + std::size_t(g) * kt_head, sc.tile.data());
-          for (std::int64_t r = rb * kRowBlock; r < std::min(count, (rb + 1) * kRowBlock); ++r)
-            std::copy_n(sc.tile.begin() + (r - rb * kRowBlock) * kKeyBlock, len,
-                        sc.e.begin() + std::int64_t(std::size_t(g) * e_head) + r * sub_width + blk * kKeyBlock);
-        }
+  void run() {
+    for (std::int64_t g = 0; g < group_; ++g) {
+      const bool pairs = pair_scores(g);
+      (pairs ? pair_heads_ : fp32_heads_) += 1;
     }
-
-    // Online softmax: weights relative to the running maximum (earlier sums are
-    // rescaled when it grows), and their per-block sums (what a mask that takes a
-    // block whole adds to its normaliser).
-    for (std::int64_t g = 0; g < group; ++g) {
-      ChunkPartial& o = out[std::size_t(g)];
-      softmax_sub_chunk(sc.e.data() + std::size_t(g) * e_head, sub_width, count, s1 - s0, sub_width, 1.f, o.max.data(),
-                        sc.factor.data(), sc.block_sum.data() + std::size_t(g) * sum_head);
-      rescale_partial(o, outputs, acc_row, sc.factor.data());
-      o.flops += 2.0 * double(count) * double(s1 - s0) * double(dim);
+    for (ChunkPartial& o : out_) {
+      o.max.assign(std::size_t(count_), -std::numeric_limits<float>::infinity());
+      o.z.assign(std::size_t(count_) * outputs_, 0.0);
+      o.acc.assign(std::size_t(count_) * acc_row_, 0.f);
+      o.kept.assign(candidates_, 0);
+      o.flops = 0;
     }
+    if (count_ == 0 || group_ == 0 || begin_ >= end_) return;
+    allocate();
+    for (std::int64_t g = 0; g < group_; ++g) load_queries(g);
+    for (std::int64_t s0 = begin_; s0 < end_; s0 += kKeysPerSubChunk) {
+      const std::int64_t s1 = std::min(end_, s0 + kKeysPerSubChunk), blocks = (s1 - s0 + kKeyBlock - 1) / kKeyBlock;
+      for (std::int64_t blk = 0; blk < blocks; ++blk) {
+        const std::int64_t k0 = s0 + blk * kKeyBlock, len = std::min(kKeyBlock, s1 - k0);
+        if (fp32_heads_ > 0) score_block_fp32(k0, len, blk);
+        if (pair_heads_ > 0) score_block_pairs(k0, len, blk);
+      }
+      // Online softmax: weights relative to the running maximum (earlier sums are
+      // rescaled when it grows), and their per-block sums (what a mask that takes a
+      // block whole adds to its normaliser).
+      for (std::int64_t g = 0; g < group_; ++g) {
+        ChunkPartial& o = out_[std::size_t(g)];
+        const float scale = pair_scores(g) ? scale_of(g) : 1.f;  // (fp32: in the queries)
+        softmax_sub_chunk(sc_.e.data() + std::size_t(g) * e_head_, kKeysPerSubChunk, count_, s1 - s0,
+                          kKeysPerSubChunk, scale, o.max.data(), sc_.factor.data(),
+                          sc_.block_sum.data() + std::size_t(g) * sum_head_);
+        rescale_partial(o, outputs_, acc_row_, sc_.factor.data());
+        o.flops += 2.0 * double(count_) * double(s1 - s0) * double(dim_);
+      }
+      for (std::int64_t blk = 0; blk < blocks; ++blk) {
+        const std::int64_t k0 = s0 + blk * kKeyBlock, len = std::min(kKeyBlock, s1 - k0);
+        load_values(k0, len, blk);
+        for (std::int64_t g = 0; g < group_; ++g) weighted_sums(g, k0, len, blk);
+      }
+    }
+    for (std::int64_t g = 0; g < group_; ++g) {
+      ChunkPartial& o = out_[std::size_t(g)];
+      for (std::size_t c = 0; c < candidates_; ++c) o.flops += 2.0 * double(o.kept[c]) * double(dim_);
+      o.flops += 2.0 * double(count_) * double(end_ - begin_) * double(dim_);
+    }
+  }
 
-    // Pass 2: weighted sums of V, dense (slot 0) and per mask, plus the masks' normalisers.
-    for (std::int64_t blk = 0; blk < blocks; ++blk) {
-      const std::int64_t k0 = s0 + blk * kKeyBlock, len = std::min(kKeyBlock, s1 - k0);
-      const std::int64_t global_block = k0 / kKeyBlock;
-      if (len < kKeyBlock) std::fill(sc.vb.begin(), sc.vb.end(), 0.f);
-      for (std::int64_t j = 0; j < len; ++j)
-        for (std::int64_t g = 0; g < group; ++g)
-          load_row(v, b, k0 + j, heads[std::size_t(g)], sc.vb.data() + std::size_t(g) * vb_head + std::size_t(j * padded));
-      for (std::int64_t g = 0; g < group; ++g) {
-        ChunkPartial& o = out[std::size_t(g)];
-        sc.w_rows.clear();
-        sc.o_rows.clear();
-        for (std::int64_t r = 0; r < count; ++r) {
-          const float* row = sc.e.data() + std::size_t(g) * e_head + std::size_t(r * sub_width + blk * kKeyBlock);
-          const double row_sum = sc.block_sum[std::size_t(g) * sum_head + std::size_t(r * sub_blocks + blk)];
-          float* acc = o.acc.data() + std::size_t(r) * acc_row;
-          double* z = o.z.data() + std::size_t(r) * outputs;
-          sc.w_rows.push_back(row);
-          sc.o_rows.push_back(acc);
-          z[0] += row_sum;
-          const std::int64_t qpos = rows.positions[std::size_t(r)];
-          for (std::size_t c = 0; c < candidates; ++c) {
-            const CandidateMask& mask = masks[c];
-            const CandidateMask::Cover cover = mask.cover(qpos, global_block);
-            if (cover == CandidateMask::Cover::None) continue;
-            const float* w = row;
-            if (cover == CandidateMask::Cover::All) {
-              o.kept[c] += len;
-              z[c + 1] += row_sum;
-            } else {
-              float* masked = sc.masked.data() + (std::size_t(r) * candidates + c) * kKeyBlock;
-              const std::int64_t allowed =
-                  masked_weights(row, mask.code.data() + k0, mask.forced.data() + k0, mask.code[std::size_t(qpos)],
-                                 mask.forced[std::size_t(qpos)] != 0, mask.width, len, masked);
-              if (allowed == 0) continue;
-              o.kept[c] += allowed;
-              z[c + 1] += block_sum(masked);
-              w = masked;
-            }
-            sc.w_rows.push_back(w);
-            sc.o_rows.push_back(acc + (c + 1) * std::size_t(padded));
-          }
-        }
-        while (sc.w_rows.size() % kRowBlock != 0) {
-          sc.w_rows.push_back(sc.zeros.data());
-          sc.o_rows.push_back(sc.sink.data());
-        }
-        const float* vb = sc.vb.data() + std::size_t(g) * vb_head;
-        for (std::size_t i = 0; i < sc.w_rows.size(); i += kRowBlock)
-          accumulate_rows(sc.w_rows.data() + i, vb, padded, sc.o_rows.data() + i);
+ private:
+  static constexpr std::int64_t kPairScoreRows = 8;  // routing_scores_avx512's row block
+  static constexpr std::int64_t kBlocksPerSubChunk = kKeysPerSubChunk / kKeyBlock;
+  static constexpr std::int64_t kPanels = kKeyBlock / cpu::kRoutingPanelKeys;  // pair panels a block
+  static_assert(kKeyBlock % cpu::kRoutingPanelKeys == 0);
+
+  float scale_of(std::int64_t g) const { return scales_[std::size_t(heads_[std::size_t(g)])]; }
+
+  // Head g's scores from bf16 pairs: the call's choice, unless the head is bf16 with a score
+  // scale past kBf16PairScoreScaleLimit, where products VDPBF16PS flushes would matter.
+  bool pair_scores(std::int64_t g) const {
+    return pairs_ && !(q_.dtype == DType::BF16 && double(std::abs(scale_of(g))) >= cpu::kBf16PairScoreScaleLimit);
+  }
+
+  void allocate() {
+    // (Buffers of both kinds per head of the group, used by its heads of each kind.)
+    const auto group = std::size_t(group_);
+    if (pair_heads_ > 0) {
+      sc_.q_pairs.assign(q_pairs_head_ * group, 0u);
+      sc_.kt_pairs.resize(kt_pairs_head_ * group);
+      sc_.v_pairs.resize(v_pairs_head_ * group);
+    }
+    if (fp32_heads_ > 0) {
+      sc_.qs.assign(q_head_ * group, 0.f);
+      sc_.kt.resize(kt_head_ * group);
+      sc_.key_rows.resize(kt_head_ * group);
+    }
+    sc_.vb.resize(vb_head_ * group);
+    sc_.tile.resize(std::size_t(kRowBlock * kKeyBlock));
+    sc_.e.resize(e_head_ * group);
+    sc_.block_sum.resize(sum_head_ * group);
+    sc_.masked.resize(std::size_t(count_) * candidates_ * kKeyBlock);
+    sc_.block_partial.resize(std::size_t(count_ * padded_));
+    sc_.zeros.assign(std::size_t(kKeyBlock), 0.f);
+    sc_.sink.resize(std::size_t(padded_));
+    sc_.factor.resize(std::size_t(count_));
+  }
+
+  // Head g's sampled rows: scaled fp32 rows, or bf16 pairs padded to kernel_dim_.
+  void load_queries(std::int64_t g) {
+    const std::int64_t h = heads_[std::size_t(g)];
+    const float scale = scale_of(g);
+    const bool pairs = pair_scores(g);
+    for (std::int64_t r = 0; r < count_; ++r) {
+      const std::int64_t position = rows_.positions[std::size_t(r)];
+      if (pairs) {
+        std::uint32_t* row = sc_.q_pairs.data() + std::size_t(g) * q_pairs_head_ + std::size_t(r * kernel_dim_ / 2);
+        cpu::load_row_pairs(q_, rows_.batch, position, h, false, row, kernel_dim_);
+      } else {
+        float* row = sc_.qs.data() + std::size_t(g) * q_head_ + std::size_t(r * dim_);
+        load_row(q_, rows_.batch, position, h, row);
+        for (std::int64_t d = 0; d < dim_; ++d) row[d] *= scale;
       }
     }
   }
-  for (std::int64_t g = 0; g < group; ++g) {
-    ChunkPartial& o = out[std::size_t(g)];
-    for (std::size_t c = 0; c < candidates; ++c) o.flops += 2.0 * double(o.kept[c]) * double(dim);
-    o.flops += 2.0 * double(count) * double(end - begin) * double(dim);
+
+  // Scores of keys [k0, k0 + len) (block blk of the sub-chunk) for the heads whose
+  // scores are fp32. Each key row is read once for all those heads.
+  void score_block_fp32(std::int64_t k0, std::int64_t len, std::int64_t blk) {
+    const std::int64_t row_blocks = row_pad_ / kRowBlock, b = rows_.batch;
+    if (len < kKeyBlock) std::fill(sc_.key_rows.begin(), sc_.key_rows.end(), 0.f);
+    for (std::int64_t j = 0; j < len; ++j)
+      for (std::int64_t g = 0; g < group_; ++g)
+        if (!pair_scores(g))
+          load_row(k_, b, k0 + j, heads_[std::size_t(g)],
+                   sc_.key_rows.data() + std::size_t(g) * kt_head_ + std::size_t(j * dim_));
+    for (std::int64_t g = 0; g < group_; ++g) {
+      if (pair_scores(g)) continue;
+      float* kt = sc_.kt.data() + std::size_t(g) * kt_head_;
+      transpose_block(sc_.key_rows.data() + std::size_t(g) * kt_head_, dim_, kt);
+      for (std::int64_t rb = 0; rb < row_blocks; ++rb) {
+        score_rows(sc_.qs.data() + std::size_t(g) * q_head_ + std::size_t(rb * kRowBlock * dim_), dim_, kt,
+                   sc_.tile.data());
+        for (std::int64_t r = rb * kRowBlock; r < std::min(count_, (rb + 1) * kRowBlock); ++r)
+          std::copy_n(sc_.tile.begin() + (r - rb * kRowBlock) * kKeyBlock, len,
+                      sc_.e.begin() + std::int64_t(std::size_t(g) * e_head_) + r * kKeysPerSubChunk + blk * kKeyBlock);
+      }
+    }
   }
+
+  // The same from bf16 pairs for the other heads: K and V packed panel by panel (V
+  // kept for the weighted sums), the scores unscaled (softmax_sub_chunk scales them).
+  void score_block_pairs(std::int64_t k0, std::int64_t len, std::int64_t blk) {
+    const cpu::RowSource source{q_, k_, v_};
+    const std::int64_t panels = (len + cpu::kRoutingPanelKeys - 1) / cpu::kRoutingPanelKeys;
+    const std::int64_t kt_panel = kernel_dim_ / 2 * cpu::kRoutingPanelKeys, v_panel = kt_panel;
+    for (std::int64_t g = 0; g < group_; ++g) {
+      if (!pair_scores(g)) continue;
+      std::uint32_t* kt = sc_.kt_pairs.data() + std::size_t(g) * kt_pairs_head_;
+      std::uint32_t* v = sc_.v_pairs.data() + std::size_t(g) * v_pairs_head_ + std::size_t(blk * kPanels * v_panel);
+      for (std::int64_t t = 0; t < panels; ++t)
+        cpu::pack_kv_tile(source, rows_.batch, heads_[std::size_t(g)], k0 / cpu::kRoutingPanelKeys + t,
+                          int(cpu::kRoutingPanelKeys), nullptr, nullptr, kt + t * kt_panel, v + t * v_panel,
+                          kernel_dim_);
+      cpu::routing_scores_avx512(sc_.q_pairs.data() + std::size_t(g) * q_pairs_head_, kt, int(row_pad_),
+                                 int(panels * cpu::kRoutingPanelKeys), int(kernel_dim_),
+                                 sc_.e.data() + std::size_t(g) * e_head_ + blk * kKeyBlock, int(kKeysPerSubChunk));
+    }
+  }
+
+  // V of keys [k0, k0 + len) for every head as fp32 rows of padded_ channels (zero past
+  // len): from the pairs packed with K, or read as the fp32 heads' K was.
+  void load_values(std::int64_t k0, std::int64_t len, std::int64_t blk) {
+    if (len < kKeyBlock) std::fill(sc_.vb.begin(), sc_.vb.end(), 0.f);
+    const std::int64_t v_panel = kernel_dim_ / 2 * cpu::kRoutingPanelKeys;
+    for (std::int64_t g = 0; g < group_; ++g)
+      if (pair_scores(g))
+        for (std::int64_t t = 0; t * cpu::kRoutingPanelKeys < len; ++t)
+          unpack_value_panel(
+              sc_.v_pairs.data() + std::size_t(g) * v_pairs_head_ + std::size_t((blk * kPanels + t) * v_panel),
+              kernel_dim_, padded_,
+              sc_.vb.data() + std::size_t(g) * vb_head_ + std::size_t(t * cpu::kRoutingPanelKeys * padded_));
+    if (fp32_heads_ == 0) return;
+    for (std::int64_t j = 0; j < len; ++j)
+      for (std::int64_t g = 0; g < group_; ++g)
+        if (!pair_scores(g))
+          load_row(v_, rows_.batch, k0 + j, heads_[std::size_t(g)],
+                   sc_.vb.data() + std::size_t(g) * vb_head_ + std::size_t(j * padded_));
+  }
+
+  // Head g's weighted sums of V over one block, dense and per mask, and the masks'
+  // normalisers. The dense weights' products are computed once per row: the dense
+  // output and every mask that takes the whole block add them (the same bits as
+  // computing each: accumulate_rows sums a block before adding it). Masks that
+  // take some of the block get products of their own weights.
+  void weighted_sums(std::int64_t g, std::int64_t k0, std::int64_t len, std::int64_t blk) {
+    ChunkPartial& o = out_[std::size_t(g)];
+    const float* vb = sc_.vb.data() + std::size_t(g) * vb_head_;
+    const float* e = sc_.e.data() + std::size_t(g) * e_head_ + blk * kKeyBlock;
+    const double* sums = sc_.block_sum.data() + std::size_t(g) * sum_head_ + blk;
+    const std::int64_t global_block = k0 / kKeyBlock;
+    sc_.w_rows.clear();
+    sc_.o_rows.clear();
+    for (std::int64_t r = 0; r < count_; ++r) {
+      sc_.w_rows.push_back(e + r * kKeysPerSubChunk);
+      sc_.o_rows.push_back(sc_.block_partial.data() + r * padded_);
+    }
+    accumulate_listed_rows(vb, /*add=*/false);
+    sc_.w_rows.clear();
+    sc_.o_rows.clear();
+    for (std::int64_t r = 0; r < count_; ++r) {
+      const float* row = e + r * kKeysPerSubChunk;
+      const float* partial = sc_.block_partial.data() + r * padded_;
+      const double row_sum = sums[r * kBlocksPerSubChunk];
+      float* acc = o.acc.data() + std::size_t(r) * acc_row_;
+      double* z = o.z.data() + std::size_t(r) * outputs_;
+      add_row(acc, partial, padded_);
+      z[0] += row_sum;
+      const std::int64_t qpos = rows_.positions[std::size_t(r)];
+      for (std::size_t c = 0; c < candidates_; ++c) {
+        const CandidateMask& mask = masks_[c];
+        const CandidateMask::Cover cover = mask.cover(qpos, global_block);
+        if (cover == CandidateMask::Cover::None) continue;
+        if (cover == CandidateMask::Cover::All) {
+          o.kept[c] += len;
+          z[c + 1] += row_sum;
+          add_row(acc + (c + 1) * std::size_t(padded_), partial, padded_);
+          continue;
+        }
+        float* masked = sc_.masked.data() + (std::size_t(r) * candidates_ + c) * kKeyBlock;
+        const std::int64_t allowed =
+            masked_weights(row, mask.code.data() + k0, mask.forced.data() + k0, mask.code[std::size_t(qpos)],
+                           mask.forced[std::size_t(qpos)] != 0, mask.width, len, masked);
+        if (allowed == 0) continue;
+        o.kept[c] += allowed;
+        z[c + 1] += block_sum(masked);
+        sc_.w_rows.push_back(masked);
+        sc_.o_rows.push_back(acc + (c + 1) * std::size_t(padded_));
+      }
+    }
+    accumulate_listed_rows(vb, /*add=*/true);
+  }
+
+  // accumulate_rows over the listed (weights, output) rows, kRowBlock at a time
+  // (the last block filled with zero weights into a sink).
+  void accumulate_listed_rows(const float* vb, bool add) {
+    while (sc_.w_rows.size() % kRowBlock != 0) {
+      sc_.w_rows.push_back(sc_.zeros.data());
+      sc_.o_rows.push_back(sc_.sink.data());
+    }
+    for (std::size_t i = 0; i < sc_.w_rows.size(); i += kRowBlock)
+      accumulate_rows(sc_.w_rows.data() + i, vb, padded_, sc_.o_rows.data() + i, add);
+  }
+
+  const bool pairs_;
+  const TensorView &q_, &k_, &v_;
+  std::span<const std::int64_t> heads_;
+  std::span<const float> scales_;  // by head id
+  const RowSet& rows_;
+  const std::vector<CandidateMask>& masks_;
+  ChunkScratch& sc_;
+  std::span<ChunkPartial> out_;
+  const std::int64_t dim_, padded_, kernel_dim_;  // padded_: ChunkPartial::acc's rows; kernel_dim_: the pair panels'
+  const std::int64_t begin_, end_;
+  const std::size_t candidates_, outputs_;
+  const std::int64_t count_, group_, row_pad_;
+  // Per head, in the scratch buffers: accumulator row, queries (fp32, pairs), a key
+  // block (fp32, pairs), the sub-chunk's V pairs, a value block, the sub-chunk's
+  // weights and block sums.
+  const std::size_t acc_row_, q_head_, q_pairs_head_, kt_head_, kt_pairs_head_, v_pairs_head_, vb_head_, e_head_,
+      sum_head_;
+  std::int64_t pair_heads_ = 0, fp32_heads_ = 0;  // heads of the group whose scores take pairs, fp32
+};
+
+}  // namespace
+
+ProductUnits pair_units(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v) {
+  const DType dtype = q.dtype;
+  if (k.dtype != dtype || v.dtype != dtype || q.head_dim() > cpu::kMaxPairPanelDim) return ProductUnits::Fma;
+  const bool bf16_or_fp8 = dtype == DType::BF16 || dtype == DType::F8E4M3;
+  if (isa == Isa::Amx && (bf16_or_fp8 || dtype == DType::F16)) return ProductUnits::AmxTiles;
+  if (isa == Isa::Avx512 && bf16_or_fp8) return ProductUnits::Bf16Dot;
+  return ProductUnits::Fma;
+}
+
+std::int64_t key_chunks(std::int64_t tokens) { return (tokens + kKeysPerChunk - 1) / kKeysPerChunk; }
+
+void sampled_chunk(ProductUnits units, const TensorView& q, const TensorView& k, const TensorView& v,
+                   std::span<const std::int64_t> heads, std::span<const float> scales, const RowSet& rows,
+                   const std::vector<CandidateMask>& masks, std::int64_t chunk, ChunkScratch& sc,
+                   std::span<ChunkPartial> out) {
+  VectorChunk(units == ProductUnits::Bf16Dot, q, k, v, heads, scales, rows, masks, chunk, sc, out).run();
 }
 
 void combine_chunks(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t head, float scale,

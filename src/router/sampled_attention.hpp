@@ -48,7 +48,7 @@ struct ChunkPartial {
 
 // Per-thread buffers, reused across items.
 struct ChunkScratch {
-  std::vector<float> qs, key_rows, kt, vb, tile, e, masked, zeros, sink, factor;
+  std::vector<float> qs, key_rows, kt, vb, tile, e, masked, zeros, sink, factor, block_partial;
   std::vector<double> block_sum;
   std::vector<const float*> w_rows;
   std::vector<float*> o_rows;
@@ -65,15 +65,24 @@ std::int64_t key_chunks(std::int64_t tokens);
 
 // Fills out[g] for keys [chunk * kKeysPerChunk, ...) of (rows.batch, heads[g]), for every g;
 // head h's scores are scaled by scales[h] (the scale of rows.batch's heads, descales included).
-void sampled_chunk(const TensorView& q, const TensorView& k, const TensorView& v, std::span<const std::int64_t> heads,
-                   std::span<const float> scales, const RowSet& rows, const std::vector<CandidateMask>& masks,
-                   std::int64_t chunk,
-                   ChunkScratch& scratch, std::span<ChunkPartial> out);
+// `units` Fma: fp32 vectors throughout; Bf16Dot (pair_units' choice for bf16 or fp8 inputs on
+// AVX-512): the scores as VDPBF16PS products of bf16 pairs, exact and summed in fp32 (but for a
+// bf16 head whose score scale reaches cpu::kBf16PairScoreScaleLimit), the weighted sums as with Fma.
+void sampled_chunk(ProductUnits units, const TensorView& q, const TensorView& k, const TensorView& v,
+                   std::span<const std::int64_t> heads, std::span<const float> scales, const RowSet& rows,
+                   const std::vector<CandidateMask>& masks, std::int64_t chunk, ChunkScratch& scratch,
+                   std::span<ChunkPartial> out);
 
-// Whether sampled_chunk_tiles takes these inputs: `isa` (resolved) is Amx, Q, K
-// and V are all bf16, all fp16 or all fp8, and the head dim is at most cpu::kMaxPairPanelDim
-// (padded to a multiple of 32 with zero channels).
-bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v);
+// The units the sampled attention of these inputs runs on: AmxTiles
+// (sampled_chunk_tiles) where `isa` (resolved) is Amx and Q, K and V are all
+// bf16, all fp16 or all fp8; Bf16Dot (sampled_chunk's pair scores) where it is
+// Avx512 and they are all bf16 or all fp8 (fp16 would take four products of its
+// parts where fp32 takes one FMA); otherwise Fma. Either pair unit needs a head
+// dim of at most cpu::kMaxPairPanelDim (padded to a multiple of 32 with zero
+// channels). A head that cannot take pairs (bf16 with a score scale of at least
+// cpu::kBf16PairScoreScaleLimit, where flushed Q K products would matter; for the
+// tiles also tiny V) is computed in fp32 on its own.
+ProductUnits pair_units(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v);
 
 // sampled_chunk's partial sums from AMX tile products (sampled_attention_tiles.cpp):
 // scores exact products summed in fp32, as sampled_chunk's; the weights as two

@@ -287,13 +287,6 @@ class TileChunk {
 
 }  // namespace
 
-bool tiles_apply(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v) {
-  const DType dtype = q.dtype;
-  const std::int64_t dim = q.head_dim();
-  return isa == Isa::Amx && (dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F8E4M3) &&
-         k.dtype == dtype && v.dtype == dtype && dim <= cpu::kMaxPairPanelDim;
-}
-
 bool sampled_chunk_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
                          std::span<const std::int64_t> heads, std::span<const float> scales, const RowSet& rows,
                          const std::vector<CandidateMask>& masks, std::int64_t chunk, ChunkScratch& scratch,

@@ -108,9 +108,10 @@ def check_inputs_from_files(binary):
     vectors = json.loads(run(binary, ["route"] + files("bnhd") + grid + ["--isa", "scalar", "--threads", "1"]))
     errors = [[c["rel_l2"] for c in h["candidates"]] for h in first["per_head"]]
     vector_errors = [[c["rel_l2"] for c in h["candidates"]] for h in vectors["per_head"]]
-    if (vectors["isa"] != "scalar" or vectors["routing_tile_products"] or vectors["decisions"] != first["decisions"]
+    if (vectors["isa"] != "scalar" or vectors["routing_tile_products"] or vectors["routing_product_units"] != "fma"
+            or vectors["decisions"] != first["decisions"]
             or any(abs(a - b) > 1e-3 * b for row, vrow in zip(errors, vector_errors) for a, b in zip(vrow, row))):
-        print(f"FAIL --isa scalar: isa {vectors['isa']}, tile products {vectors['routing_tile_products']}, decisions "
+        print(f"FAIL --isa scalar: isa {vectors['isa']}, units {vectors['routing_product_units']}, decisions "
               f"{vectors['decisions']} vs {first['decisions']}, candidate errors {vector_errors} vs {errors}")
         failures += 1
 

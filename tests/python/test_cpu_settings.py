@@ -93,23 +93,27 @@ def routing_problem(rng):
 
 
 def test_a_policy_made_before_routes_with_the_instruction_set(rng):
-    """Only AMX tells the router's instruction sets apart: its scalar, AVX2 and AVX-512 paths
-    all take fp32 products and give the same bits, AMX takes bf16 tile products."""
-    if "amx" not in supported_isas():
-        pytest.skip("no AMX on this CPU: the router's other instruction sets give the same bits")
-    grid, q, k, v = routing_problem(rng)
+    """The router's instruction sets differ where they take bf16 pairs: AMX tiles, and AVX-512
+    dot products for the scores of bf16 and fp8 inputs; scalar and AVX2 take fp32 products."""
+    pair_isas = [isa for isa in ("amx", "avx512") if isa in supported_isas()]
+    if not pair_isas:
+        pytest.skip("neither AMX nor AVX-512 on this CPU: the router's instruction sets give the same bits")
+    units = {"amx": "amx", "avx512": "bf16_dot", "avx2": "fma", "scalar": "fma"}
+    grid, q, k, v = routing_problem(rng)  # bf16
     policy = stsa.Policy()  # made before the settings below
-    auto = policy.route(q, k, v, grid, step=0, layer=0)["routing"]["tile_products"]
-    assert auto == (stsa.get_isa() == "amx")  # "auto": STSA_ISA, else this CPU's best
+    auto = policy.route(q, k, v, grid, step=0, layer=0)["routing"]
+    assert auto["product_units"] == units[stsa.get_isa()]  # "auto": STSA_ISA, else this CPU's best
+    assert auto["tile_products"] == (stsa.get_isa() == "amx")
     routed = {}
-    for isa in ("amx", "scalar"):
+    for isa in pair_isas + ["scalar"]:
         stsa.set_isa(isa)
         policy.clear()
         routed[isa] = policy.route(q, k, v, grid, step=0, layer=0)
-    assert routed["amx"]["routing"]["tile_products"] and not routed["scalar"]["routing"]["tile_products"]
-    # The arithmetic changed with the flag: bf16 tile products round the candidates' errors apart.
+        assert routed[isa]["routing"]["product_units"] == units[isa]
+    # The arithmetic changed with the flag: bf16 products round the candidates' errors apart.
     errors = {isa: [c["mse"] for h in r["heads"] for c in h["candidates"]] for isa, r in routed.items()}
-    assert errors["amx"] != errors["scalar"]
+    for isa in pair_isas:
+        assert errors[isa] != errors["scalar"]
 
 
 def test_a_policy_made_before_routes_with_any_thread_count(rng):

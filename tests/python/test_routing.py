@@ -174,7 +174,8 @@ def test_routing_alone_decides_as_routed_attention(rng):
     assert decided["routes"] == info["routes"] == kinds
     assert decided["heads"] == info["heads"]  # the same masks and the same measured errors
     assert decided["routing_ms"] > 0 and decided["flops"] > 0 and len(decided["sampled_rows"]) == 64
-    assert decided["tile_products"] is False  # fp32 inputs: the tile path takes bf16 and fp16 only
+    # fp32 inputs: the pair paths take bf16, fp16 and fp8 only
+    assert decided["tile_products"] is False and decided["product_units"] == "fma"
     # Attention run with those decisions is routed attention, to the bit.
     assert np.array_equal(stsa.attention(q, k, v, grid, decided["routes"], 0.4), out)
 
