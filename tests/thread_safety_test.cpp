@@ -512,7 +512,7 @@ TEST_F(ThreadSafety, DefaultsChangeWhileCallsRun) {
 
 // The instruction set changed too, while callers run: each call runs one
 // configuration, so its bits are those of one instruction set run alone (the
-// router's those of the fp32 or the tile path); a caller making refused calls
+// router's those of the fp32 path, the AVX-512 pair scores or the AMX tiles); a caller making refused calls
 // meanwhile changes nothing for the others.
 TEST_F(ThreadSafety, InstructionSetChangesWhileCallsRun) {
   const std::vector<Isa> isas = testing::isas_of_this_machine();
@@ -527,11 +527,11 @@ TEST_F(ThreadSafety, InstructionSetChangesWhileCallsRun) {
             .heads);
   };
   std::vector<std::vector<std::byte>> alone;  // per instruction set
-  std::vector<std::string> alone_routes;      // the fp32 path, then the tile path where the CPU has AMX
+  std::vector<std::string> alone_routes;      // the fp32 path, then the pair paths this CPU has
   RouterOptions options = small_router();
   for (Isa isa : isas) {
     alone.push_back(bf16.run_on(*make_cpu_backend({isa, 0})));
-    if (isa == Isa::Scalar || isa == Isa::Amx) {
+    if (isa == Isa::Scalar || isa == Isa::Avx512 || isa == Isa::Amx) {
       options.isa = isa;
       alone_routes.push_back(route(options));
     }

@@ -48,9 +48,10 @@ struct RouterOptions {
   int threads = 0;                    // 0: resolve_threads(0) (cpu.hpp): the process default, STSA_THREADS, all
   // Resolved as CpuOptions::isa is (STSA_ISA; Amx on a CPU without it throws
   // Unsupported). Amx: AMX tile products where they apply (bf16, fp16 or fp8
-  // inputs, head dim up to 512); Avx512: AVX-512 bf16 dot products for bf16 or
-  // fp8 inputs (head dim up to 512); otherwise, and any other isa, fp32 vector
-  // arithmetic throughout (RoutingReport::product_units says which ran).
+  // inputs, head dim up to 512); Avx512: the scores from AVX-512 bf16 dot
+  // products for bf16 or fp8 inputs (head dim up to 512), the weighted sums in
+  // fp32; otherwise, and any other isa, fp32 vector arithmetic throughout
+  // (RoutingReport::product_units says which ran).
   Isa isa = Isa::Auto;
   void validate() const;              // throws InvalidArgument naming the field and its range
 };
@@ -79,8 +80,9 @@ struct RoutingReport {
   double routing_ms = 0;         // wall time of the whole call
   double routing_device_ms = 0;  // the GPU router's kernels alone (CUDA events); 0 from the CPU router
   double flops = 0;  // floating-point operations of the sampled attention (scores and outputs)
-  // What the CPU router computed them on (RouterOptions::isa): AmxTiles, Bf16Dot
-  // (AVX-512 VDPBF16PS) or Fma (fp32 vectors); empty from the GPU router.
+  // What the CPU router computed them on (RouterOptions::isa): AmxTiles (scores and
+  // weighted sums), Bf16Dot (the scores from AVX-512 VDPBF16PS, the sums fp32 FMAs) or
+  // Fma (fp32 vectors throughout); empty from the GPU router.
   std::optional<ProductUnits> product_units;
   bool tile_products = false;  // product_units == AmxTiles
 };

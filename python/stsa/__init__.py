@@ -188,7 +188,7 @@ def route(q, k, v, grid, density: float = 0.25, *, spatial_density: float | None
     the attention. Returns ``routes``, ``heads`` (route, mask, band, candidates'
     errors), ``sampled_rows``, ``routing_ms``, ``flops``, ``product_units`` (what
     the CPU router computed on: ``"amx"`` tiles for bf16, fp16 or fp8 inputs on a CPU
-    with AMX, ``"bf16_dot"`` for bf16 or fp8 inputs on one with AVX-512 alone, else
+    with AMX, ``"bf16_dot"`` (the scores) for bf16 or fp8 inputs on one with AVX-512 alone, else
     ``"fma"``; ``None`` from the GPU router) and ``tile_products``
     (``product_units == "amx"``);
     ``tile_lists(grid, route, density)`` gives each route's plan."""

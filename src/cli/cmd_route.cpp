@@ -358,7 +358,7 @@ void print_text(const nlohmann::json& r) {
               (long long)r["sampled_rows"].get<std::int64_t>(), r["routing_gflop"].get<double>());
   if (!r["routing_device_ms"].is_null()) std::printf("; its kernels %.2f ms", r["routing_device_ms"].get<double>());
   if (const auto& units = r["routing_product_units"]; !units.is_null() && units != "fma")
-    std::printf("; %s products", units == "amx" ? "AMX tile" : "bf16 dot");
+    std::printf("; %s", units == "amx" ? "AMX tile products" : "scores from bf16 dot products");
   std::printf("), permutation %.2f ms (%.2f GB/s = %.2f of the %.2f GB/s copy%s), "
               "attention %.2f ms; routing + permutation = %.2f%% of attention\n",
               r["permutation_ms"].get<double>(), r["permutation_gbps"].get<double>(),

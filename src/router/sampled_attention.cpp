@@ -230,13 +230,7 @@ class VectorChunk {
       const bool pairs = pair_scores(g);
       (pairs ? pair_heads_ : fp32_heads_) += 1;
     }
-    for (ChunkPartial& o : out_) {
-      o.max.assign(std::size_t(count_), -std::numeric_limits<float>::infinity());
-      o.z.assign(std::size_t(count_) * outputs_, 0.0);
-      o.acc.assign(std::size_t(count_) * acc_row_, 0.f);
-      o.kept.assign(candidates_, 0);
-      o.flops = 0;
-    }
+    for (ChunkPartial& o : out_) o.reset(count_, outputs_, dim_);
     if (count_ == 0 || group_ == 0 || begin_ >= end_) return;
     allocate();
     for (std::int64_t g = 0; g < group_; ++g) load_queries(g);
@@ -265,11 +259,7 @@ class VectorChunk {
         for (std::int64_t g = 0; g < group_; ++g) weighted_sums(g, k0, len, blk);
       }
     }
-    for (std::int64_t g = 0; g < group_; ++g) {
-      ChunkPartial& o = out_[std::size_t(g)];
-      for (std::size_t c = 0; c < candidates_; ++c) o.flops += 2.0 * double(o.kept[c]) * double(dim_);
-      o.flops += 2.0 * double(count_) * double(end_ - begin_) * double(dim_);
-    }
+    for (ChunkPartial& o : out_) o.add_output_flops(count_, end_ - begin_, dim_);
   }
 
  private:
@@ -477,6 +467,20 @@ class VectorChunk {
 };
 
 }  // namespace
+
+void ChunkPartial::reset(std::int64_t rows, std::size_t outputs, std::int64_t dim) {
+  const auto count = std::size_t(rows);
+  max.assign(count, -std::numeric_limits<float>::infinity());
+  z.assign(count * outputs, 0.0);
+  acc.assign(count * outputs * std::size_t(partial_dim(dim)), 0.f);
+  kept.assign(outputs - 1, 0);
+  flops = 0;
+}
+
+void ChunkPartial::add_output_flops(std::int64_t rows, std::int64_t keys, std::int64_t dim) {
+  for (const std::int64_t pairs : kept) flops += 2.0 * double(pairs) * double(dim);
+  flops += 2.0 * double(rows) * double(keys) * double(dim);
+}
 
 ProductUnits pair_units(Isa isa, const TensorView& q, const TensorView& k, const TensorView& v) {
   const DType dtype = q.dtype;

@@ -44,6 +44,12 @@ struct ChunkPartial {
   std::vector<float> acc;          // [rows][outputs][partial_dim(D), sampled_weights.hpp]: the same weights times V
   std::vector<std::int64_t> kept;  // [candidates]: allowed (row, key) pairs
   double flops = 0;
+
+  // Empty sums for `rows` rows, `outputs` outputs and head dim `dim`: no pairs kept, no FLOPs.
+  void reset(std::int64_t rows, std::size_t outputs, std::int64_t dim);
+  // Once `kept` is final, the FLOPs of the outputs: the dense one's over `keys` keys and each
+  // candidate's kept pairs (the scores are counted as they run).
+  void add_output_flops(std::int64_t rows, std::int64_t keys, std::int64_t dim);
 };
 
 // Per-thread buffers, reused across items.

@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <numeric>
 
 #include "core/round_up.hpp"
@@ -75,13 +74,7 @@ class TileChunk {
         w_part_(out_rows_ * kWidth) {}
 
   bool run() {
-    for (ChunkPartial& o : out_) {
-      o.max.assign(std::size_t(count_), -std::numeric_limits<float>::infinity());
-      o.z.assign(std::size_t(count_) * outputs_, 0.0);
-      o.acc.assign(std::size_t(count_) * outputs_ * std::size_t(partial_dim_), 0.f);
-      o.kept.assign(candidates_, 0);
-      o.flops = 0;
-    }
+    for (ChunkPartial& o : out_) o.reset(count_, outputs_, dim_);
     if (count_ == 0 || begin_ >= end_) return true;
     // The tile unit flushes products under 2^-126: a bf16 head whose score scale would make them
     // matter takes the fp32 path, as a head with tiny V does (per head, whatever heads are beside it).
@@ -263,8 +256,7 @@ class TileChunk {
       for (std::int64_t place = 0; place < count_; ++place)
         std::copy_n(acc + (std::int64_t(s) * row_pad_ + place) * kernel_dim_, dim_,
                     o.acc.data() + (std::size_t(sample(s, place)) * outputs_ + s) * std::size_t(partial_dim_));
-    for (std::size_t c = 0; c < candidates_; ++c) o.flops += 2.0 * double(o.kept[c]) * double(dim_);
-    o.flops += 2.0 * double(count_) * double(end_ - begin_) * double(dim_);
+    o.add_output_flops(count_, end_ - begin_, dim_);
   }
 
   const TensorView &q_, &k_, &v_;
