@@ -33,18 +33,18 @@ cmake --build build-tsan -j "$jobs" --target stsa_threaded_tests  # the CLI and 
 # add no thread interleavings the others lack and take minutes under TSan's instrumentation,
 # most of it in the fp64 reference; every other threaded test runs. Their threads run in the
 # tests that compare thread counts bit for bit: CpuThreads.* (every ISA and dtype) and
-# Router.*ErrorsAreBitIdenticalForAnyThreadCount (the fp32 and the tile path).
+# Router.*ErrorsAreBitIdenticalForAnyThreadCount (the fp32 and the pair paths).
 # Each name must still be a threaded test: a renamed test would silently run again
 # (one did, for 72 s, after its rename).
 not_under_tsan=(CpuBackend.MatchesReferenceOnAwkwardShapes CpuBackend.RoundedPlansComputeWhatTheyClaim
                 RoutedAttention.GivenDecisionsMatchTheReferenceOnAwkwardShapes
                 CpuBackend.AmxTileKernelMatchesReferenceOnBf16AndF16Inputs
-                Router.SampledErrorsMatchTheReferenceOnEitherPath Backends.EveryBackendMatchesTheReference
+                Router.SampledErrorsMatchTheReferenceOnEveryPath Backends.EveryBackendMatchesTheReference
                 CpuBackend.AnyHeadDimUpTo128RunsPadded
                 CpuBackend.AmxBf16OutputRoundsPToBf16Unbiased CpuBackend.Avx512Bf16OutputRoundsPToBf16Unbiased
                 CpuBackend.LongRowsKeepTheirFp32Accuracy
                 CpuBackend.StridedChannelsMatchTheReference Router.SampledErrorsMatchTheReference
-                Router.TilePathDecidesLikeTheFp32Path Router.FindsTheKnownKindOfSyntheticHeads)
+                Router.PairPathsDecideLikeTheFp32Path Router.FindsTheKnownKindOfSyntheticHeads)
 for name in "${not_under_tsan[@]}"; do
   ctest --test-dir build-tsan -N -L threads -R "^${name}\$" | grep -q "Total Tests: 1$" ||
     { echo "sanitize: $name is not one threaded test: update not_under_tsan" >&2; exit 1; }
