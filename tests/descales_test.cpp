@@ -146,6 +146,41 @@ TEST(Descales, TinyBf16ProductsUnderHugeDescalesKeepTheirScores) {
   }
 }
 
+// The choice is each head's own: head 1 at a score scale past 2^91 takes fp32 products, and
+// heads 0 and 2 beside it keep the bits they get in a call where no head is past it (a
+// call-wide choice moved them to fp32 products too), while every head matches the reference.
+TEST(Descales, OneHeadPastTheBf16LimitLeavesTheOthersTheirBits) {
+  const VideoLayout layout{{3, 5, 7, 4, TextPlacement::After}, 2, 3, 64};
+  PlanCache plans;
+  for (Isa isa : testing::isas_of_this_machine()) {
+    testing::Problem p = testing::make_problem(layout, DType::BF16, mixed_heads(layout, 0.4, plans),
+                                               testing::fresh_seed(), MemoryLayout::BNHD, DType::F32);
+    const AttentionCall call = p.call();
+    for (std::int64_t b = 0; b < layout.batch; ++b)
+      for (std::int64_t n = 0; n < layout.tokens(); ++n)
+        for (std::int64_t d = 0; d < layout.head_dim; ++d) {  // head 1 only; powers of two: exact in bf16
+          call.q.store(b, n, 1, d, call.q.load(b, n, 1, d) * 0x1p-62f);
+          call.k.store(b, n, 1, d, call.k.load(b, n, 1, d) * 0x1p-62f);
+        }
+    testing::Problem plain = p;  // head 1 without its descales: every head below the limit
+    p.q_descale = p.k_descale = {1.f, 0x1p62f, 1.f, 1.f, 0x1p62f, 1.f};  // [b * H + h]
+    SCOPED_TRACE(p.label + " isa " + std::string(to_string(isa)));
+    const auto cpu = make_cpu_backend({isa, 2});
+    cpu->run(p.call());
+    const testing::Comparison cmp = testing::compare_with_reference(p);
+    EXPECT_TRUE(cmp.ok()) << cmp.failure;
+    cpu->run(plain.call());
+    const AttentionCall mixed = p.call(), alone = plain.call();
+    for (std::int64_t b = 0; b < layout.batch; ++b)
+      for (const std::int64_t h : {0, 2})
+        for (std::int64_t n = 0; n < layout.tokens(); ++n) {
+          ASSERT_EQ(mixed.lse.at(b, h, n), alone.lse.at(b, h, n)) << "head " << h << " token " << n;
+          for (std::int64_t d = 0; d < layout.head_dim; ++d)
+            ASSERT_EQ(mixed.o.load(b, n, h, d), alone.o.load(b, n, h, d)) << "head " << h << " token " << n;
+        }
+  }
+}
+
 // The router's pair products (AMX tiles, VDPBF16PS) flush the same way: at such a scale it
 // computes in fp32 too. (2^-64 here: at 2^-62 the synthetic heads' larger values kept enough
 // products above 2^-126 that flushed scores still routed alike on the AVX-512 path.)

@@ -47,10 +47,11 @@ struct HeadMask {
 // validate() also refuses a call where |scale * q[b, h] * k[b, h]| * log2(e), which
 // the kernels keep in fp32, is not a finite fp32 for some (b, h).
 // The CPU's AVX-512 and AMX kernels compute bf16 Q K^T from bf16 products, which flush
-// those below 2^-126 (and bf16 subnormal inputs) to zero; a bf16 call whose scale times
-// its largest q and k descales reaches 2^91, where such products could matter (Q and K
-// scaled down by ~2^-60 with descales of 2^60), computes it in fp32 instead (every head of
-// it: such a head's bits then depend on the heads beside it; the router decides per head).
+// those below 2^-126 (and bf16 subnormal inputs) to zero; a bf16 head whose scale times
+// its q and k descales reaches 2^91 in some batch entry, where such products could
+// matter (Q and K scaled down by ~2^-60 with descales of 2^60), has its Q K^T computed in
+// fp32 instead. The choice is each head's own, so its bits never depend on the heads
+// beside it (the router decides per head too).
 struct Descales {
   std::span<const float> q, k, v;
 

@@ -82,19 +82,32 @@ struct KernelChoice {
   Isa isa;
   Kernel kernel;
 };
-// Whether `call`'s Q K^T may come from bf16 products on the pair and tile paths: its inputs
-// are not bf16, or its scale times its largest q and k descales is below
-// kBf16PairScoreScaleLimit (a bound for every head that reads only the descales given, so
-// kernel_isa can ask it of a call not validated).
-bool bf16_products_apply(const AttentionCall& call) {
+// Whether head h's Q K^T may come from bf16 products on the pair and tile paths: its
+// inputs are not bf16, or its scale times its q and k descales is below
+// kBf16PairScoreScaleLimit for every batch entry. Reads only the descales given (where
+// they are not B x H, in a call not validated, the largest of them stands for each), so
+// kernel_isa can ask it of any call.
+bool head_takes_bf16_products(const AttentionCall& call, std::int64_t h) {
   if (call.q.dtype != DType::BF16) return true;
-  const auto largest = [](std::span<const float> descales) {
-    double most = 1;  // empty: every factor 1
-    if (!descales.empty()) most = std::abs(double(*std::ranges::max_element(descales)));
-    return most;
+  const std::int64_t batch = call.layout.batch, heads = call.layout.heads;
+  const auto factor = [&](std::span<const float> descales, std::int64_t b) {
+    if (descales.empty()) return 1.0;
+    if (std::int64_t(descales.size()) == batch * heads && h < heads)
+      return std::abs(double(descales[std::size_t(b * heads + h)]));
+    return std::abs(double(*std::ranges::max_element(descales)));
   };
-  return std::abs(double(call.scale())) * largest(call.descales.q) * largest(call.descales.k) <
-         kBf16PairScoreScaleLimit;
+  for (std::int64_t b = 0; b < std::max<std::int64_t>(batch, 1); ++b)
+    if (std::abs(double(call.scale())) * factor(call.descales.q, b) * factor(call.descales.k, b) >=
+        kBf16PairScoreScaleLimit)
+      return false;
+  return true;
+}
+
+// Whether every head `call` computes takes bf16 products (head_takes_bf16_products).
+bool bf16_products_apply(const AttentionCall& call) {
+  for (std::size_t h = 0; h < call.heads.size(); ++h)
+    if (call.heads[h].compute && !head_takes_bf16_products(call, std::int64_t(h))) return false;
+  return true;
 }
 
 // Which of the kernel's products take bf16 pairs for a call whose output is `out`.
@@ -269,7 +282,27 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // A bf16 call whose heads differ in whether their descales let Q K^T come from bf16
+  // products runs as two passes, each head with what its own descales allow: its bits
+  // never depend on the heads beside it (a Ulysses rank holding it alone gets them too).
   void compute(const AttentionCall& call, Isa isa, const RowSource& in, const RowDestination& out) const {
+    AttentionCall pair_heads = call, fp32_heads = call;
+    bool any_pairs = false, any_fp32 = false;
+    for (std::size_t h = 0; h < call.heads.size(); ++h) {
+      if (!call.heads[h].compute) continue;
+      const bool pairs = head_takes_bf16_products(call, std::int64_t(h));
+      (pairs ? fp32_heads : pair_heads).heads[h].compute = false;
+      (pairs ? any_pairs : any_fp32) = true;
+    }
+    if (any_pairs && any_fp32) {
+      compute_heads(pair_heads, isa, in, out);
+      compute_heads(fp32_heads, isa, in, out);
+    } else {
+      compute_heads(call, isa, in, out);
+    }
+  }
+
+  void compute_heads(const AttentionCall& call, Isa isa, const RowSource& in, const RowDestination& out) const {
     const VideoLayout& layout = call.layout;
     const KernelChoice choice = choose_kernel(isa, call);
     const bool amx = choice.isa == Isa::Amx;

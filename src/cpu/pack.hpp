@@ -120,7 +120,7 @@ inline constexpr float kTinyV = 0x1p-64f;
 // bf16 products below 2^-126 flush to zero in VDPBF16PS and the tile unit (bf16 subnormal
 // inputs count as zero there too). With at most kMaxHeadDim = 2^10 channels a score loses
 // under 2^-116 that way, which times a score scale below this stays under 2^-24 in exp2's
-// argument: a bf16 call with a larger scale computes Q K^T from fp32 (bf16_products_apply).
+// argument: a bf16 head with a larger scale computes Q K^T from fp32 (head_takes_bf16_products).
 inline constexpr double kBf16PairScoreScaleLimit = 0x1p91;
 // With kernel_dim above the head dim, every panel has kernel_dim channels, zero past the head's.
 KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k, float* kt,
