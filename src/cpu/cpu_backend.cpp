@@ -286,20 +286,19 @@ class CpuBackend final : public Backend {
   // products runs as two passes, each head with what its own descales allow: its bits
   // never depend on the heads beside it (a Ulysses rank holding it alone gets them too).
   void compute(const AttentionCall& call, Isa isa, const RowSource& in, const RowDestination& out) const {
-    AttentionCall pair_heads = call, fp32_heads = call;
+    std::vector<std::uint8_t> pairs(call.heads.size());  // per computed head: head_takes_bf16_products
     bool any_pairs = false, any_fp32 = false;
     for (std::size_t h = 0; h < call.heads.size(); ++h) {
       if (!call.heads[h].compute) continue;
-      const bool pairs = head_takes_bf16_products(call, std::int64_t(h));
-      (pairs ? fp32_heads : pair_heads).heads[h].compute = false;
-      (pairs ? any_pairs : any_fp32) = true;
+      pairs[h] = head_takes_bf16_products(call, std::int64_t(h));
+      (pairs[h] ? any_pairs : any_fp32) = true;
     }
-    if (any_pairs && any_fp32) {
-      compute_heads(pair_heads, isa, in, out);
-      compute_heads(fp32_heads, isa, in, out);
-    } else {
-      compute_heads(call, isa, in, out);
-    }
+    if (!any_pairs || !any_fp32) return compute_heads(call, isa, in, out);
+    AttentionCall pair_heads = call, fp32_heads = call;
+    for (std::size_t h = 0; h < call.heads.size(); ++h)
+      if (call.heads[h].compute) (pairs[h] ? fp32_heads : pair_heads).heads[h].compute = false;
+    compute_heads(pair_heads, isa, in, out);
+    compute_heads(fp32_heads, isa, in, out);
   }
 
   void compute_heads(const AttentionCall& call, Isa isa, const RowSource& in, const RowDestination& out) const {
