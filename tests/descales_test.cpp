@@ -122,6 +122,16 @@ TEST(Descales, OnesGiveTheSameBitsAsNone) {
     }
 }
 
+// Q and K of head h (every batch entry) multiplied by `factor`, a power of two: exact in bf16.
+void scale_qk(const AttentionCall& call, std::int64_t h, float factor) {
+  for (std::int64_t b = 0; b < call.layout.batch; ++b)
+    for (std::int64_t n = 0; n < call.layout.tokens(); ++n)
+      for (std::int64_t d = 0; d < call.layout.head_dim; ++d) {
+        call.q.store(b, n, h, d, call.q.load(b, n, h, d) * factor);
+        call.k.store(b, n, h, d, call.k.load(b, n, h, d) * factor);
+      }
+}
+
 // bf16 Q and K scaled by 2^-62 with descales of 2^62: most products fall under 2^-126,
 // which VDPBF16PS and the tile unit flush to zero, so at such a score scale every kernel
 // must take fp32 products (kBf16PairScoreScaleLimit); with flushed products rel L2 was ~0.75.
@@ -131,13 +141,7 @@ TEST(Descales, TinyBf16ProductsUnderHugeDescalesKeepTheirScores) {
   for (Isa isa : testing::isas_of_this_machine()) {
     testing::Problem p = testing::make_problem(layout, DType::BF16, mixed_heads(layout, 0.4, plans),
                                                testing::fresh_seed(), MemoryLayout::BNHD, DType::F32);
-    const AttentionCall call = p.call();
-    for (std::int64_t n = 0; n < layout.tokens(); ++n)
-      for (std::int64_t h = 0; h < layout.heads; ++h)
-        for (std::int64_t d = 0; d < layout.head_dim; ++d) {  // powers of two: exact in bf16
-          call.q.store(0, n, h, d, call.q.load(0, n, h, d) * 0x1p-62f);
-          call.k.store(0, n, h, d, call.k.load(0, n, h, d) * 0x1p-62f);
-        }
+    for (std::int64_t h = 0; h < layout.heads; ++h) scale_qk(p.call(), h, 0x1p-62f);
     p.q_descale = p.k_descale = std::vector<float>(std::size_t(layout.heads), 0x1p62f);
     SCOPED_TRACE(p.label + " isa " + std::string(to_string(isa)));
     make_cpu_backend({isa, 2})->run(p.call());
@@ -155,13 +159,7 @@ TEST(Descales, OneHeadPastTheBf16LimitLeavesTheOthersTheirBits) {
   for (Isa isa : testing::isas_of_this_machine()) {
     testing::Problem p = testing::make_problem(layout, DType::BF16, mixed_heads(layout, 0.4, plans),
                                                testing::fresh_seed(), MemoryLayout::BNHD, DType::F32);
-    const AttentionCall call = p.call();
-    for (std::int64_t b = 0; b < layout.batch; ++b)
-      for (std::int64_t n = 0; n < layout.tokens(); ++n)
-        for (std::int64_t d = 0; d < layout.head_dim; ++d) {  // head 1 only; powers of two: exact in bf16
-          call.q.store(b, n, 1, d, call.q.load(b, n, 1, d) * 0x1p-62f);
-          call.k.store(b, n, 1, d, call.k.load(b, n, 1, d) * 0x1p-62f);
-        }
+    scale_qk(p.call(), 1, 0x1p-62f);
     testing::Problem plain = p;  // head 1 without its descales: every head below the limit
     p.q_descale = p.k_descale = {1.f, 0x1p62f, 1.f, 1.f, 0x1p62f, 1.f};  // [b * H + h]
     SCOPED_TRACE(p.label + " isa " + std::string(to_string(isa)));
