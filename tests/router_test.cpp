@@ -733,7 +733,7 @@ std::vector<Isa> router_paths() {
 }
 
 // The reported FLOPs are exactly the definition's, on the fp32 path and the pair
-// paths, which compute more but count the same: every candidate's kept
+// paths (the tiles compute more but count the same): every candidate's kept
 // pairs (a third candidate, the frame window, adds its own), text forced in.
 TEST(Router, FlopsCountEveryCandidatesKeptPairs) {
   synth::Options s;
