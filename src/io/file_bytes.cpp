@@ -8,6 +8,7 @@
 #include <memory>
 #include <system_error>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,23 +54,30 @@ std::vector<std::byte> read_whole(const std::string& path) { return read_range(p
 
 namespace {
 
-// Writes every part to `fd`; false with errno set at the first failure.
-bool write_all(int fd, std::initializer_list<std::span<const std::byte>> parts) {
+// Writes every part to `fd`, then closes it (the last bytes may only fail there): 0, or the
+// errno of the first failure.
+int write_and_close(int fd, std::initializer_list<std::span<const std::byte>> parts) {
+  int error = 0;
   for (const auto& part : parts) {
     const std::byte* at = part.data();
     std::size_t left = part.size();
-    while (left > 0) {
+    while (left > 0 && error == 0) {
       const ssize_t wrote = ::write(fd, at, left);
       if (wrote < 0 && errno == EINTR) continue;
       if (wrote <= 0) {
-        if (wrote == 0) errno = EIO;
-        return false;
+        error = wrote == 0 ? EIO : errno;
+        break;
       }
       at += wrote;
       left -= std::size_t(wrote);
     }
   }
-  return true;
+  if (::close(fd) != 0 && error == 0) error = errno;
+  return error;
+}
+
+std::string write_failure(const std::string& path, int error, std::string_view note = {}) {
+  return stsa::detail::concat(path, ": write failed (", error != 0 ? std::strerror(error) : "I/O error", note, ")");
 }
 
 // Overwriting a regular file: the bytes go to a new file beside it, with its permissions, which
@@ -81,20 +89,16 @@ bool replace_regular_file(const std::string& path, mode_t mode,
   std::string temporary = path + ".stsa-XXXXXX";
   const int fd = ::mkstemp(temporary.data());
   if (fd < 0) return false;
-  bool ok = ::fchmod(fd, mode & 07777) == 0 && write_all(fd, parts);
-  int error = ok ? 0 : errno;
-  if (::close(fd) != 0 && ok) {
-    ok = false;
-    error = errno;
+  int error = ::fchmod(fd, mode & 07777) == 0 ? 0 : errno;
+  if (error == 0) {
+    error = write_and_close(fd, parts);
+  } else {
+    ::close(fd);
   }
-  if (ok && std::rename(temporary.c_str(), path.c_str()) != 0) {
-    ok = false;
-    error = errno;
-  }
-  if (ok) return true;
+  if (error == 0 && std::rename(temporary.c_str(), path.c_str()) != 0) error = errno;
+  if (error == 0) return true;
   ::unlink(temporary.c_str());
-  throw IoError(stsa::detail::concat(path, ": write failed (", error != 0 ? std::strerror(error) : "I/O error",
-                                     "; the old file is as it was)"));
+  throw IoError(write_failure(path, error, "; the old file is as it was"));
 }
 
 }  // namespace
@@ -106,25 +110,16 @@ void write_file(const std::string& path, std::initializer_list<std::span<const s
   if (overwrite && ::lstat(path.c_str(), &existing) == 0 && S_ISREG(existing.st_mode) &&
       ::access(path.c_str(), W_OK) == 0 && replace_regular_file(path, existing.st_mode, parts))
     return;
-  // "x" opens exclusively, so an existing file is never clobbered even in a race.
-  std::FILE* file = std::fopen(path.c_str(), overwrite ? "wb" : "wbx");
-  if (file == nullptr) {
+  // O_EXCL opens exclusively, so an existing file is never clobbered even in a race.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (overwrite ? O_TRUNC : O_EXCL), 0666);
+  if (fd < 0) {
     STSA_CHECK(overwrite || errno != EEXIST, IoError, path, ": already exists (", refusal, ")");
     throw IoError(stsa::detail::concat(path, ": cannot create (", std::strerror(errno), ")"));
   }
   struct stat opened {};
-  const bool regular = ::fstat(::fileno(file), &opened) == 0 && S_ISREG(opened.st_mode);
-  bool ok = true;
-  int error = 0;  // the first failure's errno
-  const auto note = [&](bool step_ok) {
-    if (!step_ok && ok) error = errno;
-    ok = ok && step_ok;
-  };
-  for (const auto& part : parts)
-    if (ok && !part.empty()) note(std::fwrite(part.data(), 1, part.size(), file) == part.size());
-  note(std::fflush(file) == 0);
-  note(std::fclose(file) == 0);  // the last buffered bytes may only fail here
-  if (ok) return;
+  const bool regular = ::fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode);
+  const int error = write_and_close(fd, parts);
+  if (error == 0) return;
   // What is there now is a fragment. The file was created by this call, or (overwrite, where no
   // file could be made beside it) its old content went when the open truncated it: either way
   // nothing of the user's is left to keep, and a fragment would pass for output (or block the
@@ -133,7 +128,7 @@ void write_file(const std::string& path, std::initializer_list<std::span<const s
   struct stat now {};
   if (regular && ::stat(path.c_str(), &now) == 0 && now.st_dev == opened.st_dev && now.st_ino == opened.st_ino)
     ::unlink(path.c_str());
-  throw IoError(stsa::detail::concat(path, ": write failed (", error != 0 ? std::strerror(error) : "I/O error", ")"));
+  throw IoError(write_failure(path, error));
 }
 
 bool checked_mul(std::int64_t a, std::int64_t b, std::int64_t& out) {

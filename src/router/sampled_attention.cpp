@@ -226,8 +226,13 @@ class VectorChunk {
         sum_head_(std::size_t(count_ * kBlocksPerSubChunk)) {}
 
   void run() {
+    pair_head_.resize(std::size_t(group_));
     for (std::int64_t g = 0; g < group_; ++g) {
-      const bool pairs = pair_scores(g);
+      // Pairs: the call's choice, unless the head is bf16 with a score scale past
+      // kBf16PairScoreScaleLimit, where products VDPBF16PS flushes would matter.
+      const bool pairs =
+          pairs_ && !(q_.dtype == DType::BF16 && double(std::abs(scale_of(g))) >= cpu::kBf16PairScoreScaleLimit);
+      pair_head_[std::size_t(g)] = pairs;
       (pairs ? pair_heads_ : fp32_heads_) += 1;
     }
     for (ChunkPartial& o : out_) o.reset(count_, outputs_, dim_);
@@ -270,11 +275,8 @@ class VectorChunk {
 
   float scale_of(std::int64_t g) const { return scales_[std::size_t(heads_[std::size_t(g)])]; }
 
-  // Head g's scores from bf16 pairs: the call's choice, unless the head is bf16 with a score
-  // scale past kBf16PairScoreScaleLimit, where products VDPBF16PS flushes would matter.
-  bool pair_scores(std::int64_t g) const {
-    return pairs_ && !(q_.dtype == DType::BF16 && double(std::abs(scale_of(g))) >= cpu::kBf16PairScoreScaleLimit);
-  }
+  // Whether head g's scores come from bf16 pairs (decided once, in run()).
+  bool pair_scores(std::int64_t g) const { return pair_head_[std::size_t(g)] != 0; }
 
   void allocate() {
     // (Buffers of both kinds per head of the group, used by its heads of each kind.)
@@ -463,7 +465,8 @@ class VectorChunk {
   // weights and block sums.
   const std::size_t acc_row_, q_head_, q_pairs_head_, kt_head_, kt_pairs_head_, v_pairs_head_, vb_head_, e_head_,
       sum_head_;
-  std::int64_t pair_heads_ = 0, fp32_heads_ = 0;  // heads of the group whose scores take pairs, fp32
+  std::vector<std::uint8_t> pair_head_;            // per head of the group: its scores take pairs
+  std::int64_t pair_heads_ = 0, fp32_heads_ = 0;  // how many heads take pairs, fp32
 };
 
 }  // namespace
