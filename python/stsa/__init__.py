@@ -63,7 +63,8 @@ _DEFAULT_TILE = (128, 128)
 class VideoGrid:
     """Latent frames x token rows x token columns, and text tokens before or after
     the video. A value (compares, hashes and pickles by its fields) and plain Python,
-    so torch.compile reads it (and guards on it) without a graph break."""
+    so torch.compile reads it (and guards on it) without a graph break, and a model may
+    make one inside the compiled code, from its latents' shape (sizes traced as SymInts)."""
 
     frames: int
     height: int
@@ -79,9 +80,13 @@ class VideoGrid:
             # Held as a Python int: a NumPy integer failed torch.compile's trace (an operator's int
             # argument) and made tokens and video_tokens NumPy integers.
             object.__setattr__(self, name, int(value))
-        if not isinstance(self.text_placement, str):
+        if not isinstance(self.text_placement, str) or self.text_placement not in ("before", "after"):
             raise InvalidArgument(f"VideoGrid text_placement must be 'before' or 'after', got {self.text_placement!r}")
-        self._native()  # the library checks the values (stsa.InvalidArgument)
+        # The library checks the values (stsa.InvalidArgument). While torch.compile traces, the
+        # extension's call would break the graph: the operator the grid goes to makes the library's
+        # grid, with the same checks, each time it runs.
+        if not _torch_compiling():
+            self._native()
 
     @property
     def video_tokens(self) -> int:
@@ -661,11 +666,12 @@ def _router(density, spatial_density, temporal_density, frames_density, try_fram
 def _traced(array) -> bool:
     """Whether torch.compile is tracing this call: then it goes through the operator
     torch.ops.stsa.attention (_torch_op.py) and stays in the compiled graph."""
-    if _framework(array) != "torch":
-        return False
-    import torch
+    return _framework(array) == "torch" and _torch_compiling()
 
-    return torch.compiler.is_compiling()
+
+def _torch_compiling() -> bool:
+    torch = sys.modules.get("torch")  # not imported: nothing can be compiling
+    return torch is not None and torch.compiler.is_compiling()
 
 
 def _require_torch_operators(torch) -> None:

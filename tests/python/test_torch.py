@@ -408,6 +408,45 @@ def test_a_grid_of_numpy_integers_compiles(rng):
 
 
 @needs_operators
+def test_a_grid_made_inside_compiled_code_stays_in_the_graph(rng):
+    """A model makes its grid from the latents' shape inside its compiled forward. That grid
+    (or a (frames, height, width) tuple) broke the graph at the extension's check (fullgraph
+    raised); now one compile with dynamic shapes serves every video length, and the library
+    checks the traced sizes when the operator runs."""
+    per_frame = 4 * 6
+    compiles, ops = [], []
+
+    def backend(gm, example_inputs):
+        compiles.append(1)
+        ops.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
+
+    def with_grid(q, k, v, shrink):
+        grid = stsa.VideoGrid(q.shape[1] // per_frame - shrink, 4, 6)
+        return stsa.attention(q, k, v, grid, "spatial", 0.5)
+
+    def with_tuple(q, k, v, shrink):
+        return stsa.attention(q, k, v, (q.shape[1] // per_frame - shrink, 4, 6), "spatial", 0.5)
+
+    for forward in (with_grid, with_tuple):
+        torch._dynamo.reset()
+        compiles.clear(), ops.clear()
+        compiled = torch.compile(forward, fullgraph=True, dynamic=True, backend=backend)
+        for frames in (5, 7, 9):
+            q, k, v = random_qkv(rng, stsa.VideoGrid(frames, 4, 6), 2, 64, torch.float32)
+            assert torch.equal(compiled(q, k, v, 0), forward(q, k, v, 0)), (forward.__name__, frames)
+        assert len(compiles) == 1 and ops.count("stsa.attention") == 1, forward.__name__
+        with pytest.raises(stsa.InvalidArgument, match="frames must be >= 1, got 0"):
+            compiled(q, k, v, 9)
+
+    def placed_in_the_middle(q, k, v):
+        return stsa.attention(q, k, v, stsa.VideoGrid(q.shape[1] // per_frame, 4, 6, text_placement="middle"))
+
+    with pytest.raises(Exception, match="text_placement must be 'before' or 'after', got 'middle'"):
+        torch.compile(placed_in_the_middle, fullgraph=True, backend="aot_eager")(q, k, v)
+
+
+@needs_operators
 def test_the_operators_pass_torch_opcheck(rng):
     import stsa._torch_op  # noqa: F401  (registers torch.ops.stsa.*)
 
