@@ -75,6 +75,8 @@ class VideoGrid:
     def __post_init__(self):
         for name in ("frames", "height", "width", "text"):
             value = getattr(self, name)
+            if _symbolic_int(value):  # from a shape torch.export traces: int() would fix its value
+                continue
             if not isinstance(value, numbers.Integral) or isinstance(value, bool):
                 raise InvalidArgument(f"VideoGrid {name} must be an integer, got {value!r}")
             # Held as a Python int: a NumPy integer failed torch.compile's trace (an operator's int
@@ -667,6 +669,11 @@ def _traced(array) -> bool:
     """Whether torch.compile is tracing this call: then it goes through the operator
     torch.ops.stsa.attention (_torch_op.py) and stays in the compiled graph."""
     return _framework(array) == "torch" and _torch_compiling()
+
+
+def _symbolic_int(value) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.SymInt)
 
 
 def _torch_compiling() -> bool:

@@ -10,7 +10,8 @@ from typing import Optional
 
 import torch
 
-from . import VideoGrid, _batch_tokens_heads, _policies, _require_torch_operators, attention, routed_attention
+from . import (InvalidArgument, VideoGrid, _batch_tokens_heads, _policies, _require_torch_operators, attention,
+               routed_attention)
 
 _require_torch_operators(torch)
 
@@ -101,10 +102,13 @@ def policy_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, polic
                         k_descale: Optional[torch.Tensor],
                         v_descale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of ``Policy.attention``; its info in the policy's ``last_info``."""
-    out, lse, _ = _policies[policy].attention(q, k, v, _grid(grid, text_before), step, layer, layout=layout,
-                                              scale=scale, tile=(tile[0], tile[1]), align=align,
-                                              backend=backend or None, return_lse=True, timed=timed,
-                                              q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    found = _policies.get(policy)
+    if found is None:  # was a KeyError
+        raise InvalidArgument(f"the stsa.Policy this compiled or exported call was traced with (number {policy}) no "
+                              "longer exists: keep the Policy alive while the program that calls it runs")
+    out, lse, _ = found.attention(q, k, v, _grid(grid, text_before), step, layer, layout=layout, scale=scale,
+                                  tile=(tile[0], tile[1]), align=align, backend=backend or None, return_lse=True,
+                                  timed=timed, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     return out, lse
 
 

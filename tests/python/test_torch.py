@@ -447,6 +447,51 @@ def test_a_grid_made_inside_compiled_code_stays_in_the_graph(rng):
 
 
 @needs_operators
+def test_an_exported_block_takes_any_video_length(rng):
+    """torch.export with the frame count dynamic: the grid made from q's shape keeps its size
+    symbolic (a SymInt was refused as "not an integer"), the program holds one stsa operator,
+    and it returns the eager bytes at every length."""
+
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v):
+            grid = stsa.VideoGrid(q.shape[1] // 24, 4, 6, text=0)
+            return stsa.attention(q, k, v, grid, ["spatial", "temporal"], 0.5) * 2
+
+    frames = torch.export.Dim("frames", min=1, max=64)
+    q, k, v = random_qkv(rng, stsa.VideoGrid(5, 4, 6), 2, 64, torch.float32)
+    program = torch.export.export(Block(), (q, k, v), dynamic_shapes=[{1: 24 * frames}] * 3)
+    ops = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+    assert ops.count("stsa.attention.default") == 1, ops
+    for length in (5, 8, 1):
+        q, k, v = random_qkv(rng, stsa.VideoGrid(length, 4, 6), 2, 64, torch.float32)
+        assert torch.equal(program.module()(q, k, v), Block()(q, k, v)), length
+
+
+@needs_operators
+def test_an_exported_policy_call_whose_policy_is_gone_says_so(rng):
+    """An exported program calls its Policy by number; once nobody holds that Policy, the
+    call is refused by name (it was a KeyError), and while it lives, it routes as eager."""
+    import gc
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.policy = stsa.Policy(density=0.5, dense_steps=0)
+
+        def forward(self, q, k, v):
+            return self.policy.attention(q, k, v, stsa.VideoGrid(5, 4, 6), step=3, layer=1)[0]
+
+    q, k, v = random_qkv(rng, stsa.VideoGrid(5, 4, 6), 2, 64, torch.float32)
+    block = Block()
+    program = torch.export.export(block, (q, k, v)).module()
+    assert torch.equal(program(q, k, v), Block()(q, k, v))
+    del block
+    gc.collect()
+    with pytest.raises(stsa.InvalidArgument, match=r"stsa.Policy this compiled or exported call .* no longer exists"):
+        program(q, k, v)
+
+
+@needs_operators
 def test_the_operators_pass_torch_opcheck(rng):
     import stsa._torch_op  # noqa: F401  (registers torch.ops.stsa.*)
 
