@@ -128,7 +128,7 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     masks, density = _masks(mask), _number("density", density)
     anchor, return_lse = _flag("anchor", anchor), _flag("return_lse", return_lse)
     _refuse_autograd(q, k, v, out, lse)
-    if out is None and lse is None and stream is None and _traced(q):
+    if out is None and lse is None and stream is None and _traced(q, k, v):
         from ._torch_op import traced_attention
 
         out, lse = traced_attention(q, k, v, _video_grid(grid), masks, density, anchor, layout, scale, _tile(tile),
@@ -170,7 +170,7 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
                      anchor)
     return_lse = _flag("return_lse", return_lse)
     _refuse_autograd(q, k, v, out, lse)
-    if out is None and lse is None and stream is None and _traced(q):
+    if out is None and lse is None and stream is None and _traced(q, k, v):
         from ._torch_op import traced_routed_attention
 
         out, lse = traced_routed_attention(q, k, v, _video_grid(grid), router, layout, scale, _tile(tile), align,
@@ -292,7 +292,7 @@ class Policy:
         runs; ``info`` is then None and ``last_info`` holds it after the call."""
         return_lse = _flag("return_lse", return_lse)
         _refuse_autograd(q, k, v, out, lse)
-        if out is None and lse is None and stream is None and _traced(q):
+        if out is None and lse is None and stream is None and _traced(q, k, v):
             from ._torch_op import traced_policy_attention
 
             out, lse = traced_policy_attention(self._id, q, k, v, _video_grid(grid), step, layer, layout, scale,
@@ -665,10 +665,18 @@ def _router(density, spatial_density, temporal_density, frames_density, try_fram
             "max_rel_l2": _number("max_rel_l2", max_rel_l2), "anchor": _flag("anchor", anchor), "seed": int(seed)}
 
 
-def _traced(array) -> bool:
-    """Whether torch.compile is tracing this call: then it goes through the operator
-    torch.ops.stsa.attention (_torch_op.py) and stays in the compiled graph."""
-    return _framework(array) == "torch" and _torch_compiling()
+def _traced(q, k, v) -> bool:
+    """Whether this call goes through the operator torch.ops.stsa.attention (_torch_op.py): while
+    torch.compile or torch.export traces it (it stays in the graph), and when q, k and v have no
+    data (the meta device, FakeTensorMode: a model run for its shapes), whose outputs its fake
+    implementation gives. One of them alone without data is refused by name, as eager."""
+    if _framework(q) != "torch":
+        return False
+    import torch
+
+    return _torch_compiling() or all(
+        _framework(x) == "torch" and (x.device.type == "meta" or isinstance(x, torch._subclasses.FakeTensor))
+        for x in (q, k, v))
 
 
 def _symbolic_int(value) -> bool:

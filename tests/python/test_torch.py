@@ -144,14 +144,45 @@ def test_tensors_stsa_cannot_read_are_refused_by_name(rng):
     not nanobind's TypeError listing the module's signatures."""
     grid = stsa.VideoGrid(4, 4, 4)
     q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    with pytest.raises(stsa.Unsupported, match="v is on meta: stsa takes host"):  # all three: their shapes
+        stsa.attention(q, k, v.to("meta"), grid)
     with pytest.raises(stsa.Unsupported, match="q is on meta: stsa takes host"):
-        stsa.attention(q.to("meta"), k.to("meta"), v.to("meta"), grid)
+        stsa.route(q.to("meta"), k.to("meta"), v.to("meta"), grid)
     with pytest.raises(stsa.Unsupported, match="out is on meta"):
         stsa.attention(q, k, v, grid, out=torch.empty(q.shape, device="meta"))
     with pytest.raises(stsa.Unsupported, match="k is a torch.sparse_coo tensor"):
         stsa.route(q, k.to_sparse(), v, grid)
     with pytest.raises(stsa.Unsupported, match="k_descale is a torch.sparse_coo tensor"):
         stsa.attention(q, k, v, grid, k_descale=torch.ones(1, 2).to_sparse())
+
+
+@needs_operators
+def test_tensors_without_data_get_the_outputs_shapes(rng):
+    """A model run on the meta device or under FakeTensorMode (for its shapes, its memory): the
+    calls give outputs of the shapes, dtypes and device a real call gives (the operators' fake
+    implementations); it was "q is on meta" and, for fake tensors, "q is null"."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    grid = stsa.VideoGrid(4, 4, 4, text=3)
+    real = random_qkv(rng, grid, 2, 64, torch.bfloat16)
+    real_f8 = tuple(x.to(torch.float8_e4m3fn) for x in real)
+
+    def calls(q, k, v):
+        yield stsa.attention(q, k, v, grid, ["spatial", "temporal"], 0.5, return_lse=True)
+        yield stsa.attention(*(x.transpose(1, 2) for x in (q, k, v)), grid, layout="bhnd", return_lse=True)
+        yield stsa.routed_attention(q, k, v, grid, samples=8, return_lse=True)[:2]
+        yield stsa.Policy(density=0.5).attention(q, k, v, grid, step=5, layer=1, return_lse=True)[:2]
+
+    expected = [[(tuple(t.shape), t.dtype) for t in pair] for inputs in (real, real_f8) for pair in calls(*inputs)]
+    meta = [[(tuple(t.shape), t.dtype, t.device.type) for t in pair]
+            for inputs in (real, real_f8) for pair in calls(*(x.to("meta") for x in inputs))]
+    assert meta == [[(*e, "meta") for e in pair] for pair in expected]
+    assert expected[0] == [((1, grid.tokens, 2, 64), torch.bfloat16), ((1, 2, grid.tokens), torch.float32)]
+    assert expected[-1][0][1] == torch.bfloat16  # float8 in, bfloat16 out
+    with FakeTensorMode() as mode:
+        fake = [[(tuple(t.shape), t.dtype) for t in pair]
+                for inputs in (real, real_f8) for pair in calls(*(mode.from_tensor(x) for x in inputs))]
+    assert fake == expected
 
 
 def test_outputs_autograd_tracks_are_refused_or_marked_written(rng):
