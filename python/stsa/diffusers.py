@@ -255,6 +255,10 @@ class SparseTransformer:
             self._generation = self._clock.generation
             self.policy.clear()
 
+    # Eager whole, never traced in pieces: where a graph break left a caller eager inside a compiled
+    # region, dynamo compiled Policy.attention's frame by itself, which took the operator's path and
+    # returned no info to record (a TypeError). Traced calls reach this through _attention_op.
+    @torch.compiler.disable
     def _attend(self, layer: int, q, k, v, layout: str, prompt_mask=None, history: int = 0):
         """q, k, v ([B, N, H, D] or, with layout "bhnd", [B, H, N, D]) of one layer's
         self-attention -> its output, recorded. ``prompt_mask`` [B, T]: which of the
@@ -946,7 +950,11 @@ _owners: "weakref.WeakValueDictionary[int, SparseTransformer]" = weakref.WeakVal
 @torch.library.custom_op("stsa::diffusers_attention", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int, layer: torch.Tensor,
                   layout: str, prompt_mask: Optional[torch.Tensor], history: int) -> torch.Tensor:
-    return _owners[owner]._attend(int(layer), q, k, v, layout, prompt_mask, history)
+    found = _owners.get(owner)
+    if found is None:  # was a KeyError
+        raise InvalidArgument(f"what stsa.diffusers.enable returned when this call was compiled or exported "
+                              f"(number {owner}) no longer exists: keep it while the program that calls it runs")
+    return found._attend(int(layer), q, k, v, layout, prompt_mask, history)
 
 
 @_attention_op.register_fake
