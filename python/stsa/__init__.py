@@ -75,7 +75,7 @@ class VideoGrid:
     def __post_init__(self):
         for name in ("frames", "height", "width", "text"):
             value = getattr(self, name)
-            if _symbolic_int(value):  # from a shape torch.export traces: int() would fix its value
+            if _symbolic_int(value):  # a size traced from a shape (torch.export): int() would fix its value
                 continue
             if not isinstance(value, numbers.Integral) or isinstance(value, bool):
                 raise InvalidArgument(f"VideoGrid {name} must be an integer, got {value!r}")
@@ -666,17 +666,19 @@ def _router(density, spatial_density, temporal_density, frames_density, try_fram
 
 
 def _traced(q, k, v) -> bool:
-    """Whether this call goes through the operator torch.ops.stsa.attention (_torch_op.py): while
+    """Whether this call goes through its operator (torch.ops.stsa.attention and the others, _torch_op.py): while
     torch.compile or torch.export traces it (it stays in the graph), and when q, k and v have no
     data (the meta device, FakeTensorMode: a model run for its shapes), whose outputs its fake
     implementation gives. One of them alone without data is refused by name, as eager."""
-    if _framework(q) != "torch":
-        return False
-    import torch
+    return _framework(q) == "torch" and (_torch_compiling() or _without_data(q, k, v))
 
-    return _torch_compiling() or all(
-        _framework(x) == "torch" and (x.device.type == "meta" or isinstance(x, torch._subclasses.FakeTensor))
-        for x in (q, k, v))
+
+def _without_data(*arrays) -> bool:
+    """Whether every one is a torch tensor without data: on the meta device, or a FakeTensor."""
+    torch = sys.modules.get("torch")
+    return torch is not None and all(
+        isinstance(x, torch.Tensor) and (x.device.type == "meta" or isinstance(x, torch._subclasses.FakeTensor))
+        for x in arrays)
 
 
 def _symbolic_int(value) -> bool:

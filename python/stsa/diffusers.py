@@ -56,7 +56,7 @@ from typing import Any, Callable, Optional, cast
 
 import torch
 
-from . import InvalidArgument, Policy, Unsupported, VideoGrid, _flag, _require_torch_operators
+from . import InvalidArgument, Policy, Unsupported, VideoGrid, _flag, _require_torch_operators, _without_data
 
 _require_torch_operators(torch)
 
@@ -245,6 +245,9 @@ class SparseTransformer:
         self._forwards += 1
         bound = self._signature.bind(*args, **kwargs).arguments
         self.grid = self._family.grid(module, bound)
+        if _without_data(torch.as_tensor(bound["timestep"])):
+            self.text_counts = None  # a forward for shapes (meta device, FakeTensorMode): nothing to read
+            return
         # Per sample, the prompt tokens its mask keeps (HunyuanVideo pads every prompt to one length).
         self.text_counts = self._family.text_counts(bound)
         # One host read per forward: the step is what the policy is keyed by.
@@ -435,7 +438,8 @@ class _SelfAttention:
         ulysses = self._ulysses(prompt_mask, history)
         if ulysses is not None:  # this rank's share of the tokens, every head -> every token, its share of the heads
             query, key, value = (_tokens_for_heads(x, *ulysses) for x in (query, key, value))
-        if torch.compiler.is_compiling():  # one opaque operator in the compiled block, not a graph break
+        # One opaque operator in the compiled block, not a graph break; without data, its fake implementation.
+        if torch.compiler.is_compiling() or _without_data(query, key, value):
             out = torch.ops.stsa.diffusers_attention(query, key, value, self.owner._id, self._layer_tensor,
                                                      self.layout, prompt_mask, history)
         else:

@@ -541,12 +541,12 @@ def _thread_names() -> list:
     return [(task / "comm").read_text().strip() for task in tasks.iterdir()] if tasks.is_dir() else []
 
 
-def _ulysses_compiled(model, config, x, single, heads, monkeypatch) -> None:
+def _ulysses_compiled(make_model, config, x, single, heads, monkeypatch) -> None:
     """Ulysses under diffusers' regional compilation: each block's graph holds stsa's operator and
     its all-to-alls (q, k and v out, the output back), and the routed output and routes are one
     process's. Not fullgraph: diffusers' own context-parallel hook breaks the graph at the first
     block (inspect.signature in its pre_forward), stsa or not. Then the same with a graph break in
-    the exchange (a torch that cannot trace it): stsa ran eagerly in pieces there, and failed."""
+    the exchange (as a torch that cannot trace it would make): it was a TypeError (_attend)."""
     exchange = stsa.diffusers._all_to_all
 
     def exchange_with_a_break(*args):
@@ -557,7 +557,7 @@ def _ulysses_compiled(model, config, x, single, heads, monkeypatch) -> None:
         if breaking:
             monkeypatch.setattr(stsa.diffusers, "_all_to_all", exchange_with_a_break)
             torch._dynamo.reset()
-        graphs = _ulysses_compiled_run(model, config, x, single, heads)
+        graphs = _ulysses_compiled_run(make_model(), config, x, single, heads)
         if not breaking:
             in_graphs = sorted((ops.count("stsa.diffusers_attention"), sum("all_to_all" in op for op in ops))
                                for ops in graphs)
@@ -571,7 +571,6 @@ def _ulysses_compiled_run(model, config, x, single, heads) -> list:
         graphs.append([str(node.target) for node in gm.graph.nodes if node.op == "call_function"])
         return torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
 
-    model = model()
     model.enable_parallelism(config=config)
     sparse = stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE))
     model.compile_repeated_blocks(backend=backend)
@@ -616,6 +615,25 @@ def test_an_operator_call_whose_integration_is_gone_says_so(rng):
     q = torch.zeros(1, WAN.grid.tokens, 2, 64)
     with pytest.raises(stsa.InvalidArgument, match=rf"stsa.diffusers.enable .* \(number {number}\) no longer exists"):
         torch.ops.stsa.diffusers_attention(q, q, q, number, torch.tensor(0), "bnhd", None, 0)
+
+
+@pytest.mark.parametrize("spec", MODELS)
+def test_a_forward_on_the_meta_device_gives_the_models_shapes(spec, rng):
+    """A forward for shapes (the model and its inputs on the meta device): with stsa enabled it
+    gives the output the model's own forward gives, through the operator's fake implementation,
+    with nothing read or recorded (it failed reading the timestep, then in the policy's call)."""
+    model = tiny(spec).to("meta")
+    x = {name: value.to("meta") if isinstance(value, torch.Tensor) else value
+         for name, value in inputs(rng, 999, spec=spec).items()}
+    try:
+        with torch.no_grad():
+            own = forward(model, x)
+    except RuntimeError as refused:  # diffusers 0.42.1: HunyuanVideo 1.5, Mochi, Framepack, Helios, Allegro
+        pytest.skip(f"the model's own forward fails on the meta device: {refused}")
+    with stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE)) as sparse, torch.no_grad():
+        ours = forward(model, x)
+    assert (ours.shape, ours.dtype, ours.device) == (own.shape, own.dtype, own.device)
+    assert not sparse.records
 
 
 def test_ring_attention_is_refused(rng):
