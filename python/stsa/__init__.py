@@ -578,6 +578,9 @@ def _torch_array(name: str, tensor, stream: int | None):
         raise Unsupported(f"{name} is a {tensor.layout} tensor: stsa takes dense (strided) tensors")
     if tensor.device.type not in ("cpu", "cuda"):
         raise Unsupported(f"{name} is on {tensor.device}: stsa takes host (CPU) and CUDA tensors")
+    if torch._C._functorch.is_functorch_wrapped_tensor(tensor):  # its data is not the values (vmap's, grad's)
+        raise Unsupported(f"{name} is a torch.func transform's tensor (vmap, grad, jvp): stsa takes plain tensors "
+                          "(for vmap, put its dimension into B)")
     # Read (routing) or written (under no_grad) through the same memory, detached: a subclass's
     # __dlpack__ refuses a tensor that requires grad, which came out as nanobind's TypeError.
     if tensor.requires_grad:

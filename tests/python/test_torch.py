@@ -154,6 +154,8 @@ def test_tensors_stsa_cannot_read_are_refused_by_name(rng):
         stsa.route(q, k.to_sparse(), v, grid)
     with pytest.raises(stsa.Unsupported, match="k_descale is a torch.sparse_coo tensor"):
         stsa.attention(q, k, v, grid, k_descale=torch.ones(1, 2).to_sparse())
+    with pytest.raises(stsa.Unsupported, match=r"q is a torch.func transform's tensor \(vmap"):
+        torch.func.vmap(lambda q: stsa.attention(q, k, v, grid))(q.unsqueeze(0))
 
 
 @needs_operators
