@@ -14,7 +14,8 @@ endif()
 set_target_properties(stsa_api PROPERTIES EXPORT_NAME stsa)
 install(TARGETS ${_stsa_libraries} EXPORT stsaTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT library)
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/stsa DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT library)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/stsa ${PROJECT_BINARY_DIR}/generated/stsa
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT library)
 
 set(_stsa_package_dir ${CMAKE_INSTALL_LIBDIR}/cmake/stsa)
 install(EXPORT stsaTargets NAMESPACE stsa:: DESTINATION ${_stsa_package_dir} COMPONENT library)

@@ -49,6 +49,7 @@ from typing import Any, Sequence
 
 from . import _stsa
 from ._stsa import Error, InvalidArgument, IoError, ResourceError, Unsupported
+from ._stsa import __version__  # the library's, from CMakeLists.txt (pip's metadata reads the same)
 
 __all__ = [
     "Error", "InvalidArgument", "IoError", "ResourceError", "Unsupported", "VideoGrid", "Policy", "attention",

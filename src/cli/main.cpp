@@ -15,6 +15,7 @@
 #include "cli/options.hpp"
 #include "stsa/error.hpp"
 #include "stsa/policy.hpp"
+#include "stsa/version.hpp"
 
 namespace stsa::cli {
 namespace {
@@ -262,7 +263,7 @@ int main(int argc, char** argv) {
   CLI::App app{"stsa: spatio-temporal sparse attention for video diffusion transformers.\n"
                "Run without arguments for a short demo."};
   app.require_subcommand(0, 1);
-  app.set_version_flag("--version", "stsa 0.1.0");
+  app.set_version_flag("--version", "stsa " + std::string(stsa::version));
   stsa::cli::add_plan_command(app);
   stsa::cli::add_bench_command(app);
   stsa::cli::add_route_command(app);

@@ -23,6 +23,7 @@
 #include "stsa/policy.hpp"
 #include "stsa/routed.hpp"
 #include "stsa/router.hpp"
+#include "stsa/version.hpp"
 #include "targets.hpp"
 #include "tensor_args.hpp"
 #include "values.hpp"
@@ -205,6 +206,7 @@ void register_errors(nb::module_& m) {
   m.attr("Unsupported") = nb::handle(unsupported);
   m.attr("ResourceError") = nb::handle(resource);
   m.attr("IoError") = nb::handle(io);
+  m.attr("__version__") = std::string(stsa::version);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

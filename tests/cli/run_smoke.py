@@ -272,6 +272,12 @@ def check_bench_figures(binary, ragged_bench):
 def main():
     binary = sys.argv[1]
     failures = 0
+    # The version is written once, in CMakeLists.txt's project() (stsa/version.hpp is generated from it).
+    cmakelists = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "CMakeLists.txt")
+    written = re.search(r"project\(stsa VERSION ([0-9]+\.[0-9]+\.[0-9]+)", open(cmakelists).read()).group(1)
+    if run(binary, ["--version"]).strip() != f"stsa {written}":
+        print(f"FAIL stsa --version is not 'stsa {written}'")
+        failures += 1
     checks = [
         (["plan", "--frames", "21", "--height", "90", "--width", "160", "--heads", "40", "--head-dim", "128",
           "--mask", "spatial", "--density", "0.25", "--tile", "128", "--json"],

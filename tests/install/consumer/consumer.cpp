@@ -1,6 +1,7 @@
 // The README's library call, from an installed stsa: a sparse call with text tokens and a
 // ragged tile on the "cpu" backend, against the fp64 "reference" backend. Exit 0 when they agree.
 #include <stsa/attention.hpp>
+#include <stsa/version.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -26,7 +27,9 @@ int main() {
   for (std::int64_t i = 0; i < got.numel(); ++i) {
     worst = std::fmax(worst, std::fabs(static_cast<float*>(got.data)[i] - static_cast<float*>(want.data)[i]));
   }
-  std::printf("stsa::stsa from an installed package: %lld tokens, max |cpu - reference| = %.3g\n",
-              static_cast<long long>(layout.tokens()), worst);
+  static_assert(STSA_VERSION_MAJOR >= 0 && STSA_VERSION_MINOR >= 0 && STSA_VERSION_PATCH >= 0);
+  std::printf("stsa::stsa %.*s from an installed package: %lld tokens, max |cpu - reference| = %.3g\n",
+              static_cast<int>(stsa::version.size()), stsa::version.data(), static_cast<long long>(layout.tokens()),
+              worst);
   return worst < 1e-4 ? 0 : 1;
 }
