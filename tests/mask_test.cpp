@@ -120,10 +120,11 @@ TEST(Mask, DensityPicksTheClosestCountAndTiesGoToTheLargerMask) {
       }
 }
 
-TEST(Mask, DescriptionsNameEveryKindAndTheEmptyWindow) {
+TEST(Mask, DescriptionsNameEveryKindAndTheEmptyBandAndWindow) {
   EXPECT_EQ(MaskSpec::dense().describe(), "dense");
   EXPECT_EQ(MaskSpec::spatial(12).describe(), "spatial band 12 +anchor");
   EXPECT_EQ(MaskSpec::temporal(3, false).describe(), "temporal band 3");
+  EXPECT_EQ(MaskSpec::spatial(-1).describe(), "spatial band none +anchor");  // no band pair; was "band -1"
   EXPECT_EQ(MaskSpec::frame_window(2, false).describe(), "frame window +-2");
   EXPECT_EQ(MaskSpec::frame_window(-1).describe(), "frame window none +anchor");
 }

@@ -54,8 +54,9 @@ std::string MaskSpec::describe() const {
   std::string text;
   switch (kind) {
     case MaskKind::Dense: return "dense";
-    case MaskKind::Band:
-      text = detail::concat(band_order == TokenOrder::FrameMajor ? "spatial" : "temporal", " band ", band);
+    case MaskKind::Band:  // band -1 keeps no band pair (the anchor alone exceeds the density): "none", as below
+      text = detail::concat(band_order == TokenOrder::FrameMajor ? "spatial" : "temporal", " band ",
+                            band < 0 ? std::string("none") : std::to_string(band));
       break;
     case MaskKind::FrameWindow:  // radius -1 keeps no frame: "+--1" would read as a typo
       text = frame_radius < 0 ? std::string("frame window none") : detail::concat("frame window +-", frame_radius);
