@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "stsa/error.hpp"
+#include "stsa/mask.hpp"
 #include "stsa/permute.hpp"
 #include "stsa/routed.hpp"
 #include "stsa/synth.hpp"
@@ -414,6 +415,14 @@ TEST(RoutedAttention, TimesBytesAndFlopsFollowTheirDefinitions) {
     flops += 4.0 * d * b * double(plan->stats().kept_tile_area);
   }
   EXPECT_EQ(r.kept_tile_flops, flops);
+  // kept_flops: 4 D per allowed pair, the predicate evaluated pair by pair in each head's own order.
+  double pairs = 0;
+  for (const HeadRoute& h : given.decisions)
+    for (std::int64_t i = 0; i < layout.tokens(); ++i)
+      for (std::int64_t j = 0; j < layout.tokens(); ++j)
+        pairs += allowed_at(layout.grid, h.spec, h.spec.natural_order(), i, j);
+  EXPECT_EQ(r.kept_flops, 4.0 * d * b * pairs);
+  EXPECT_LT(r.kept_flops, r.kept_tile_flops);
 
   // Fused scatter (the CPU backend stores in place): the gather alone.
   testing::Problem fused = testing::make_problem(layout, DType::BF16, given.reference_masks, testing::fresh_seed());

@@ -89,6 +89,7 @@ struct RoutedResult {
   bool gather_fused = false;          // and read Q, K and V in place (no packed copies)
   bool timed = true;                  // false: no times (RoutedOptions::timed off, or a CUDA graph capture)
   double kept_tile_flops = 0;         // what the backend's tiles compute (all heads, all batch entries)
+  double kept_flops = 0;              // the masks' kept pairs alone (kept_pair_flops), all heads and batch entries
 
   double permutation_gbps() const { return permutation_ms > 0 ? permutation_bytes / permutation_ms / 1e6 : 0.0; }
 };

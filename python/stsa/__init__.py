@@ -53,7 +53,7 @@ from ._stsa import __version__  # the library's, from CMakeLists.txt (pip's meta
 
 __all__ = [
     "Error", "InvalidArgument", "IoError", "ResourceError", "Unsupported", "VideoGrid", "Policy", "attention",
-    "routed_attention", "route", "plan", "tile_lists", "token_order", "model_presets", "model_preset", "backends",
+    "routed_attention", "route", "plan", "tile_lists", "attention_flops", "token_order", "model_presets", "model_preset", "backends",
     "clear_plan_cache", "set_num_threads", "get_num_threads", "set_isa", "get_isa",
 ]
 
@@ -124,17 +124,20 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     numbers: the scores are scaled by q's times k's, the output by v's (host backends).
     Under torch.compile (torch tensors, a VideoGrid, no ``out``, ``lse`` or
     ``stream``) the call is one operator in the compiled graph,
-    ``torch.ops.stsa.attention``, not a graph break.
+    ``torch.ops.stsa.attention``, not a graph break; under a TorchDispatchMode
+    (``FlopCounterMode``: ``attention_flops``' "kept") the same operator, which the mode sees.
     """
     masks, density = _masks(mask), _number("density", density)
     anchor, return_lse = _flag("anchor", anchor), _flag("return_lse", return_lse)
     _refuse_autograd(q, k, v, out, lse)
-    if out is None and lse is None and stream is None and _traced(q, k, v):
+    if _through_operator(q, k, v, out, lse, stream):
         from ._torch_op import traced_attention
 
-        out, lse = traced_attention(q, k, v, _video_grid(grid), masks, density, anchor, layout, scale, _tile(tile),
-                                    align, backend, (q_descale, k_descale, v_descale))
-        return (out, lse) if return_lse else out
+        want_lse = return_lse or lse is not None
+        out, lse = _into_given(out, lse, traced_attention(q, k, v, _video_grid(grid), masks, density, anchor, layout,
+                                                          scale, _tile(tile), align, backend,
+                                                          (q_descale, k_descale, v_descale)))
+        return (out, lse) if want_lse else out
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
     descales = _descales(q, layout, q_descale, k_descale, v_descale)
     with _device_of(q), _written(out, lse):
@@ -164,19 +167,24 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     and attention times (None), and a GPU call returns once its work is enqueued
     instead of waiting to time it (it still waits for its routing decisions).
     Descales as ``attention`` takes them; the routing errors are then the dequantized outputs'.
+    ``info["kept_flops"]`` counts the attention the masks keep, ``info["routing_flops"]``
+    the router's sampled rows (both what FlopCounterMode counts for the call).
     Under torch.compile (torch tensors, no ``out``, ``lse`` or ``stream``) the call
-    is one operator, ``torch.ops.stsa.routed_attention``, and ``info`` is None.
+    is one operator, ``torch.ops.stsa.routed_attention``, and ``info`` is None; under a
+    TorchDispatchMode the same operator, with ``info`` as eager (None without data).
     """
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
     return_lse = _flag("return_lse", return_lse)
     _refuse_autograd(q, k, v, out, lse)
-    if out is None and lse is None and stream is None and _traced(q, k, v):
+    if _through_operator(q, k, v, out, lse, stream):
         from ._torch_op import traced_routed_attention
 
-        out, lse = traced_routed_attention(q, k, v, _video_grid(grid), router, layout, scale, _tile(tile), align,
-                                           backend, _flag("timed", timed), (q_descale, k_descale, v_descale))
-        return (out, lse, None) if return_lse else (out, None)
+        want_lse = return_lse or lse is not None
+        results, info = traced_routed_attention(q, k, v, _video_grid(grid), router, layout, scale, _tile(tile), align,
+                                                backend, _flag("timed", timed), (q_descale, k_descale, v_descale))
+        out, lse = _into_given(out, lse, results)
+        return (out, lse, info) if want_lse else (out, info)
     out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
     descales = _descales(q, layout, q_descale, k_descale, v_descale)
     with _device_of(q), _written(out, lse):
@@ -290,16 +298,23 @@ class Policy:
         for the device, so a model's next layers queue behind it. Under torch.compile
         (torch tensors, no ``out``, ``lse`` or ``stream``) the call is one operator,
         ``torch.ops.stsa.policy_attention``, whose ``step`` and ``layer`` are read when it
-        runs; ``info`` is then None and ``last_info`` holds it after the call."""
+        runs; ``info`` is then None and ``last_info`` holds it after the call. Under a
+        TorchDispatchMode (``FlopCounterMode``) it is that operator too, with ``info`` as eager."""
         return_lse = _flag("return_lse", return_lse)
         _refuse_autograd(q, k, v, out, lse)
-        if out is None and lse is None and stream is None and _traced(q, k, v):
+        if _through_operator(q, k, v, out, lse, stream):
             from ._torch_op import traced_policy_attention
 
-            out, lse = traced_policy_attention(self._id, q, k, v, _video_grid(grid), step, layer, layout, scale,
-                                               _tile(tile), align, backend, _flag("timed", timed),
-                                               (q_descale, k_descale, v_descale))
-            return (out, lse, None) if return_lse else (out, None)
+            want_lse = return_lse or lse is not None
+            compiling = _torch_compiling()
+            if not compiling:
+                self.last_info = None  # the operator's call sets it when it runs now
+            results = traced_policy_attention(self._id, q, k, v, _video_grid(grid), step, layer, layout, scale,
+                                              _tile(tile), align, backend, _flag("timed", timed),
+                                              (q_descale, k_descale, v_descale))
+            out, lse = _into_given(out, lse, results)
+            info = None if compiling else self.last_info
+            return (out, lse, info) if want_lse else (out, info)
         out, lse, want_lse = _outputs(q, out, lse, return_lse, layout)
         descales = _descales(q, layout, q_descale, k_descale, v_descale)
         with _device_of(q), _written(out, lse):
@@ -323,6 +338,19 @@ def plan(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = T
     (exact, and what the plan computes), pairs rounding changed, size and build time."""
     return _stsa.plan(_grid(grid), _mask_name(mask), _number("density", density), _flag("anchor", anchor),
                       *_tile(tile), align, lists=False)
+
+
+def attention_flops(grid, mask: str | Sequence[str] = "spatial", density: float = 0.25, *, heads: int, head_dim: int,
+                    batch: int = 1, anchor: bool = True, tile: int | tuple[int, int] = _DEFAULT_TILE,
+                    align: str = "exact") -> dict[str, float]:
+    """The floating-point operations of an ``attention`` call with these masks (Q K^T and
+    P V, two per multiply-add): ``kept``, the masks' kept pairs, which is what torch's
+    ``FlopCounterMode`` counts for the call; ``kept_tiles``, what the kernels' tiles compute
+    (a partial tile whole); ``dense``, every pair."""
+    tile_q, tile_k = _tile(tile)
+    return _stsa.attention_flops(_grid(grid), _masks(mask), _number("density", density), _flag("anchor", anchor),
+                                 _count("batch", batch, 1), _count("heads", heads, 1), _count("head_dim", head_dim, 1),
+                                 tile_q, tile_k, align)
 
 
 def tile_lists(grid, mask: str = "spatial", density: float = 0.25, *, anchor: bool = True,
@@ -675,6 +703,54 @@ def _traced(q, k, v) -> bool:
     data (the meta device, FakeTensorMode: a model run for its shapes), whose outputs its fake
     implementation gives. One of them alone without data is refused by name, as eager."""
     return _framework(q) == "torch" and (_torch_compiling() or _without_data(q, k, v))
+
+
+def _dispatched(q, k, v) -> bool:
+    """Whether a TorchDispatchMode (FlopCounterMode, DebugMode, a user's own) is active on
+    torch tensors with data: the call then goes through its operator, so that the mode sees it
+    (an eager call reaches no dispatcher). Not inside an operator's own call, which would loop."""
+    if _framework(q) != "torch" or _operator_call.active:
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is not None
+
+
+def _through_operator(q, k, v, out, lse, stream) -> bool:
+    """Whether this call goes through its torch operator: while traced or without data (then
+    without ``out`` or ``lse``, which it cannot write in place), or under a dispatch mode (an
+    ``out`` or ``lse`` given is then filled from the operator's). A call given a ``stream`` is eager."""
+    if stream is not None:
+        return False
+    return (out is None and lse is None and _traced(q, k, v)) or _dispatched(q, k, v)
+
+
+def _into_given(out, lse, results) -> tuple:
+    """The operator's (out, lse), copied into the ``out`` and ``lse`` the caller gave, which must
+    be torch tensors of exactly the operator's shapes, dtypes and device."""
+    given = []
+    for name, mine, theirs in (("out", out, results[0]), ("lse", lse, results[1])):
+        if mine is not None:
+            if _framework(mine) != "torch" or (mine.shape, mine.dtype, mine.device) != (theirs.shape, theirs.dtype,
+                                                                                       theirs.device):
+                raise InvalidArgument(f"{name} must be a torch tensor of shape {list(theirs.shape)}, {theirs.dtype}, on "
+                                      f"{theirs.device} (got {_described(mine)})")
+            mine.copy_(theirs)
+            theirs = mine
+        given.append(theirs)
+    return tuple(given)
+
+
+def _described(array) -> str:
+    return (f"{type(array).__name__} of shape {list(getattr(array, 'shape', ()))}, {getattr(array, 'dtype', None)}"
+            + (f", on {array.device}" if hasattr(array, "device") else ""))
+
+
+class _OperatorCall(threading.local):
+    active = False  # an operator's implementation is running on this thread (_torch_op.py)
+
+
+_operator_call = _OperatorCall()
 
 
 def _without_data(*arrays) -> bool:

@@ -2,18 +2,72 @@
 (torch.ops.stsa.attention, .routed_attention, .policy_attention), which is what they
 call while torch.compile traces them: the compiled graph holds one opaque call each,
 whose shapes come from the fake implementations below, instead of breaking at the
-extension module. Imported only once torch is (by that path)."""
+extension module. Under a TorchDispatchMode they call them too, and torch's
+FlopCounterMode counts each by the formulas at the end. Imported only once torch is (by that path)."""
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+import threading
+from typing import Any, Optional
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 
-from . import (InvalidArgument, VideoGrid, _batch_tokens_heads, _policies, _require_torch_operators, attention,
-               routed_attention)
+from . import (InvalidArgument, VideoGrid, _batch_tokens_heads, _operator_call, _policies, _require_torch_operators,
+               _stsa, attention, routed_attention)
 
 _require_torch_operators(torch)
+
+
+class _Recorded(threading.local):
+    """What a routed or policy operator's call has measured and its caller reads right after it,
+    on the same thread: the call's info (its caller returns it) and FLOPs (the mode's formula
+    takes them). None where the call ran without data (a fake implementation)."""
+    info: Optional[dict] = None
+    flops: Optional[float] = None
+
+
+_recorded = _Recorded()
+
+
+@contextlib.contextmanager
+def _operator_running():
+    """Marks this thread as inside an operator's implementation: the eager call it makes stays eager."""
+    outer, _operator_call.active = _operator_call.active, True
+    try:
+        yield
+    finally:
+        _operator_call.active = outer
+
+
+# stsa's FlopCounterMode formulas, by operator (registered with torch's by counted()).
+_formulas: dict = {}
+
+
+def counted(op, get_raw: bool = False):
+    """Registers the decorated function as ``op``'s FLOP formula."""
+
+    def register(formula):
+        _formulas[op] = register_flop_formula(op, get_raw=get_raw)(formula)
+        return formula
+
+    return register
+
+
+def _formulas_to_counters() -> None:
+    """A FlopCounterMode copies torch's formulas when it is made: one made before this module
+    was imported (by stsa's first call under it) lacks stsa's, and would count its calls as 0."""
+    for mode in _get_current_dispatch_mode_stack():
+        counter = getattr(mode, "counter", None)
+        if isinstance(counter, FlopCounterMode):
+            for op, formula in _formulas.items():
+                counter.flop_registry.setdefault(op, formula)
+
+
+def _record(info: dict) -> None:
+    _recorded.info, _recorded.flops = info, info["kept_flops"] + info["routing_flops"]
 
 
 # Not captured into CUDA graphs (torch.compile's "reduce-overhead" keeps it out): a
@@ -26,9 +80,10 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: list[i
                  v_descale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of ``stsa.attention``; ``grid`` is (frames, height, width, text), ``masks``
     the mask names joined by commas, ``backend`` "" for where the tensors are."""
-    return attention(q, k, v, _grid(grid, text_before), masks.split(","), density, anchor=anchor, layout=layout,
-                     scale=scale, tile=(tile[0], tile[1]), align=align, backend=backend or None, return_lse=True,
-                     q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    with _operator_running():
+            return attention(q, k, v, _grid(grid, text_before), masks.split(","), density, anchor=anchor, layout=layout,
+                         scale=scale, tile=(tile[0], tile[1]), align=align, backend=backend or None, return_lse=True,
+                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 def _outputs_like(q, layout):
@@ -78,12 +133,15 @@ def routed_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid:
                         v_descale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of ``stsa.routed_attention``; ``densities`` spatial, temporal, frames; ``seed``
     as _signed_seed passes it."""
-    out, lse, _ = routed_attention(q, k, v, _grid(grid, text_before), spatial_density=densities[0],
-                                   temporal_density=densities[1], frames_density=densities[2], try_frames=try_frames,
-                                   samples=samples, seed=seed % 2**64, max_rel_l2=max_rel_l2, anchor=anchor,
-                                   layout=layout, scale=scale, tile=(tile[0], tile[1]), align=align,
-                                   backend=backend or None, return_lse=True, timed=timed, q_descale=q_descale,
-                                   k_descale=k_descale, v_descale=v_descale)
+    with _operator_running():
+        out, lse, info = routed_attention(q, k, v, _grid(grid, text_before), spatial_density=densities[0],
+                                          temporal_density=densities[1], frames_density=densities[2],
+                                          try_frames=try_frames, samples=samples, seed=seed % 2**64,
+                                          max_rel_l2=max_rel_l2, anchor=anchor, layout=layout, scale=scale,
+                                          tile=(tile[0], tile[1]), align=align, backend=backend or None,
+                                          return_lse=True, timed=timed, q_descale=q_descale, k_descale=k_descale,
+                                          v_descale=v_descale)
+    _record(info)
     return out, lse
 
 
@@ -106,9 +164,12 @@ def policy_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, polic
     if found is None:  # was a KeyError
         raise InvalidArgument(f"the stsa.Policy this compiled or exported call was traced with (number {policy}) no "
                               "longer exists: keep the Policy alive while the program that calls it runs")
-    out, lse, _ = found.attention(q, k, v, _grid(grid, text_before), step, layer, layout=layout, scale=scale,
-                                  tile=(tile[0], tile[1]), align=align, backend=backend or None, return_lse=True,
-                                  timed=timed, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    with _operator_running():
+        out, lse, info = found.attention(q, k, v, _grid(grid, text_before), step, layer, layout=layout, scale=scale,
+                                         tile=(tile[0], tile[1]), align=align, backend=backend or None,
+                                         return_lse=True, timed=timed, q_descale=q_descale, k_descale=k_descale,
+                                         v_descale=v_descale)
+    _record(info)
     return out, lse
 
 
@@ -120,10 +181,17 @@ def _(q, k, v, policy, grid, text_before, step, layer, scale, layout, tile, alig
 
 def traced_attention(q, k, v, grid: VideoGrid, masks: list[str], density, anchor, layout, scale, tile, align, backend,
                      descales):
-    """The operator's call for one ``stsa.attention`` call being traced."""
+    """The operator's call for one ``stsa.attention`` call being traced or seen by a dispatch mode."""
+    if not torch.compiler.is_compiling():
+        _before_eager_call()
     return torch.ops.stsa.attention(q, k, v, *_grid_args(grid), ",".join(masks), float(density), bool(anchor),
                                     None if scale is None else float(scale), layout, [tile[0], tile[1]], align,
                                     backend or "", *_descale_tensors(descales, q, layout))
+
+
+def _before_eager_call() -> None:
+    _formulas_to_counters()
+    _recorded.info = _recorded.flops = None  # what an earlier call recorded and nobody read
 
 
 def _signed_seed(seed: int) -> int:
@@ -134,18 +202,78 @@ def _signed_seed(seed: int) -> int:
 
 def traced_routed_attention(q, k, v, grid: VideoGrid, router: dict, layout, scale, tile, align, backend, timed,
                             descales):
-    """The operator's call for one ``stsa.routed_attention`` call being traced."""
+    """The operator's call for one ``stsa.routed_attention`` call being traced or seen by a
+    dispatch mode: ((out, lse), info), info None unless it ran now with data."""
     densities = [float(router[name]) for name in ("spatial_density", "temporal_density", "frames_density")]
-    return torch.ops.stsa.routed_attention(q, k, v, *_grid_args(grid), router["samples"], densities,
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        _before_eager_call()
+    results = torch.ops.stsa.routed_attention(q, k, v, *_grid_args(grid), router["samples"], densities,
                                            bool(router["try_frames"]), float(router["max_rel_l2"]),
                                            bool(router["anchor"]), _signed_seed(router["seed"]),
                                            None if scale is None else float(scale), layout, [tile[0], tile[1]], align,
                                            backend or "", timed, *_descale_tensors(descales, q, layout))
+    if compiling:
+        return results, None
+    info, _recorded.info = _recorded.info, None
+    return results, info
 
 
 def traced_policy_attention(policy: int, q, k, v, grid: VideoGrid, step, layer, layout, scale, tile, align, backend,
                             timed, descales):
-    """The operator's call for one ``Policy.attention`` call being traced."""
+    """The operator's call for one ``Policy.attention`` call being traced or seen by a dispatch mode."""
+    if not torch.compiler.is_compiling():
+        _before_eager_call()
     return torch.ops.stsa.policy_attention(q, k, v, policy, *_grid_args(grid), step, layer,
                                            None if scale is None else float(scale), layout, [tile[0], tile[1]], align,
                                            backend or "", timed, *_descale_tensors(descales, q, layout))
+
+
+# FlopCounterMode's formulas: args as the operators take them, tensors as their shapes. What a
+# call computes by definition (stsa.attention_flops' "kept"), plus a routed call's sampled rows.
+def _kept_flops(shape, layout: str, grid: list[int], text_before: bool, masks: list[str], density: float,
+                anchor: bool, tile: list[int], align: str) -> float:
+    batch, _, heads = _batch_tokens_heads(shape, layout)
+    return _stsa.attention_flops(_grid(grid, text_before)._native(), masks, density, anchor, int(batch), int(heads),
+                                 int(shape[-1]), tile[0], tile[1], align)["kept"]
+
+
+def _measured_or(estimate) -> int:
+    """The FLOPs the call just recorded; without data (a fake implementation ran) ``estimate()``:
+    every routed head at its spatial candidate's pairs, the routing's sampled rows not counted.
+    An int, as torch's own formulas give (the library's doubles hold these counts exactly)."""
+    flops, _recorded.flops = _recorded.flops, None
+    return int(estimate() if flops is None else flops)
+
+
+@counted(torch.ops.stsa.attention)
+def _attention_flops(q, k, v, grid, text_before, masks, density, anchor, scale, layout, tile, align, *args,
+                     **kwargs) -> int:
+    return int(_kept_flops(q, layout, grid, text_before, masks.split(","), density, anchor, tile, align))
+
+
+@counted(torch.ops.stsa.routed_attention)
+def _routed_attention_flops(q, k, v, grid, text_before, samples, densities, try_frames, max_rel_l2, anchor, seed,
+                            scale, layout, tile, align, *args, **kwargs) -> int:
+    return _measured_or(lambda: _kept_flops(q, layout, grid, text_before, ["spatial"], densities[0], anchor, tile,
+                                            align))
+
+
+@counted(torch.ops.stsa.policy_attention)
+def _policy_attention_flops(q, k, v, policy, grid, text_before, step, layer, scale, layout, tile, align, *args,
+                            **kwargs) -> int:
+    return _measured_or(lambda: _policy_estimate(_policies.get(policy), q, layout, grid, text_before, step, layer,
+                                                 tile, align))
+
+
+def _policy_estimate(policy: Any, shape, layout: str, grid: list[int], text_before: bool, step: int, layer,
+                     tile: list[int], align: str) -> float:
+    """A policy's call without data: dense in its warm-up (``layer`` None: unknown, the step's
+    alone decides), else every head at the spatial candidate's pairs."""
+    if policy is None:
+        return 0.0
+    settings = policy.settings
+    if policy.dense(step, 2**31 - 1 if layer is None else layer):
+        return _kept_flops(shape, layout, grid, text_before, ["dense"], 1.0, settings["anchor"], tile, align)
+    density = settings["density"] if settings["spatial_density"] is None else settings["spatial_density"]
+    return _kept_flops(shape, layout, grid, text_before, ["spatial"], density, settings["anchor"], tile, align)

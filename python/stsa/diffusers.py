@@ -56,7 +56,9 @@ from typing import Any, Callable, Optional, cast
 
 import torch
 
-from . import InvalidArgument, Policy, Unsupported, VideoGrid, _flag, _require_torch_operators, _without_data
+from . import (InvalidArgument, Policy, Unsupported, VideoGrid, _flag, _require_torch_operators, _tile,
+               _without_data)
+from ._torch_op import _policy_estimate, counted
 
 _require_torch_operators(torch)
 
@@ -964,6 +966,24 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int,
 @_attention_op.register_fake
 def _(q, k, v, owner, layer, layout, prompt_mask, history):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)  # as stsa.attention allocates it
+
+
+# Counted by FlopCounterMode where the model runs without data (its eager calls with data go
+# through stsa.Policy's operator, which counts what they ran): the policy's estimate, the
+# video's grid with every other token (prompt, history) global; the layer read where it has data.
+@counted(torch.ops.stsa.diffusers_attention, get_raw=True)
+def _(q, k, v, owner, layer, layout, prompt_mask, history, out_val=None) -> int:
+    found = _owners.get(owner)
+    if found is None or found.grid is None:
+        return 0
+    grid = found.grid
+    tokens = q.shape[1] if layout == "bnhd" else q.shape[2]
+    known_layer = None if _without_data(layer) else int(layer)
+    tile_q, tile_k = _tile(found._options["tile"])
+    return int(_policy_estimate(found.policy, q.shape, layout,
+                                [grid.frames, grid.height, grid.width, int(tokens) - grid.video_tokens],
+                                grid.text_placement == "before", found.step, known_layer, [tile_q, tile_k],
+                                found._options["align"]))
 
 
 def _rotate(x, cos, sin):

@@ -19,6 +19,7 @@
 #include "stsa/attention.hpp"
 #include "stsa/cpu.hpp"
 #include "stsa/error.hpp"
+#include "stsa/flops.hpp"
 #include "stsa/plan.hpp"
 #include "stsa/policy.hpp"
 #include "stsa/routed.hpp"
@@ -379,6 +380,33 @@ NB_MODULE(_stsa, m) {
         return lists ? tile_lists(*plan) : plan_dict(*plan);
       },
       "grid"_a, "mask"_a, "density"_a, "anchor"_a, "tile_q"_a, "tile_k"_a, "align"_a, "lists"_a);
+  // The FLOPs of an attention call with given masks (one for every head or one per head):
+  // "kept" (the masks' pairs), "kept_tiles" (what the tiles compute) and "dense", as flops.hpp counts them.
+  m.def(
+      "attention_flops",
+      [](const VideoGrid& grid, const std::vector<std::string>& masks, double density, bool anchor,
+         std::int64_t batch, std::int64_t heads, std::int64_t head_dim, std::int32_t tile_q, std::int32_t tile_k,
+         const std::string& align) {
+        const VideoLayout layout{grid, batch, heads, head_dim};
+        layout.validate();
+        STSA_CHECK(masks.size() == 1 || std::int64_t(masks.size()) == heads, InvalidArgument,
+                   "mask must name one mask for every head or one per head (", heads, "), got ", masks.size());
+        const VideoLayout one_head{grid, batch, 1, head_dim};
+        double kept = 0, kept_tiles = 0;
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const auto plan = plan_of(grid, masks[masks.size() == 1 ? 0 : std::size_t(h)], density, anchor, tile_q,
+                                    tile_k, align);
+          kept += kept_pair_flops(one_head, *plan);
+          kept_tiles += kept_tile_flops(one_head, *plan);
+        }
+        nb::dict d;
+        d["kept"] = kept;
+        d["kept_tiles"] = kept_tiles;
+        d["dense"] = dense_attention_flops(layout);
+        return d;
+      },
+      "grid"_a, "masks"_a, "density"_a, "anchor"_a, "batch"_a, "heads"_a, "head_dim"_a, "tile_q"_a, "tile_k"_a,
+      "align"_a);
   m.def(
       "token_order",
       [](const VideoGrid& grid, const std::string& order) {

@@ -58,6 +58,8 @@ nb::dict result_dict(const RoutedResult& r) {
   d["permutation_ms"] = r.timed ? nb::object(nb::float_(r.permutation_ms)) : nb::none();
   d["attention_ms"] = r.timed ? nb::object(nb::float_(r.attention_ms)) : nb::none();
   d["kept_tile_flops"] = r.kept_tile_flops;
+  d["kept_flops"] = r.kept_flops;
+  d["routing_flops"] = r.routing_flops;
   d["scatter_fused"] = r.scatter_fused;
   d["gather_fused"] = r.gather_fused;
   return d;

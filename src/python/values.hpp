@@ -16,7 +16,7 @@ namespace stsa::python {
 // where the decision was given or reused, not measured).
 nanobind::dict head_dict(const HeadRoute& head);
 // A routed call: "routes" and "heads" (one per head), "temporal_heads", the
-// times in ms, "kept_tile_flops", "scatter_fused", "gather_fused".
+// times in ms, "kept_tile_flops", "kept_flops", "routing_flops", "scatter_fused", "gather_fused".
 nanobind::dict result_dict(const RoutedResult& result);
 // Routing alone: "routes" and "heads" of the routed heads, "sampled_rows",
 // "routing_ms" (and "routing_device_ms", the GPU router's kernels), "flops".

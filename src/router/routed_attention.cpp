@@ -56,7 +56,9 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
     HeadMask& head = direct.heads[std::size_t(h)];
     if (!head.compute) result.temporal.push_back(h);
     auto plan = plans.get(layout.grid, head.spec, options.tile, options.alignment);
-    result.kept_tile_flops += kept_tile_flops(VideoLayout{layout.grid, layout.batch, 1, layout.head_dim}, *plan);
+    const VideoLayout one_head{layout.grid, layout.batch, 1, layout.head_dim};
+    result.kept_tile_flops += kept_tile_flops(one_head, *plan);
+    result.kept_flops += kept_pair_flops(one_head, *plan);
     if (head.compute) head.plan = plan;
   }
 

@@ -33,6 +33,7 @@ from diffusers_models import (  # noqa: E402
     ANYFLOW, CHRONOEDIT, FRAMEPACK, HELIOS, HISTORY_TOKENS, HUNYUAN, HUNYUAN15, KANDINSKY, KANDINSKY6, LTX, LTX2,
     MOCHI, MODELS, SKYREELS_V2, WAN, WAN_ANIMATE, attentions, denoising, framepack_inputs, hunyuan15_inputs,
     hunyuan_inputs, inputs, mochi_inputs, needs, param, tiny, tiny_helios, tiny_ltx2, tiny_wan)
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from torch_helpers import check, require_gpu  # noqa: E402
 
 diffusers.utils.logging.set_verbosity_error()  # a bf16 model cast with .to() is warned about; tiny() mends it
@@ -634,6 +635,32 @@ def test_a_forward_on_the_meta_device_gives_the_models_shapes(spec, rng):
         ours = forward(model, x)
     assert (ours.shape, ours.dtype, ours.device) == (own.shape, own.dtype, own.device)
     assert not sparse.records
+
+
+def stsa_flops(counter) -> dict:
+    return {str(op): n for op, n in counter.get_flop_counts()["Global"].items() if str(op).startswith("stsa.")}
+
+
+def test_flop_counter_counts_each_layers_call(rng):
+    """FlopCounterMode over a forward with stsa: each layer's call counted as what it ran
+    (the warm-up layer dense, the other routed, its sampled rows included); on the meta
+    device, as the policy's estimate (the warm-up dense, the other layer its spatial plan)."""
+    model, x = tiny_wan(layers=2), inputs(rng, 999)
+    policy = stsa.Policy(dense_layers=1, density=0.4, samples=16, **ALL_SPARSE)
+    with stsa.diffusers.enable(model, policy) as sparse, FlopCounterMode(display=False) as counter:
+        forward(model, x)
+    assert [info["routes"][0] == "dense" for info in sparse.last_info.values()] == [True, False]
+    assert stsa_flops(counter) == {"stsa.policy_attention": sum(info["kept_flops"] + info["routing_flops"]
+                                                                for info in sparse.last_info.values())}
+    heads, head_dim = model.config.num_attention_heads, model.config.attention_head_dim
+    dense = stsa.attention_flops(WAN.grid, "dense", heads=heads, head_dim=head_dim)["kept"]
+    spatial = stsa.attention_flops(WAN.grid, "spatial", 0.4, heads=heads, head_dim=head_dim)["kept"]
+    assert sparse.last_info[0]["kept_flops"] == dense and sparse.last_info[1]["kept_flops"] == spatial
+
+    meta = {name: value.to("meta") if isinstance(value, torch.Tensor) else value for name, value in x.items()}
+    with stsa.diffusers.enable(model.to("meta"), policy) as sparse, FlopCounterMode(display=False) as counter:
+        forward(model, meta)
+    assert stsa_flops(counter) == {"stsa.diffusers_attention": dense + spatial} and not sparse.records
 
 
 def test_ring_attention_is_refused(rng):
