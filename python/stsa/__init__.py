@@ -125,7 +125,8 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     Under torch.compile (torch tensors, a VideoGrid, no ``out``, ``lse`` or
     ``stream``) the call is one operator in the compiled graph,
     ``torch.ops.stsa.attention``, not a graph break; under a TorchDispatchMode
-    (``FlopCounterMode``: ``attention_flops``' "kept") the same operator, which the mode sees.
+    (``FlopCounterMode``: ``attention_flops``' "kept") or torch's profiler the same
+    operator, which they see.
     """
     masks, density = _masks(mask), _number("density", density)
     anchor, return_lse = _flag("anchor", anchor), _flag("return_lse", return_lse)
@@ -171,7 +172,7 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     the router's sampled rows (both what FlopCounterMode counts for the call).
     Under torch.compile (torch tensors, no ``out``, ``lse`` or ``stream``) the call
     is one operator, ``torch.ops.stsa.routed_attention``, and ``info`` is None; under a
-    TorchDispatchMode the same operator, with ``info`` as eager (None without data).
+    TorchDispatchMode or the profiler the same operator, with ``info`` as eager (None without data).
     """
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
@@ -299,7 +300,7 @@ class Policy:
         (torch tensors, no ``out``, ``lse`` or ``stream``) the call is one operator,
         ``torch.ops.stsa.policy_attention``, whose ``step`` and ``layer`` are read when it
         runs; ``info`` is then None and ``last_info`` holds it after the call. Under a
-        TorchDispatchMode (``FlopCounterMode``) it is that operator too, with ``info`` as eager."""
+        TorchDispatchMode (``FlopCounterMode``) or the profiler it is that operator too, with ``info`` as eager."""
         return_lse = _flag("return_lse", return_lse)
         _refuse_autograd(q, k, v, out, lse)
         if _through_operator(q, k, v, out, lse, stream):
@@ -705,24 +706,26 @@ def _traced(q, k, v) -> bool:
     return _framework(q) == "torch" and (_torch_compiling() or _without_data(q, k, v))
 
 
-def _dispatched(q, k, v) -> bool:
-    """Whether a TorchDispatchMode (FlopCounterMode, DebugMode, a user's own) is active on
-    torch tensors with data: the call then goes through its operator, so that the mode sees it
-    (an eager call reaches no dispatcher). Not inside an operator's own call, which would loop."""
+def _observed(q) -> bool:
+    """Whether torch watches its operators for this call of torch tensors: a TorchDispatchMode
+    (FlopCounterMode, DebugMode, a user's own) is active, or torch's profiler records. The call
+    then goes through its operator, which they see (an eager call reaches no dispatcher, and the
+    profiler's trace had no event for it). Not inside an operator's own call, which would loop."""
     if _framework(q) != "torch" or _operator_call.active:
         return False
+    import torch
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-    return _get_current_dispatch_mode() is not None
+    return _get_current_dispatch_mode() is not None or torch._C._autograd._profiler_enabled()
 
 
 def _through_operator(q, k, v, out, lse, stream) -> bool:
     """Whether this call goes through its torch operator: while traced or without data (then
-    without ``out`` or ``lse``, which it cannot write in place), or under a dispatch mode (an
+    without ``out`` or ``lse``, which it cannot write in place), or watched (_observed: an
     ``out`` or ``lse`` given is then filled from the operator's). A call given a ``stream`` is eager."""
     if stream is not None:
         return False
-    return (out is None and lse is None and _traced(q, k, v)) or _dispatched(q, k, v)
+    return (out is None and lse is None and _traced(q, k, v)) or _observed(q)
 
 
 def _into_given(out, lse, results) -> tuple:

@@ -2,8 +2,9 @@
 (torch.ops.stsa.attention, .routed_attention, .policy_attention), which is what they
 call while torch.compile traces them: the compiled graph holds one opaque call each,
 whose shapes come from the fake implementations below, instead of breaking at the
-extension module. Under a TorchDispatchMode they call them too, and torch's
-FlopCounterMode counts each by the formulas at the end. Imported only once torch is (by that path)."""
+extension module. Under a TorchDispatchMode or torch's profiler they call them too, and
+torch's FlopCounterMode counts each by the formulas at the end. Imported only once torch is
+(by those paths)."""
 
 from __future__ import annotations
 
@@ -181,7 +182,7 @@ def _(q, k, v, policy, grid, text_before, step, layer, scale, layout, tile, alig
 
 def traced_attention(q, k, v, grid: VideoGrid, masks: list[str], density, anchor, layout, scale, tile, align, backend,
                      descales):
-    """The operator's call for one ``stsa.attention`` call being traced or seen by a dispatch mode."""
+    """The operator's call for one ``stsa.attention`` call being traced or watched."""
     if not torch.compiler.is_compiling():
         _before_eager_call()
     return torch.ops.stsa.attention(q, k, v, *_grid_args(grid), ",".join(masks), float(density), bool(anchor),
@@ -202,8 +203,8 @@ def _signed_seed(seed: int) -> int:
 
 def traced_routed_attention(q, k, v, grid: VideoGrid, router: dict, layout, scale, tile, align, backend, timed,
                             descales):
-    """The operator's call for one ``stsa.routed_attention`` call being traced or seen by a
-    dispatch mode: ((out, lse), info), info None unless it ran now with data."""
+    """The operator's call for one ``stsa.routed_attention`` call being traced or watched:
+    ((out, lse), info), info None unless it ran now with data."""
     densities = [float(router[name]) for name in ("spatial_density", "temporal_density", "frames_density")]
     compiling = torch.compiler.is_compiling()
     if not compiling:
@@ -221,7 +222,7 @@ def traced_routed_attention(q, k, v, grid: VideoGrid, router: dict, layout, scal
 
 def traced_policy_attention(policy: int, q, k, v, grid: VideoGrid, step, layer, layout, scale, tile, align, backend,
                             timed, descales):
-    """The operator's call for one ``Policy.attention`` call being traced or seen by a dispatch mode."""
+    """The operator's call for one ``Policy.attention`` call being traced or watched."""
     if not torch.compiler.is_compiling():
         _before_eager_call()
     return torch.ops.stsa.policy_attention(q, k, v, policy, *_grid_args(grid), step, layer,

@@ -1,6 +1,6 @@
-"""torch's FlopCounterMode (and any TorchDispatchMode) around stsa's calls: an eager call on torch
-tensors reaches no dispatcher, so under a mode it goes through its operator, which the mode
-sees and FlopCounterMode counts; the outputs and the info stay the eager call's."""
+"""torch's FlopCounterMode (any TorchDispatchMode, and torch's profiler) around stsa's calls: an
+eager call on torch tensors reaches no dispatcher, so while they watch it goes through its
+operator, which they see and FlopCounterMode counts; the outputs and the info stay the eager call's."""
 
 import subprocess
 import sys
@@ -151,3 +151,17 @@ def test_a_counter_made_before_stsas_first_call_counts_it():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.split()[-1]) == 4 * 64 * 48**2
+
+
+def test_the_profiler_records_each_call_as_its_operator(rng):
+    """torch.profiler's trace had no event for an eager stsa call; now one per call, by name."""
+    q, k, v = random_qkv(rng, 1, 2, 64)
+    eager = stsa.attention(q, k, v, GRID, "spatial", 0.4)
+    policy = stsa.Policy(density=0.4, samples=16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], acc_events=True) as profiler:
+        out = stsa.attention(q, k, v, GRID, "spatial", 0.4)
+        _, info = stsa.routed_attention(q, k, v, GRID, 0.4, samples=16)
+        _, policy_info = policy.attention(q, k, v, GRID, step=0, layer=0)
+    events = {event.key: event.count for event in profiler.key_averages() if event.key.startswith("stsa::")}
+    assert events == {"stsa::attention": 1, "stsa::routed_attention": 1, "stsa::policy_attention": 1}
+    assert torch.equal(out, eager) and info is not None and policy_info is policy.last_info is not None
