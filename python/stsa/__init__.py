@@ -54,7 +54,7 @@ from ._stsa import __version__  # the library's, from CMakeLists.txt (pip's meta
 __all__ = [
     "Error", "InvalidArgument", "IoError", "ResourceError", "Unsupported", "VideoGrid", "Policy", "attention",
     "routed_attention", "route", "plan", "tile_lists", "attention_flops", "token_order", "model_presets", "model_preset", "backends",
-    "clear_plan_cache", "set_num_threads", "get_num_threads", "set_isa", "get_isa",
+    "clear_plan_cache", "set_num_threads", "get_num_threads", "set_isa", "get_isa", "register_torch_operators",
 ]
 
 _DEFAULT_TILE = (128, 128)
@@ -774,6 +774,16 @@ def _torch_compiling() -> bool:
     return torch is not None and torch.compiler.is_compiling()
 
 
+def register_torch_operators() -> None:
+    """Registers stsa's PyTorch operators (``torch.ops.stsa.*``; torch >= 2.8), which a program
+    exported with stsa's calls needs to load (``torch.export.load``). Importing stsa in a process
+    that has imported torch already registers them; one that imports stsa first calls this."""
+    import torch
+
+    _require_torch_operators(torch)
+    from . import _torch_op  # noqa: F401  (registers them)
+
+
 def _require_torch_operators(torch) -> None:
     """stsa's PyTorch operators (torch.compile's path, stsa.diffusers) are custom ops tagged
     cudagraph_unsafe, which torch has from 2.8 on; an older one gets this, not an AttributeError."""
@@ -868,3 +878,9 @@ def _empty_like(array, shape, dtype: str | None):
 
         return numpy.empty(shape, dtype=ml_dtypes.bfloat16)
     return numpy.empty(shape, dtype=array.dtype if dtype is None else dtype)
+
+
+# With torch here already, its operators are registered now (13 ms): a program exported with
+# them then loads with no more than `import stsa` (before, their first traced call did it).
+if "torch" in sys.modules and hasattr(getattr(sys.modules["torch"], "Tag", None), "cudagraph_unsafe"):
+    from . import _torch_op  # noqa: F401,E402

@@ -9,12 +9,12 @@ torch's FlopCounterMode counts each by the formulas at the end. Imported only on
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import Any, Optional
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 
 from . import (InvalidArgument, VideoGrid, _batch_tokens_heads, _operator_call, _policies, _require_torch_operators,
                _stsa, attention, routed_attention)
@@ -43,27 +43,36 @@ def _operator_running():
         _operator_call.active = outer
 
 
-# stsa's FlopCounterMode formulas, by operator (registered with torch's by counted()).
-_formulas: dict = {}
+# stsa's FlopCounterMode formulas: (op, formula, get_raw) as counted() declares them, and as
+# torch's registry holds them once torch.utils.flop_counter is loaded (importing it here would
+# add 0.2 s to `import stsa`; whoever counts FLOPs has loaded it).
+_declared: list = []
+_registered: dict = {}
 
 
 def counted(op, get_raw: bool = False):
-    """Registers the decorated function as ``op``'s FLOP formula."""
+    """Declares the decorated function ``op``'s FLOP formula."""
 
-    def register(formula):
-        _formulas[op] = register_flop_formula(op, get_raw=get_raw)(formula)
+    def declare(formula):
+        _declared.append((op, formula, get_raw))
         return formula
 
-    return register
+    return declare
 
 
 def _formulas_to_counters() -> None:
-    """A FlopCounterMode copies torch's formulas when it is made: one made before this module
-    was imported (by stsa's first call under it) lacks stsa's, and would count its calls as 0."""
+    """Registers the formulas declared so far with torch's, and gives them to the active
+    FlopCounterModes: a mode copies torch's formulas when it is made, so one made before they
+    were registered (before stsa's first call under it) would count stsa's calls as 0."""
+    flop_counter = sys.modules.get("torch.utils.flop_counter")
+    if flop_counter is None:
+        return
+    for op, formula, get_raw in _declared[len(_registered):]:
+        _registered[op] = flop_counter.register_flop_formula(op, get_raw=get_raw)(formula)
     for mode in _get_current_dispatch_mode_stack():
         counter = getattr(mode, "counter", None)
-        if isinstance(counter, FlopCounterMode):
-            for op, formula in _formulas.items():
+        if isinstance(counter, flop_counter.FlopCounterMode):
+            for op, formula in _registered.items():
                 counter.flop_registry.setdefault(op, formula)
 
 

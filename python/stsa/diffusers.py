@@ -58,7 +58,7 @@ import torch
 
 from . import (InvalidArgument, Policy, Unsupported, VideoGrid, _flag, _require_torch_operators, _tile,
                _without_data)
-from ._torch_op import _policy_estimate, counted
+from ._torch_op import _formulas_to_counters, _policy_estimate, counted
 
 _require_torch_operators(torch)
 
@@ -441,7 +441,10 @@ class _SelfAttention:
         if ulysses is not None:  # this rank's share of the tokens, every head -> every token, its share of the heads
             query, key, value = (_tokens_for_heads(x, *ulysses) for x in (query, key, value))
         # One opaque operator in the compiled block, not a graph break; without data, its fake implementation.
-        if torch.compiler.is_compiling() or _without_data(query, key, value):
+        compiling = torch.compiler.is_compiling()
+        if compiling or _without_data(query, key, value):
+            if not compiling:
+                _formulas_to_counters()  # a FlopCounterMode counts the call by its estimate
             out = torch.ops.stsa.diffusers_attention(query, key, value, self.owner._id, self._layer_tensor,
                                                      self.layout, prompt_mask, history)
         else:

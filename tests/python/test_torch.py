@@ -3,6 +3,8 @@ machine's image has it and bench/gpu/check.sh runs this file there): CPU tensors
 the CPU backend, CUDA tensors on the CUDA backend, read in place through DLPack,
 the output a tensor on the inputs' device, checked against the fp64 reference."""
 
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -498,6 +500,39 @@ def test_an_exported_block_takes_any_video_length(rng):
     for length in (5, 8, 1):
         q, k, v = random_qkv(rng, stsa.VideoGrid(length, 4, 6), 2, 64, torch.float32)
         assert torch.equal(program.module()(q, k, v), Block()(q, k, v)), length
+
+
+@needs_operators
+def test_a_saved_program_loads_in_a_process_that_imported_stsa(tmp_path):
+    """torch.export.save, then torch.export.load in a fresh process: stsa's operators were
+    registered by the first traced call only, so loading failed ("failed to resolve
+    torch.ops.stsa.attention.default") unless that process had made one. Importing stsa
+    after torch registers them; a process that imports stsa first calls register_torch_operators."""
+    save = (
+        "import sys, torch, stsa\n"
+        "grid = stsa.VideoGrid(5, 4, 6, text=3)\n"
+        "class Block(torch.nn.Module):\n"
+        "    def forward(self, q, k, v):\n"
+        "        out, info = stsa.routed_attention(q, k, v, grid, 0.5, samples=16)\n"
+        "        return stsa.attention(out, k, v, grid, ['spatial', 'temporal'], 0.5)\n"
+        "q, k, v = (torch.randn(1, grid.tokens, 2, 64) for _ in range(3))\n"
+        "torch.export.save(torch.export.export(Block(), (q, k, v)), sys.argv[1] + '/block.pt2')\n"
+        "torch.save({'qkv': (q, k, v), 'out': Block()(q, k, v)}, sys.argv[1] + '/io.pt')\n")
+    load = (
+        "import sys\n"
+        "{imports}\n"
+        "saved = torch.load(sys.argv[1] + '/io.pt')\n"
+        "program = torch.export.load(sys.argv[1] + '/block.pt2').module()\n"
+        "assert torch.equal(program(*saved['qkv']), saved['out'])\n")
+
+    def run(script):
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    run(save)
+    run(load.format(imports="import torch, stsa"))
+    run(load.format(imports="import stsa, torch\nstsa.register_torch_operators()"))
 
 
 @needs_operators
