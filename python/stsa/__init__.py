@@ -708,15 +708,17 @@ def _traced(q, k, v) -> bool:
 
 def _observed(q) -> bool:
     """Whether torch watches its operators for this call of torch tensors: a TorchDispatchMode
-    (FlopCounterMode, DebugMode, a user's own) is active, or torch's profiler records. The call
-    then goes through its operator, which they see (an eager call reaches no dispatcher, and the
-    profiler's trace had no event for it). Not inside an operator's own call, which would loop."""
+    (FlopCounterMode, DebugMode, a user's own) is active, torch's profiler records, or
+    torch.jit.trace traces. The call then goes through its operator, which they see (an eager
+    call reaches no dispatcher: the profiler had no event for it, and a traced graph kept the
+    output's torch.empty alone). Not inside an operator's own call, which would loop."""
     if _framework(q) != "torch" or _operator_call.active:
         return False
     import torch
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-    return _get_current_dispatch_mode() is not None or torch._C._autograd._profiler_enabled()
+    return (_get_current_dispatch_mode() is not None or torch._C._autograd._profiler_enabled()
+            or torch.jit.is_tracing())
 
 
 def _through_operator(q, k, v, out, lse, stream) -> bool:

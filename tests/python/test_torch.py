@@ -503,6 +503,28 @@ def test_an_exported_block_takes_any_video_length(rng):
 
 
 @needs_operators
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::torch.jit.TracerWarning")
+def test_torch_jit_trace_records_the_operators(rng):
+    """torch.jit.trace saw the output's torch.empty and not stsa's writes into it: the traced
+    module returned uninitialized memory for new inputs, silently. Traced calls go through the
+    operators now, which the graph records, and new inputs get the eager bytes."""
+    grid = stsa.VideoGrid(5, 4, 6, text=3)
+    policy = stsa.Policy(density=0.5, samples=16)
+
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v):
+            routed, _ = stsa.routed_attention(q, k, v, grid, 0.5, samples=16)
+            ruled, _ = policy.attention(routed, k, v, grid, step=0, layer=0)
+            return stsa.attention(ruled, k, v, grid, ["spatial", "temporal"], 0.5)
+
+    traced = torch.jit.trace(Block(), random_qkv(rng, grid, 2, 64, torch.float32))
+    ops = [node.kind() for node in traced.graph.nodes() if node.kind().startswith("stsa::")]
+    assert ops == ["stsa::routed_attention", "stsa::policy_attention", "stsa::attention"]
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    assert torch.equal(traced(q, k, v), Block()(q, k, v))
+
+
+@needs_operators
 def test_a_saved_program_loads_in_a_process_that_imported_stsa(tmp_path):
     """torch.export.save, then torch.export.load in a fresh process: stsa's operators were
     registered by the first traced call only, so loading failed ("failed to resolve
