@@ -706,19 +706,25 @@ def _traced(q, k, v) -> bool:
     return _framework(q) == "torch" and (_torch_compiling() or _without_data(q, k, v))
 
 
-def _observed(q) -> bool:
+def _observed(q, k, v) -> bool:
     """Whether torch watches its operators for this call of torch tensors: a TorchDispatchMode
     (FlopCounterMode, DebugMode, a user's own) is active, torch's profiler records, or
-    torch.jit.trace traces. The call then goes through its operator, which they see (an eager
-    call reaches no dispatcher: the profiler had no event for it, and a traced graph kept the
-    output's torch.empty alone). Not inside an operator's own call, which would loop."""
+    torch.jit.trace traces; or one of q, k, v is a tensor subclass that dispatches operators
+    itself (DTensor, a wrapper subclass: its data is not its values). The call then goes through
+    its operator, which they see or handle (an eager call reaches no dispatcher: the profiler had
+    no event for it, a traced graph kept the output's torch.empty alone, and a subclass was
+    refused as "q is null"). Not inside an operator's own call, which would loop."""
     if _framework(q) != "torch" or _operator_call.active:
         return False
     import torch
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     return (_get_current_dispatch_mode() is not None or torch._C._autograd._profiler_enabled()
-            or torch.jit.is_tracing())
+            or torch.jit.is_tracing() or any(_dispatches_itself(x, torch) for x in (q, k, v)))
+
+
+def _dispatches_itself(x, torch) -> bool:
+    return isinstance(x, torch.Tensor) and type(x).__torch_dispatch__ is not torch._C._disabled_torch_dispatch_impl
 
 
 def _through_operator(q, k, v, out, lse, stream) -> bool:
@@ -727,7 +733,7 @@ def _through_operator(q, k, v, out, lse, stream) -> bool:
     ``out`` or ``lse`` given is then filled from the operator's). A call given a ``stream`` is eager."""
     if stream is not None:
         return False
-    return (out is None and lse is None and _traced(q, k, v)) or _observed(q)
+    return (out is None and lse is None and _traced(q, k, v)) or _observed(q, k, v)
 
 
 def _into_given(out, lse, results) -> tuple:

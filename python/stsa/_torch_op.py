@@ -201,6 +201,7 @@ def traced_attention(q, k, v, grid: VideoGrid, masks: list[str], density, anchor
 
 def _before_eager_call() -> None:
     _formulas_to_counters()
+    _shardings_to_dtensor()
     _recorded.info = _recorded.flops = None  # what an earlier call recorded and nobody read
 
 
@@ -287,3 +288,60 @@ def _policy_estimate(policy: Any, shape, layout: str, grid: list[int], text_befo
         return _kept_flops(shape, layout, grid, text_before, ["dense"], 1.0, settings["anchor"], tile, align)
     density = settings["density"] if settings["spatial_density"] is None else settings["spatial_density"]
     return _kept_flops(shape, layout, grid, text_before, ["spatial"], density, settings["anchor"], tile, align)
+
+
+# DTensor's sharding strategies (a DTensor reaches these operators by dispatch; with no strategy it
+# refused them): each batch entry and each head is attended on its own, so q, k and v sharded
+# alike over the batch or the heads give out (and lse) sharded the same way, and a DTensor
+# sharded otherwise (over the tokens, context parallelism's layout) is redistributed to one of
+# these first (an all-to-all to the heads: Ulysses). Routing samples rows across the batch, so a
+# routed call is sharded over the heads only; one mask per head, over the batch only. Registered
+# once torch.distributed.tensor is loaded (whoever made a DTensor has loaded it).
+_sharded = False
+
+
+def _shardings_to_dtensor() -> None:
+    global _sharded
+    tensor_module = sys.modules.get("torch.distributed.tensor")
+    if _sharded or tensor_module is None:
+        return
+    from torch.distributed.tensor.experimental import register_sharding
+
+    def strategies(layout: str, descales, middle: int, batch: bool, heads: bool) -> list:
+        """([out, lse], [q, k, v, ``middle`` plain arguments, the descales]) placements."""
+        def one(tokens_dim, lse_dim, descale_dim):
+            given = [None if d is None else descale_dim for d in descales]
+            return [tokens_dim, lse_dim], [tokens_dim] * 3 + [None] * middle + given
+
+        replicate = tensor_module.Replicate()
+        options = [one(replicate, replicate, replicate)]
+        if batch:
+            options.append(one(tensor_module.Shard(0), tensor_module.Shard(0), tensor_module.Shard(0)))
+        if heads:
+            options.append(one(tensor_module.Shard(2 if layout == "bnhd" else 1), tensor_module.Shard(1),
+                               tensor_module.Shard(1)))
+        return options
+
+    # DTensor caches a strategy by the tensors' specs and the arguments from the first int one on,
+    # which this operator has none of: its masks and layout, which the strategy reads, must be in
+    # the key too (else a call with one mask per head reused one mask's sharding over the heads).
+    propagator = tensor_module.DTensor._op_dispatcher.sharding_propagator
+    if hasattr(propagator, "op_to_schema_info"):
+        @register_sharding(torch.ops.stsa.attention.default)
+        def _(q, k, v, grid, text_before, masks, density, anchor, scale, layout, tile, align, backend, *descales):
+            return strategies(layout, descales, 10, batch=True, heads="," not in masks)
+
+        from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+
+        propagator.op_to_schema_info[torch.ops.stsa.attention.default] = RuntimeSchemaInfo(3, needs_pytree=True)
+
+    @register_sharding(torch.ops.stsa.routed_attention.default)
+    def _(q, k, v, grid, text_before, samples, densities, try_frames, max_rel_l2, anchor, seed, scale, layout, tile,
+          align, backend, timed, *descales):
+        return strategies(layout, descales, 14, batch=False, heads=True)
+
+    @register_sharding(torch.ops.stsa.policy_attention.default)
+    def _(q, k, v, policy, grid, text_before, step, layer, scale, layout, tile, align, backend, timed, *descales):
+        return strategies(layout, descales, 11, batch=False, heads=True)
+
+    _sharded = True
