@@ -53,8 +53,9 @@ from ._stsa import __version__  # the library's, from CMakeLists.txt (pip's meta
 
 __all__ = [
     "Error", "InvalidArgument", "IoError", "ResourceError", "Unsupported", "VideoGrid", "Policy", "attention",
-    "routed_attention", "route", "plan", "tile_lists", "attention_flops", "token_order", "model_presets", "model_preset", "backends",
-    "clear_plan_cache", "set_num_threads", "get_num_threads", "set_isa", "get_isa", "register_torch_operators",
+    "routed_attention", "route", "plan", "tile_lists", "attention_flops", "token_order", "model_presets",
+    "model_preset", "backends", "clear_plan_cache", "set_num_threads", "get_num_threads", "set_isa", "get_isa",
+    "register_torch_operators",
 ]
 
 _DEFAULT_TILE = (128, 128)
@@ -124,9 +125,10 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     numbers: the scores are scaled by q's times k's, the output by v's (host backends).
     Under torch.compile (torch tensors, a VideoGrid, no ``out``, ``lse`` or
     ``stream``) the call is one operator in the compiled graph,
-    ``torch.ops.stsa.attention``, not a graph break; under a TorchDispatchMode
-    (``FlopCounterMode``: ``attention_flops``' "kept") or torch's profiler the same
-    operator, which they see.
+    ``torch.ops.stsa.attention``, not a graph break. Watched (a TorchDispatchMode such as
+    ``FlopCounterMode``, which counts ``attention_flops``' "kept"; torch's profiler;
+    torch.jit.trace) or given a dispatching tensor subclass (DTensor), it is the same
+    operator, with the eager call's outputs.
     """
     masks, density = _masks(mask), _number("density", density)
     anchor, return_lse = _flag("anchor", anchor), _flag("return_lse", return_lse)
@@ -171,8 +173,8 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     ``info["kept_flops"]`` counts the attention the masks keep, ``info["routing_flops"]``
     the router's sampled rows (both what FlopCounterMode counts for the call).
     Under torch.compile (torch tensors, no ``out``, ``lse`` or ``stream``) the call
-    is one operator, ``torch.ops.stsa.routed_attention``, and ``info`` is None; under a
-    TorchDispatchMode or the profiler the same operator, with ``info`` as eager (None without data).
+    is one operator, ``torch.ops.stsa.routed_attention``, and ``info`` is None; watched or
+    given a subclass (as ``attention``), the same operator, with ``info`` as eager (None without data).
     """
     router = _router(density, spatial_density, temporal_density, frames_density, try_frames, samples, seed, max_rel_l2,
                      anchor)
@@ -299,8 +301,8 @@ class Policy:
         for the device, so a model's next layers queue behind it. Under torch.compile
         (torch tensors, no ``out``, ``lse`` or ``stream``) the call is one operator,
         ``torch.ops.stsa.policy_attention``, whose ``step`` and ``layer`` are read when it
-        runs; ``info`` is then None and ``last_info`` holds it after the call. Under a
-        TorchDispatchMode (``FlopCounterMode``) or the profiler it is that operator too, with ``info`` as eager."""
+        runs; ``info`` is then None and ``last_info`` holds it after the call. Watched or given
+        a subclass (as ``stsa.attention``) it is that operator too, with ``info`` as eager."""
         return_lse = _flag("return_lse", return_lse)
         _refuse_autograd(q, k, v, out, lse)
         if _through_operator(q, k, v, out, lse, stream):
@@ -742,10 +744,10 @@ def _into_given(out, lse, results) -> tuple:
     given = []
     for name, mine, theirs in (("out", out, results[0]), ("lse", lse, results[1])):
         if mine is not None:
-            if _framework(mine) != "torch" or (mine.shape, mine.dtype, mine.device) != (theirs.shape, theirs.dtype,
-                                                                                       theirs.device):
-                raise InvalidArgument(f"{name} must be a torch tensor of shape {list(theirs.shape)}, {theirs.dtype}, on "
-                                      f"{theirs.device} (got {_described(mine)})")
+            expected = (theirs.shape, theirs.dtype, theirs.device)
+            if _framework(mine) != "torch" or (mine.shape, mine.dtype, mine.device) != expected:
+                raise InvalidArgument(f"{name} must be a torch tensor of shape {list(theirs.shape)}, {theirs.dtype}, "
+                                      f"on {theirs.device} (got {_described(mine)})")
             mine.copy_(theirs)
             theirs = mine
         given.append(theirs)

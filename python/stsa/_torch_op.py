@@ -2,9 +2,10 @@
 (torch.ops.stsa.attention, .routed_attention, .policy_attention), which is what they
 call while torch.compile traces them: the compiled graph holds one opaque call each,
 whose shapes come from the fake implementations below, instead of breaking at the
-extension module. Under a TorchDispatchMode or torch's profiler they call them too, and
-torch's FlopCounterMode counts each by the formulas at the end. Imported only once torch is
-(by those paths)."""
+extension module. Watched (a TorchDispatchMode, torch's profiler, torch.jit.trace) or given
+a tensor subclass that dispatches (DTensor) they call them too: FlopCounterMode counts each by
+the formulas below, DTensor shards them by the strategies at the end. Imported with stsa where
+torch already is, else by the first of those calls."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: list[i
     """(out, lse) of ``stsa.attention``; ``grid`` is (frames, height, width, text), ``masks``
     the mask names joined by commas, ``backend`` "" for where the tensors are."""
     with _operator_running():
-            return attention(q, k, v, _grid(grid, text_before), masks.split(","), density, anchor=anchor, layout=layout,
+        return attention(q, k, v, _grid(grid, text_before), masks.split(","), density, anchor=anchor, layout=layout,
                          scale=scale, tile=(tile[0], tile[1]), align=align, backend=backend or None, return_lse=True,
                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
