@@ -718,15 +718,10 @@ def _observed(q, k, v) -> bool:
     refused as "q is null"). Not inside an operator's own call, which would loop."""
     if _framework(q) != "torch" or _operator_call.active:
         return False
-    import torch
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    return (_get_current_dispatch_mode() is not None or torch._C._autograd._profiler_enabled()
-            or torch.jit.is_tracing() or any(_dispatches_itself(x, torch) for x in (q, k, v)))
-
-
-def _dispatches_itself(x, torch) -> bool:
-    return isinstance(x, torch.Tensor) and type(x).__torch_dispatch__ is not torch._C._disabled_torch_dispatch_impl
+    torch_c = sys.modules["torch"]._C  # its own checks, not their Python wrappers: ~1 us a call, not ~5
+    return (torch_c._len_torch_dispatch_stack() > 0 or torch_c._autograd._profiler_enabled() or torch_c._is_tracing()
+            or any(type(x).__torch_dispatch__ is not torch_c._disabled_torch_dispatch_impl
+                   for x in (q, k, v) if isinstance(x, torch_c.TensorBase)))
 
 
 def _through_operator(q, k, v, out, lse, stream) -> bool:
