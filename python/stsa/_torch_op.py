@@ -49,6 +49,7 @@ def _operator_running():
 # add 0.2 s to `import stsa`; whoever counts FLOPs has loaded it).
 _declared: list = []
 _registered: dict = {}
+_registering = threading.Lock()  # torch refuses a formula registered twice; DTensor's strategies once is enough
 
 
 def counted(op, get_raw: bool = False):
@@ -68,8 +69,9 @@ def _formulas_to_counters() -> None:
     flop_counter = sys.modules.get("torch.utils.flop_counter")
     if flop_counter is None:
         return
-    for op, formula, get_raw in _declared[len(_registered):]:
-        _registered[op] = flop_counter.register_flop_formula(op, get_raw=get_raw)(formula)
+    with _registering:
+        for op, formula, get_raw in _declared[len(_registered):]:
+            _registered[op] = flop_counter.register_flop_formula(op, get_raw=get_raw)(formula)
     for mode in _get_current_dispatch_mode_stack():
         counter = getattr(mode, "counter", None)
         if isinstance(counter, flop_counter.FlopCounterMode):
@@ -302,17 +304,23 @@ _sharded = False
 
 
 def _shardings_to_dtensor() -> None:
-    global _sharded
     tensor_module = sys.modules.get("torch.distributed.tensor")
     if _sharded or tensor_module is None:
         return
+    with _registering:
+        if not _sharded:
+            _register_shardings(tensor_module)
+
+
+def _register_shardings(tensor_module) -> None:
+    global _sharded
     from torch.distributed.tensor.experimental import register_sharding
 
     def strategies(layout: str, descales, middle: int, batch: bool, heads: bool) -> list:
         """([out, lse], [q, k, v, ``middle`` plain arguments, the descales]) placements."""
-        def one(tokens_dim, lse_dim, descale_dim):
-            given = [None if d is None else descale_dim for d in descales]
-            return [tokens_dim, lse_dim], [tokens_dim] * 3 + [None] * middle + given
+        def one(data, lse, descale):  # q, k, v and out placed as ``data``
+            given = [None if d is None else descale for d in descales]
+            return [data, lse], [data] * 3 + [None] * middle + given
 
         replicate = tensor_module.Replicate()
         options = [one(replicate, replicate, replicate)]
