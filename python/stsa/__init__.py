@@ -807,6 +807,14 @@ def _refuse_autograd(q, k, v, out=None, lse=None) -> None:
         return
     import torch
 
+    # Forward-mode AD works under no_grad too: a tangent on q, k or v was dropped without a word (the
+    # output had none, so a JVP saw attention as a constant), and one on out or lse left stale.
+    forward_ad = sys.modules.get("torch.autograd.forward_ad")
+    if forward_ad is not None and forward_ad._current_level >= 0:
+        for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
+            if isinstance(x, torch.Tensor) and forward_ad.unpack_dual(x).tangent is not None:
+                raise Unsupported(f"stsa computes no forward-mode derivatives, and {name} has a tangent "
+                                  "(torch.autograd.forward_ad): give its primal (unpack_dual(x).primal)")
     if not torch.is_grad_enabled():
         return
     if any(getattr(x, "requires_grad", False) for x in (q, k, v)):

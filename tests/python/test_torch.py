@@ -83,6 +83,32 @@ def test_tensors_that_need_gradients_are_refused(rng):
         assert torch.equal(stsa.attention(q, k, v, grid), stsa.attention(q, k.detach(), v, grid))
 
 
+def test_tensors_with_forward_mode_tangents_are_refused(rng):
+    """Forward-mode AD (torch.autograd.forward_ad) works under no_grad too: q's tangent was
+    dropped and the output had none, so a JVP through the model saw attention as a constant."""
+    import torch.autograd.forward_ad as forward_ad
+
+    grid = stsa.VideoGrid(4, 4, 4)
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    out = torch.empty_like(q)
+    calls = {
+        "attention": lambda q, out=None: stsa.attention(q, k, v, grid, out=out),
+        "routed_attention": lambda q, out=None: stsa.routed_attention(q, k, v, grid, samples=8, out=out),
+        "Policy.attention": lambda q, out=None: stsa.Policy().attention(q, k, v, grid, step=0, layer=0, out=out),
+    }
+    with torch.no_grad(), forward_ad.dual_level():
+        dual = forward_ad.make_dual(q, torch.randn_like(q))
+        dual_out = forward_ad.make_dual(out, torch.zeros_like(out))
+        for name, call in calls.items():
+            with pytest.raises(stsa.Unsupported, match="no forward-mode derivatives, and q has a tangent"):
+                call(dual)
+            with pytest.raises(stsa.Unsupported, match="and out has a tangent"):
+                call(q, dual_out)
+            call(forward_ad.unpack_dual(dual).primal)  # the primal alone runs
+        primal_out = stsa.attention(forward_ad.unpack_dual(dual).primal, k, v, grid)
+    assert torch.equal(primal_out, stsa.attention(q, k, v, grid))
+
+
 def with_negative_bit(x):
     """x's values in a view with torch's negative bit set (``z.conj().imag``)."""
     view = torch.complex(torch.zeros_like(x), -x).conj().imag
