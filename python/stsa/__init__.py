@@ -247,6 +247,12 @@ class Policy:
                           "try_frames": try_frames, "samples": samples, "seed": seed, "max_rel_l2": max_rel_l2,
                           "anchor": anchor}
 
+    def __reduce__(self):
+        # Pickled (torch.save of a model that holds one) or deep-copied (copy.deepcopy of such a
+        # model): the settings, as Policy(**p.settings) takes them; the decisions, a generation's
+        # state, stay with this one. Its native policy could be neither, which raised TypeError.
+        return _policy_with, (self._settings,)
+
     @property
     def settings(self) -> dict[str, Any]:
         """The arguments this policy was made with: ``Policy(**p.settings)`` is another
@@ -327,6 +333,10 @@ class Policy:
                                           timed=_flag("timed", timed))
         self.last_info = info
         return (out, lse, info) if want_lse else (out, info)
+
+
+def _policy_with(settings: dict[str, Any]) -> Policy:
+    return Policy(**settings)
 
 
 # Every Policy by number, for the compiled path's operator (it takes tensors and plain

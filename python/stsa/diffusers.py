@@ -164,6 +164,26 @@ def _warn_if_dense_throughout(policy: Policy, steps: int) -> None:
                       stacklevel=2)
 
 
+def _refuse_copy():
+    # Reached from the model (its processors and hook hold stsa's objects): a deep copy ran the
+    # original's hook and failed in its forward, and pickle failed on the hook's function.
+    raise Unsupported("a model with stsa.diffusers enabled cannot be copied or pickled (copy.deepcopy, torch.save "
+                      "of the model): save its state_dict, or disable stsa, copy, and enable it on each")
+
+
+class _ForwardHook:
+    """The transformer's forward pre-hook: its SparseTransformer's _before_forward, kept eager."""
+
+    def __init__(self, owner: "SparseTransformer"):
+        self._before_forward = torch.compiler.disable(owner._before_forward)
+
+    def __call__(self, module, args, kwargs):
+        return self._before_forward(module, args, kwargs)
+
+    def __reduce__(self):
+        _refuse_copy()
+
+
 class SparseTransformer:
     """What ``enable`` returns: the installed processors and hook, the step count and
     a record of every call. A context manager (``with stsa.diffusers.enable(...):``)."""
@@ -203,8 +223,7 @@ class SparseTransformer:
                           DenseWarning, stacklevel=3)
         # Read on the host once per forward (the step is the timestep's value): under a
         # whole-model torch.compile this is the one graph break, taken on purpose.
-        self._hook = transformer.register_forward_pre_hook(torch.compiler.disable(self._before_forward),
-                                                           with_kwargs=True)
+        self._hook = transformer.register_forward_pre_hook(_ForwardHook(self), with_kwargs=True)
         self._attentions = attentions
         try:
             for layer, attn in enumerate(attentions):
@@ -223,6 +242,9 @@ class SparseTransformer:
             _set_processor(attn, original)
         if self._owns_clock:
             self._clock.finish()
+
+    def __reduce__(self):
+        _refuse_copy()
 
     def __enter__(self) -> "SparseTransformer":
         return self

@@ -663,6 +663,25 @@ def test_flop_counter_counts_each_layers_call(rng):
     assert stsa_flops(counter) == {"stsa.diffusers_attention": dense + spatial} and not sparse.records
 
 
+def test_a_model_with_stsa_enabled_is_not_copied_or_pickled(rng):
+    """copy.deepcopy of an enabled model made a copy whose forward failed (its hook was the
+    original's), and torch.save failed in pickle on the hook's function: both are refused by
+    name. Disabled, the model copies, and stsa enabled on the copy gives the original's output."""
+    import copy
+    import io
+
+    model, x = tiny_wan(layers=2), inputs(rng, 999)
+    sparse = stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE))
+    for copy_it in (copy.deepcopy, lambda m: torch.save(m, io.BytesIO())):
+        with pytest.raises(stsa.Unsupported, match="cannot be copied or pickled"):
+            copy_it(model)
+    ours = forward(model, x)
+    sparse.disable()
+    twin = copy.deepcopy(model)
+    with stsa.diffusers.enable(twin, stsa.Policy(density=0.4, **ALL_SPARSE)):
+        assert torch.equal(forward(twin, x), ours)
+
+
 def test_ring_attention_is_refused(rng):
     model = tiny_wan(layers=1)
     sparse = stsa.diffusers.enable(model, stsa.Policy())

@@ -137,6 +137,23 @@ def test_a_policy_made_from_anothers_settings_decides_alike_and_holds_its_own_de
     assert stsa.Policy.from_preset("wan2.2-a14b-720p").settings["dense_steps"] == 10
 
 
+def test_a_copied_or_pickled_policy_has_the_settings_and_no_decisions(rng):
+    """copy.deepcopy and pickle (torch.save of a model holding a policy) raised TypeError on the
+    native policy; copy.copy shared it, and its number, with the original."""
+    import copy
+    import pickle
+
+    grid = stsa.VideoGrid(9, 6, 6)
+    q, k, v = structured_heads(rng, grid, 64, ["temporal", "spatial"])
+    policy = stsa.Policy(reuse_steps=4, density=0.4, temporal_density=0.3, samples=32, seed=5)
+    _, ours = policy.attention(q, k, v, grid, step=0, layer=0)
+    for copied in (copy.deepcopy(policy), copy.copy(policy), pickle.loads(pickle.dumps(policy))):
+        assert copied.settings == policy.settings and copied.cached_count == 0 and policy.cached_count == 2
+        assert copied._id != policy._id
+        _, theirs = copied.attention(q, k, v, grid, step=0, layer=0)
+        assert theirs["heads"] == ours["heads"]
+
+
 def test_a_presets_density_is_every_kinds(rng):
     """A preset's one density for every mask kind is its policy's `density`, the kinds
     following it: a copy of its settings with another density routes at that density."""

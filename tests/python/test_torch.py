@@ -83,6 +83,7 @@ def test_tensors_that_need_gradients_are_refused(rng):
         assert torch.equal(stsa.attention(q, k, v, grid), stsa.attention(q, k.detach(), v, grid))
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit's, from importing forward_ad
 def test_tensors_with_forward_mode_tangents_are_refused(rng):
     """Forward-mode AD (torch.autograd.forward_ad) works under no_grad too: q's tangent was
     dropped and the output had none, so a JVP through the model saw attention as a constant."""
