@@ -721,17 +721,25 @@ def _traced(q, k, v) -> bool:
 def _observed(q, k, v) -> bool:
     """Whether torch watches its operators for this call of torch tensors: a TorchDispatchMode
     (FlopCounterMode, DebugMode, a user's own) is active, torch's profiler records, or
-    torch.jit.trace traces; or one of q, k, v is a tensor subclass that dispatches operators
-    itself (DTensor, a wrapper subclass: its data is not its values). The call then goes through
-    its operator, which they see or handle (an eager call reaches no dispatcher: the profiler had
-    no event for it, a traced graph kept the output's torch.empty alone, and a subclass was
-    refused as "q is null"). Not inside an operator's own call, which would loop."""
+    torch.jit.trace or torch.fx.symbolic_trace traces; or one of q, k, v is a tensor subclass
+    that dispatches operators itself (DTensor, a wrapper subclass: its data is not its values).
+    The call then goes through its operator, which they see or handle (an eager call reaches no
+    dispatcher: the profiler had no event for it, a jit-traced graph kept the output's
+    torch.empty alone, and a subclass was refused as "q is null"). Not inside an operator's own
+    call, which would loop."""
     if _framework(q) != "torch" or _operator_call.active:
         return False
     torch_c = sys.modules["torch"]._C  # its own checks, not their Python wrappers: ~1 us a call, not ~5
     return (torch_c._len_torch_dispatch_stack() > 0 or torch_c._autograd._profiler_enabled() or torch_c._is_tracing()
-            or any(type(x).__torch_dispatch__ is not torch_c._disabled_torch_dispatch_impl
-                   for x in (q, k, v) if isinstance(x, torch_c.TensorBase)))
+            or _fx_traced(q) or any(type(x).__torch_dispatch__ is not torch_c._disabled_torch_dispatch_impl
+                                    for x in (q, k, v) if isinstance(x, torch_c.TensorBase)))
+
+
+def _fx_traced(q) -> bool:
+    """Whether q is torch.fx.symbolic_trace's stand-in: the call becomes a node of its graph (it
+    failed on control flow over q's attributes)."""
+    fx = sys.modules.get("torch.fx")
+    return fx is not None and isinstance(q, fx.Proxy)
 
 
 def _through_operator(q, k, v, out, lse, stream) -> bool:
@@ -813,7 +821,7 @@ def _refuse_autograd(q, k, v, out=None, lse=None) -> None:
     train the rest of the model as if attention were a constant, without a word. An
     ``out`` or ``lse`` that requires grad is refused too, as torch's own out= operators
     refuse it (written in place, it would hold values autograd knows nothing of)."""
-    if all(_framework(x) != "torch" for x in (q, k, v, out, lse)):
+    if all(_framework(x) != "torch" for x in (q, k, v, out, lse)) or _fx_traced(q):
         return
     import torch
 

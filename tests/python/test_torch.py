@@ -552,6 +552,25 @@ def test_torch_jit_trace_records_the_operators(rng):
 
 
 @needs_operators
+def test_torch_fx_symbolic_trace_records_the_operators(rng):
+    """torch.fx.symbolic_trace failed on control flow over q's attributes ("symbolically traced
+    variables cannot be used as inputs to control flow"); each call is now a node of the graph."""
+    grid = stsa.VideoGrid(5, 4, 6, text=3)
+    policy = stsa.Policy(density=0.5, samples=16)
+
+    def block(q, k, v):
+        routed, _ = stsa.routed_attention(q, k, v, grid, 0.5, samples=16)
+        ruled, _ = policy.attention(routed, k, v, grid, step=0, layer=0)
+        return stsa.attention(ruled, k, v, grid, ["spatial", "temporal"], 0.5)
+
+    traced = torch.fx.symbolic_trace(block)
+    ops = [str(node.target) for node in traced.graph.nodes if str(node.target).startswith("stsa.")]
+    assert ops == ["stsa.routed_attention", "stsa.policy_attention", "stsa.attention"]
+    q, k, v = random_qkv(rng, grid, 2, 64, torch.float32)
+    assert torch.equal(traced(q, k, v), block(q, k, v))
+
+
+@needs_operators
 def test_a_saved_program_loads_in_a_process_that_imported_stsa(tmp_path):
     """torch.export.save, then torch.export.load in a fresh process: stsa's operators were
     registered by the first traced call only, so loading failed ("failed to resolve
