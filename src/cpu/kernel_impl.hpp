@@ -146,18 +146,7 @@ inline void pv_rows(const float* p, int p_stride, int rows, const float* v, int 
   }
 }
 
-// P (the softmax's fp32 weights, S's rows) rounded to nearest bf16, as pairs of
-// neighbouring keys: row i's columns [0, cols) (a multiple of 2W) become words
-// [0, cols / 2) at p + i * p_stride.
-template <class V>
-inline void round_p_to_pairs(const float* s, int s_stride, int rows, int cols, std::uint32_t* p, int p_stride) {
-  for (int i = 0; i < rows; ++i)
-    for (int c = 0; c < cols; c += 2 * V::W)
-      V::store_pairs(p + i * p_stride + c / 2,
-                     V::round_to_pairs(V::load(s + i * s_stride + c), V::load(s + i * s_stride + c + V::W)));
-}
-
-// pv_block from bf16 pairs: P's pairs of keys (round_p_to_pairs) times V's
+// pv_block from bf16 pairs: P's pairs of keys (exp_to_pairs) times V's
 // (KvPanels::v_pairs: pair row c2 holds keys 2 c2 and 2 c2 + 1 of every channel,
 // at v + c2 * kD), key_pairs of them; half the instructions of pv_block.
 template <class V, int kD, int Mr, int kVecs>
@@ -265,9 +254,27 @@ inline unsigned limit_bits(int j, int valid_cols) {
 // rows taken one at a time ran at the chains' latency (18 cycles per 16 scores on
 // AVX-512, against ~11 for the ops). Leaves in max_drop and tile_sum what
 // softmax_rows needs to update l and O.
-template <bool kMasked, int kGroup>
+// The exponentials of kGroup rows from row i0, rounded to nearest bf16 as pairs of neighbouring
+// keys: row i's columns [0, cols) (a multiple of 2W) become words [0, cols / 2) at p_pairs + i *
+// p_stride, with no fp32 P stored and read again; summed into `sum` in the fp32 path's order.
+template <class V, int kGroup>
+inline void exp_to_pairs(const float* s, int s_stride, int i0, int cols, const typename V::reg* shift,
+                         typename V::reg vscale, typename V::reg* sum, std::uint32_t* p_pairs, int p_stride) {
+  for (int j = 0; j * V::W < cols; j += 2)
+    for (int g = 0; g < kGroup; ++g) {
+      const float* at = s + (i0 + g) * s_stride + j * V::W;
+      const typename V::reg lo = V::exp2_for_bf16(V::mul(V::sub(V::load(at), shift[g]), vscale));
+      const typename V::reg hi = V::exp2_for_bf16(V::mul(V::sub(V::load(at + V::W), shift[g]), vscale));
+      sum[g] = V::add(V::add(sum[g], lo), hi);
+      V::store_pairs(p_pairs + (i0 + g) * p_stride + j * V::W / 2, V::round_to_pairs(lo, hi));
+    }
+}
+
+// kPairs: P goes to p_pairs as bf16 pairs (exp_to_pairs), S left as the masked scores.
+template <bool kMasked, int kGroup, bool kPairs>
 inline void softmax_group(float* s, int s_stride, int i0, int cols, int valid_cols, const std::uint64_t* mask,
-                          int mask_words, float exp_scale, float* m, float* max_drop, float* tile_sum) {
+                          int mask_words, float exp_scale, float* m, float* max_drop, float* tile_sum,
+                          std::uint32_t* p_pairs, int p_stride) {
   const typename Vec::reg neg_inf = Vec::set1(kNegInf);
   typename Vec::reg vmax[kGroup];
   for (int g = 0; g < kGroup; ++g) vmax[g] = neg_inf;
@@ -300,13 +307,17 @@ inline void softmax_group(float* s, int s_stride, int i0, int cols, int valid_co
   const typename Vec::reg vscale = Vec::set1(exp_scale);
   typename Vec::reg sum[kGroup];
   for (int g = 0; g < kGroup; ++g) sum[g] = Vec::zero();
-  for (int j = 0; j * Vec::W < cols; ++j)
-    for (int g = 0; g < kGroup; ++g) {
-      float* at = s + (i0 + g) * s_stride + j * Vec::W;
-      const typename Vec::reg p = Vec::exp2(Vec::mul(Vec::sub(Vec::load(at), shift[g]), vscale));
-      Vec::store(at, p);
-      sum[g] = Vec::add(sum[g], p);
-    }
+  if constexpr (kPairs) {
+    exp_to_pairs<Vec, kGroup>(s, s_stride, i0, cols, shift, vscale, sum, p_pairs, p_stride);
+  } else {
+    for (int j = 0; j * Vec::W < cols; ++j)
+      for (int g = 0; g < kGroup; ++g) {
+        float* at = s + (i0 + g) * s_stride + j * Vec::W;
+        const typename Vec::reg p = Vec::exp2(Vec::mul(Vec::sub(Vec::load(at), shift[g]), vscale));
+        Vec::store(at, p);
+        sum[g] = Vec::add(sum[g], p);
+      }
+  }
   for (int g = 0; g < kGroup; ++g) tile_sum[i0 + g] = Vec::reduce_add(sum[g]);
 }
 
@@ -315,18 +326,21 @@ inline void softmax_group(float* s, int s_stride, int i0, int cols, int valid_co
 // Each row's rescale factor exp2((m_old - m_new) * exp_scale) is taken after the
 // row loop, W rows per vector exp2: a libm call per row (with the vector state it
 // must save) cost as much as the exponentials of a 128-column row.
-template <int kD, bool kMasked>
+// kPairs: P written to p_pairs as bf16 pairs (p_stride words a row) instead of into S.
+template <int kD, bool kMasked, bool kPairs = false>
 inline void softmax_rows(float* s, int s_stride, int rows, int cols, int valid_cols, const std::uint64_t* mask,
-                         int mask_words, float exp_scale, float* m, float* l, float* o) {
+                         int mask_words, float exp_scale, float* m, float* l, float* o,
+                         std::uint32_t* p_pairs = nullptr, int p_stride = 0) {
   constexpr int kLanes = (kScratchRows + Vec::W - 1) / Vec::W * Vec::W;
   float max_drop[kLanes];  // m_old - m_new: -inf for a row's first allowed keys, 0 keeps l and O
   float tile_sum[kLanes];  // this tile's share of l
   int i = 0;
   for (; i + kSoftmaxRows <= rows; i += kSoftmaxRows)
-    softmax_group<kMasked, kSoftmaxRows>(s, s_stride, i, cols, valid_cols, mask, mask_words, exp_scale, m, max_drop,
-                                         tile_sum);
+    softmax_group<kMasked, kSoftmaxRows, kPairs>(s, s_stride, i, cols, valid_cols, mask, mask_words, exp_scale, m,
+                                                 max_drop, tile_sum, p_pairs, p_stride);
   for (; i < rows; ++i)
-    softmax_group<kMasked, 1>(s, s_stride, i, cols, valid_cols, mask, mask_words, exp_scale, m, max_drop, tile_sum);
+    softmax_group<kMasked, 1, kPairs>(s, s_stride, i, cols, valid_cols, mask, mask_words, exp_scale, m, max_drop,
+                                      tile_sum, p_pairs, p_stride);
   for (i = rows; i < kLanes; ++i) max_drop[i] = 0.0f;
   float alpha[kLanes];
   const typename Vec::reg vscale = Vec::set1(exp_scale);
@@ -387,22 +401,28 @@ void attend(const QueryTileJob& job) {
       if (!scored)
         qk_rows<kD, kQkRows>(job.q + std::int64_t(r0) * kD, rows,
                              job.kv.kt + std::int64_t(tile) * kD * tile_k + begin, tile_k, cols, s);
-      if (masked)
-        softmax_rows<kD, true>(s, tile_k, rows, cols, valid, block_mask, job.mask_words, job.exp_scale,
-                               job.m + r0, job.l + r0, o);
-      else
-        softmax_rows<kD, false>(s, tile_k, rows, cols, valid, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0, o);
       const int keys = valid < cols ? valid : cols;
       if constexpr (Vec::kHasBf16Dot) {
         if (bf16_pv) {
-          // P past the sequence's end is 0 (masked) and so is V there: an odd key count takes its pair whole.
-          round_p_to_pairs<Vec>(s, tile_k, rows, cols, job.p_pairs, tile_k / 2);
+          // P straight to bf16 pairs. Past the sequence's end it is 0 (masked) and so is V there: an odd
+          // key count takes its pair whole.
+          if (masked)
+            softmax_rows<kD, true, true>(s, tile_k, rows, cols, valid, block_mask, job.mask_words, job.exp_scale,
+                                         job.m + r0, job.l + r0, o, job.p_pairs, tile_k / 2);
+          else
+            softmax_rows<kD, false, true>(s, tile_k, rows, cols, valid, nullptr, 0, job.exp_scale, job.m + r0,
+                                          job.l + r0, o, job.p_pairs, tile_k / 2);
           pv_rows_bf16<Vec, kD, PvShape<kD>::kRows>(
               job.p_pairs, tile_k / 2, rows, job.kv.v_pairs + std::int64_t(tile) * (tile_k / 2) * kD + begin / 2 * kD,
               (keys + 1) / 2, o);
           continue;
         }
       }
+      if (masked)
+        softmax_rows<kD, true>(s, tile_k, rows, cols, valid, block_mask, job.mask_words, job.exp_scale,
+                               job.m + r0, job.l + r0, o);
+      else
+        softmax_rows<kD, false>(s, tile_k, rows, cols, valid, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0, o);
       if (partial && job.kv.v_nonfinite)
         pv_rows_skipping_masked<kD>(s, tile_k, rows, v, keys, o, block_mask, job.mask_words);
       else

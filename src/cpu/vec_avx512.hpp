@@ -36,12 +36,16 @@ struct Vec {
   // vector on Intel cores, which made a partial tile cost 2.8x a full one on the AMX
   // path. Everything from -150 up is computed as before, subnormal results included.
   // NaN is kept (the comparison is unordered-true for it).
-  static reg exp2(reg x) {
+  static reg exp2(reg x) { return exp2_by(x, kExp2Poly); }
+  // For P rounded to bf16 next (kExp2PolyForBf16): 2^-18.5 relative error, as fast as 2 FMAs fewer.
+  static reg exp2_for_bf16(reg x) { return exp2_by(x, kExp2PolyForBf16); }
+  template <std::size_t kTerms>
+  static reg exp2_by(reg x, const float (&poly)[kTerms]) {
     const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-150.0f), _CMP_NLT_UQ);
     const reg n = _mm512_maskz_roundscale_ps(keep, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const reg f = _mm512_maskz_sub_ps(keep, x, n);
-    reg p = _mm512_set1_ps(kExp2Poly[0]);
-    for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
+    reg p = _mm512_set1_ps(poly[0]);
+    for (std::size_t i = 1; i < kTerms; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(poly[i]));
     return _mm512_maskz_scalef_ps(keep, p, n);
   }
 };
