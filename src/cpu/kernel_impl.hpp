@@ -11,7 +11,8 @@
 //     select(bits, x, fill)  // lane i: bit i of bits ? x : fill
 //     kHasBf16Dot            // true: also load_pairs(p) and dot_pairs(acc, pair, pairs) =
 //                            //   acc + a.lo * b.lo + a.hi * b.hi per lane (bf16 pairs, fp32 sums),
-//                            //   round_to_pairs(lo, hi) (2W floats to W pairs of bf16) and store_pairs
+//                            //   round_to_pairs(lo, hi) (2W floats to W pairs of bf16), store_pairs
+//                            //   and exp2_for_bf16 (exp2 accurate to what bf16 rounding keeps)
 //   };
 //   constexpr int kQkRows, kQkVecs;   // S = Q K^T register block: rows x (vecs * W) columns
 //   constexpr int kPvAccumulators, kPvMaxVecs;  // O += P V register budget
@@ -249,11 +250,6 @@ inline unsigned limit_bits(int j, int valid_cols) {
   return n <= 0 ? 0u : (1u << n) - 1u;
 }
 
-// The softmax of kGroup rows from row i0, their passes interleaved: a row's max
-// and sum are chains of dependent ops, and its exponentials wait for its max, so
-// rows taken one at a time ran at the chains' latency (18 cycles per 16 scores on
-// AVX-512, against ~11 for the ops). Leaves in max_drop and tile_sum what
-// softmax_rows needs to update l and O.
 // The exponentials of kGroup rows from row i0, rounded to nearest bf16 as pairs of neighbouring
 // keys: row i's columns [0, cols) (a multiple of 2W) become words [0, cols / 2) at p_pairs + i *
 // p_stride, with no fp32 P stored and read again; summed into `sum` in the fp32 path's order.
@@ -270,7 +266,12 @@ inline void exp_to_pairs(const float* s, int s_stride, int i0, int cols, const t
     }
 }
 
-// kPairs: P goes to p_pairs as bf16 pairs (exp_to_pairs), S left as the masked scores.
+// The softmax of kGroup rows from row i0, their passes interleaved: a row's max
+// and sum are chains of dependent ops, and its exponentials wait for its max, so
+// rows taken one at a time ran at the chains' latency (18 cycles per 16 scores on
+// AVX-512, against ~11 for the ops). Leaves in max_drop and tile_sum what
+// softmax_rows needs to update l and O. kPairs: P goes to p_pairs as bf16 pairs
+// (exp_to_pairs), S left as the masked scores.
 template <bool kMasked, int kGroup, bool kPairs>
 inline void softmax_group(float* s, int s_stride, int i0, int cols, int valid_cols, const std::uint64_t* mask,
                           int mask_words, float exp_scale, float* m, float* max_drop, float* tile_sum,

@@ -37,7 +37,7 @@ struct Vec {
   // path. Everything from -150 up is computed as before, subnormal results included.
   // NaN is kept (the comparison is unordered-true for it).
   static reg exp2(reg x) { return exp2_by(x, kExp2Poly); }
-  // For P rounded to bf16 next (kExp2PolyForBf16): 2^-18.5 relative error, as fast as 2 FMAs fewer.
+  // For P rounded to bf16 next (kExp2PolyForBf16): 2^-18.5 relative error, two FMAs fewer.
   static reg exp2_for_bf16(reg x) { return exp2_by(x, kExp2PolyForBf16); }
   template <std::size_t kTerms>
   static reg exp2_by(reg x, const float (&poly)[kTerms]) {
