@@ -174,12 +174,8 @@ void block_tiles(const QueryTileJob& job, int r0, int rows, const std::int32_t* 
     else
       qk_tiles<kD, kRowTiles, 2>(q, kt, tile_k, cols, at, s_stride);
   }
-  if (masked)
-    softmax_rows<kD, true>(s, s_stride, rows, step_cols, valid, block_mask, job.mask_words, job.exp_scale, job.m + r0,
-                           job.l + r0, o);
-  else
-    softmax_rows<kD, false>(s, s_stride, rows, step_cols, valid, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0,
-                            o);
+  softmax_block<kD>(masked, s, s_stride, rows, step_cols, valid, block_mask, job.mask_words, job.exp_scale,
+                    job.m + r0, job.l + r0, o);
   if (job.kv.v_nonfinite || job.kv.v_tiny) {  // (one tile at a time: attend_tiles)
     // 0 x Inf would be NaN in a tile product (and a zero part of P meets every
     // V), and tiny V would be flushed (KvPanels::v_tiny), so the fp32 P V runs,

@@ -356,6 +356,20 @@ inline void softmax_rows(float* s, int s_stride, int rows, int cols, int valid_c
   }
 }
 
+// softmax_rows with the mask work chosen at run time: `masked` (a partial tile, or the ragged
+// last one) applies `mask` (may be null) and the column limit; otherwise neither is read.
+template <int kD, bool kPairs = false>
+inline void softmax_block(bool masked, float* s, int s_stride, int rows, int cols, int valid_cols,
+                          const std::uint64_t* mask, int mask_words, float exp_scale, float* m, float* l, float* o,
+                          std::uint32_t* p_pairs = nullptr, int p_stride = 0) {
+  if (masked)
+    softmax_rows<kD, true, kPairs>(s, s_stride, rows, cols, valid_cols, mask, mask_words, exp_scale, m, l, o, p_pairs,
+                                   p_stride);
+  else
+    softmax_rows<kD, false, kPairs>(s, s_stride, rows, cols, valid_cols, nullptr, 0, exp_scale, m, l, o, p_pairs,
+                                    p_stride);
+}
+
 template <int kD>
 void attend(const QueryTileJob& job) {
   constexpr int kQkCols = kQkVecs * Vec::W;
@@ -407,23 +421,16 @@ void attend(const QueryTileJob& job) {
         if (bf16_pv) {
           // P straight to bf16 pairs. Past the sequence's end it is 0 (masked) and so is V there: an odd
           // key count takes its pair whole.
-          if (masked)
-            softmax_rows<kD, true, true>(s, tile_k, rows, cols, valid, block_mask, job.mask_words, job.exp_scale,
-                                         job.m + r0, job.l + r0, o, job.p_pairs, tile_k / 2);
-          else
-            softmax_rows<kD, false, true>(s, tile_k, rows, cols, valid, nullptr, 0, job.exp_scale, job.m + r0,
-                                          job.l + r0, o, job.p_pairs, tile_k / 2);
+          softmax_block<kD, true>(masked, s, tile_k, rows, cols, valid, block_mask, job.mask_words, job.exp_scale,
+                                  job.m + r0, job.l + r0, o, job.p_pairs, tile_k / 2);
           pv_rows_bf16<Vec, kD, PvShape<kD>::kRows>(
               job.p_pairs, tile_k / 2, rows, job.kv.v_pairs + std::int64_t(tile) * (tile_k / 2) * kD + begin / 2 * kD,
               (keys + 1) / 2, o);
           continue;
         }
       }
-      if (masked)
-        softmax_rows<kD, true>(s, tile_k, rows, cols, valid, block_mask, job.mask_words, job.exp_scale,
-                               job.m + r0, job.l + r0, o);
-      else
-        softmax_rows<kD, false>(s, tile_k, rows, cols, valid, nullptr, 0, job.exp_scale, job.m + r0, job.l + r0, o);
+      softmax_block<kD>(masked, s, tile_k, rows, cols, valid, block_mask, job.mask_words, job.exp_scale, job.m + r0,
+                        job.l + r0, o);
       if (partial && job.kv.v_nonfinite)
         pv_rows_skipping_masked<kD>(s, tile_k, rows, v, keys, o, block_mask, job.mask_words);
       else

@@ -161,6 +161,12 @@ std::shared_ptr<const TilePlan> plan_of(const VideoGrid& grid, const std::string
   return plan_cache().get(grid, spec, tile_shape(tile_q, tile_k), parse_alignment(align));
 }
 
+// One mask name for every head, or one per head.
+void check_mask_count(const std::vector<std::string>& masks, std::int64_t heads) {
+  STSA_CHECK(masks.size() == 1 || std::int64_t(masks.size()) == heads, InvalidArgument,
+             "mask must name one mask for every head or one per head (", heads, "), got ", masks.size());
+}
+
 // Given masks, one name for every head or one per head.
 nb::dict attention(const Tensors& t, const VideoGrid& grid, const std::vector<std::string>& masks, double density,
                    bool anchor, float scale, const Target& target, std::int32_t tile_q, std::int32_t tile_k,
@@ -169,8 +175,7 @@ nb::dict attention(const Tensors& t, const VideoGrid& grid, const std::vector<st
   // Nobody reads this call's times: untimed, a GPU call returns once enqueued, as torch's own ops do.
   const RoutedOptions options = routed_options(tile_q, tile_k, align, /*timed=*/false);
   const std::int64_t heads = call.layout.heads;
-  STSA_CHECK(masks.size() == 1 || std::int64_t(masks.size()) == heads, InvalidArgument,
-             "mask must name one mask for every head or one per head (", heads, "), got ", masks.size());
+  check_mask_count(masks, heads);
   const RouterOptions densities = one_density(density, anchor);
   std::vector<HeadRoute> decisions(std::size_t(std::max<std::int64_t>(heads, 0)));
   for (std::size_t h = 0; h < decisions.size(); ++h) {
@@ -389,8 +394,7 @@ NB_MODULE(_stsa, m) {
          const std::string& align) {
         const VideoLayout layout{grid, batch, heads, head_dim};
         layout.validate();
-        STSA_CHECK(masks.size() == 1 || std::int64_t(masks.size()) == heads, InvalidArgument,
-                   "mask must name one mask for every head or one per head (", heads, "), got ", masks.size());
+        check_mask_count(masks, heads);
         const VideoLayout one_head{grid, batch, 1, head_dim};
         double kept = 0, kept_tiles = 0;
         for (std::int64_t h = 0; h < heads; ++h) {
