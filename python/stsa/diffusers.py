@@ -15,9 +15,13 @@ by cross-attention, left as it was), ``WanVACETransformer3DModel`` and ``WanAnim
 forward's num_frames, height and width; LTX-2's audio stream left as it was),
 ``Kandinsky5Transformer3DModel`` (its visual blocks; text by cross-attention) and
 ``Kandinsky6Transformer3DModel`` (its fused blocks' video self-attention; audio left as it was),
-``CosmosTransformer3DModel`` (Cosmos Predict2 and 2.5, Transfer2.5), ``AllegroTransformer3DModel``,
+``CosmosTransformer3DModel`` (Cosmos Predict2 and 2.5, Transfer2.5), ``Cosmos3OmniTransformer``
+(Cosmos 3: the generated tokens' attention, its K and V heads repeated for their query heads;
+the prompt's own causal attention left as it was), ``AllegroTransformer3DModel``,
 ``CogVideoXTransformer3DModel`` (CogVideoX 1.0 and 1.5; joint attention, the text tokens
-before the video's), ``EasyAnimateTransformer3DModel`` (likewise) and
+before the video's), ``ConsisIDTransformer3DModel`` (CogVideoX's blocks; its face features
+by cross-attention between them, left as they were), ``EasyAnimateTransformer3DModel`` (joint
+attention, the text before the video) and
 ``HunyuanVideoTransformer3DModel`` (joint attention, the prompt after the video, padded:
 each sample runs with the prompt tokens its mask keeps) and
 ``HunyuanVideo15Transformer3DModel`` and ``MochiTransformer3DModel`` (likewise; the padding
@@ -269,13 +273,14 @@ class SparseTransformer:
         self._forwards += 1
         bound = self._signature.bind(*args, **kwargs).arguments
         self.grid = self._family.grid(module, bound)
-        if _without_data(torch.as_tensor(bound["timestep"])):
+        timestep = torch.as_tensor(self._family.timestep(bound))
+        if _without_data(timestep):
             self.text_counts = None  # a forward for shapes (meta device, FakeTensorMode): nothing to read
             return
         # Per sample, the prompt tokens its mask keeps (HunyuanVideo pads every prompt to one length).
         self.text_counts = self._family.text_counts(bound)
         # One host read per forward: the step is what the policy is keyed by.
-        self._clock.observe(float(torch.as_tensor(bound["timestep"]).max()), self._family.rising_timesteps)
+        self._clock.observe(float(timestep.max()), self._family.rising_timesteps)
         if self._generation != self._clock.generation:
             # A new video (another prompt, another seed): its heads are routed afresh, not
             # given a decision made for the last one that a long reuse would still hold.
@@ -793,6 +798,60 @@ class _CosmosSelfAttention(_SelfAttention):
         return attn.to_out[1](attn.to_out[0](out))
 
 
+class _Cosmos3SelfAttention(_SelfAttention):
+    """diffusers' Cosmos 3 attention: one packed sequence of two pathways, the prompt's tokens
+    (understanding: causal among themselves) and the generated ones after them (the video's,
+    then any sound's and action's), each pathway with projections, QK RMS norm and a rotary
+    embedding of its own, and K, V with fewer heads than Q (grouped-query attention). The
+    prompt's causal attention stays diffusers'. The generated tokens attend to every key, and
+    that attention runs through stsa: the video's rows first, then the sound's, the action's
+    and the prompt's as global tokens after them (the grid's text; the prompt's rows stsa
+    computes too and drops, 1 / F of dense or less), each K and V head repeated for its Q heads."""
+
+    def __call__(self, attn, und_seq, gen_seq, rotary_emb):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        heads, kv_heads, dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
+        q_und, k_und, v_und = (x.view(-1, h, dim) for x, h in zip(
+            (attn.to_q(und_seq), attn.to_k(und_seq), attn.to_v(und_seq)), (heads, kv_heads, kv_heads)))
+        q_gen, k_gen, v_gen = (x.view(-1, h, dim) for x, h in zip(
+            (attn.add_q_proj(gen_seq), attn.add_k_proj(gen_seq), attn.add_v_proj(gen_seq)), (heads, kv_heads, kv_heads)))
+        q_und, k_und = attn.norm_q(q_und), attn.norm_k(k_und)
+        k_und_for_gen = k_und if attn.k_norm_und_for_gen is None else attn.k_norm_und_for_gen(k_und)
+        q_gen, k_gen = attn.norm_added_q(q_gen), attn.norm_added_k(k_gen)
+        cos_und, sin_und, cos_gen, sin_gen = (x.unsqueeze(1) for x in rotary_emb)
+        q_und, k_und, k_und_for_gen = (_rotate_halves(x, cos_und, sin_und) for x in (q_und, k_und, k_und_for_gen))
+        q_gen, k_gen = (_rotate_halves(x, cos_gen, sin_gen) for x in (q_gen, k_gen))
+
+        causal = dispatch_attention_fn(q_und[None], k_und[None], v_und[None], is_causal=True, enable_gqa=True,
+                                       backend=self._attention_backend, parallel_config=self._parallel_config)
+        if heads % kv_heads:
+            raise Unsupported(f"layer {self.layer}: {heads} query heads do not share {kv_heads} key heads evenly")
+        query = torch.cat([q_gen, q_und])[None]
+        key, value = (_heads_repeated(parts, heads // kv_heads) for parts in ((k_gen, k_und_for_gen), (v_gen, v_und)))
+        out = self._attention(query, key, value)[0, :q_gen.shape[0]].flatten(-2, -1).to(q_gen.dtype)
+        return attn.to_out(causal.squeeze(0).flatten(-2, -1)), attn.to_add_out(out)
+
+
+def _rotate_halves(x, cos, sin):
+    """x * cos + rotate_half(x) * sin, the halves of each head as real and imaginary parts."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+def _heads_repeated(parts, groups: int):
+    """[N_i, H_kv, D] pieces, one after another along the tokens -> [1, sum N_i, H_kv * groups, D],
+    each head repeated `groups` times in place (head h of the result is head h // groups), in one copy."""
+    tokens = sum(part.shape[0] for part in parts)
+    _, kv_heads, dim = parts[0].shape
+    out = parts[0].new_empty(tokens, kv_heads, groups, dim)
+    start = 0
+    for part in parts:
+        out[start:start + part.shape[0]] = part.unsqueeze(2)
+        start += part.shape[0]
+    return out.view(1, tokens, kv_heads * groups, dim)
+
+
 class _HeliosSelfAttention(_WanSelfAttention):
     """diffusers' Helios self-attention: Wan's (QK RMS norm across heads, its rotary
     embedding) over the history's tokens then the video's, the history's keys amplified
@@ -1045,8 +1104,10 @@ def _anyflow_grid(transformer, inputs) -> VideoGrid:
 
 
 def _cogvideox_grid(transformer, inputs) -> VideoGrid:
+    """CogVideoX's and ConsisID's latents over the patch (ConsisID, CogVideoX 1.0's shape, has
+    no temporal patch); the prompt's tokens before the video's."""
     _, frames, _, height, width = _latents(inputs["hidden_states"], "B, F, C, H, W")
-    patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t or 1
+    patch, patch_t = transformer.config.patch_size, transformer.config.get("patch_size_t") or 1
     return VideoGrid(-(-frames // patch_t), height // patch, width // patch,
                      text=inputs["encoder_hidden_states"].shape[1], text_placement="before")
 
@@ -1111,6 +1172,36 @@ def _mochi_grid(transformer, inputs) -> VideoGrid:
     return VideoGrid(frames, height // patch, width // patch, text_placement="after")
 
 
+def _cosmos3_grid(transformer, inputs) -> VideoGrid:
+    """Cosmos 3's packed sequence, one video per forward: the prompt's und_len tokens, the video's
+    frame-major over its patch grid (vision_token_shapes), then any sound's and action's. For stsa
+    the video comes first and the other sequence_length - video tokens after it, as a prompt's."""
+    if getattr(transformer, "_cp_shard_fn", None) is not None:
+        raise Unsupported("Cosmos 3 with its own context parallelism (_cp_shard_fn) set: stsa needs every "
+                          "token of the sequence on the device")
+    shapes = inputs["vision_token_shapes"]
+    if len(shapes) != 1:
+        raise Unsupported(f"Cosmos 3 was given {len(shapes)} videos in one packed sequence; stsa takes one per "
+                          "forward (the pipeline's)")
+    frames, height, width = (int(n) for n in shapes[0])
+    video, prompt = frames * height * width, int(inputs["und_len"])
+    indexes = inputs["vision_sequence_indexes"]
+    if not _without_data(indexes) and not torch.equal(
+            indexes, torch.arange(prompt, prompt + video, device=indexes.device, dtype=indexes.dtype)):
+        raise Unsupported("Cosmos 3's video tokens must directly follow the prompt's, in order (as its pipeline "
+                          "packs them): stsa reads the grid from that order")
+    return VideoGrid(frames, height, width, text=int(inputs["sequence_length"]) - video, text_placement="after")
+
+
+def _cosmos3_timestep(inputs):
+    """The step's timestep, from its noisy tokens' (the pipeline gives each modality one value a step)."""
+    given = [inputs.get(f"{name}_timesteps") for name in ("vision", "sound", "action")]
+    given = [t for t in given if t is not None and t.numel()]
+    if not given:
+        raise InvalidArgument("Cosmos 3's forward was given no noisy token: stsa reads the step from their timesteps")
+    return given[0]
+
+
 def _hunyuan_text_counts(inputs) -> list[int]:
     # As the model builds its attention mask: the first sum(mask) prompt tokens are kept.
     return [int(n) for n in inputs["encoder_attention_mask"].sum(dim=1).tolist()]
@@ -1137,6 +1228,7 @@ class _Family:
     processor: type
     grid: Any                     # (transformer, the forward's arguments by name) -> VideoGrid
     text_counts: Any = lambda inputs: None  # (arguments) -> per sample, the prompt tokens kept; None: all
+    timestep: Any = operator.itemgetter("timestep")  # (arguments) -> the forward's timestep(s)
     since: str = "0.35"           # the first diffusers release whose `replaced` processors this reproduces (tested)
     # Timesteps that rise over a generation: Mochi's pipeline runs its scheduler with inverted
     # sigmas (invert_sigmas=True), from 0 up, where every other family's count down.
@@ -1185,6 +1277,11 @@ _FAMILIES = {
     "CogVideoXTransformer3DModel": _Family(("transformer_blocks",), "attn1",
                                            ("CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"),
                                            _CogVideoXSelfAttention, _cogvideox_grid),
+    # ConsisID: CogVideoX's blocks and processor; its face features join by cross-attention
+    # between the blocks, left as it was.
+    "ConsisIDTransformer3DModel": _Family(("transformer_blocks",), "attn1",
+                                          ("CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"),
+                                          _CogVideoXSelfAttention, _cogvideox_grid),
     "EasyAnimateTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("EasyAnimateAttnProcessor2_0",),
                                              _EasyAnimateSelfAttention, _easyanimate_grid),
     "HunyuanVideoTransformer3DModel": _Family(("transformer_blocks", "single_transformer_blocks"), "attn",
@@ -1209,6 +1306,10 @@ _FAMILIES = {
     "Kandinsky6Transformer3DModel": _Family(("visual_transformer_blocks",), "video_dec_block.self_attention",
                                             ("Kandinsky6AttnProcessor",), _Kandinsky6SelfAttention, _kandinsky_grid,
                                             since="0.42"),
+    # Cosmos 3: the generated tokens' attention (the video's, with any sound's, action's and the
+    # prompt's as global tokens); the prompt's own causal attention left as it was.
+    "Cosmos3OmniTransformer": _Family(("layers",), "self_attn", ("Cosmos3AttnProcessor",), _Cosmos3SelfAttention,
+                                      _cosmos3_grid, timestep=_cosmos3_timestep, since="0.42"),
     "Kandinsky5Transformer3DModel": _Family(("visual_transformer_blocks",), "self_attention",
                                             ("Kandinsky5AttnProcessor",), _KandinskySelfAttention, _kandinsky_grid,
                                             since="0.36"),

@@ -34,6 +34,7 @@ def _has(module, *attributes):
 transformer_allegro = _transformers_module("transformer_allegro")
 transformer_anyflow = _transformers_module("transformer_anyflow")
 transformer_chronoedit = _transformers_module("transformer_chronoedit")
+consisid_transformer_3d = _transformers_module("consisid_transformer_3d")
 transformer_cosmos = _transformers_module("transformer_cosmos")
 transformer_easyanimate = _transformers_module("transformer_easyanimate")
 transformer_helios = _transformers_module("transformer_helios")
@@ -105,6 +106,36 @@ COGVIDEOX = Model("cogvideox", _tiny_cogvideox, (1, 10, 4, 8, 12),
                   stsa.VideoGrid(5, 4, 6, text=TEXT_TOKENS, text_placement="before"), ("transformer_blocks",), "bhnd",
                   attention_processor.CogVideoXAttnProcessor2_0,
                   (attention_processor.F, "scaled_dot_product_attention"), _cogvideox_rotary)
+
+
+def _tiny_consisid(layers):
+    """CogVideoX 1.0's shape (no temporal patch) with the face path on: the facial extractor's
+    features join by cross-attention after every block."""
+    return diffusers.ConsisIDTransformer3DModel(num_attention_heads=2, attention_head_dim=64, in_channels=4,
+                                                out_channels=4, time_embed_dim=32, text_embed_dim=TEXT_DIM,
+                                                num_layers=layers, sample_width=12, sample_height=8, sample_frames=17,
+                                                max_text_seq_length=TEXT_TOKENS,
+                                                use_rotary_positional_embeddings=True, is_train_face=True,
+                                                cross_attn_interval=1, cross_attn_dim_head=16, cross_attn_num_heads=2,
+                                                LFE_id_dim=16, LFE_vit_dim=32, LFE_depth=2, LFE_dim_head=16,
+                                                LFE_num_heads=2, LFE_num_id_token=2, LFE_num_querie=4,
+                                                LFE_output_dim=85, LFE_ff_mult=1, LFE_num_scale=2)  # 85: 2/3 of 128
+
+
+def _consisid_inputs(device, dtype):
+    """The face's embedding and its ViT features at two scales, with CogVideoX's rotary tables."""
+    generator = torch.Generator().manual_seed(15)
+    return {"id_cond": torch.randn(1, 16, generator=generator).to(device, dtype),
+            "id_vit_hidden": [torch.randn(1, 9, 32, generator=generator).to(device, dtype) for _ in range(2)],
+            **_cogvideox_rotary(device, dtype)}
+
+
+_HAS_CONSISID = _has(consisid_transformer_3d, "ConsisIDTransformer3DModel")
+CONSISID = Model("consisid", _tiny_consisid, (1, 5, 4, 8, 12),
+                 stsa.VideoGrid(5, 4, 6, text=TEXT_TOKENS, text_placement="before"), ("transformer_blocks",), "bhnd",
+                 attention_processor.CogVideoXAttnProcessor2_0,
+                 (attention_processor.F, "scaled_dot_product_attention"), _consisid_inputs,
+                 fuses=False) if _HAS_CONSISID else None
 
 
 def _tiny_hunyuan(layers):  # dual-stream blocks, then single-stream ones
@@ -517,7 +548,7 @@ MODELS = [param(WAN, "wan"), param(COGVIDEOX, "cogvideox"), param(HUNYUAN, "huny
           param(CHRONOEDIT, "chronoedit"), param(LTX2, "ltx2"), param(KANDINSKY, "kandinsky"),
           param(COSMOS, "cosmos"), param(WAN_ANIMATE, "wan-animate"), param(ANYFLOW, "anyflow"),
           param(FRAMEPACK, "framepack"), param(HELIOS, "helios"), param(KANDINSKY6, "kandinsky6"),
-          param(EASYANIMATE, "easyanimate"), param(ALLEGRO, "allegro")]
+          param(EASYANIMATE, "easyanimate"), param(ALLEGRO, "allegro"), param(CONSISID, "consisid")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):
