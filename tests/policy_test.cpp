@@ -140,6 +140,9 @@ TEST(ModelPresets, HaveTheDocumentedShapes) {
   EXPECT_EQ(cosmos.grid.video_tokens(), 84480);  // (93 - 1) / 4 + 1 frames of 704/16 x 1280/16
   EXPECT_EQ(cosmos.steps, 36);
   EXPECT_EQ(model_preset("cosmos-predict2.5-2b").heads, 16);
+  const ModelPreset& cosmos3 = model_preset("cosmos3-720p");
+  EXPECT_EQ(cosmos3.grid.video_tokens(), 44160);  // (189 - 1) / 4 + 1 frames of ceil(720/32) x 1280/32 patches
+  EXPECT_EQ(cosmos3.heads * cosmos3.head_dim, 4096);
   const ModelPreset& mochi = model_preset("mochi-1-480p");
   EXPECT_EQ(mochi.grid.video_tokens(), 44520);  // (163 - 1) / 6 + 1 frames of 480/16 x 848/16
   EXPECT_EQ(mochi.grid.text_tokens, 256);

@@ -87,7 +87,7 @@ def evaluate_policies(pipe, policies: Sequence[str | Policy], *, seed: int = 0, 
             torch.cuda.synchronize()
         start = time.perf_counter()
         with torch.inference_mode():
-            frames = pipe(**arguments).frames[0]
+            frames = _first_video(pipe(**arguments))
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return np.asarray(frames, dtype=np.float32), time.perf_counter() - start
@@ -107,6 +107,18 @@ def evaluate_policies(pipe, policies: Sequence[str | Policy], *, seed: int = 0, 
                                   frames=int(dense.shape[0]), summary=sparse.summary()))
         videos.append(ours)
     return results, dense, videos
+
+
+def _first_video(output):
+    """The first video of a pipeline's output: ``frames[0]`` (Wan, HunyuanVideo and most), or
+    ``video``, one video already (Cosmos 3's)."""
+    frames = getattr(output, "frames", None)
+    if frames is not None:
+        return frames[0]
+    video = getattr(output, "video", None)
+    if video is None:
+        raise Error(f"the pipeline returned a {type(output).__name__} with neither frames nor video")
+    return video
 
 
 class _Parser(argparse.ArgumentParser):

@@ -4,6 +4,7 @@ transformers (a diffusers WanPipeline around a tiny random transformer)."""
 
 import json
 import os
+import types
 
 import numpy as np
 import pytest
@@ -112,6 +113,27 @@ def test_a_dense_policy_gives_the_dense_video_and_a_sparse_one_differs():
     assert set(sparse.summary["head_routes"]) - {"dense"}
     assert sparse.psnr_db == pytest.approx(stsa.quality.psnr(dense, ours)) and sparse.psnr_db < same.psnr_db
     assert sparse.worst_frame_psnr_db <= sparse.psnr_db + 1e-9 and sparse.ssim < 1
+
+
+def test_a_pipeline_returning_one_video_not_a_batch_of_frames():
+    """Cosmos 3's pipeline returns `video` ([F, H, W, C]) where the others return `frames` ([B, F, H, W, C])."""
+    pipe = _pipeline()
+
+    def one_video(**call):
+        return types.SimpleNamespace(video=pipe(**call).frames[0], sound=None)
+
+    one_video.transformer, one_video.transformer_2 = pipe.transformer, None
+    result, dense, ours = stsa.evaluate.evaluate(one_video, stsa.Policy(density=0.25, **ALL_SPARSE), warmup=False,
+                                                 **_prompts(), **CALL)
+    assert dense.shape == ours.shape == (17, 64, 96, 3) and result.frames == 17
+    assert set(result.summary["head_routes"]) - {"dense"} and not np.array_equal(dense, ours)
+
+    def nothing(**call):
+        return types.SimpleNamespace(images=None)
+
+    nothing.transformer, nothing.transformer_2 = pipe.transformer, None
+    with pytest.raises(stsa.Error, match="neither frames nor video"):
+        stsa.evaluate.evaluate(nothing, "wan2.1-1.3b-480p", warmup=False, **CALL)
 
 
 class _PromptEmbedding:
