@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 # ccache: what compiles again (a rebuild after a checkout, CI's `pip install .`) comes from its cache.
 packages=(cmake ninja-build g++ clang ccache libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-          libpng-dev libopenmpi-dev openmpi-bin libclang-rt-14-dev python3-dev python3-venv)
+          libpng-dev libopenmpi-dev openmpi-bin pkgconf libclang-rt-14-dev python3-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
