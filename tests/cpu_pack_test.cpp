@@ -182,14 +182,16 @@ struct FlagProbe {
   // The flags of tile `tile` with element `at` of K (in_k) or V set to `value`
   // (restored afterwards): through pack_kv_tile, or with `direct` through the
   // vector packer of the dtype.
+  // With `float_panels`, fp16 and bf16 K and V go into the fp32 kernels' panels too.
   template <typename T>
-  cpu::KvFlags flags_with(bool in_k, std::int64_t at, T value, std::int64_t tile, bool direct = false) {
+  cpu::KvFlags flags_with(bool in_k, std::int64_t at, T value, std::int64_t tile, bool direct = false,
+                          bool float_panels = false) {
     T* data = static_cast<T*>((in_k ? k : v).view().data);
     const T kept = data[at];
     data[at] = value;
     const cpu::RowSource in{k.view(), k.view(), v.view()};
     cpu::KvFlags flags;
-    if (k.dtype() == DType::F32) {
+    if (k.dtype() == DType::F32 || float_panels) {
       std::vector<float> kt(std::size_t(kDim * kTile)), v_rows(kt.size());
       if (direct)
         EXPECT_TRUE(cpu::pack_floats_tile_avx512(in, 0, 0, tile, kTile, kt.data(), v_rows.data(), flags));
@@ -248,7 +250,12 @@ TEST(CpuPack, FloatPanelsAreTheirDefinition) {
                  // Head dims the kernels are not built for, padded with zero channels.
                  Case{DType::F32, 131, 2, 72, 128, MemoryLayout::BNHD, false, 80},
                  Case{DType::F32, 50, 3, 59, 64, MemoryLayout::BHND, true, 64},
-                 Case{DType::F32, 33, 2, 1, 16, MemoryLayout::BNHD, true, 64}}) {
+                 Case{DType::F32, 33, 2, 1, 16, MemoryLayout::BNHD, true, 64},
+                 // fp16 and bf16 K and V widened to fp32 (the AVX-512 and AVX2 kernels' fp16 calls).
+                 Case{DType::F16, 300, 2, 128, 128, MemoryLayout::BNHD, true},
+                 Case{DType::F16, 77, 1, 72, 64, MemoryLayout::BHND, false, 80},
+                 Case{DType::BF16, 129, 2, 64, 128, MemoryLayout::BNHD, false},
+                 Case{DType::BF16, 50, 1, 80, 64, MemoryLayout::BHND, true}}) {
     SCOPED_TRACE(describe(c, seed));
     const CaseInput input(c, seed);
     const cpu::RowSource& in = input.in;
@@ -299,6 +306,34 @@ TEST(CpuPack, FloatVFlagsSeeEveryValue) {
       EXPECT_EQ(flags.nonfinite, p.nonfinite) << p.value << " at " << at;
       EXPECT_EQ(flags.tiny, p.tiny) << p.value << " at " << at;
     }
+}
+
+// fp16 and bf16 V widened into fp32 panels: Inf and NaN set nonfinite, and tiny
+// is what it is for fp32 (bf16's smallest subnormal is below kTinyV, no fp16 value is).
+TEST(CpuPack, HalfValuesInFloatPanelsAreFlaggedAsFloats) {
+  const bool avx512 = cpu::machine_supports(Isa::Avx512);
+  struct Planted {
+    DType dtype;
+    std::uint16_t bits;
+    bool nonfinite, tiny;
+  };
+  for (const Planted p : {Planted{DType::F16, 0x7c00, true, false}, Planted{DType::F16, 0xfe01, true, false},
+                          Planted{DType::F16, 0x0001, false, false}, Planted{DType::BF16, 0xff80, true, false},
+                          Planted{DType::BF16, 0x7fc1, true, false}, Planted{DType::BF16, 0x0001, false, true},
+                          Planted{DType::BF16, 0x8000, false, false}}) {
+    FlagProbe probe(p.dtype, 100, 11);
+    for (const std::int64_t at : {std::int64_t(0), std::int64_t(64 * 64 + 17), std::int64_t(99 * 64 + 63)}) {
+      const std::int64_t tile = FlagProbe::tile_of(at);
+      for (const bool direct : {false, true}) {
+        if (direct && !avx512) continue;
+        const cpu::KvFlags flags = probe.flags_with(false, at, p.bits, tile, direct, /*float_panels=*/true);
+        EXPECT_EQ(flags.nonfinite, p.nonfinite) << to_string(p.dtype) << " " << std::hex << p.bits << std::dec
+                                                << " at " << at << (direct ? ", vector packer" : "");
+        EXPECT_EQ(flags.tiny, p.tiny) << to_string(p.dtype) << " " << std::hex << p.bits;
+      }
+      EXPECT_FALSE(probe.flags_with(true, at, p.bits, tile, false, true).nonfinite) << "K's values are not flagged";
+    }
+  }
 }
 
 // fp16: an Inf or NaN in K sets k_nonfinite, in V nonfinite; the smallest
@@ -357,6 +392,12 @@ TEST(CpuPack, PackerDeclinesWhatItCannotTake) {
                                             fv.data(), flags));
   EXPECT_FALSE(cpu::pack_floats_tile_avx512({fp32_72.view(), fp32_72.view(), fp32_72.view()}, 0, 0, 0, 64, fkt.data(),
                                             fv.data(), flags, 88));
+  // fp8 (its panels are pairs), K and V of two dtypes.
+  Tensor fp8(DType::F8E4M3, 1, 40, 2, 64);
+  EXPECT_FALSE(cpu::pack_floats_tile_avx512({fp8.view(), fp8.view(), fp8.view()}, 0, 0, 0, 64, fkt.data(), fv.data(),
+                                            flags));
+  EXPECT_FALSE(cpu::pack_floats_tile_avx512({fp16.view(), fp16.view(), fp32.view()}, 0, 0, 0, 64, fkt.data(),
+                                            fv.data(), flags));
   const auto untouched_bits = [](float x) { return std::bit_cast<std::uint32_t>(x) == 0x7fc0beefu; };
   EXPECT_TRUE(std::all_of(fkt.begin(), fkt.end(), untouched_bits) && std::all_of(fv.begin(), fv.end(), untouched_bits));
   EXPECT_FALSE(flags.nonfinite || flags.tiny);

@@ -135,10 +135,10 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
 bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
                          std::uint32_t* kt_pairs, std::uint32_t* v_pairs, KvFlags& flags,
                          std::int64_t kernel_dim = 0);
-// The same for fp32 K and V into kt and v_rows (pack_avx512.cpp), padded to
-// kernel_dim channels likewise: false, and nothing written, for other dtypes,
-// channels not contiguous, a kernel dim (the head dim, if larger) or tile_k not a
-// multiple of 16.
+// The same for fp32, fp16 or bf16 K and V (one dtype) into kt and v_rows as fp32
+// (pack_avx512.cpp), padded to kernel_dim channels likewise: false, and nothing
+// written, for fp8, K and V of two dtypes, channels not contiguous, a kernel dim
+// (the head dim, if larger) or tile_k not a multiple of 16.
 bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
                              float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim = 0);
 // v_rows [tile_k][head_dim] from the v_pairs pack_kv_tile wrote, with `parts` 1

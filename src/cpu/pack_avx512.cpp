@@ -1,7 +1,7 @@
-// pack_kv_tile for fp32 K and V into the fp32 kernels' panels, 16 keys at a time
-// (built with the flags src/cpu/CMakeLists.txt gives *_avx512.cpp; called only
+// pack_kv_tile for fp32, fp16 or bf16 K and V into the fp32 kernels' panels, 16 keys at a
+// time (built with the flags src/cpu/CMakeLists.txt gives *_avx512.cpp; called only
 // where the CPU has AVX-512). Element by element, the transpose of K took 14-15 ms
-// of a 65 ms fp32 call at density 0.1.
+// of a 65 ms fp32 call at density 0.1, and fp16's conversion 7% of an fp16 call.
 #include "cpu/intrinsics.hpp"
 
 #include <algorithm>
@@ -16,36 +16,36 @@ namespace {
 
 constexpr int kKeys = 16;  // keys per step: one 16 x 16 transpose
 
-// Values [d0, d0 + 16) of a row of `count` floats (null: none), zeros past its
-// end: a head dim padded to the kernel's reads nothing of the next row.
-__m512i load_values(const float* row, int d0, int count) {
+// Values [d0, d0 + 16) of a row of `count` elements of `dtype` (null: none) as fp32 bits,
+// each exactly (fp16 and bf16 widen without rounding), zeros past its end: a head dim
+// padded to the kernel's reads nothing of the next row.
+__m512i load_values(const void* row, DType dtype, int d0, int count) {
   if (row == nullptr || d0 >= count) return _mm512_setzero_si512();
-  if (d0 + 16 <= count) return _mm512_loadu_si512(row + d0);
-  return _mm512_maskz_loadu_epi32(__mmask16((1u << (count - d0)) - 1), row + d0);
+  const __mmask16 mask = d0 + 16 <= count ? __mmask16(0xffff) : __mmask16((1u << (count - d0)) - 1);
+  if (dtype == DType::F32) return _mm512_maskz_loadu_epi32(mask, static_cast<const float*>(row) + d0);
+  const __m256i bits = _mm256_maskz_loadu_epi16(mask, static_cast<const std::uint16_t*>(row) + d0);
+  if (dtype == DType::F16) return _mm512_castps_si512(_mm512_cvtph_ps(bits));
+  return _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16);  // bf16: the upper half of its fp32
 }
 
-}  // namespace
+bool packs(DType dtype) { return dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16; }
 
-bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
-                             float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim) {
-  const TensorView &k = in.k, &v = in.v;
-  const int d_count = int(k.head_dim());
-  const int kd = int(std::max<std::int64_t>(kernel_dim, d_count));  // the panels' channels: the head's, then zeros
-  if (k.dtype != DType::F32 || v.dtype != DType::F32 || k.stride[3] != 1 || v.stride[3] != 1 || kd % 16 != 0 ||
-      tile_k % kKeys != 0)
-    return false;
-  const std::int64_t head = in.head(h);
-  const std::int64_t n0 = tile * tile_k;
-  const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
-  // KvFlags from the bits: magnitudes order as their bits do; above the largest
+// The packer's walk for K and V elements of type T (fp32, or fp16 / bf16 bits): V rows
+// converted and flagged, K converted and transposed, 16 keys at a time.
+template <typename T>
+void pack_tile(const RowSource& in, std::int64_t b, std::int64_t head, std::int64_t n0, std::int64_t valid,
+               int tile_k, int kd, float* kt, float* v_rows, KvFlags& flags) {
+  const DType k_type = in.k.dtype, v_type = in.v.dtype;
+  const int d_count = int(in.k.head_dim());
+  // KvFlags from the fp32 bits: magnitudes order as their bits do; above the largest
   // finite is Inf or NaN, and tiny is nonzero below kTinyV's bits.
   const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), largest = _mm512_set1_epi32(0x7f7fffff);
   const __m512i tiny_bits = _mm512_set1_epi32(0x1f800000);
   static_assert(0x1p-64f == kTinyV, "0x1f800000 spells kTinyV");
   __mmask16 nonfinite = 0, tiny = 0;
-  const float* k_rows[kKeys];
+  const T* k_rows[kKeys];
   for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
-    const float* v_in[kKeys];
+    const T* v_in[kKeys];
     key_rows(in, b, head, n0, c0, valid, kKeys, k_rows, v_in);
     for (int i = 0; i < kKeys; ++i) {
       float* out = v_rows + (c0 + i) * kd;
@@ -54,7 +54,7 @@ bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h
         continue;
       }
       for (int d0 = 0; d0 < kd; d0 += 16) {
-        const __m512i x = load_values(v_in[i], d0, d_count);
+        const __m512i x = load_values(v_in[i], v_type, d0, d_count);
         const __m512i mag = _mm512_and_si512(x, magnitude);
         nonfinite |= _mm512_cmpgt_epu32_mask(mag, largest);
         tiny |= _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(mag, mag), mag, tiny_bits);
@@ -64,13 +64,32 @@ bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h
     // K: 16 rows, 16 channels at a time, transposed to 16 channel rows of 16 keys.
     for (int d0 = 0; d0 < kd; d0 += 16) {
       __m512i r[16];
-      for (int i = 0; i < kKeys; ++i) r[i] = load_values(k_rows[i], d0, d_count);
+      for (int i = 0; i < kKeys; ++i) r[i] = load_values(k_rows[i], k_type, d0, d_count);
       transpose_16x16(r);
       for (int i = 0; i < 16; ++i) _mm512_storeu_si512(kt + std::int64_t(d0 + i) * tile_k + c0, r[i]);
     }
   }
   flags.nonfinite |= nonfinite != 0;
   flags.tiny |= tiny != 0;
+}
+
+}  // namespace
+
+bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
+                             float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim) {
+  const TensorView &k = in.k, &v = in.v;
+  const int d_count = int(k.head_dim());
+  const int kd = int(std::max<std::int64_t>(kernel_dim, d_count));  // the panels' channels: the head's, then zeros
+  if (!packs(k.dtype) || v.dtype != k.dtype || k.stride[3] != 1 || v.stride[3] != 1 || kd % 16 != 0 ||
+      tile_k % kKeys != 0)
+    return false;
+  const std::int64_t head = in.head(h);
+  const std::int64_t n0 = tile * tile_k;
+  const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
+  if (k.dtype == DType::F32)
+    pack_tile<float>(in, b, head, n0, valid, tile_k, kd, kt, v_rows, flags);
+  else
+    pack_tile<std::uint16_t>(in, b, head, n0, valid, tile_k, kd, kt, v_rows, flags);
   return true;
 }
 
