@@ -356,6 +356,38 @@ TEST(CpuPack, F16FlagsComeFromTheSplit) {
     }
 }
 
+// load_row: each channel's value times the scale, then zeros to the kernel dim; the
+// AVX-512 loader (contiguous fp32, fp16 and bf16 rows) writes the same bits and
+// declines strided channels and fp8.
+TEST(CpuPack, RowLoadsAreTheirValuesTimesTheScale) {
+  const bool avx512 = cpu::machine_supports(Isa::Avx512);
+  const std::uint64_t seed = testing::fresh_seed();
+  for (const DType dtype : {DType::F32, DType::F16, DType::BF16, DType::F8E4M3})
+    for (const std::int64_t head_dim : {1, 59, 64, 72, 128}) {
+      Tensor t(dtype, 2, 5, 3, head_dim);
+      testing::fill_normal(t.view(), seed + std::uint64_t(head_dim));
+      TensorView strided = t.view();
+      strided.stride[3] = 2;  // every other channel, half of them (in bounds)
+      strided.shape[3] = (head_dim + 1) / 2;
+      for (const TensorView& view : {t.view(), strided})
+        for (const float scale : {1.0f, 0.37f, -1.0f}) {
+          const std::int64_t kernel_dim = view.head_dim() + 13;
+          std::vector<float> want(std::size_t(kernel_dim), 0.0f);
+          for (std::int64_t d = 0; d < view.head_dim(); ++d) want[std::size_t(d)] = view.load(1, 3, 2, d) * scale;
+          std::vector<float> got(std::size_t(kernel_dim), -7.0f);
+          cpu::load_row(view, 1, 3, 2, scale, got.data(), kernel_dim);
+          EXPECT_EQ(got, want) << to_string(dtype) << ", head dim " << view.head_dim() << ", scale " << scale;
+          if (!avx512) continue;
+          std::vector<float> direct(std::size_t(kernel_dim), -7.0f);
+          const bool takes = dtype != DType::F8E4M3 && view.stride[3] == 1;
+          EXPECT_EQ(cpu::load_row_avx512(view, 1, 3, 2, scale, direct.data(), kernel_dim), takes);
+          if (takes) EXPECT_EQ(direct, want) << to_string(dtype) << ", head dim " << head_dim;
+          else EXPECT_TRUE(std::all_of(direct.begin(), direct.end(), [](float x) { return x == -7.0f; }));
+        }
+    }
+  if (!avx512) GTEST_SKIP() << "checked load_row only: this CPU has no AVX-512 for the vector loader";
+}
+
 TEST(CpuPack, PackerDeclinesWhatItCannotTake) {
   if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512 for the vector packer";
   Tensor bf16(DType::BF16, 1, 40, 2, 80), fp16(DType::F16, 1, 40, 2, 64), fp32(DType::F32, 1, 40, 2, 64),

@@ -34,6 +34,8 @@ void negate_bf16(std::uint16_t* values, std::int64_t count) {
 
 void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out,
               std::int64_t kernel_dim) {
+  static const bool avx512 = machine_supports(Isa::Avx512);
+  if (avx512 && load_row_avx512(t, b, n, h, scale, out, kernel_dim)) return;
   const std::int64_t d_count = t.head_dim(), base = t.offset(b, n, h, 0), step = t.stride[3];
   switch (t.dtype) {
     case DType::F32:

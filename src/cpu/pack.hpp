@@ -27,6 +27,12 @@ inline constexpr int kMaxPairPanelDim = 512;
 void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out,
               std::int64_t kernel_dim = 0);
 
+// load_row for fp32, fp16 or bf16 rows with contiguous channels, in AVX-512 registers
+// (pack_avx512.cpp; only where the CPU has AVX-512), the same values: false, and
+// nothing written, for other rows.
+bool load_row_avx512(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out,
+                     std::int64_t kernel_dim);
+
 // Reads row (b, n, h, :) of a bf16 tensor as bf16 pairs (bf16_pair), negated when
 // `negate`: its own bits, with no rounding; of an fp8 one, likewise from its
 // values' bf16 bits (exact). Zeros after them to kernel_dim values (an odd head

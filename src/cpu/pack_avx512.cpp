@@ -5,6 +5,7 @@
 #include "cpu/intrinsics.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "cpu/pack.hpp"
@@ -74,6 +75,20 @@ void pack_tile(const RowSource& in, std::int64_t b, std::int64_t head, std::int6
 }
 
 }  // namespace
+
+bool load_row_avx512(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out,
+                     std::int64_t kernel_dim) {
+  if (!packs(t.dtype) || t.stride[3] != 1) return false;
+  const int d_count = int(t.head_dim());
+  const std::byte* row = static_cast<const std::byte*>(t.data) + t.offset(b, n, h, 0) * element_size(t.dtype);
+  const __m512 factor = _mm512_set1_ps(scale);
+  for (int d0 = 0; d0 < d_count; d0 += 16) {
+    const __m512 x = _mm512_mul_ps(_mm512_castsi512_ps(load_values(row, t.dtype, d0, d_count)), factor);
+    _mm512_mask_storeu_ps(out + d0, d0 + 16 <= d_count ? __mmask16(0xffff) : __mmask16((1u << (d_count - d0)) - 1), x);
+  }
+  std::fill(out + d_count, out + std::max<std::int64_t>(kernel_dim, d_count), 0.0f);
+  return true;
+}
 
 bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
                              float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim) {
