@@ -812,10 +812,13 @@ class _Cosmos3SelfAttention(_SelfAttention):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         heads, kv_heads, dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
+        if heads % kv_heads:
+            raise Unsupported(f"layer {self.layer}: {heads} query heads do not share {kv_heads} key heads evenly")
+        counts = (heads, kv_heads, kv_heads)
         q_und, k_und, v_und = (x.view(-1, h, dim) for x, h in zip(
-            (attn.to_q(und_seq), attn.to_k(und_seq), attn.to_v(und_seq)), (heads, kv_heads, kv_heads)))
+            (attn.to_q(und_seq), attn.to_k(und_seq), attn.to_v(und_seq)), counts))
         q_gen, k_gen, v_gen = (x.view(-1, h, dim) for x, h in zip(
-            (attn.add_q_proj(gen_seq), attn.add_k_proj(gen_seq), attn.add_v_proj(gen_seq)), (heads, kv_heads, kv_heads)))
+            (attn.add_q_proj(gen_seq), attn.add_k_proj(gen_seq), attn.add_v_proj(gen_seq)), counts))
         q_und, k_und = attn.norm_q(q_und), attn.norm_k(k_und)
         k_und_for_gen = k_und if attn.k_norm_und_for_gen is None else attn.k_norm_und_for_gen(k_und)
         q_gen, k_gen = attn.norm_added_q(q_gen), attn.norm_added_k(k_gen)
@@ -825,8 +828,6 @@ class _Cosmos3SelfAttention(_SelfAttention):
 
         causal = dispatch_attention_fn(q_und[None], k_und[None], v_und[None], is_causal=True, enable_gqa=True,
                                        backend=self._attention_backend, parallel_config=self._parallel_config)
-        if heads % kv_heads:
-            raise Unsupported(f"layer {self.layer}: {heads} query heads do not share {kv_heads} key heads evenly")
         query = torch.cat([q_gen, q_und])[None]
         key, value = (_heads_repeated(parts, heads // kv_heads) for parts in ((k_gen, k_und_for_gen), (v_gen, v_und)))
         out = self._attention(query, key, value)[0, :q_gen.shape[0]].flatten(-2, -1).to(q_gen.dtype)
