@@ -165,6 +165,18 @@ TEST(CpuPack, PairPanelsAreTheirDefinition) {
   if (!avx512) GTEST_SKIP() << "checked pack_kv_tile only: this CPU has no AVX-512 for the vector packer";
 }
 
+// Which packer a check goes through: pack_kv_tile's choice, or one vector packer
+// called directly (so that a fallback to the element-by-element one cannot hide it).
+enum class Packer { Any, Avx512, Avx2 };
+
+// The direct packers this CPU can run.
+std::vector<Packer> vector_packers() {
+  std::vector<Packer> packers;
+  if (cpu::machine_supports(Isa::Avx512)) packers.push_back(Packer::Avx512);
+  if (cpu::machine_supports(Isa::Avx2)) packers.push_back(Packer::Avx2);
+  return packers;
+}
+
 // K and V of one head (random, 64 channels, tiles of 64) for the flag tests: the
 // flags of one tile with one element of K or V planted with a chosen value.
 struct FlagProbe {
@@ -180,11 +192,11 @@ struct FlagProbe {
   static std::int64_t tile_of(std::int64_t at) { return at / kDim / kTile; }
 
   // The flags of tile `tile` with element `at` of K (in_k) or V set to `value`
-  // (restored afterwards): through pack_kv_tile, or with `direct` through the
-  // vector packer of the dtype.
+  // (restored afterwards): through pack_kv_tile, or through one vector packer of the
+  // dtype (fp32 panels: the AVX-512 or the AVX2 one; pair panels: the AVX-512 one).
   // With `float_panels`, fp16 and bf16 K and V go into the fp32 kernels' panels too.
   template <typename T>
-  cpu::KvFlags flags_with(bool in_k, std::int64_t at, T value, std::int64_t tile, bool direct = false,
+  cpu::KvFlags flags_with(bool in_k, std::int64_t at, T value, std::int64_t tile, Packer packer = Packer::Any,
                           bool float_panels = false) {
     T* data = static_cast<T*>((in_k ? k : v).view().data);
     const T kept = data[at];
@@ -193,13 +205,15 @@ struct FlagProbe {
     cpu::KvFlags flags;
     if (k.dtype() == DType::F32 || float_panels) {
       std::vector<float> kt(std::size_t(kDim * kTile)), v_rows(kt.size());
-      if (direct)
+      if (packer == Packer::Avx512)
         EXPECT_TRUE(cpu::pack_floats_tile_avx512(in, 0, 0, tile, kTile, kt.data(), v_rows.data(), flags));
+      else if (packer == Packer::Avx2)
+        EXPECT_TRUE(cpu::pack_floats_tile_avx2(in, 0, 0, tile, kTile, kt.data(), v_rows.data(), flags));
       else
         flags = cpu::pack_kv_tile(in, 0, 0, tile, kTile, kt.data(), v_rows.data());
     } else {
       Panels got = poisoned_panels(kDim, kTile, parts_of(k.dtype()));
-      if (direct)
+      if (packer != Packer::Any)
         EXPECT_TRUE(cpu::pack_pairs_tile_amx(in, 0, 0, tile, kTile, got.kt.data(), got.v.data(), flags));
       else
         flags = cpu::pack_kv_tile(in, 0, 0, tile, kTile, nullptr, nullptr, got.kt.data(), got.v.data());
@@ -230,7 +244,7 @@ TEST(CpuPack, Bf16VFlagsSeeEveryValue) {
       const cpu::KvFlags other = probe.flags_with(false, at, p.bits, 1 - tile);
       EXPECT_FALSE(other.nonfinite || other.tiny) << "a value in the other tile";
       if (avx512) {
-        const cpu::KvFlags direct = probe.flags_with(false, at, p.bits, tile, /*direct=*/true);
+        const cpu::KvFlags direct = probe.flags_with(false, at, p.bits, tile, Packer::Avx512);
         EXPECT_EQ(direct.nonfinite, p.nonfinite);
         EXPECT_EQ(direct.tiny, p.tiny);
       }
@@ -242,7 +256,6 @@ TEST(CpuPack, Bf16VFlagsSeeEveryValue) {
 // channels, each value's bits kept.
 TEST(CpuPack, FloatPanelsAreTheirDefinition) {
   const std::uint64_t seed = testing::fresh_seed();
-  const bool avx512 = cpu::machine_supports(Isa::Avx512);
   for (Case c : {Case{DType::F32, 300, 3, 128, 128, MemoryLayout::BNHD, false},
                  Case{DType::F32, 77, 2, 64, 64, MemoryLayout::BHND, true},
                  Case{DType::F32, 129, 1, 80, 128, MemoryLayout::BNHD, true},
@@ -277,16 +290,22 @@ TEST(CpuPack, FloatPanelsAreTheirDefinition) {
         EXPECT_EQ(kt, want_kt) << "K, head " << h << ", tile " << tile;
         EXPECT_EQ(v_rows, want_v) << "V, head " << h << ", tile " << tile;
         EXPECT_FALSE(flags.nonfinite || flags.tiny);
-        if (!avx512) continue;
-        std::vector<float> direct_kt(panel, -7.0f), direct_v(panel, -7.0f);
-        cpu::KvFlags direct;
-        ASSERT_TRUE(cpu::pack_floats_tile_avx512(in, 1, h, tile, c.tile_k, direct_kt.data(), direct_v.data(), direct,
-                                                 c.kernel_dim));
-        EXPECT_EQ(direct_kt, want_kt);
-        EXPECT_EQ(direct_v, want_v);
+        for (const Packer packer : vector_packers()) {
+          std::vector<float> direct_kt(panel, -7.0f), direct_v(panel, -7.0f);
+          cpu::KvFlags direct;
+          ASSERT_TRUE(packer == Packer::Avx512
+                          ? cpu::pack_floats_tile_avx512(in, 1, h, tile, c.tile_k, direct_kt.data(), direct_v.data(),
+                                                         direct, c.kernel_dim)
+                          : cpu::pack_floats_tile_avx2(in, 1, h, tile, c.tile_k, direct_kt.data(), direct_v.data(),
+                                                       direct, c.kernel_dim));
+          const char* name = packer == Packer::Avx512 ? "AVX-512 packer" : "AVX2 packer";
+          EXPECT_EQ(direct_kt, want_kt) << name << ", K, head " << h << ", tile " << tile;
+          EXPECT_EQ(direct_v, want_v) << name << ", V, head " << h << ", tile " << tile;
+          EXPECT_FALSE(direct.nonfinite || direct.tiny) << name;
+        }
       }
   }
-  if (!avx512) GTEST_SKIP() << "checked pack_kv_tile only: this CPU has no AVX-512 for the vector packer";
+  if (vector_packers().size() < 2) GTEST_SKIP() << "this CPU lacks a vector packer's instructions: not all were checked";
 }
 
 // fp32 V's flags: Inf and NaN set nonfinite, nonzero magnitudes below 2^-64 tiny.
@@ -305,13 +324,17 @@ TEST(CpuPack, FloatVFlagsSeeEveryValue) {
       const cpu::KvFlags flags = probe.flags_with(false, at, p.value, FlagProbe::tile_of(at));
       EXPECT_EQ(flags.nonfinite, p.nonfinite) << p.value << " at " << at;
       EXPECT_EQ(flags.tiny, p.tiny) << p.value << " at " << at;
+      for (const Packer packer : vector_packers()) {
+        const cpu::KvFlags direct = probe.flags_with(false, at, p.value, FlagProbe::tile_of(at), packer);
+        EXPECT_EQ(direct.nonfinite, p.nonfinite) << p.value << " at " << at << ", packer " << int(packer);
+        EXPECT_EQ(direct.tiny, p.tiny) << p.value << " at " << at << ", packer " << int(packer);
+      }
     }
 }
 
 // fp16 and bf16 V widened into fp32 panels: Inf and NaN set nonfinite, and tiny
 // is what it is for fp32 (bf16's smallest subnormal is below kTinyV, no fp16 value is).
 TEST(CpuPack, HalfValuesInFloatPanelsAreFlaggedAsFloats) {
-  const bool avx512 = cpu::machine_supports(Isa::Avx512);
   struct Planted {
     DType dtype;
     std::uint16_t bits;
@@ -324,14 +347,15 @@ TEST(CpuPack, HalfValuesInFloatPanelsAreFlaggedAsFloats) {
     FlagProbe probe(p.dtype, 100, 11);
     for (const std::int64_t at : {std::int64_t(0), std::int64_t(64 * 64 + 17), std::int64_t(99 * 64 + 63)}) {
       const std::int64_t tile = FlagProbe::tile_of(at);
-      for (const bool direct : {false, true}) {
-        if (direct && !avx512) continue;
-        const cpu::KvFlags flags = probe.flags_with(false, at, p.bits, tile, direct, /*float_panels=*/true);
+      std::vector<Packer> packers = vector_packers();
+      packers.insert(packers.begin(), Packer::Any);
+      for (const Packer packer : packers) {
+        const cpu::KvFlags flags = probe.flags_with(false, at, p.bits, tile, packer, /*float_panels=*/true);
         EXPECT_EQ(flags.nonfinite, p.nonfinite) << to_string(p.dtype) << " " << std::hex << p.bits << std::dec
-                                                << " at " << at << (direct ? ", vector packer" : "");
+                                                << " at " << at << ", packer " << int(packer);
         EXPECT_EQ(flags.tiny, p.tiny) << to_string(p.dtype) << " " << std::hex << p.bits;
+        EXPECT_FALSE(probe.flags_with(true, at, p.bits, tile, packer, true).nonfinite) << "K's values are flagged";
       }
-      EXPECT_FALSE(probe.flags_with(true, at, p.bits, tile, false, true).nonfinite) << "K's values are not flagged";
     }
   }
 }
@@ -424,12 +448,18 @@ TEST(CpuPack, PackerDeclinesWhatItCannotTake) {
                                             fv.data(), flags));
   EXPECT_FALSE(cpu::pack_floats_tile_avx512({fp32_72.view(), fp32_72.view(), fp32_72.view()}, 0, 0, 0, 64, fkt.data(),
                                             fv.data(), flags, 88));
+  EXPECT_FALSE(cpu::pack_floats_tile_avx2({fp32.view(), fp32.view(), fp32.view()}, 0, 0, 0, 60, fkt.data(), fv.data(),
+                                          flags));  // a tile not a multiple of 8
   // fp8 (its panels are pairs), K and V of two dtypes.
   Tensor fp8(DType::F8E4M3, 1, 40, 2, 64);
   EXPECT_FALSE(cpu::pack_floats_tile_avx512({fp8.view(), fp8.view(), fp8.view()}, 0, 0, 0, 64, fkt.data(), fv.data(),
                                             flags));
   EXPECT_FALSE(cpu::pack_floats_tile_avx512({fp16.view(), fp16.view(), fp32.view()}, 0, 0, 0, 64, fkt.data(),
                                             fv.data(), flags));
+  EXPECT_FALSE(cpu::pack_floats_tile_avx2({fp8.view(), fp8.view(), fp8.view()}, 0, 0, 0, 64, fkt.data(), fv.data(),
+                                          flags));
+  EXPECT_FALSE(cpu::pack_floats_tile_avx2({fp16.view(), fp16.view(), fp32.view()}, 0, 0, 0, 64, fkt.data(),
+                                          fv.data(), flags));
   const auto untouched_bits = [](float x) { return std::bit_cast<std::uint32_t>(x) == 0x7fc0beefu; };
   EXPECT_TRUE(std::all_of(fkt.begin(), fkt.end(), untouched_bits) && std::all_of(fv.begin(), fv.end(), untouched_bits));
   EXPECT_FALSE(flags.nonfinite || flags.tiny);

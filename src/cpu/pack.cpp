@@ -165,14 +165,18 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
   // The vector packers, where they apply: pair panels alone (the AMX kernel's and
   // the router's) or fp32 panels alone, padded or not; each declines what it
   // cannot take.
-  static const bool avx512 = machine_supports(Isa::Avx512);
+  static const bool avx512 = machine_supports(Isa::Avx512), avx2 = machine_supports(Isa::Avx2);
+  const bool floats_alone = kt != nullptr && v_rows != nullptr && kt_pairs == nullptr && v_pairs == nullptr;
+  if (!avx512 && avx2 && floats_alone) {
+    KvFlags flags;
+    if (pack_floats_tile_avx2(in, b, h, tile, tile_k, kt, v_rows, flags, kd)) return flags;
+  }
   if (avx512) {
     KvFlags flags;
     if (kt == nullptr && v_rows == nullptr && kt_pairs != nullptr && v_pairs != nullptr &&
         pack_pairs_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags, kd))
       return flags;
-    if (kt != nullptr && v_rows != nullptr && kt_pairs == nullptr && v_pairs == nullptr &&
-        pack_floats_tile_avx512(in, b, h, tile, tile_k, kt, v_rows, flags, kd))
+    if (floats_alone && pack_floats_tile_avx512(in, b, h, tile, tile_k, kt, v_rows, flags, kd))
       return flags;
   }
   const std::int64_t head = in.head(h);

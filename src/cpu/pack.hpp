@@ -147,6 +147,10 @@ bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, st
 // (the head dim, if larger) or tile_k not a multiple of 16.
 bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
                              float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim = 0);
+// The same on AVX2 hosts (pack_avx2.cpp; only where the CPU has AVX2), 8 keys at a time:
+// false, and nothing written, for the same inputs but with 8 in place of 16.
+bool pack_floats_tile_avx2(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
+                           float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim = 0);
 // v_rows [tile_k][head_dim] from the v_pairs pack_kv_tile wrote, with `parts` 1
 // (bf16 V) or 2 (split fp16 V, summed): exact, as each value is in fp32.
 void unpack_v_pairs(const std::uint32_t* v_pairs, int tile_k, std::int64_t head_dim, int parts, float* v_rows);

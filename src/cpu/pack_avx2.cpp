@@ -1,0 +1,125 @@
+// pack_kv_tile for fp32, fp16 or bf16 K and V into the fp32 kernels' panels on AVX2 hosts
+// (built with the flags src/cpu/CMakeLists.txt gives *_avx2.cpp, F16C among them; called
+// only where the CPU has AVX2 and not AVX-512, whose packer takes 16 keys at a time):
+// 8 keys at a time, K through 8 x 8 transposes. Element by element, K's transpose took
+// 14-15 ms of a 65 ms fp32 call at density 0.1.
+#include "cpu/intrinsics.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/pack.hpp"
+
+namespace stsa::cpu {
+namespace {
+
+constexpr int kKeys = 8;  // keys per step: one 8 x 8 transpose
+
+// Values [d0, d0 + 8) of a row of `count` elements of `dtype` (null: none) as fp32 bits,
+// each exactly, zeros past its end (a head dim padded to the kernel's reads nothing of the
+// next row). The partial tail goes through a copy: AVX2 has no masked 16-bit loads.
+__m256i widened(const unsigned char* at, DType dtype) {
+  if (dtype == DType::F32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
+  if (dtype == DType::F16) return _mm256_castps_si256(_mm256_cvtph_ps(bits));
+  return _mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16);  // bf16: the upper half of its fp32
+}
+
+__m256i load_values(const void* row, DType dtype, int d0, int count) {
+  if (row == nullptr || d0 >= count) return _mm256_setzero_si256();
+  const std::size_t size = dtype == DType::F32 ? 4 : 2;
+  const unsigned char* at = static_cast<const unsigned char*>(row) + std::size_t(d0) * size;
+  if (d0 + 8 <= count) return widened(at, dtype);
+  alignas(32) unsigned char tail[32] = {};
+  std::memcpy(tail, at, std::size_t(count - d0) * size);
+  return widened(tail, dtype);
+}
+
+// An 8 x 8 matrix of 32-bit words (one row per register), transposed in place.
+void transpose_8x8(__m256i (&r)[8]) {
+  __m256i t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  __m256i u[8];
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // u[m] (rows 0-3) and u[4 + m] (rows 4-7): lane 0 holds column m, lane 1 column 4 + m.
+  for (int m = 0; m < 4; ++m) {
+    r[m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x20);
+    r[4 + m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x31);
+  }
+}
+
+template <typename T>
+void pack_tile(const RowSource& in, std::int64_t b, std::int64_t head, std::int64_t n0, std::int64_t valid,
+               int tile_k, int kd, float* kt, float* v_rows, KvFlags& flags) {
+  const DType dtype = in.k.dtype;
+  const int d_count = int(in.k.head_dim());
+  // KvFlags from the fp32 bits, as pack_avx512.cpp's: magnitudes (non-negative as int32)
+  // order as their bits do; above the largest finite is Inf or NaN, nonzero below kTinyV's
+  // bits is tiny.
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff), largest = _mm256_set1_epi32(0x7f7fffff);
+  const __m256i tiny_bits = _mm256_set1_epi32(0x1f800000), zero = _mm256_setzero_si256();
+  static_assert(0x1p-64f == kTinyV, "0x1f800000 spells kTinyV");
+  __m256i nonfinite = zero, tiny = zero;
+  const T* k_rows[kKeys];
+  for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
+    const T* v_in[kKeys];
+    key_rows(in, b, head, n0, c0, valid, kKeys, k_rows, v_in);
+    for (int i = 0; i < kKeys; ++i) {
+      float* out = v_rows + (c0 + i) * kd;
+      if (v_in[i] == nullptr) {
+        std::memset(out, 0, std::size_t(kd) * sizeof(float));
+        continue;
+      }
+      for (int d0 = 0; d0 < kd; d0 += 8) {
+        const __m256i x = load_values(v_in[i], dtype, d0, d_count);
+        const __m256i mag = _mm256_and_si256(x, magnitude);
+        nonfinite = _mm256_or_si256(nonfinite, _mm256_cmpgt_epi32(mag, largest));
+        const __m256i nonzero = _mm256_xor_si256(_mm256_cmpeq_epi32(mag, zero), _mm256_set1_epi32(-1));
+        tiny = _mm256_or_si256(tiny, _mm256_and_si256(nonzero, _mm256_cmpgt_epi32(tiny_bits, mag)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + d0), x);
+      }
+    }
+    // K: 8 rows, 8 channels at a time, transposed to 8 channel rows of 8 keys.
+    for (int d0 = 0; d0 < kd; d0 += 8) {
+      __m256i r[8];
+      for (int i = 0; i < kKeys; ++i) r[i] = load_values(k_rows[i], dtype, d0, d_count);
+      transpose_8x8(r);
+      for (int i = 0; i < 8; ++i)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(kt + std::int64_t(d0 + i) * tile_k + c0), r[i]);
+    }
+  }
+  flags.nonfinite |= !_mm256_testz_si256(nonfinite, nonfinite);
+  flags.tiny |= !_mm256_testz_si256(tiny, tiny);
+}
+
+bool packs(DType dtype) { return dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16; }
+
+}  // namespace
+
+bool pack_floats_tile_avx2(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
+                           float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim) {
+  const TensorView &k = in.k, &v = in.v;
+  const int d_count = int(k.head_dim());
+  const int kd = int(std::max<std::int64_t>(kernel_dim, d_count));  // the panels' channels: the head's, then zeros
+  if (!packs(k.dtype) || v.dtype != k.dtype || k.stride[3] != 1 || v.stride[3] != 1 || kd % 8 != 0 ||
+      tile_k % kKeys != 0)
+    return false;
+  const std::int64_t head = in.head(h);
+  const std::int64_t n0 = tile * tile_k;
+  const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
+  if (k.dtype == DType::F32)
+    pack_tile<float>(in, b, head, n0, valid, tile_k, kd, kt, v_rows, flags);
+  else
+    pack_tile<std::uint16_t>(in, b, head, n0, valid, tile_k, kd, kt, v_rows, flags);
+  return true;
+}
+
+}  // namespace stsa::cpu
