@@ -2,7 +2,9 @@
 // strides) and the contiguous fp32 panels the kernels read and write.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <cstring>
 
 #include "stsa/tensor.hpp"
@@ -141,6 +143,30 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
 bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
                          std::uint32_t* kt_pairs, std::uint32_t* v_pairs, KvFlags& flags,
                          std::int64_t kernel_dim = 0);
+// Whether the vector packers and loaders widen `dtype` to fp32 in registers (exactly).
+inline bool widens_to_float(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16;
+}
+
+// What a fp32-panel packer that takes `keys` keys, and channels, at a time packs of key
+// tile `tile` of head h: its head in the tensors, first token, valid keys and the panels'
+// channels (the head's, then zeros to the kernel dim). None for what it cannot take: fp8,
+// K and V of two dtypes, channels not contiguous, a kernel dim or tile_k not a multiple of `keys`.
+struct FloatTile {
+  std::int64_t head, n0, valid;
+  int kd;
+};
+inline std::optional<FloatTile> float_tile(const RowSource& in, std::int64_t h, std::int64_t tile, int tile_k,
+                                           std::int64_t kernel_dim, int keys) {
+  const TensorView &k = in.k, &v = in.v;
+  const int kd = int(std::max<std::int64_t>(kernel_dim, k.head_dim()));
+  if (!widens_to_float(k.dtype) || v.dtype != k.dtype || k.stride[3] != 1 || v.stride[3] != 1 || kd % keys != 0 ||
+      tile_k % keys != 0)
+    return std::nullopt;
+  const std::int64_t n0 = tile * tile_k;
+  return FloatTile{in.head(h), n0, std::min<std::int64_t>(tile_k, k.tokens() - n0), kd};
+}
+
 // The same for fp32, fp16 or bf16 K and V (one dtype) into kt and v_rows as fp32
 // (pack_avx512.cpp), padded to kernel_dim channels likewise: false, and nothing
 // written, for fp8, K and V of two dtypes, channels not contiguous, a kernel dim

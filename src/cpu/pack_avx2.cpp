@@ -57,8 +57,9 @@ void transpose_8x8(__m256i (&r)[8]) {
 }
 
 template <typename T>
-void pack_tile(const RowSource& in, std::int64_t b, std::int64_t head, std::int64_t n0, std::int64_t valid,
-               int tile_k, int kd, float* kt, float* v_rows, KvFlags& flags) {
+void pack_tile(const RowSource& in, std::int64_t b, const FloatTile& at, int tile_k, float* kt, float* v_rows,
+               KvFlags& flags) {
+  const int kd = at.kd;
   const DType dtype = in.k.dtype;
   const int d_count = int(in.k.head_dim());
   // KvFlags from the fp32 bits, as pack_avx512.cpp's: magnitudes (non-negative as int32)
@@ -71,7 +72,7 @@ void pack_tile(const RowSource& in, std::int64_t b, std::int64_t head, std::int6
   const T* k_rows[kKeys];
   for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
     const T* v_in[kKeys];
-    key_rows(in, b, head, n0, c0, valid, kKeys, k_rows, v_in);
+    key_rows(in, b, at.head, at.n0, c0, at.valid, kKeys, k_rows, v_in);
     for (int i = 0; i < kKeys; ++i) {
       float* out = v_rows + (c0 + i) * kd;
       if (v_in[i] == nullptr) {
@@ -100,25 +101,16 @@ void pack_tile(const RowSource& in, std::int64_t b, std::int64_t head, std::int6
   flags.tiny |= !_mm256_testz_si256(tiny, tiny);
 }
 
-bool packs(DType dtype) { return dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16; }
-
 }  // namespace
 
 bool pack_floats_tile_avx2(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
                            float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim) {
-  const TensorView &k = in.k, &v = in.v;
-  const int d_count = int(k.head_dim());
-  const int kd = int(std::max<std::int64_t>(kernel_dim, d_count));  // the panels' channels: the head's, then zeros
-  if (!packs(k.dtype) || v.dtype != k.dtype || k.stride[3] != 1 || v.stride[3] != 1 || kd % 8 != 0 ||
-      tile_k % kKeys != 0)
-    return false;
-  const std::int64_t head = in.head(h);
-  const std::int64_t n0 = tile * tile_k;
-  const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
-  if (k.dtype == DType::F32)
-    pack_tile<float>(in, b, head, n0, valid, tile_k, kd, kt, v_rows, flags);
+  const std::optional<FloatTile> at = float_tile(in, h, tile, tile_k, kernel_dim, kKeys);
+  if (!at) return false;
+  if (in.k.dtype == DType::F32)
+    pack_tile<float>(in, b, *at, tile_k, kt, v_rows, flags);
   else
-    pack_tile<std::uint16_t>(in, b, head, n0, valid, tile_k, kd, kt, v_rows, flags);
+    pack_tile<std::uint16_t>(in, b, *at, tile_k, kt, v_rows, flags);
   return true;
 }
 

@@ -29,13 +29,12 @@ __m512i load_values(const void* row, DType dtype, int d0, int count) {
   return _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16);  // bf16: the upper half of its fp32
 }
 
-bool packs(DType dtype) { return dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16; }
-
 // The packer's walk for K and V elements of type T (fp32, or fp16 / bf16 bits): V rows
 // converted and flagged, K converted and transposed, 16 keys at a time.
 template <typename T>
-void pack_tile(const RowSource& in, std::int64_t b, std::int64_t head, std::int64_t n0, std::int64_t valid,
-               int tile_k, int kd, float* kt, float* v_rows, KvFlags& flags) {
+void pack_tile(const RowSource& in, std::int64_t b, const FloatTile& at, int tile_k, float* kt, float* v_rows,
+               KvFlags& flags) {
+  const int kd = at.kd;
   const DType k_type = in.k.dtype, v_type = in.v.dtype;
   const int d_count = int(in.k.head_dim());
   // KvFlags from the fp32 bits: magnitudes order as their bits do; above the largest
@@ -47,7 +46,7 @@ void pack_tile(const RowSource& in, std::int64_t b, std::int64_t head, std::int6
   const T* k_rows[kKeys];
   for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
     const T* v_in[kKeys];
-    key_rows(in, b, head, n0, c0, valid, kKeys, k_rows, v_in);
+    key_rows(in, b, at.head, at.n0, c0, at.valid, kKeys, k_rows, v_in);
     for (int i = 0; i < kKeys; ++i) {
       float* out = v_rows + (c0 + i) * kd;
       if (v_in[i] == nullptr) {
@@ -78,7 +77,7 @@ void pack_tile(const RowSource& in, std::int64_t b, std::int64_t head, std::int6
 
 bool load_row_avx512(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out,
                      std::int64_t kernel_dim) {
-  if (!packs(t.dtype) || t.stride[3] != 1) return false;
+  if (!widens_to_float(t.dtype) || t.stride[3] != 1) return false;
   const int d_count = int(t.head_dim());
   const std::byte* row = static_cast<const std::byte*>(t.data) + t.offset(b, n, h, 0) * element_size(t.dtype);
   const __m512 factor = _mm512_set1_ps(scale);
@@ -92,19 +91,12 @@ bool load_row_avx512(const TensorView& t, std::int64_t b, std::int64_t n, std::i
 
 bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
                              float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim) {
-  const TensorView &k = in.k, &v = in.v;
-  const int d_count = int(k.head_dim());
-  const int kd = int(std::max<std::int64_t>(kernel_dim, d_count));  // the panels' channels: the head's, then zeros
-  if (!packs(k.dtype) || v.dtype != k.dtype || k.stride[3] != 1 || v.stride[3] != 1 || kd % 16 != 0 ||
-      tile_k % kKeys != 0)
-    return false;
-  const std::int64_t head = in.head(h);
-  const std::int64_t n0 = tile * tile_k;
-  const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
-  if (k.dtype == DType::F32)
-    pack_tile<float>(in, b, head, n0, valid, tile_k, kd, kt, v_rows, flags);
+  const std::optional<FloatTile> at = float_tile(in, h, tile, tile_k, kernel_dim, kKeys);
+  if (!at) return false;
+  if (in.k.dtype == DType::F32)
+    pack_tile<float>(in, b, *at, tile_k, kt, v_rows, flags);
   else
-    pack_tile<std::uint16_t>(in, b, head, n0, valid, tile_k, kd, kt, v_rows, flags);
+    pack_tile<std::uint16_t>(in, b, *at, tile_k, kt, v_rows, flags);
   return true;
 }
 

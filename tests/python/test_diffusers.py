@@ -28,7 +28,7 @@ if not hasattr(torch.Tag, "cudagraph_unsafe"):
 
 import stsa.diffusers  # noqa: E402  (needs torch)
 
-from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, wan_pipeline  # noqa: E402
+from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, regional_compile_runs, wan_pipeline  # noqa: E402
 from diffusers_models import (  # noqa: E402
     ANYFLOW, CHRONOEDIT, FRAMEPACK, HELIOS, HISTORY_TOKENS, HUNYUAN, HUNYUAN15, KANDINSKY, KANDINSKY6, LTX, LTX2,
     MOCHI, MODELS, SKYREELS_V2, WAN, WAN_ANIMATE, attentions, denoising, framepack_inputs, hunyuan15_inputs,
@@ -874,25 +874,9 @@ def test_regional_compilation_holds_stsa_as_one_operator(spec, rng):
     kind of block compiles once for every layer and step (the layer reaches the operator as a
     tensor, the step is read when it runs), stsa one operator in it, and the compiled
     model returns the eager one's bytes and makes the same decisions."""
-    graphs = []
-
-    def backend(gm, example_inputs):
-        ops = [str(node.target) for node in gm.graph.nodes if node.op == "call_function"]
-        graphs.append(ops.count("stsa.diffusers_attention"))
-        return torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
-
-    torch._dynamo.reset()
-    model = tiny(spec, layers=3)
     steps = [inputs(rng, timestep, spec=spec) for timestep in (999, 999, 500, 500)]
-    runs = []
-    for compiled in (False, True):
-        if compiled:
-            model.compile_repeated_blocks(fullgraph=True, backend=backend)
-        with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1, density=0.4, **ALL_SPARSE)) as sparse:
-            outputs = [forward(model, x) for x in steps]
-        runs.append((outputs, [(r.step, r.layer, r.routes) for r in sparse.records]))
-    torch._dynamo.reset()
-    (eager, eager_records), (compiled, compiled_records) = runs
+    graphs, ((eager, eager_records), (compiled, compiled_records)) = regional_compile_runs(
+        tiny(spec, layers=3), steps, forward, {"dense_steps": 1, "density": 0.4, **ALL_SPARSE})
     # One graph per kind of block that holds stsa (HunyuanVideo's prompt refiner blocks
     # compile too, without it); a recompile would add one.
     assert [ops for ops in graphs if ops] == [1] * len(spec.blocks)

@@ -18,6 +18,7 @@ if not hasattr(torch.Tag, "cudagraph_unsafe"):
 
 import stsa.diffusers  # noqa: E402  (needs torch)
 
+from diffusers_helpers import regional_compile_runs  # noqa: E402
 from torch_helpers import check  # noqa: E402
 
 diffusers.utils.logging.set_verbosity_error()  # tiny() casts the model with .to(), which diffusers warns about
@@ -151,25 +152,9 @@ def test_regional_compilation_holds_stsa_as_one_operator(rng):
     """compile_repeated_blocks(fullgraph=True; a graph break would raise): the decoder layer
     compiles once for every layer and step, stsa one operator in it, the prompt's causal
     attention diffusers' own; the compiled model returns the eager one's bytes and decisions."""
-    graphs = []
-
-    def backend(gm, example_inputs):
-        ops = [str(node.target) for node in gm.graph.nodes if node.op == "call_function"]
-        graphs.append(ops.count("stsa.diffusers_attention"))
-        return torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
-
-    torch._dynamo.reset()
-    model = tiny(layers=3)
     steps = [inputs(rng, timestep) for timestep in (999, 999, 500, 500)]
-    runs = []
-    for compiled in (False, True):
-        if compiled:
-            model.compile_repeated_blocks(fullgraph=True, backend=backend)
-        with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1, density=0.4, **ALL_SPARSE)) as sparse:
-            outputs = [forward(model, x) for x in steps]
-        runs.append((outputs, [(r.step, r.layer, r.routes) for r in sparse.records]))
-    torch._dynamo.reset()
-    (eager, eager_records), (compiled, compiled_records) = runs
+    graphs, ((eager, eager_records), (compiled, compiled_records)) = regional_compile_runs(
+        tiny(layers=3), steps, forward, {"dense_steps": 1, "density": 0.4, **ALL_SPARSE})
     assert graphs == [1]
     assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
     assert compiled_records == eager_records
