@@ -1,10 +1,10 @@
-// Packing K and V into the AMX kernel's pair panels (pack_kv_tile), checked
-// against the panels' definition written out here element by element: K's pairs
-// transposed, [head_dim / 2][tile_k]; V's pairs of consecutive keys,
-// [tile_k / 2][head_dim]; zero past the sequence; V's flags. bf16 panels come from
-// the AVX-512 packer (pack_pairs_amx.cpp) on hosts that have it, which is also
-// called directly so that a fallback to the element-by-element packer cannot
-// hide a broken one.
+// Packing K and V (pack_kv_tile) into the AMX kernel's pair panels and into the fp32
+// kernels' panels, checked against the panels' definition written out here element by
+// element: K's pairs transposed, [head_dim / 2][tile_k]; V's pairs of consecutive keys,
+// [tile_k / 2][head_dim]; fp32 K transposed and V rows; zero past the sequence; V's flags.
+// The vector packers (pack_pairs_amx.cpp, pack_avx512.cpp, pack_avx2.cpp) are also called
+// directly on hosts that can run them, so that a fallback to the element-by-element
+// packer cannot hide a broken one; and the row loaders.
 #include <gtest/gtest.h>
 
 #include <algorithm>

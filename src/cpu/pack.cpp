@@ -162,9 +162,9 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
   const std::int64_t d_count = k.head_dim();
   // The panels' channels: the head's, then zeros (a head dim the kernels are not built for).
   const std::int64_t kd = std::max(kernel_dim, d_count);
-  // The vector packers, where they apply: pair panels alone (the AMX kernel's and
-  // the router's) or fp32 panels alone, padded or not; each declines what it
-  // cannot take.
+  // The vector packers, where they apply: on AVX-512, pair panels alone (the AMX
+  // kernel's and the router's) or fp32 panels alone; on AVX2 alone, fp32 panels
+  // alone; padded or not. Each declines what it cannot take.
   static const bool avx512 = machine_supports(Isa::Avx512), avx2 = machine_supports(Isa::Avx2);
   const bool floats_alone = kt != nullptr && v_rows != nullptr && kt_pairs == nullptr && v_pairs == nullptr;
   if (!avx512 && avx2 && floats_alone) {

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <optional>
 #include <cstring>
+#include <optional>
 
 #include "stsa/tensor.hpp"
 

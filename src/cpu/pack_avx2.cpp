@@ -15,9 +15,7 @@ namespace {
 
 constexpr int kKeys = 8;  // keys per step: one 8 x 8 transpose
 
-// Values [d0, d0 + 8) of a row of `count` elements of `dtype` (null: none) as fp32 bits,
-// each exactly, zeros past its end (a head dim padded to the kernel's reads nothing of the
-// next row). The partial tail goes through a copy: AVX2 has no masked 16-bit loads.
+// Eight elements of `dtype` at `at` as fp32 bits, each exactly.
 __m256i widened(const unsigned char* at, DType dtype) {
   if (dtype == DType::F32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
   const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
@@ -25,6 +23,9 @@ __m256i widened(const unsigned char* at, DType dtype) {
   return _mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16);  // bf16: the upper half of its fp32
 }
 
+// Values [d0, d0 + 8) of a row of `count` elements of `dtype` (null: none) as fp32 bits,
+// zeros past its end (a head dim padded to the kernel's reads nothing of the next row).
+// The partial tail goes through a copy: AVX2 has no masked 16-bit loads.
 __m256i load_values(const void* row, DType dtype, int d0, int count) {
   if (row == nullptr || d0 >= count) return _mm256_setzero_si256();
   const std::size_t size = dtype == DType::F32 ? 4 : 2;
