@@ -412,6 +412,51 @@ TEST(CpuPack, RowLoadsAreTheirValuesTimesTheScale) {
   if (!avx512) GTEST_SKIP() << "checked load_row only: this CPU has no AVX-512 for the vector loader";
 }
 
+// The helpers keep to the call's instruction set (RowSource::vector_cap): a call capped
+// at AVX2 packs with the AVX2 packer, one capped at scalar element by element, with the
+// same bits and flags whichever runs.
+TEST(CpuPack, HelpersKeepToTheCallsInstructionSet) {
+  const bool avx512 = cpu::machine_supports(Isa::Avx512), avx2 = cpu::machine_supports(Isa::Avx2);
+  using cpu::FloatPacker;
+  EXPECT_EQ(cpu::float_packer(Isa::Scalar), FloatPacker::Elementwise);
+  EXPECT_EQ(cpu::float_packer(Isa::Avx2), avx2 ? FloatPacker::Avx2 : FloatPacker::Elementwise);
+  const FloatPacker best = avx512 ? FloatPacker::Avx512 : cpu::float_packer(Isa::Avx2);
+  EXPECT_EQ(cpu::float_packer(Isa::Avx512), best);
+  EXPECT_EQ(cpu::float_packer(Isa::Amx), best);
+  EXPECT_FALSE(cpu::may_use(Isa::Avx2, Isa::Avx512));
+  EXPECT_EQ(cpu::may_use(Isa::Amx, Isa::Avx512), avx512);
+
+  const std::uint64_t seed = testing::fresh_seed();
+  for (const DType dtype : {DType::F32, DType::F16}) {
+    SCOPED_TRACE(std::string(to_string(dtype)) + ", seed " + std::to_string(seed));
+    Tensor k(dtype, 1, 150, 2, 80), v(dtype, 1, 150, 2, 80);
+    testing::fill_normal(k.view(), seed);
+    testing::fill_normal(v.view(), seed + 1);
+    v.view().store(0, 140, 1, 7, std::numeric_limits<float>::infinity());  // a flag to carry
+    std::vector<float> first_kt, first_v;
+    cpu::KvFlags first;
+    for (const Isa cap : {Isa::Amx, Isa::Avx2, Isa::Scalar}) {
+      cpu::RowSource in{k.view(), k.view(), v.view()};
+      in.vector_cap = cap;
+      std::vector<float> kt(80 * 128, -7.0f), v_rows(80 * 128, -7.0f);
+      const cpu::KvFlags flags = cpu::pack_kv_tile(in, 0, 1, 1, 128, kt.data(), v_rows.data());
+      std::vector<float> q_row(96, -7.0f);
+      cpu::load_row(k.view(), 0, 3, 1, 0.5f, q_row.data(), 96, cap);
+      if (cap == Isa::Amx) {
+        first_kt = kt, first_v = v_rows, first = flags;
+        EXPECT_TRUE(flags.nonfinite);
+        continue;
+      }
+      EXPECT_EQ(kt, first_kt) << "capped at " << to_string(cap);
+      EXPECT_EQ(v_rows, first_v) << "capped at " << to_string(cap);
+      EXPECT_EQ(flags.nonfinite, first.nonfinite);
+      std::vector<float> uncapped(96, -7.0f);
+      cpu::load_row(k.view(), 0, 3, 1, 0.5f, uncapped.data(), 96);
+      EXPECT_EQ(q_row, uncapped) << "capped at " << to_string(cap);
+    }
+  }
+}
+
 TEST(CpuPack, PackerDeclinesWhatItCannotTake) {
   if (!cpu::machine_supports(Isa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512 for the vector packer";
   Tensor bf16(DType::BF16, 1, 40, 2, 80), fp16(DType::F16, 1, 40, 2, 64), fp32(DType::F32, 1, 40, 2, 64),

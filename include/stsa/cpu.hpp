@@ -24,7 +24,9 @@ Isa parse_isa(std::string_view name);  // "auto" | "scalar" | "avx2" | "avx512" 
 Isa best_isa();                        // what this machine supports (STSA_ISA in the environment caps it)
 
 struct CpuOptions {
-  Isa isa = Isa::Auto;  // Auto: the process default, STSA_ISA, the machine's best
+  // Auto: the process default, STSA_ISA, the machine's best. It bounds what an attention call runs:
+  // the kernel and the loaders, packers and stores around it (the same bits whichever they use).
+  Isa isa = Isa::Auto;
   int threads = 0;      // 0: the process default, STSA_THREADS, all hardware threads
 };
 

@@ -275,8 +275,12 @@ class CpuBackend final : public Backend {
       pool_ = std::make_unique<ThreadPool>(config.threads);
       pool_threads_ = config.threads;
     }
+    // The helpers around the kernel keep to its instruction set too.
+    RowSource capped_in = in;
+    RowDestination capped_out = out;
+    capped_in.vector_cap = capped_out.vector_cap = config.isa;
     try {
-      compute(call, config.isa, in, out);
+      compute(call, config.isa, capped_in, capped_out);
     } catch (const std::bad_alloc&) {
       throw ResourceError("cpu backend: out of memory for the packed K/V panels or scratch buffers");
     }
@@ -463,7 +467,7 @@ class CpuBackend final : public Backend {
         else if (pair_panels != nullptr)
           load_row_pairs(in.q, pw.batch, token, q_head, q_scale < 0, w.q_pairs.data() + r * q_row_words, d);
         else
-          load_row(in.q, pw.batch, token, q_head, q_scale, w.q.data() + r * d, d);
+          load_row(in.q, pw.batch, token, q_head, q_scale, w.q.data() + r * d, d, in.vector_cap);
       }
       if (amx)
         std::fill(w.q_pairs.data() + rows * q_row_words, w.q_pairs.data() + round_up(rows, kAmxRowPad) * q_row_words,

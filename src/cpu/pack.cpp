@@ -32,10 +32,16 @@ void negate_bf16(std::uint16_t* values, std::int64_t count) {
 
 }  // namespace
 
+bool may_use(Isa cap, Isa isa) { return (cap == Isa::Auto || cap >= isa) && machine_supports(isa); }
+
+FloatPacker float_packer(Isa cap) {
+  if (may_use(cap, Isa::Avx512)) return FloatPacker::Avx512;
+  return may_use(cap, Isa::Avx2) ? FloatPacker::Avx2 : FloatPacker::Elementwise;
+}
+
 void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out,
-              std::int64_t kernel_dim) {
-  static const bool avx512 = machine_supports(Isa::Avx512);
-  if (avx512 && load_row_avx512(t, b, n, h, scale, out, kernel_dim)) return;
+              std::int64_t kernel_dim, Isa cap) {
+  if (may_use(cap, Isa::Avx512) && load_row_avx512(t, b, n, h, scale, out, kernel_dim)) return;
   const std::int64_t d_count = t.head_dim(), base = t.offset(b, n, h, 0), step = t.stride[3];
   switch (t.dtype) {
     case DType::F32:
@@ -56,7 +62,8 @@ void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t 
 
 namespace {
 
-// Row (b, n, h, :) of an fp8 tensor as its values' bf16 bits.
+// Row (b, n, h, :) of an fp8 tensor as its values' bf16 bits (for pair panels alone,
+// which only calls on AVX-512 or AMX ask for: no cap to keep to).
 void load_row_f8_as_bf16(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, std::uint16_t* out) {
   const std::uint8_t* src = static_cast<const std::uint8_t*>(t.data) + t.offset(b, n, h, 0);
   const std::int64_t step = t.stride[3];
@@ -165,19 +172,24 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
   // The vector packers, where they apply: on AVX-512, pair panels alone (the AMX
   // kernel's and the router's) or fp32 panels alone; on AVX2 alone, fp32 panels
   // alone; padded or not. Each declines what it cannot take.
-  static const bool avx512 = machine_supports(Isa::Avx512), avx2 = machine_supports(Isa::Avx2);
   const bool floats_alone = kt != nullptr && v_rows != nullptr && kt_pairs == nullptr && v_pairs == nullptr;
-  if (!avx512 && avx2 && floats_alone) {
+  if (floats_alone) {
     KvFlags flags;
-    if (pack_floats_tile_avx2(in, b, h, tile, tile_k, kt, v_rows, flags, kd)) return flags;
+    switch (float_packer(in.vector_cap)) {
+      case FloatPacker::Avx512:
+        if (pack_floats_tile_avx512(in, b, h, tile, tile_k, kt, v_rows, flags, kd)) return flags;
+        break;
+      case FloatPacker::Avx2:
+        if (pack_floats_tile_avx2(in, b, h, tile, tile_k, kt, v_rows, flags, kd)) return flags;
+        break;
+      case FloatPacker::Elementwise:
+        break;
+    }
   }
-  if (avx512) {
+  if (kt == nullptr && v_rows == nullptr && kt_pairs != nullptr && v_pairs != nullptr &&
+      may_use(in.vector_cap, Isa::Avx512)) {
     KvFlags flags;
-    if (kt == nullptr && v_rows == nullptr && kt_pairs != nullptr && v_pairs != nullptr &&
-        pack_pairs_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags, kd))
-      return flags;
-    if (floats_alone && pack_floats_tile_avx512(in, b, h, tile, tile_k, kt, v_rows, flags, kd))
-      return flags;
+    if (pack_pairs_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags, kd)) return flags;
   }
   const std::int64_t head = in.head(h);
   const std::int64_t n0 = tile * tile_k;
@@ -209,7 +221,7 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
       load_row_pairs(k, b, n, head, /*negate=*/false, k_words, kd);
       for (std::int64_t i = 0; i < kd / 2; ++i) kt_pairs[i * tile_k + c] = k_words[i];
     } else {
-      load_row(k, b, n, head, 1.0f, row, kd);
+      load_row(k, b, n, head, 1.0f, row, kd, in.vector_cap);
       if (kt_pairs != nullptr) {
         for (std::int64_t i = 0; i < kd / 2; ++i) kt_pairs[i * tile_k + c] = bf16_pair(row[2 * i], row[2 * i + 1]);
       } else {
@@ -218,7 +230,7 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
     }
     if (!v_bits) {  // (v_pairs is only asked for with bf16, fp16 or fp8 V)
       float* vr = v_rows + c * kd;
-      load_row(v, b, n, head, 1.0f, vr, kd);
+      load_row(v, b, n, head, 1.0f, vr, kd, in.vector_cap);
       flag_floats(vr, d_count, flags);
       continue;
     }
@@ -326,8 +338,7 @@ void store_rows(const RowDestination& out, std::int64_t b, std::int64_t h, std::
   const std::int64_t head = out.heads ? out.heads[h] : h;
   const auto token = [&](int i) { return out.tokens ? out.tokens[n0 + i] : n0 + i; };
   const std::int64_t d_count = o.head_dim();
-  static const bool avx512 = machine_supports(Isa::Avx512);
-  const bool vector_rows = avx512 && o.stride[3] == 1;
+  const bool vector_rows = may_use(out.vector_cap, Isa::Avx512) && o.stride[3] == 1;
   for (int i = 0; i < rows; ++i) {
     if (i + kPrefetchRowsAhead < rows) prefetch_row(o, b, token(i + kPrefetchRowsAhead), head, /*for_write=*/true);
     const float* a = acc + i * std::max(acc_stride, d_count);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "stsa/cpu.hpp"
 #include "stsa/tensor.hpp"
 
 namespace stsa::cpu {
@@ -25,9 +26,15 @@ inline constexpr int kMaxPairPanelDim = 512;
 // write that many channels, the head's, then zeros, which add nothing to a score
 // (0 or less: the head dim itself).
 
+// The helpers below (loaders, packers, stores) use the widest vector instructions the
+// CPU has, up to a cap: the call's instruction set, so that a kernel capped at AVX2
+// (`CpuOptions::isa`, STSA_ISA) runs no AVX-512 instruction around it either. Every
+// path gives the same bits. Whether a helper capped at `cap` may use `isa`:
+bool may_use(Isa cap, Isa isa);
+
 // Reads row (b, n, h, :) of t as head_dim floats, each multiplied by `scale`, then zeros to kernel_dim.
 void load_row(const TensorView& t, std::int64_t b, std::int64_t n, std::int64_t h, float scale, float* out,
-              std::int64_t kernel_dim = 0);
+              std::int64_t kernel_dim = 0, Isa cap = Isa::Amx);
 
 // load_row for fp32, fp16 or bf16 rows with contiguous channels, in AVX-512 registers
 // (pack_avx512.cpp; only where the CPU has AVX-512), the same values: false, and
@@ -78,6 +85,7 @@ struct RowSource {
   TensorView q, k, v;
   const std::int64_t* heads = nullptr;
   const std::int64_t* tokens = nullptr;
+  Isa vector_cap = Isa::Amx;  // the helpers' instructions at most (may_use); Amx: whatever the CPU has
 
   std::int64_t head(std::int64_t h) const { return heads ? heads[h] : h; }
   std::int64_t token(std::int64_t n) const { return tokens ? tokens[n] : n; }
@@ -167,6 +175,10 @@ inline std::optional<FloatTile> float_tile(const RowSource& in, std::int64_t h, 
   return FloatTile{in.head(h), n0, std::min<std::int64_t>(tile_k, k.tokens() - n0), kd};
 }
 
+// Which packer pack_kv_tile gives fp32 panels of inputs the vector packers take, capped at `cap`.
+enum class FloatPacker { Avx512, Avx2, Elementwise };
+FloatPacker float_packer(Isa cap);
+
 // The same for fp32, fp16 or bf16 K and V (one dtype) into kt and v_rows as fp32
 // (pack_avx512.cpp), padded to kernel_dim channels likewise: false, and nothing
 // written, for fp8, K and V of two dtypes, channels not contiguous, a kernel dim
@@ -196,6 +208,7 @@ struct RowDestination {
   LseView lse;  // data == nullptr: no LSE
   const std::int64_t* heads = nullptr;
   const std::int64_t* tokens = nullptr;
+  Isa vector_cap = Isa::Amx;  // as RowSource's
 };
 
 // Writes finished rows n0 .. n0 + rows - 1 of (b, h) where `out` says:
