@@ -13,8 +13,6 @@
 namespace stsa::cpu {
 namespace {
 
-constexpr int kKeys = 8;  // keys per step: one 8 x 8 transpose
-
 // Eight elements of `dtype` at `at` as fp32 bits, each exactly.
 __m256i widened(const unsigned char* at, DType dtype) {
   if (dtype == DType::F32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
@@ -57,62 +55,39 @@ void transpose_8x8(__m256i (&r)[8]) {
   }
 }
 
-template <typename T>
-void pack_tile(const RowSource& in, std::int64_t b, const FloatTile& at, int tile_k, float* kt, float* v_rows,
-               KvFlags& flags) {
-  const int kd = at.kd;
-  const DType dtype = in.k.dtype;
-  const int d_count = int(in.k.head_dim());
-  // KvFlags from the fp32 bits, as pack_avx512.cpp's: magnitudes (non-negative as int32)
-  // order as their bits do; above the largest finite is Inf or NaN, nonzero below kTinyV's
-  // bits is tiny.
-  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff), largest = _mm256_set1_epi32(0x7f7fffff);
-  const __m256i tiny_bits = _mm256_set1_epi32(0x1f800000), zero = _mm256_setzero_si256();
-  static_assert(0x1p-64f == kTinyV, "0x1f800000 spells kTinyV");
-  __m256i nonfinite = zero, tiny = zero;
-  const T* k_rows[kKeys];
-  for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
-    const T* v_in[kKeys];
-    key_rows(in, b, at.head, at.n0, c0, at.valid, kKeys, k_rows, v_in);
-    for (int i = 0; i < kKeys; ++i) {
-      float* out = v_rows + (c0 + i) * kd;
-      if (v_in[i] == nullptr) {
-        std::memset(out, 0, std::size_t(kd) * sizeof(float));
-        continue;
-      }
-      for (int d0 = 0; d0 < kd; d0 += 8) {
-        const __m256i x = load_values(v_in[i], dtype, d0, d_count);
-        const __m256i mag = _mm256_and_si256(x, magnitude);
-        nonfinite = _mm256_or_si256(nonfinite, _mm256_cmpgt_epi32(mag, largest));
-        const __m256i nonzero = _mm256_xor_si256(_mm256_cmpeq_epi32(mag, zero), _mm256_set1_epi32(-1));
-        tiny = _mm256_or_si256(tiny, _mm256_and_si256(nonzero, _mm256_cmpgt_epi32(tiny_bits, mag)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + d0), x);
-      }
-    }
-    // K: 8 rows, 8 channels at a time, transposed to 8 channel rows of 8 keys.
-    for (int d0 = 0; d0 < kd; d0 += 8) {
-      __m256i r[8];
-      for (int i = 0; i < kKeys; ++i) r[i] = load_values(k_rows[i], dtype, d0, d_count);
-      transpose_8x8(r);
-      for (int i = 0; i < 8; ++i)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(kt + std::int64_t(d0 + i) * tile_k + c0), r[i]);
-    }
+// The AVX2 operations of the fp32-panel walk (pack_floats_walk.hpp).
+struct Lanes {
+  using Vector = __m256i;
+  static constexpr int kWidth = 8;  // one 8 x 8 transpose
+  struct Seen {
+    __m256i nonfinite = _mm256_setzero_si256(), tiny = _mm256_setzero_si256();
+  };
+  static Vector load(const void* row, DType dtype, int d0, int count) { return load_values(row, dtype, d0, count); }
+  // As the AVX-512 walk's: magnitudes (non-negative as int32) order as their bits do; above
+  // the largest finite is Inf or NaN, nonzero below kTinyV's bits is tiny.
+  static void see(Vector x, Seen& seen) {
+    static_assert(0x1p-64f == kTinyV, "0x1f800000 spells kTinyV");
+    const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff));
+    seen.nonfinite = _mm256_or_si256(seen.nonfinite, _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7f7fffff)));
+    const __m256i zero = _mm256_cmpeq_epi32(mag, _mm256_setzero_si256());
+    seen.tiny = _mm256_or_si256(seen.tiny,
+                                _mm256_andnot_si256(zero, _mm256_cmpgt_epi32(_mm256_set1_epi32(0x1f800000), mag)));
   }
-  flags.nonfinite |= !_mm256_testz_si256(nonfinite, nonfinite);
-  flags.tiny |= !_mm256_testz_si256(tiny, tiny);
-}
+  static void store(float* out, Vector x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), x); }
+  static void transpose(Vector (&r)[8]) { transpose_8x8(r); }
+  static void report(const Seen& seen, KvFlags& flags) {
+    flags.nonfinite |= !_mm256_testz_si256(seen.nonfinite, seen.nonfinite);
+    flags.tiny |= !_mm256_testz_si256(seen.tiny, seen.tiny);
+  }
+};
+
+#include "cpu/pack_floats_walk.hpp"
 
 }  // namespace
 
 bool pack_floats_tile_avx2(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
                            float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim) {
-  const std::optional<FloatTile> at = float_tile(in, h, tile, tile_k, kernel_dim, kKeys);
-  if (!at) return false;
-  if (in.k.dtype == DType::F32)
-    pack_tile<float>(in, b, *at, tile_k, kt, v_rows, flags);
-  else
-    pack_tile<std::uint16_t>(in, b, *at, tile_k, kt, v_rows, flags);
-  return true;
+  return pack_floats_tile_with<Lanes>(in, b, h, tile, tile_k, kt, v_rows, flags, kernel_dim);
 }
 
 }  // namespace stsa::cpu

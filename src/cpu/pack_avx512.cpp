@@ -15,8 +15,6 @@ namespace {
 
 #include "cpu/transpose_avx512.hpp"
 
-constexpr int kKeys = 16;  // keys per step: one 16 x 16 transpose
-
 // Values [d0, d0 + 16) of a row of `count` elements of `dtype` (null: none) as fp32 bits,
 // each exactly (fp16 and bf16 widen without rounding), zeros past its end: a head dim
 // padded to the kernel's reads nothing of the next row.
@@ -29,49 +27,31 @@ __m512i load_values(const void* row, DType dtype, int d0, int count) {
   return _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16);  // bf16: the upper half of its fp32
 }
 
-// The packer's walk for K and V elements of type T (fp32, or fp16 / bf16 bits): V rows
-// converted and flagged, K converted and transposed, 16 keys at a time.
-template <typename T>
-void pack_tile(const RowSource& in, std::int64_t b, const FloatTile& at, int tile_k, float* kt, float* v_rows,
-               KvFlags& flags) {
-  const int kd = at.kd;
-  const DType k_type = in.k.dtype, v_type = in.v.dtype;
-  const int d_count = int(in.k.head_dim());
-  // KvFlags from the fp32 bits: magnitudes order as their bits do; above the largest
-  // finite is Inf or NaN, and tiny is nonzero below kTinyV's bits.
-  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), largest = _mm512_set1_epi32(0x7f7fffff);
-  const __m512i tiny_bits = _mm512_set1_epi32(0x1f800000);
-  static_assert(0x1p-64f == kTinyV, "0x1f800000 spells kTinyV");
-  __mmask16 nonfinite = 0, tiny = 0;
-  const T* k_rows[kKeys];
-  for (std::int64_t c0 = 0; c0 < tile_k; c0 += kKeys) {
-    const T* v_in[kKeys];
-    key_rows(in, b, at.head, at.n0, c0, at.valid, kKeys, k_rows, v_in);
-    for (int i = 0; i < kKeys; ++i) {
-      float* out = v_rows + (c0 + i) * kd;
-      if (v_in[i] == nullptr) {
-        std::memset(out, 0, std::size_t(kd) * sizeof(float));
-        continue;
-      }
-      for (int d0 = 0; d0 < kd; d0 += 16) {
-        const __m512i x = load_values(v_in[i], v_type, d0, d_count);
-        const __m512i mag = _mm512_and_si512(x, magnitude);
-        nonfinite |= _mm512_cmpgt_epu32_mask(mag, largest);
-        tiny |= _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(mag, mag), mag, tiny_bits);
-        _mm512_storeu_si512(out + d0, x);
-      }
-    }
-    // K: 16 rows, 16 channels at a time, transposed to 16 channel rows of 16 keys.
-    for (int d0 = 0; d0 < kd; d0 += 16) {
-      __m512i r[16];
-      for (int i = 0; i < kKeys; ++i) r[i] = load_values(k_rows[i], k_type, d0, d_count);
-      transpose_16x16(r);
-      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(kt + std::int64_t(d0 + i) * tile_k + c0, r[i]);
-    }
+// The AVX-512 operations of the fp32-panel walk (pack_floats_walk.hpp).
+struct Lanes {
+  using Vector = __m512i;
+  static constexpr int kWidth = 16;  // one 16 x 16 transpose
+  struct Seen {
+    __mmask16 nonfinite = 0, tiny = 0;
+  };
+  static Vector load(const void* row, DType dtype, int d0, int count) { return load_values(row, dtype, d0, count); }
+  // Magnitudes order as their bits do: above the largest finite is Inf or NaN, and tiny is
+  // nonzero below kTinyV's bits.
+  static void see(Vector x, Seen& seen) {
+    static_assert(0x1p-64f == kTinyV, "0x1f800000 spells kTinyV");
+    const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff));
+    seen.nonfinite |= _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f7fffff));
+    seen.tiny |= _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(mag, mag), mag, _mm512_set1_epi32(0x1f800000));
   }
-  flags.nonfinite |= nonfinite != 0;
-  flags.tiny |= tiny != 0;
-}
+  static void store(float* out, Vector x) { _mm512_storeu_si512(out, x); }
+  static void transpose(Vector (&r)[16]) { transpose_16x16(r); }
+  static void report(const Seen& seen, KvFlags& flags) {
+    flags.nonfinite |= seen.nonfinite != 0;
+    flags.tiny |= seen.tiny != 0;
+  }
+};
+
+#include "cpu/pack_floats_walk.hpp"
 
 }  // namespace
 
@@ -91,13 +71,7 @@ bool load_row_avx512(const TensorView& t, std::int64_t b, std::int64_t n, std::i
 
 bool pack_floats_tile_avx512(const RowSource& in, std::int64_t b, std::int64_t h, std::int64_t tile, int tile_k,
                              float* kt, float* v_rows, KvFlags& flags, std::int64_t kernel_dim) {
-  const std::optional<FloatTile> at = float_tile(in, h, tile, tile_k, kernel_dim, kKeys);
-  if (!at) return false;
-  if (in.k.dtype == DType::F32)
-    pack_tile<float>(in, b, *at, tile_k, kt, v_rows, flags);
-  else
-    pack_tile<std::uint16_t>(in, b, *at, tile_k, kt, v_rows, flags);
-  return true;
+  return pack_floats_tile_with<Lanes>(in, b, h, tile, tile_k, kt, v_rows, flags, kernel_dim);
 }
 
 }  // namespace stsa::cpu
