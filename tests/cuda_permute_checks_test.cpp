@@ -116,7 +116,9 @@ TEST(CudaPermuteChecks, MalformedCallsAreInvalidBeforeAnyGpuIsAskedFor) {
   Shapes s;
   const std::vector<TensorView> sources{s.q.view()}, packed{s.packed_q.view()};
   const std::vector<std::int64_t> twice{1, 1}, out_of_range{0, 3};
-  EXPECT_THROW(cuda_gather_heads(s.grid, kFrom, kTo, twice, sources, packed), InvalidArgument);
+  EXPECT_THROW(cuda_scatter_heads(s.grid, kTo, kFrom, twice, packed, sources), InvalidArgument);
+  // A gather may read a head twice (grouped K/V): well formed, so host memory or no GPU.
+  EXPECT_THROW(cuda_gather_heads(s.grid, kFrom, kTo, twice, sources, packed), Unsupported);
   EXPECT_THROW(cuda_gather_heads(s.grid, kFrom, kTo, out_of_range, sources, packed), InvalidArgument);
   const std::vector<TensorView> fewer{s.q.view(), s.k.view()};
   EXPECT_THROW(cuda_gather_heads(s.grid, kFrom, kTo, s.heads, fewer, packed), InvalidArgument);

@@ -65,9 +65,21 @@ struct Descales {
                      std::vector<float>& storage) const;
 };
 
+// Grouped-query attention: k and v may hold fewer heads than q, Hkv dividing H;
+// query head h then reads K/V head h / (H / Hkv), as torch's enable_gqa and
+// repeat_interleave do, with no copy of K or V.
+inline std::int64_t grouped_kv_head(std::int64_t h, std::int64_t query_heads, std::int64_t kv_heads) {
+  return kv_heads > 0 && query_heads > kv_heads ? h / (query_heads / kv_heads) : h;
+}
+// The K/V head that head h of q reads from k (and v).
+inline std::int64_t grouped_kv_head(std::int64_t h, const TensorView& q, const TensorView& k) {
+  return grouped_kv_head(h, q.heads(), k.heads());
+}
+
 struct AttentionCall {
   VideoLayout layout;
-  TensorView q, k, v;  // logical [B, N, H, D]
+  TensorView q;        // logical [B, N, H, D]
+  TensorView k, v;     // logical [B, N, Hkv, D], Hkv dividing H (Hkv = H without grouping)
   TensorView o;        // logical [B, N, H, D]; F32, BF16 or F16
   LseView lse;         // logical [B, H, N]; optional (data == nullptr)
   std::vector<HeadMask> heads;  // one per head
@@ -95,6 +107,10 @@ void validate(const AttentionCall& call, bool require_plans);
 // element alignment); InvalidArgument naming `name` otherwise.
 void validate_tensor(const char* name, const TensorView& t, const VideoLayout& layout);
 void validate_lse(const char* name, const LseView& lse, const VideoLayout& layout);
+// K and V against the layout: one head count Hkv for both, dividing the layout's
+// (grouped-query attention), then validate_tensor() of each with Hkv heads;
+// messages name the tensors `prefix`k and `prefix`v.
+void validate_kv_tensors(const char* prefix, const TensorView& k, const TensorView& v, const VideoLayout& layout);
 // Their memory parts alone, for a view of any shape (a sequence shard's, a text
 // slice's): strides within the address space, non-negative, under which no two
 // elements share an address, and a pointer aligned to the element.
@@ -165,15 +181,21 @@ struct GatheredInput {
   TokenOrder from = TokenOrder::FrameMajor;
   TokenOrder to = TokenOrder::SpatialMajor;
   std::span<const std::int64_t> heads;  // one per head of the call: distinct, in [0, q.heads())
-  TensorView q, k, v;
+  TensorView q, k, v;                   // k and v: q's heads or fewer (grouped, as in AttentionCall)
+
+  // The K/V head the call's head j reads.
+  std::int64_t kv_head(std::size_t j) const { return grouped_kv_head(heads[j], q, k); }
 };
 
 // The checks of a gathered call (on top of scattered_call_for_checks(), which
 // it runs with the full inputs): call.q, call.k and call.v empty, the grid and
 // the orders (the call's heads in `in.to` order), the head map (each input
-// head once), the full inputs (shapes, dtypes, strides). Returns the call with
-// in.q, in.k and in.v narrowed to its head count in the roles of q, k and v,
-// and out.o and out.lse in those of o and lse, for validate() and supports().
+// head once), the full inputs (shapes, dtypes, strides; k and v may hold fewer
+// heads than q, grouped as in AttentionCall, and head j then reads K/V head
+// kv_head(j)). Returns the call with in.q narrowed to its head count
+// in the role of q, in.k and in.v to one head in those of k and v (grouped: the
+// map, not the narrowed view, says which K/V head each head reads), and out.o
+// and out.lse in those of o and lse, for validate() and supports().
 AttentionCall gathered_call_for_checks(const AttentionCall& call, const GatheredInput& in,
                                        const ScatteredOutput& out);
 

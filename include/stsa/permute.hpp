@@ -23,8 +23,9 @@ std::vector<std::int64_t> permutation_map(const VideoGrid& grid, TokenOrder from
 
 // Copies heads `heads` of every sources[i] (logical [B, N, H, D], tokens in `from`
 // order) into packed[i] (logical [B, N, heads.size(), D], tokens in `to` order):
-// source head heads[j] becomes packed head j. Shapes (one batch size for every
-// pair), dtypes (equal per pair), head indices (in range, distinct) and overlap are
+// source head heads[j] becomes packed head j (a head listed twice is copied twice:
+// grouped-query attention's K/V head for two query heads). Shapes (one batch size for
+// every pair), dtypes (equal per pair), head indices (in range) and overlap are
 // checked before any copy: each destination's elements at distinct, aligned
 // addresses, and no destination over a source or over another destination (of any pair).
 // threads = 0 picks a count from the work size, at most resolve_threads(0) (cpu.hpp).
@@ -32,7 +33,7 @@ void gather_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::sp
                   std::span<const TensorView> sources, std::span<const TensorView> packed, int threads = 0);
 
 // The inverse: packed head j of packed[i] (tokens in `from` order) goes to head
-// heads[j] of dests[i] (tokens in `to` order). When packed_lse.data and lse.data are
+// heads[j] of dests[i] (tokens in `to` order); heads distinct. When packed_lse.data and lse.data are
 // set, LSE rows ([B, Ht, N] -> [B, H, N]) move in the same pass, checked as the
 // tensors are (the LSE destination over no tensor, no destination over the packed LSE).
 void scatter_heads(const VideoGrid& grid, TokenOrder from, TokenOrder to, std::span<const std::int64_t> heads,

@@ -123,6 +123,9 @@ def attention(q, k, v, grid, mask: str | Sequence[str] = "spatial", density: flo
     ``q_descale``, ``k_descale``, ``v_descale``: FlashAttention-3's per-(batch, head)
     dequantization factors of quantized (float8) inputs, [B, H] float32 host arrays or
     numbers: the scores are scaled by q's times k's, the output by v's (host backends).
+    ``k`` and ``v`` may hold fewer heads than ``q`` (grouped-query attention), a count
+    dividing q's: query head h reads K/V head h // (H // Hkv), as torch's ``enable_gqa``,
+    without a copy (host backends; the CUDA backend refuses it for now).
     Under torch.compile (torch tensors, a VideoGrid, no ``out``, ``lse`` or
     ``stream``) the call is one operator in the compiled graph,
     ``torch.ops.stsa.attention``, not a graph break. Watched (a TorchDispatchMode such as
@@ -169,7 +172,8 @@ def routed_attention(q, k, v, grid, density: float = 0.25, *, spatial_density: f
     routing, permutation and attention times in ms. ``timed=False``: no permutation
     and attention times (None), and a GPU call returns once its work is enqueued
     instead of waiting to time it (it still waits for its routing decisions).
-    Descales as ``attention`` takes them; the routing errors are then the dequantized outputs'.
+    Descales, and K and V with fewer heads than Q, as ``attention`` takes them; the routing
+    errors are then the dequantized outputs'.
     ``info["kept_flops"]`` counts the attention the masks keep, ``info["routing_flops"]``
     the router's sampled rows (both what FlopCounterMode counts for the call).
     Under torch.compile (torch tensors, no ``out``, ``lse`` or ``stream``) the call

@@ -806,7 +806,8 @@ class _Cosmos3SelfAttention(_SelfAttention):
     prompt's causal attention stays diffusers'. The generated tokens attend to every key, and
     that attention runs through stsa: the video's rows first, then the sound's, the action's
     and the prompt's as global tokens after them (the grid's text; the prompt's rows stsa
-    computes too and drops, 1 / F of dense or less), each K and V head repeated for its Q heads."""
+    computes too and drops, 1 / F of dense or less). The host backends read each K and V
+    head for its Q heads; for the CUDA backend, which does not yet, they are repeated."""
 
     def __call__(self, attn, und_seq, gen_seq, rotary_emb):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -829,7 +830,8 @@ class _Cosmos3SelfAttention(_SelfAttention):
         causal = dispatch_attention_fn(q_und[None], k_und[None], v_und[None], is_causal=True, enable_gqa=True,
                                        backend=self._attention_backend, parallel_config=self._parallel_config)
         query = torch.cat([q_gen, q_und])[None]
-        key, value = (_heads_repeated(parts, heads // kv_heads) for parts in ((k_gen, k_und_for_gen), (v_gen, v_und)))
+        groups = heads // kv_heads if q_gen.is_cuda else 1
+        key, value = (_heads_repeated(parts, groups) for parts in ((k_gen, k_und_for_gen), (v_gen, v_und)))
         out = self._attention(query, key, value)[0, :q_gen.shape[0]].flatten(-2, -1).to(q_gen.dtype)
         return attn.to_out(causal.squeeze(0).flatten(-2, -1)), attn.to_add_out(out)
 

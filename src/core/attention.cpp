@@ -172,8 +172,7 @@ AttentionCall gathered_call_for_checks(const AttentionCall& call, const Gathered
   VideoLayout full = call.layout;
   full.heads = in.q.heads();
   validate_tensor("gathered q", in.q, full);
-  validate_tensor("gathered k", in.k, full);
-  validate_tensor("gathered v", in.v, full);
+  validate_kv_tensors("gathered ", in.k, in.v, full);
   check_head_map("gathered input", "input", in.heads, call.layout.heads, full.heads);
   // The scattered output's checks against the whole inputs (overlaps included).
   AttentionCall whole = call;
@@ -181,7 +180,10 @@ AttentionCall gathered_call_for_checks(const AttentionCall& call, const Gathered
   whole.k = in.k;
   whole.v = in.v;
   AttentionCall checked = scattered_call_for_checks(whole, out);
-  for (TensorView* t : {&checked.q, &checked.k, &checked.v}) t->shape[2] = call.layout.heads;
+  checked.q.shape[2] = call.layout.heads;
+  // Grouped, the call's heads read K/V heads through the map: one head stands for them.
+  const std::int64_t kv_heads = in.k.heads() == in.q.heads() ? call.layout.heads : 1;
+  for (TensorView* t : {&checked.k, &checked.v}) t->shape[2] = kv_heads;
   return checked;
 }
 
@@ -198,6 +200,22 @@ void validate_tensor(const char* name, const TensorView& t, const VideoLayout& l
              t.shape[2], ", ", t.shape[3], "] but the layout needs [B, N, H, D] = [", expected[0], ", ", expected[1],
              ", ", expected[2], ", ", expected[3], "]");
   validate_view_memory(name, t);
+}
+
+void validate_kv_tensors(const char* prefix, const TensorView& k, const TensorView& v, const VideoLayout& layout) {
+  layout.validate();
+  STSA_CHECK(k.data != nullptr, InvalidArgument, prefix, "k is null");
+  STSA_CHECK(v.data != nullptr, InvalidArgument, prefix, "v is null");
+  const std::int64_t kv_heads = k.heads();
+  STSA_CHECK(v.heads() == kv_heads, InvalidArgument, prefix, "k and v must hold as many heads, got ", kv_heads,
+             " and ", v.heads());
+  STSA_CHECK(kv_heads >= 1 && kv_heads <= layout.heads && layout.heads % kv_heads == 0, InvalidArgument, prefix,
+             "k and v hold ", kv_heads, " heads: grouped-query attention needs a count that divides q's ",
+             layout.heads);
+  VideoLayout kv_layout = layout;
+  kv_layout.heads = kv_heads;
+  validate_tensor(detail::concat(prefix, "k").c_str(), k, kv_layout);
+  validate_tensor(detail::concat(prefix, "v").c_str(), v, kv_layout);
 }
 
 void validate_view_memory(const char* name, const TensorView& t) {
@@ -333,8 +351,7 @@ void check_score_scale(const AttentionCall& call) {
 void validate(const AttentionCall& call, bool require_plans) {
   call.layout.validate();
   validate_tensor("q", call.q, call.layout);
-  validate_tensor("k", call.k, call.layout);
-  validate_tensor("v", call.v, call.layout);
+  validate_kv_tensors("", call.k, call.v, call.layout);
   validate_tensor("o", call.o, call.layout);
   STSA_CHECK(is_output_dtype(call.o.dtype), InvalidArgument, "o must be fp32, bf16 or fp16, got ",
              to_string(call.o.dtype), " (fp8 is an input type)");

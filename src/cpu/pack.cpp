@@ -191,7 +191,7 @@ KvFlags pack_kv_tile(const RowSource& in, std::int64_t b, std::int64_t h, std::i
     KvFlags flags;
     if (pack_pairs_tile_amx(in, b, h, tile, tile_k, kt_pairs, v_pairs, flags, kd)) return flags;
   }
-  const std::int64_t head = in.head(h);
+  const std::int64_t head = in.kv_head(h);
   const std::int64_t n0 = tile * tile_k;
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
   // bf16 K and V move as bits: K's pairs are its rows' own words, V's pairs two

@@ -87,7 +87,10 @@ struct RowSource {
   const std::int64_t* tokens = nullptr;
   Isa vector_cap = Isa::Amx;  // the helpers' instructions at most (may_use); Amx: whatever the CPU has
 
+  // The tensor head the call's head h reads from q, and from k and v (grouped-query
+  // attention: k and v hold fewer heads, each serving q.heads() / k.heads() of q's).
   std::int64_t head(std::int64_t h) const { return heads ? heads[h] : h; }
+  std::int64_t kv_head(std::int64_t h) const { return grouped_kv_head(head(h), q, k); }
   std::int64_t token(std::int64_t n) const { return tokens ? tokens[n] : n; }
 };
 
@@ -172,7 +175,7 @@ inline std::optional<FloatTile> float_tile(const RowSource& in, std::int64_t h, 
       tile_k % keys != 0)
     return std::nullopt;
   const std::int64_t n0 = tile * tile_k;
-  return FloatTile{in.head(h), n0, std::min<std::int64_t>(tile_k, k.tokens() - n0), kd};
+  return FloatTile{in.kv_head(h), n0, std::min<std::int64_t>(tile_k, k.tokens() - n0), kd};
 }
 
 // Which packer pack_kv_tile gives fp32 panels of inputs the vector packers take, capped at `cap`.

@@ -40,7 +40,7 @@ bool pack_pairs_tile_amx(const RowSource& in, std::int64_t b, std::int64_t h, st
       kd % 32 != 0 || kd > kMaxPairPanelDim || tile_k % kKeys != 0)
     return false;
   const int parts = split ? 2 : 1;
-  const std::int64_t head = in.head(h);
+  const std::int64_t head = in.kv_head(h);
   const std::int64_t n0 = tile * tile_k;
   const std::int64_t valid = std::min<std::int64_t>(tile_k, k.tokens() - n0);
   const std::int64_t k_part = std::int64_t(kd / 2) * tile_k, v_part = std::int64_t(tile_k / 2) * kd;

@@ -124,6 +124,10 @@ void check_local(const Communicator& comm, const UlyssesCall& call) {
              comm.rank(), " of ", comm.size(), " should hold ", shard.count, " (frame-major video tokens [",
              shard.begin, ", ", shard.end(), ") of ", layout.grid.video_tokens(), ")");
   check_view("q", call.q, b, shard.count, h, d);
+  const std::int64_t kv_heads = call.k.heads();
+  STSA_CHECK(kv_heads == h || kv_heads < 1 || h % kv_heads != 0, Unsupported,
+             "ulysses attention takes no grouped-query attention yet (k with ", kv_heads, " heads for q's ", h,
+             "): repeat each K/V head for its query heads");
   check_view("k", call.k, b, shard.count, h, d);
   check_view("v", call.v, b, shard.count, h, d);
   check_view("o", call.o, b, shard.count, h, d);

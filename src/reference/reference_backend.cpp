@@ -59,7 +59,7 @@ class HeadEvaluator {
   static constexpr std::size_t kBlockRows = 16;
 
   HeadEvaluator(const AttentionCall& call, std::int64_t head, const PairPredicate& override_mask)
-      : call_(call), head_(head), override_(override_mask), spec_(call.heads[std::size_t(head)].spec),
+      : call_(call), head_(head), kv_head_(grouped_kv_head(head, call.q, call.k)), override_(override_mask), spec_(call.heads[std::size_t(head)].spec),
         order_(call.heads[std::size_t(head)].order), dim_(call.layout.head_dim), tokens_(call.layout.tokens()) {
     coords_.reserve(std::size_t(tokens_));
     for (std::int64_t pos = 0; pos < tokens_; ++pos) coords_.push_back(call.layout.grid.coord(pos, order_));
@@ -88,7 +88,7 @@ class HeadEvaluator {
         const bool keep = allows(rows[r], std::int64_t(j));
         keep_[r * n + j] = keep;
         if (!keep) continue;
-        if (!loaded) load_row(call_.k, b, std::int64_t(j), head_, key_row_.data());
+        if (!loaded) load_row(call_.k, b, std::int64_t(j), kv_head_, key_row_.data());
         loaded = true;
         const double s = dot(queries_.data() + r * dim, key_row_.data(), dim_) * scale;
         scores_[r * n + j] = s;
@@ -100,7 +100,7 @@ class HeadEvaluator {
       bool loaded = false;
       for (std::size_t r = 0; r < count; ++r) {
         if (!keep_[r * n + j] || nan[r] || max_score[r] == -std::numeric_limits<double>::infinity()) continue;
-        if (!loaded) load_row(call_.v, b, std::int64_t(j), head_, key_row_.data());
+        if (!loaded) load_row(call_.v, b, std::int64_t(j), kv_head_, key_row_.data());
         loaded = true;
         const double p = std::exp(scores_[r * n + j] - max_score[r]);
         sum[r] += p;
@@ -131,6 +131,7 @@ class HeadEvaluator {
 
   const AttentionCall& call_;
   std::int64_t head_;
+  std::int64_t kv_head_;  // the K/V head query head head_ reads (grouped-query attention)
   const PairPredicate& override_;
   MaskSpec spec_;
   TokenOrder order_;

@@ -19,11 +19,13 @@ namespace {
 
 constexpr double kBytesPerThread = 4.0 * (1 << 20);  // below this, extra threads cost more than they save
 
-void check_heads(std::span<const std::int64_t> heads, std::int64_t total) {
+// Heads in range; distinct where they are written (a scatter's). A gather may read a
+// head twice: grouped-query attention's K/V head serves several query heads.
+void check_heads(std::span<const std::int64_t> heads, std::int64_t total, bool distinct) {
   std::vector<bool> seen(std::size_t(std::max<std::int64_t>(total, 0)), false);
   for (std::int64_t h : heads) {
     STSA_CHECK(h >= 0 && h < total, InvalidArgument, "permutation head index ", h, " out of range [0, ", total, ")");
-    STSA_CHECK(!seen[std::size_t(h)], InvalidArgument, "permutation head index ", h, " listed twice");
+    STSA_CHECK(!distinct || !seen[std::size_t(h)], InvalidArgument, "permutation head index ", h, " listed twice");
     seen[std::size_t(h)] = true;
   }
 }
@@ -155,7 +157,7 @@ void check_permutation(const char* what, const VideoGrid& grid, std::span<const 
   const std::int64_t count = std::int64_t(heads.size());
   for (std::size_t i = 0; i < full.size(); ++i) {
     check_pair(what, i, grid, full[i], packed[i], count, full[0].batch());
-    check_heads(heads, full[i].heads());
+    check_heads(heads, full[i].heads(), /*distinct=*/!gather);
   }
   STSA_CHECK((packed_lse.data == nullptr) == (lse.data == nullptr), InvalidArgument, what,
              ": give both LSE views or neither");
@@ -166,7 +168,7 @@ void check_permutation(const char* what, const VideoGrid& grid, std::span<const 
                InvalidArgument, what, ": LSE shapes [", packed_lse.shape[0], ", ", packed_lse.shape[1], ", ",
                packed_lse.shape[2], "] -> [", lse.shape[0], ", ", lse.shape[1], ", ", lse.shape[2],
                "] do not match B=", batch, ", Ht=", count, ", N=", grid.tokens());
-    check_heads(heads, lse.shape[1]);
+    check_heads(heads, lse.shape[1], /*distinct=*/true);
     for (int d = 0; d < 3; ++d)
       STSA_CHECK(packed_lse.stride[d] >= 0 && lse.stride[d] >= 0, InvalidArgument, what,
                  ": negative LSE strides are not supported");

@@ -125,9 +125,21 @@ RoutedResult run_routed(RoutedExecutor& executor, const Backend& backend, PlanCa
     return result;
   }
   const int gather_start = mark();
-  const TensorView sources[] = {call.q, call.k, call.v};
-  const TensorView packed[] = {packed_heads.q, packed_heads.k, packed_heads.v};
-  executor.gather(layout.grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, result.temporal, sources, packed);
+  if (call.k.heads() == call.q.heads()) {
+    const TensorView sources[] = {call.q, call.k, call.v};
+    const TensorView packed[] = {packed_heads.q, packed_heads.k, packed_heads.v};
+    executor.gather(layout.grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, result.temporal, sources, packed);
+  } else {
+    // Grouped K/V: each temporal head gets its own copy of the K/V head it reads, so
+    // the packed call is an ungrouped one (two temporal heads may share that head).
+    std::vector<std::int64_t> kv_heads;
+    for (const std::int64_t h : result.temporal) kv_heads.push_back(grouped_kv_head(h, call.q, call.k));
+    const TensorView q_source[] = {call.q}, q_packed[] = {packed_heads.q};
+    const TensorView kv_sources[] = {call.k, call.v}, kv_packed[] = {packed_heads.k, packed_heads.v};
+    executor.gather(layout.grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, result.temporal, q_source,
+                    q_packed);
+    executor.gather(layout.grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, kv_heads, kv_sources, kv_packed);
+  }
   const int gather_end = mark();
 
   int attention_end = -1, scatter_end = -1;

@@ -83,8 +83,14 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
   const auto start = std::chrono::steady_clock::now();
   layout.validate();
   check_input("q", q, layout);
-  check_input("k", k, layout);
-  check_input("v", v, layout);
+  // Grouped-query attention: k and v may hold fewer heads, a count dividing q's.
+  STSA_CHECK(k.heads() == v.heads() && k.heads() >= 1 && layout.heads % k.heads() == 0, InvalidArgument,
+             "router: k and v hold ", k.heads(), " and ", v.heads(), " heads: they need one count that divides q's ",
+             layout.heads);
+  VideoLayout kv_layout = layout;
+  kv_layout.heads = k.heads();
+  check_input("k", k, kv_layout);
+  check_input("v", v, kv_layout);
   STSA_CHECK(std::isfinite(softmax_scale), InvalidArgument, "router: softmax scale must be finite");
   validate_descales(descales, layout.batch, layout.heads);
   std::vector<std::int64_t> which(heads.begin(), heads.end());

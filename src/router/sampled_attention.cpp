@@ -142,13 +142,13 @@ STSA_VECTOR_CLONES void load_row(const TensorView& t, std::int64_t b, std::int64
 // fp64 output of one row under one mask, with the mask's own maximum (O = 0 when nothing is allowed).
 std::vector<double> exact_row(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t b,
                               std::int64_t h, std::int64_t row, double scale, const CandidateMask& mask) {
-  const std::int64_t n = k.tokens(), dim = k.head_dim();
+  const std::int64_t n = k.tokens(), dim = k.head_dim(), kv = grouped_kv_head(h, q, k);
   std::vector<double> s(static_cast<std::size_t>(n), -std::numeric_limits<double>::infinity());
   double m = -std::numeric_limits<double>::infinity();
   for (std::int64_t j = 0; j < n; ++j) {
     if (!mask.allows(row, j)) continue;
     double dot = 0;
-    for (std::int64_t d = 0; d < dim; ++d) dot += double(q.load(b, row, h, d)) * double(k.load(b, j, h, d));
+    for (std::int64_t d = 0; d < dim; ++d) dot += double(q.load(b, row, h, d)) * double(k.load(b, j, kv, d));
     s[std::size_t(j)] = dot * scale;
     m = std::max(m, s[std::size_t(j)]);
   }
@@ -158,7 +158,7 @@ std::vector<double> exact_row(const TensorView& q, const TensorView& k, const Te
     if (!mask.allows(row, j)) continue;
     const double e = std::exp(s[std::size_t(j)] - m);
     z += e;
-    for (std::int64_t d = 0; d < dim; ++d) o[std::size_t(d)] += e * double(v.load(b, j, h, d));
+    for (std::int64_t d = 0; d < dim; ++d) o[std::size_t(d)] += e * double(v.load(b, j, kv, d));
   }
   if (z == 0.0) return o;
   for (double& x : o) x /= z;
@@ -328,7 +328,7 @@ class VectorChunk {
     for (std::int64_t j = 0; j < len; ++j)
       for (std::int64_t g = 0; g < group_; ++g)
         if (!pair_scores(g))
-          load_row(k_, b, k0 + j, heads_[std::size_t(g)],
+          load_row(k_, b, k0 + j, grouped_kv_head(heads_[std::size_t(g)], q_, k_),
                    sc_.key_rows.data() + std::size_t(g) * kt_head_ + std::size_t(j * dim_));
     for (std::int64_t g = 0; g < group_; ++g) {
       if (pair_scores(g)) continue;
@@ -380,7 +380,7 @@ class VectorChunk {
     for (std::int64_t j = 0; j < len; ++j)
       for (std::int64_t g = 0; g < group_; ++g)
         if (!pair_scores(g))
-          load_row(v_, rows_.batch, k0 + j, heads_[std::size_t(g)],
+          load_row(v_, rows_.batch, k0 + j, grouped_kv_head(heads_[std::size_t(g)], q_, k_),
                    sc_.vb.data() + std::size_t(g) * vb_head_ + std::size_t(j * padded_));
   }
 

@@ -135,8 +135,8 @@ TEST(GpuPermuteInput, HostMemoryOrBadHeadsAreRejected) {
                Unsupported);  // host memory, or no GPU at all
   if (cuda_device_count() == 0) return;
   const std::vector<std::int64_t> twice{1, 1};
-  EXPECT_THROW(cuda_gather_heads(grid, TokenOrder::FrameMajor, TokenOrder::SpatialMajor, twice, src, dst),
-               InvalidArgument);
+  EXPECT_THROW(cuda_scatter_heads(grid, TokenOrder::SpatialMajor, TokenOrder::FrameMajor, twice, dst, src),
+               InvalidArgument);  // a scatter would write head 1 twice (a gather may read it twice)
 }
 
 // LSE views on the device that the scatter cannot take are refused before any

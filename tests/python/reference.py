@@ -44,11 +44,20 @@ def allowed(grid, route: str, band: int = -1, frame_radius: int = -1, anchor: bo
     return kept
 
 
+def ungrouped(q, k, v):
+    """q, k, v as float64 arrays with K and V holding q's heads: grouped-query attention's
+    fewer K/V heads repeated by its definition (query head h reads K/V head h // (H // Hkv))."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    groups = q.shape[2] // k.shape[2]
+    return q, np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
+
+
 def attention(q, k, v, masks, scale=None, precision=np.float64):
     """O [B, N, H, D] and LSE [B, H, N] computed in `precision` (fp64: the reference;
     fp32: a naive same-precision run, the yardstick of the bounds below); masks: one
-    [N, N] array per head. A row with no allowed key gets O = 0 and LSE = -inf."""
-    q, k, v = (np.asarray(x, dtype=np.float64).astype(precision) for x in (q, k, v))
+    [N, N] array per head. A row with no allowed key gets O = 0 and LSE = -inf. K and V
+    may hold fewer heads than Q (grouped-query attention)."""
+    q, k, v = (x.astype(precision) for x in ungrouped(q, k, v))
     batch, tokens, heads, dim = q.shape
     scale = precision(1.0 / np.sqrt(dim) if scale is None else scale)
     out = np.zeros((batch, tokens, heads, dim), dtype=precision)
@@ -78,7 +87,7 @@ def score_rounding(q, k, v, scale=None):
     term (median 1.15x, fp32 kernel at 4x N(0, 1) inputs), so check takes 4x it.
     The floor of check's bounds does not grow with the logits; this does (with inputs
     at 3-4x N(0, 1), 2-12% of fp32 calls failed without it, none of 4,000 with it)."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    q, k, v = ungrouped(q, k, v)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
     per_head = 2.0**-24 * abs(scale) * np.linalg.norm(q, axis=-1).max(axis=1) * np.linalg.norm(k, axis=-1).max(axis=1)
     return per_head.max(), (2 * per_head * np.abs(v).max(axis=(1, 3))).max()

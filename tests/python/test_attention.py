@@ -210,3 +210,37 @@ def test_the_interpreter_runs_while_a_call_computes(rng):
     worker.join()
     assert call_s[0] > 0.2, "the call is too short to tell"
     assert longest_pause < 0.5 * call_s[0], f"this thread stood still {longest_pause:.3f} s of a {call_s[0]:.3f} s call"
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_grouped_kv_heads_are_the_repeated_call(kv_heads, dtype, rng):
+    """K and V with fewer heads than Q (grouped-query attention): query head h reads K/V head
+    h // (H // Hkv), which is the call on K and V repeated per query head, bit for bit, and
+    within the fp64 reference's bound; routing and routed attention alike."""
+    grid = stsa.VideoGrid(9, 5, 4, text=11, text_placement="before")
+    routes = ["temporal", "spatial", "frames", "dense", "temporal", "spatial"]
+    q = rng.standard_normal((2, grid.tokens, 6, 80)).astype(dtype)
+    k, v = (rng.standard_normal((2, grid.tokens, kv_heads, 80)).astype(dtype) for _ in range(2))
+    k_rep, v_rep = (np.repeat(x, 6 // kv_heads, axis=2) for x in (k, v))
+    out, lse = stsa.attention(q, k, v, grid, routes, DENSITY, return_lse=True)
+    out_rep, lse_rep = stsa.attention(q, k_rep, v_rep, grid, routes, DENSITY, return_lse=True)
+    assert np.array_equal(out, out_rep) and np.array_equal(lse, lse_rep)
+    reference.check(out, q, k, v, masks_for(grid, routes, DENSITY), lse=lse)
+    routed, info = stsa.routed_attention(q, k, v, grid, DENSITY, samples=16)
+    routed_rep, info_rep = stsa.routed_attention(q, k_rep, v_rep, grid, DENSITY, samples=16)
+    assert np.array_equal(routed, routed_rep)
+    assert [h["candidates"] for h in info["heads"]] == [h["candidates"] for h in info_rep["heads"]]
+
+
+def test_kv_head_counts_that_do_not_group_are_refused(rng):
+    grid = stsa.VideoGrid(3, 4, 4)
+    q = rng.standard_normal((1, grid.tokens, 6, 64)).astype(np.float32)
+    k = rng.standard_normal((1, grid.tokens, 4, 64)).astype(np.float32)
+    with pytest.raises(stsa.InvalidArgument, match="k and v hold 4 heads: grouped-query attention needs a count "
+                                                   "that divides q's 6"):
+        stsa.attention(q, k, k, grid)
+    with pytest.raises(stsa.InvalidArgument, match="router: k and v hold 4 and 4 heads"):
+        stsa.route(q, k, k, grid)
+    with pytest.raises(stsa.InvalidArgument, match="k and v must hold as many heads, got 4 and 2"):
+        stsa.attention(q, k, k[:, :, :2], grid)

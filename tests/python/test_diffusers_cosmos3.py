@@ -96,8 +96,9 @@ def test_a_dense_policy_gives_the_models_own_output(dtype, tolerance, rng):
 
 def test_routed_layers_match_the_reference_on_the_models_own_qkv(rng, monkeypatch):
     """stsa's q, k, v against what the model's own processor hands its attention for the
-    generated tokens (K and V repeated per query head, the prompt's rows moved after the
-    others'), and stsa's output against the fp64 reference with the masks it reports."""
+    generated tokens (K and V with their own heads, grouped-query attention, the prompt's
+    rows moved after the others'), and stsa's output against the fp64 reference with the
+    masks it reports."""
     model = tiny()
     x = inputs(rng, 999)
     sparse = stsa.diffusers.enable(model, stsa.Policy(density=0.4, **ALL_SPARSE))
@@ -127,8 +128,8 @@ def test_routed_layers_match_the_reference_on_the_models_own_qkv(rng, monkeypatc
         generated = VIDEO + SOUND
         assert torch.equal(q[0, :generated], q_gen[0])
         for ours, theirs in ((k, k_all), (v, v_all)):
-            theirs = torch.cat([theirs[0, PROMPT:], theirs[0, :PROMPT]]).repeat_interleave(HEADS // KV_HEADS, dim=1)
-            assert torch.equal(ours[0], theirs)
+            assert torch.equal(ours[0], torch.cat([theirs[0, PROMPT:], theirs[0, :PROMPT]]))
+            assert ours.shape[2] == KV_HEADS < HEADS
         heads = sparse.last_info[layer]["heads"]
         routes.update(h["route"] for h in heads)
         check(out, q, k, v, reference.head_masks(GRID, heads))

@@ -353,6 +353,12 @@ def test_cuda_refusals(rng):
         with pytest.raises(stsa.Unsupported, match="descales"):
             call(v_descale=torch.ones(1, 1, device="cuda"))
     assert torch.all(out == 7.0)
+    # Nor grouped-query attention yet (the host backends take it).
+    q4 = torch.cat([q, q], dim=2)
+    with pytest.raises(stsa.Unsupported, match="no grouped-query attention"):
+        stsa.attention(q4, k, v, grid)
+    with pytest.raises(stsa.Unsupported, match="no grouped-query attention"):
+        stsa.route(q4, k, v, grid)
     with pytest.raises(stsa.InvalidArgument):
         stsa.attention(q, k, v, grid, mask="causal", out=out)
     assert torch.all(out == 7.0)
@@ -401,6 +407,29 @@ def test_compiled_attention_is_one_operator(layout, rng):
     heads_first = out.transpose(1, 2) if layout == "bhnd" else out
     inputs = [x.transpose(1, 2) if layout == "bhnd" else x for x in (q, k, v)]
     check(heads_first / 2, *inputs, masks_for(grid, routes, 0.5))
+
+
+@needs_operators
+def test_compiled_grouped_query_attention_is_one_operator_per_call(rng):
+    """K and V with fewer heads than Q pass through the operators' fake implementations
+    (outputs shaped by Q) and give the eager bytes, which are the repeated call's."""
+    grid = stsa.VideoGrid(5, 4, 6, text=3)
+    q, _, _ = random_qkv(rng, grid, 4, 64, torch.bfloat16)
+    k, v = (x[:, :, :2].contiguous() for x in random_qkv(rng, grid, 4, 64, torch.bfloat16)[1:])
+    policy = stsa.Policy(density=0.5, samples=16)
+
+    def layer(q, k, v):
+        a = stsa.attention(q, k, v, grid, ["temporal", "spatial", "dense", "temporal"], 0.5)
+        b, _ = stsa.routed_attention(q, k, v, grid, 0.5, samples=16)
+        c, _ = policy.attention(q, k, v, grid, 0, 0)
+        return a, b, c
+
+    compiled, ops = compiled_graph_ops(layer, q, k, v)
+    assert ops.count("stsa.attention") == 1 and ops.count("stsa.routed_attention") == 1, ops
+    policy.clear()
+    repeated = layer(q, k.repeat_interleave(2, dim=2), v.repeat_interleave(2, dim=2))
+    for got, expected in zip(compiled, repeated):
+        assert got.shape == q.shape and torch.equal(got, expected)
 
 
 @needs_operators

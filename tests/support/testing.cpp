@@ -30,13 +30,14 @@ struct HeadKeysValues {
   double max_key_norm = 0, max_abs_value = 0;
   HeadKeysValues(const AttentionCall& call, std::int64_t b, std::int64_t h) {
     const std::int64_t n = call.layout.tokens(), dims = call.layout.head_dim;
+    const std::int64_t kv_head = h / (call.layout.heads / call.k.heads());  // grouped K/V: by its definition
     k.resize(std::size_t(n * dims));
     v.resize(std::size_t(n * dims));
     for (std::int64_t j = 0; j < n; ++j) {
       double key_norm2 = 0;
       for (std::int64_t d = 0; d < dims; ++d) {
-        k[std::size_t(j * dims + d)] = call.k.load(b, j, h, d);
-        v[std::size_t(j * dims + d)] = call.v.load(b, j, h, d);
+        k[std::size_t(j * dims + d)] = call.k.load(b, j, kv_head, d);
+        v[std::size_t(j * dims + d)] = call.v.load(b, j, kv_head, d);
         key_norm2 += double(k[std::size_t(j * dims + d)]) * k[std::size_t(j * dims + d)];
         const double value = std::abs(double(v[std::size_t(j * dims + d)]));
         if (std::isfinite(value)) max_abs_value = std::max(max_abs_value, value);
