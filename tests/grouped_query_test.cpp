@@ -5,7 +5,10 @@
 // fp64 reference, on fresh random inputs and awkward shapes.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -74,16 +77,18 @@ testing::Problem repeated_kv(const testing::Problem& grouped) {
   return p;
 }
 
-// O and LSE of two calls, bit for bit.
+// O and LSE of two calls, bit for bit (NaN where the other has the same NaN).
 void expect_same_outputs(const AttentionCall& a, const AttentionCall& b, const std::string& what) {
   const VideoLayout& l = a.layout;
+  const auto bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
   std::int64_t compared = 0;
   for (std::int64_t bt = 0; bt < l.batch; ++bt)
     for (std::int64_t h = 0; h < l.heads; ++h)
       for (std::int64_t n = 0; n < l.tokens(); ++n) {
-        ASSERT_EQ(a.lse.at(bt, h, n), b.lse.at(bt, h, n)) << what << " lse (b, h, n) = " << bt << ", " << h << ", " << n;
+        ASSERT_EQ(bits(a.lse.at(bt, h, n)), bits(b.lse.at(bt, h, n)))
+            << what << " lse (b, h, n) = " << bt << ", " << h << ", " << n;
         for (std::int64_t d = 0; d < l.head_dim; ++d, ++compared)
-          ASSERT_EQ(a.o.load(bt, n, h, d), b.o.load(bt, n, h, d))
+          ASSERT_EQ(bits(a.o.load(bt, n, h, d)), bits(b.o.load(bt, n, h, d)))
               << what << " o (b, n, h, d) = " << bt << ", " << n << ", " << h << ", " << d;
       }
   EXPECT_EQ(compared, l.batch * l.heads * l.tokens() * l.head_dim);
@@ -144,6 +149,39 @@ TEST(GroupedQueryAttention, TheCpuBackendMatchesTheReferenceAndTheRepeatedCall) 
       const testing::Comparison cmp = testing::compare_with_reference(grouped, testing::kMatrixRows);
       EXPECT_TRUE(cmp.ok()) << cmp.failure;
       expect_same_outputs(grouped.call(), repeated.call(), "cpu");
+    }
+}
+
+// The CPU backend packs a K/V head once for the query heads of its group that use the
+// same key tiles; here the group's heads differ in their tile shapes (only some share),
+// one K/V head holds a NaN and the other a V value too small for bf16 products (the
+// panels' flags, which pick each head's path, hold for every head that reads them).
+TEST(GroupedQueryAttention, HeadsShareAKvHeadsPanelsOnlyWhereTheirKeyTilesMatch) {
+  const VideoLayout layout{{5, 6, 9, 7, TextPlacement::After}, 2, 6, 64};
+  std::uint64_t seed = testing::fresh_seed();
+  for (DType dtype : {DType::BF16, DType::F16, DType::F32})
+    for (Isa isa : testing::isas_of_this_machine()) {
+      PlanCache plans;
+      const TileShape tiles[] = {{64, 64}, {64, 128}, {128, 64}, {64, 64}, {128, 128}, {64, 128}};
+      const SparseKind kinds[] = {SparseKind::Spatial, SparseKind::Temporal, SparseKind::FrameWindow};
+      std::vector<HeadMask> heads;
+      for (std::int64_t h = 0; h < layout.heads; ++h) {
+        const MaskSpec spec = mask_for_density(layout.grid, kinds[h % 3], 0.4);
+        heads.push_back(HeadMask{spec, spec.natural_order(), plans.get(layout.grid, spec, tiles[h]), true});
+      }
+      testing::Problem grouped =
+          testing::make_problem(layout, dtype, heads, ++seed, MemoryLayout::BNHD, DType::F32);
+      group_kv(grouped, 2, seed);
+      const TensorView v = grouped.v.view();
+      v.store(1, 17, 1, 5, std::numeric_limits<float>::quiet_NaN());
+      v.store(0, 40, 0, 3, 0x1p-100f * (dtype == DType::F16 ? 0.f : 1.f));  // fp16 holds no such value
+      testing::Problem repeated = repeated_kv(grouped);
+      SCOPED_TRACE(grouped.label + " isa " + std::string(to_string(isa)));
+      const auto cpu = make_cpu_backend({isa, 2});
+      cpu->run(grouped.call());
+      cpu->run(repeated.call());
+      expect_same_outputs(grouped.call(), repeated.call(), "cpu");
+      EXPECT_TRUE(std::isnan(grouped.call().o.load(1, 0, 3, 5)));  // a row of head 3 (K/V head 1) reads the NaN
     }
 }
 

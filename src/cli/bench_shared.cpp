@@ -62,6 +62,9 @@ BenchSetup parse_bench_setup(const BenchArgs& args) {
   BenchSetup s;
   s.layout = VideoLayout{args.grid.grid(), args.batch, args.heads, args.head_dim};
   s.layout.validate();
+  s.kv_heads = args.kv_heads == 0 ? args.heads : args.kv_heads;
+  STSA_CHECK(s.kv_heads >= 1 && s.kv_heads <= args.heads && args.heads % s.kv_heads == 0, InvalidArgument,
+             "--kv-heads must divide --heads (", args.heads, "), got ", args.kv_heads);
   s.dtype = parse_dtype(args.dtype);
   s.alignment = parse_alignment(args.align);
   s.tile = TileShape{args.tile, args.tile};
@@ -90,8 +93,9 @@ const char* peak_units_text(std::string_view units) {
 void check_bench_memory(const BenchOptions& o) {
   const VideoLayout& l = o.layout;
   const double values = double(l.batch) * double(l.tokens()) * double(l.heads) * double(l.head_dim);
+  const double kv_values = values / double(l.heads) * double(o.kv_heads);
   // Q, K, V at the input dtype; the two outputs at theirs (bf16 for fp8 inputs); two fp32 LSE.
-  const double bytes = 3.0 * values * double(element_size(o.dtype)) +
+  const double bytes = (values + 2.0 * kv_values) * double(element_size(o.dtype)) +
                        2.0 * values * double(element_size(default_output_dtype(o.dtype))) +
                        2.0 * double(l.batch) * double(l.heads) * double(l.tokens()) * double(sizeof(float));
   const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
@@ -112,7 +116,8 @@ BenchCase::BenchCase(const BenchOptions& o, std::uint64_t seed, std::shared_ptr<
   // Temporal heads run in spatial-major order: random inputs are simply taken as already permuted.
   plan = sparse_plan ? std::move(sparse_plan) : TilePlan::build(l.grid, o.spec, o.tile, o.alignment);
   dense_plan = TilePlan::build(l.grid, MaskSpec::dense(), o.tile, Alignment::Exact);
-  for (Tensor* t : {&q, &k, &v}) *t = Tensor(o.dtype, l.batch, n, l.heads, l.head_dim);
+  q = Tensor(o.dtype, l.batch, n, l.heads, l.head_dim);
+  for (Tensor* t : {&k, &v}) *t = Tensor(o.dtype, l.batch, n, o.kv_heads, l.head_dim);
   for (Tensor* t : {&o_dense, &o_sparse}) *t = Tensor(default_output_dtype(o.dtype), l.batch, n, l.heads, l.head_dim);
   lse_dense = LseBuffer(l.batch, l.heads, n);
   lse_sparse = LseBuffer(l.batch, l.heads, n);
@@ -247,6 +252,7 @@ nlohmann::json bench_case_record(const BenchArgs& args, const BenchOptions& opti
       {"tokens", layout.tokens()},
       {"batch", layout.batch},
       {"heads", layout.heads},
+      {"kv_heads", options.kv_heads},
       {"head_dim", layout.head_dim},
       {"mask_kind", args.mask},
       {"mask", options.spec.describe()},

@@ -24,6 +24,7 @@ namespace stsa::cli {
 // the mask is not here, since --dist also takes `mixed` and `routed`.
 struct BenchSetup {
   VideoLayout layout;
+  std::int64_t kv_heads = 0;  // K and V's heads: layout.heads, or fewer (grouped-query attention)
   DType dtype = DType::F32;
   Alignment alignment = Alignment::Exact;
   TileShape tile;

@@ -37,9 +37,12 @@ bench::TimedRuns time_kernel(const Backend& backend, const AttentionCall& call, 
 void print_text(const nlohmann::json& r) {
   const auto f = [&](const char* key) { return json_double(r[key]); };
   const std::string dtype = r["dtype"].get<std::string>(), out_dtype = r["out_dtype"].get<std::string>();
-  std::printf("grid %s: %lld tokens, batch %lld, %lld heads x %lld, %s, tiles %lldx%lld %s\n",
+  const std::int64_t heads = r["heads"].get<std::int64_t>(), kv_heads = r["kv_heads"].get<std::int64_t>();
+  const std::string kv =
+      kv_heads == heads ? "" : " (" + std::to_string(kv_heads) + (kv_heads == 1 ? " K/V head)" : " K/V heads)");
+  std::printf("grid %s: %lld tokens, batch %lld, %lld heads%s x %lld, %s, tiles %lldx%lld %s\n",
               r["grid"].get<std::string>().c_str(), (long long)r["tokens"].get<std::int64_t>(),
-              (long long)r["batch"].get<std::int64_t>(), (long long)r["heads"].get<std::int64_t>(),
+              (long long)r["batch"].get<std::int64_t>(), (long long)heads, kv.c_str(),
               (long long)r["head_dim"].get<std::int64_t>(),
               (dtype == out_dtype ? dtype : dtype + " in, " + out_dtype + " out").c_str(),
               (long long)r["tile"].get<std::int64_t>(), (long long)r["tile"].get<std::int64_t>(),
@@ -170,6 +173,8 @@ void run_bench_command(const BenchArgs& args) {
                               "kernel: they need --backend cuda");
   STSA_CHECK(!(args.dist && args.backend == "cuda"), InvalidArgument,
              "--dist runs the CPU backend on every rank; --backend cuda is single-process");
+  STSA_CHECK(args.kv_heads == 0 || args.kv_heads == args.heads || (!args.dist && args.backend == "cpu"),
+             InvalidArgument, "--kv-heads (grouped-query attention) runs on the CPU backend, without --dist");
   if (args.backend == "cuda") {
     const nlohmann::json record = run_cuda_bench(args, /*progress=*/true);
     if (args.json)

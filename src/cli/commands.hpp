@@ -34,6 +34,7 @@ struct PlanArgs {
 struct BenchArgs {
   GridArgs grid{21, 16, 16, 0, "after", ""};
   std::int64_t batch = 1, heads = 8, head_dim = 128;
+  std::int64_t kv_heads = 0;  // K/V heads (grouped-query attention); 0: --heads
   std::string mask = "spatial";  // spatial | temporal | frames | dense
   double density = 0.25;
   std::string dtype = "fp32";

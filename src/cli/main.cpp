@@ -84,6 +84,9 @@ void add_bench_command(CLI::App& app) {
   add_grid_options(cmd, args->grid);
   cmd->add_option("--batch", args->batch, "batch size")->capture_default_str();
   cmd->add_option("--heads", args->heads, "attention heads")->capture_default_str();
+  cmd->add_option("--kv-heads", args->kv_heads,
+                  "K and V heads, dividing --heads: grouped-query attention (CPU backend; 0: --heads)")
+      ->capture_default_str();
   cmd->add_option("--head-dim", args->head_dim, "head dimension (the CPU kernels take 1 to 128)")
       ->capture_default_str();
   cmd->add_option("--mask", args->mask, "spatial | temporal | frames | dense; with --dist also mixed | routed")

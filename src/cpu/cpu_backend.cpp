@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -167,6 +168,9 @@ struct PairWork {
   // as bf16 pairs) and the V panel in floats; the bf16-pair K and V panels in
   // words (V pairs only for kernels that take P V from bf16 pairs).
   std::int64_t kt_offset = 0, v_offset = 0, pair_offset = 0, v_pair_offset = 0;
+  // The pair whose panels these are (itself, or an earlier pair of the chunk reading the
+  // same K/V head: grouped-query attention packs a K/V head once for its query heads).
+  std::size_t panels_of = 0;
   bool v_nonfinite = false, v_tiny = false, k_nonfinite = false;
 };
 
@@ -183,6 +187,21 @@ struct WorkerScratch {
   PairBuffer p_pairs;  // the AVX-512 kernel's P as bf16 pairs (bf16 or fp8 in, bf16 out)
   std::vector<const std::uint64_t*> masks;
 };
+
+// An earlier pair of the chunk [first, last) whose panels pair `last` can read: the
+// same batch entry, K/V head and key tiles (grouped-query attention), or none.
+std::optional<std::size_t> panels_to_share(const RowSource& in, const std::vector<PairWork>& pairs,
+                                           std::size_t first, std::size_t last) {
+  const PairWork& pw = pairs[last];
+  for (std::size_t p = last; p-- > first;) {
+    const PairWork& other = pairs[p];
+    if (other.batch != pw.batch) break;  // pairs go batch entry by batch entry
+    if (other.panels_of == p && in.kv_head(other.head) == in.kv_head(pw.head) &&
+        other.plan->tile().k == pw.plan->tile().k && other.plan->k_tiles() == pw.plan->k_tiles())
+      return p;
+  }
+  return std::nullopt;
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -356,6 +375,16 @@ class CpuBackend final : public Backend {
       std::int64_t floats = 0, pair_words = 0;
       while (last < pairs.size()) {
         const TilePlan& plan = *pairs[last].plan;
+        pairs[last].panels_of = last;
+        if (const std::optional<std::size_t> owner = panels_to_share(in, pairs, first, last)) {
+          PairWork& pw = pairs[last];
+          const PairWork& from = pairs[*owner];
+          pw.panels_of = *owner;
+          pw.kt_offset = from.kt_offset, pw.v_offset = from.v_offset;
+          pw.pair_offset = from.pair_offset, pw.v_pair_offset = from.v_pair_offset;
+          ++last;
+          continue;
+        }
         const std::int64_t panel = plan.k_tiles() * plan.tile().k * d;  // elements of K (or V) for all key tiles
         const std::int64_t kt_floats = bf16_pairs ? 0 : panel;
         const std::int64_t k_words = bf16_pairs ? panel / 2 * in_parts : 0;
@@ -389,22 +418,26 @@ class CpuBackend final : public Backend {
     const std::int64_t d = kernel.dim;  // the kernel's channels: the head's, then zeros
     const std::int64_t n = call.layout.tokens();
 
-    // Phase 1: pack the key tiles some query tile uses, each once.
+    // Phase 1: pack the key tiles some query tile uses, each once (once for all the
+    // pairs that share their panels).
     struct PackItem {
       std::size_t pair;
       std::int32_t tile;
     };
     std::vector<PackItem> packs;
+    std::vector<std::vector<char>> used(last - first);  // per owner of panels: its key tiles some pair uses
     for (std::size_t p = first; p < last; ++p) {
       const TilePlan& plan = *pairs[p].plan;
-      std::vector<char> used(std::size_t(plan.k_tiles()), 0);
+      std::vector<char>& tiles = used[pairs[p].panels_of - first];
+      tiles.resize(std::size_t(plan.k_tiles()), 0);
       for (std::int64_t t = 0; t < plan.q_tiles(); ++t) {
-        for (std::int32_t k : plan.full_tiles(t)) used[std::size_t(k)] = 1;
-        for (std::int32_t k : plan.partial_tiles(t)) used[std::size_t(k)] = 1;
+        for (std::int32_t k : plan.full_tiles(t)) tiles[std::size_t(k)] = 1;
+        for (std::int32_t k : plan.partial_tiles(t)) tiles[std::size_t(k)] = 1;
       }
-      for (std::int64_t k = 0; k < plan.k_tiles(); ++k)
-        if (used[std::size_t(k)]) packs.push_back({p, std::int32_t(k)});
     }
+    for (std::size_t p = first; p < last; ++p)
+      for (std::size_t k = 0; k < used[p - first].size(); ++k)
+        if (used[p - first][k]) packs.push_back({p, std::int32_t(k)});
     std::vector<KvFlags> packed(packs.size());
     pool_->parallel_for(std::int64_t(packs.size()), [&](std::int64_t i, int) {
       const PairWork& pw = pairs[packs[std::size_t(i)].pair];
@@ -424,6 +457,11 @@ class CpuBackend final : public Backend {
       pairs[packs[i].pair].v_nonfinite |= packed[i].nonfinite;
       pairs[packs[i].pair].v_tiny |= packed[i].tiny;
       pairs[packs[i].pair].k_nonfinite |= packed[i].k_nonfinite;
+    }
+    for (std::size_t p = first; p < last; ++p) {  // what the panels hold, for every pair reading them
+      const PairWork& owner = pairs[pairs[p].panels_of];
+      pairs[p].v_nonfinite = owner.v_nonfinite, pairs[p].v_tiny = owner.v_tiny;
+      pairs[p].k_nonfinite = owner.k_nonfinite;
     }
     if (paths.v)
       for (const PackItem& item : packs) {

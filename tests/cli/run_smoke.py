@@ -306,6 +306,10 @@ def main():
         (["bench", "--frames", "2", "--height", "5", "--width", "7", "--text", "9", "--heads", "2", "--head-dim", "72",
           "--mask", "temporal", "--density", "0.4", "--dtype", "fp16", "--repeats", "1", "--json"],
          ["dtype", "rel_l2_err", "dense_rel_l2_err", "kernel_head_dim"]),
+        # Grouped-query attention: 4 query heads reading 1 K/V head, checked against the fp64 reference.
+        (["bench", "--frames", "3", "--height", "8", "--width", "8", "--heads", "4", "--kv-heads", "1",
+          "--head-dim", "64", "--mask", "temporal", "--density", "0.3", "--dtype", "bf16", "--repeats", "1", "--json"],
+         ["kv_heads", "rel_l2_err", "dense_rel_l2_err"]),
         # Medians of warm calls: the same decisions as one cold call.
         (["route", "--synthetic", "--dtype", "bf16", "--frames", "13", "--height", "12", "--width", "16", "--heads", "8",
           "--head-dim", "64", "--density", "0.25", "--seed", "1", "--repeats", "3", "--json"],
@@ -325,6 +329,12 @@ def main():
     cold, warm = records[3], records[-1]
     if warm["repeats"] != 3 or warm["decisions"] != cold["decisions"] or cold["repeats"] != 1:
         print(f"FAIL route --repeats 3: repeats {warm['repeats']}, decisions {warm['decisions']} vs {cold['decisions']}")
+        failures += 1
+    grouped = records[-2]
+    if (grouped["heads"], grouped["kv_heads"]) != (4, 1) or not (
+            grouped["rel_l2_err"] <= 4e-3 and grouped["dense_rel_l2_err"] <= 4e-3):
+        print(f"FAIL bench --kv-heads 1: heads {grouped['heads']} / {grouped['kv_heads']}, rel_l2_err "
+              f"{grouped['rel_l2_err']} / {grouped['dense_rel_l2_err']}")
         failures += 1
     bench = records[2]
     if not bench["rel_l2_err"] <= 1e-5:
