@@ -264,15 +264,22 @@ TEST(GroupedQueryAttention, HeadCountsThatDoNotGroupAreRefused) {
 
   testing::Problem grouped = testing::make_problem(layout, DType::BF16, mixed_heads(layout, 0.5, plans), 2);
   group_kv(grouped, 2, 2);
+  bool saw_cuda = false;
   for (const Backend* b : backends()) {
     const Support s = b->supports(grouped.call());
     if (b->name() == "cuda") {
+      saw_cuda = true;
       EXPECT_FALSE(s.ok);
       EXPECT_NE(s.why.find("no grouped-query attention"), std::string::npos) << s.why;
     } else {
       EXPECT_TRUE(s.ok) << b->name() << ": " << s.why;
     }
   }
+#ifdef STSA_HAS_CUDA
+  EXPECT_TRUE(saw_cuda);  // its refusal is a host check: made here without a GPU
+#else
+  EXPECT_FALSE(saw_cuda);
+#endif
 }
 
 }  // namespace

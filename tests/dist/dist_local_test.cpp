@@ -450,6 +450,13 @@ TEST(UlyssesLocal, RejectsBadViewsAndDtypesAtTheAgreement) {
   }
   {
     auto r = shard_problem(p, masks, 1, 0, true);
+    Tensor k1(DType::F32, 1, g.video_tokens(), 1, 64), v1(DType::F32, 1, g.video_tokens(), 1, 64);
+    r.call.k = k1.view();  // grouped-query attention: one K/V head for the two query heads
+    r.call.v = v1.view();
+    expect_rejected(r, "ulysses attention takes no grouped-query attention yet (k with 1 heads for q's 2)");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
     Tensor text_o16(DType::BF16, 1, g.text_tokens, 2, 64);
     r.call.text_o = text_o16.view();  // o is fp32
     expect_rejected(r, "text tensors must have the dtypes");
