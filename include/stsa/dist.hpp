@@ -173,11 +173,15 @@ std::vector<HeadRoute> routes_for_masks(std::span<const MaskSpec> masks, std::in
 
 struct UlyssesCall {
   VideoLayout layout;   // the whole problem: full grid (video and text), batch, all H heads, head dim
-  TensorView q, k, v;   // this rank's video shard, frame-major: logical [B, shard.count, H, D]
+  // This rank's video shard, frame-major: q logical [B, shard.count, H, D], k and v
+  // [B, shard.count, Hkv, D] with Hkv = H, or fewer heads (grouped-query attention,
+  // attention.hpp) split evenly over the ranks too (rank r gets K/V heads
+  // [r * Hkv/P, (r+1) * Hkv/P), those its query heads read).
+  TensorView q, k, v;
   TensorView o;         // logical [B, shard.count, H, D]
   LseView lse;          // logical [B, H, shard.count]; optional, but every rank must agree
   // Text tokens (layout.grid.text_tokens = T > 0), the same on every rank: logical
-  // [B, T, H, D]; leave unset when T == 0. text_o (and text_lse [B, H, T], required
+  // [B, T, H, D] (text_k and text_v with k's heads); leave unset when T == 0. text_o (and text_lse [B, H, T], required
   // when lse is given) receive every head.
   // Every view follows validate()'s rules (attention.hpp): non-negative strides under
   // which no two elements share an address, pointers aligned to the element, O of
@@ -205,6 +209,7 @@ struct UlyssesReport {
   Shard shard;                    // this rank's video tokens
   std::int64_t head_begin = 0;    // this rank's heads: [head_begin, head_begin + local_heads)
   std::int64_t local_heads = 0;
+  std::int64_t local_kv_heads = 0;  // its K/V heads (local_heads but for grouped-query attention)
   std::int64_t temporal_heads = 0;  // of the local heads, how many were permuted (locally)
   std::vector<HeadRoute> routes;    // the decision each local head ran with
   Traffic agreement;  // the collective validation before any work
@@ -240,7 +245,7 @@ class UlyssesWorkspace {
 // The distributed call. Every rank of `comm` must call it. Throws (on every rank
 // alike): DistError when ranks disagree on the problem or one rank's input is
 // invalid (the message names the rank and why), InvalidArgument when the rank
-// count does not divide H, CommTimeout when a rank does not show up in time.
+// count does not divide H (or Hkv), CommTimeout when a rank does not show up in time.
 UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, const Backend& backend,
                                 PlanCache& plans, UlyssesWorkspace& workspace);
 // The same with a workspace of its own, freed on return.
@@ -257,14 +262,17 @@ struct UlyssesVolume {
   std::int64_t sent() const { return scatter_sent + gather_sent; }
   std::int64_t received() const { return scatter_received + gather_received; }
 };
+// kv_heads: K and V's heads (0: the layout's; fewer for grouped-query attention).
 UlyssesVolume ulysses_volume(const VideoLayout& layout, DType in_dtype, DType out_dtype, bool with_lse, int ranks,
-                             int rank);
+                             int rank, std::int64_t kv_heads = 0);
 
 // The textbook per-rank Ulysses volume in bytes, assuming P divides the video
-// tokens V: 4 x B x (V/P) x H x D x (P-1)/P elements (3 tensors out, O back;
+// tokens V: (H + 2 Hkv + H) x B x (V/P) x D x (P-1)/P elements (Q, K, V out, O back;
 // counted in in_dtype for Q, K, V and out_dtype for O) plus B x (V/P) x H x (P-1)/P
 // fp32 LSE values when with_lse, plus the text outputs sent to the other ranks.
-double ulysses_formula_bytes(const VideoLayout& layout, DType in_dtype, DType out_dtype, bool with_lse, int ranks);
+// kv_heads as ulysses_volume's.
+double ulysses_formula_bytes(const VideoLayout& layout, DType in_dtype, DType out_dtype, bool with_lse, int ranks,
+                             std::int64_t kv_heads = 0);
 
 // Bytes rank `rank` would send if the temporal heads' permutation were done on
 // the sequence-sharded layout before the exchange (tokens whose spatial-major

@@ -173,8 +173,8 @@ void run_bench_command(const BenchArgs& args) {
                               "kernel: they need --backend cuda");
   STSA_CHECK(!(args.dist && args.backend == "cuda"), InvalidArgument,
              "--dist runs the CPU backend on every rank; --backend cuda is single-process");
-  STSA_CHECK(args.kv_heads == 0 || args.kv_heads == args.heads || (!args.dist && args.backend == "cpu"),
-             InvalidArgument, "--kv-heads (grouped-query attention) runs on the CPU backend, without --dist");
+  STSA_CHECK(args.kv_heads == 0 || args.kv_heads == args.heads || args.backend == "cpu", InvalidArgument,
+             "--kv-heads (grouped-query attention) runs on the CPU backend");
   if (args.backend == "cuda") {
     const nlohmann::json record = run_cuda_bench(args, /*progress=*/true);
     if (args.json)

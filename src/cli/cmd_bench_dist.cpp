@@ -59,20 +59,21 @@ void fill_tokens(const TensorView& t, std::uint64_t seed, int which, std::int64_
         }
 }
 
-// Tokens [first, first + count) of the whole sequence as a tensor of their own.
-Tensor make_tokens(const VideoLayout& l, DType dtype, std::uint64_t seed, int which, std::int64_t first,
-                   std::int64_t count) {
-  Tensor t(dtype, l.batch, count, l.heads, l.head_dim);
-  fill_tokens(t.view(), seed, which, first, l.heads);
+// Tokens [first, first + count) of the whole sequence as a tensor of their own, with
+// `heads` heads (the layout's, or K and V's fewer for grouped-query attention).
+Tensor make_tokens(const VideoLayout& l, std::int64_t heads, DType dtype, std::uint64_t seed, int which,
+                   std::int64_t first, std::int64_t count) {
+  Tensor t(dtype, l.batch, count, heads, l.head_dim);
+  fill_tokens(t.view(), seed, which, first, heads);
   return t;
 }
 
-// A [B, 0, H, D] view for a rank that holds no video tokens.
-TensorView empty_view(DType dtype, const VideoLayout& l) {
+// A [B, 0, heads, D] view for a rank that holds no video tokens.
+TensorView empty_view(DType dtype, const VideoLayout& l, std::int64_t heads) {
   TensorView v;
   v.dtype = dtype;
-  v.shape = {l.batch, 0, l.heads, l.head_dim};
-  v.stride = {0, l.heads * l.head_dim, l.head_dim, 1};
+  v.shape = {l.batch, 0, heads, l.head_dim};
+  v.stride = {0, heads * l.head_dim, l.head_dim, 1};
   return v;
 }
 
@@ -124,6 +125,8 @@ Settings parse(const BenchArgs& args, int ranks) {
   s.isa = parse_isa(args.isa);
   STSA_CHECK(args.threads >= 0, InvalidArgument, "--threads must be >= 0, got ", args.threads);
   dist::heads_per_rank(args.heads, ranks);  // says which rank counts would work
+  STSA_CHECK(s.kv_heads % ranks == 0, InvalidArgument, "Ulysses splits K/V heads over ranks too: --kv-heads ",
+             s.kv_heads, " cannot be split over ", ranks, " ranks");
   if (args.mask == "routed") {
     RouterOptions options;
     options.spatial_density = options.temporal_density = options.frame_window_density = args.density;
@@ -189,9 +192,9 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
   std::optional<Tensor> q, k, v, o;
   std::optional<LseBuffer> lse;
   if (shard.count > 0) {
-    q = make_tokens(l, s.dtype, args.seed, 0, g.video_begin() + shard.begin, shard.count);
-    k = make_tokens(l, s.dtype, args.seed, 1, g.video_begin() + shard.begin, shard.count);
-    v = make_tokens(l, s.dtype, args.seed, 2, g.video_begin() + shard.begin, shard.count);
+    q = make_tokens(l, l.heads, s.dtype, args.seed, 0, g.video_begin() + shard.begin, shard.count);
+    k = make_tokens(l, s.kv_heads, s.dtype, args.seed, 1, g.video_begin() + shard.begin, shard.count);
+    v = make_tokens(l, s.kv_heads, s.dtype, args.seed, 2, g.video_begin() + shard.begin, shard.count);
     o = Tensor(out_dtype, l.batch, shard.count, l.heads, l.head_dim);
     lse = LseBuffer(l.batch, l.heads, shard.count);
   }
@@ -199,10 +202,10 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
   std::optional<LseBuffer> text_lse;
   dist::UlyssesCall call;
   call.layout = l;
-  call.q = q ? q->view() : empty_view(s.dtype, l);
-  call.k = k ? k->view() : empty_view(s.dtype, l);
-  call.v = v ? v->view() : empty_view(s.dtype, l);
-  call.o = o ? o->view() : empty_view(out_dtype, l);
+  call.q = q ? q->view() : empty_view(s.dtype, l, l.heads);
+  call.k = k ? k->view() : empty_view(s.dtype, l, s.kv_heads);
+  call.v = v ? v->view() : empty_view(s.dtype, l, s.kv_heads);
+  call.o = o ? o->view() : empty_view(out_dtype, l, l.heads);
   if (lse) {
     call.lse = lse->view();
   } else {  // no tokens here, but LSE is wanted like on every other rank
@@ -211,9 +214,9 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
     call.lse.shape = {l.batch, l.heads, 0};
   }
   if (g.text_tokens > 0) {
-    text_q = make_tokens(l, s.dtype, args.seed, 0, text_begin, g.text_tokens);
-    text_k = make_tokens(l, s.dtype, args.seed, 1, text_begin, g.text_tokens);
-    text_v = make_tokens(l, s.dtype, args.seed, 2, text_begin, g.text_tokens);
+    text_q = make_tokens(l, l.heads, s.dtype, args.seed, 0, text_begin, g.text_tokens);
+    text_k = make_tokens(l, s.kv_heads, s.dtype, args.seed, 1, text_begin, g.text_tokens);
+    text_v = make_tokens(l, s.kv_heads, s.dtype, args.seed, 2, text_begin, g.text_tokens);
     text_o = Tensor(out_dtype, l.batch, g.text_tokens, l.heads, l.head_dim);
     text_lse = LseBuffer(l.batch, l.heads, g.text_tokens);
     call.text_q = text_q->view();
@@ -245,7 +248,7 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
                       double(report.total.bytes_received),
                       double(report.total.control_bytes_sent),
                       double(report.local.bytes_sent + report.local.control_bytes_sent),
-                      double(dist::ulysses_volume(l, s.dtype, out_dtype, with_lse, ranks, rank).sent()),
+                      double(dist::ulysses_volume(l, s.dtype, out_dtype, with_lse, ranks, rank, s.kv_heads).sent()),
                       phase_ms[0].median_ms(),
                       phase_ms[1].median_ms(),
                       phase_ms[2].median_ms(),
@@ -281,9 +284,9 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
   comm.set_timeout(std::max(default_timeout, std::chrono::milliseconds(std::chrono::hours(1))));
   Json out;
   if (lead) {
-    Tensor fq = make_tokens(l, s.dtype, args.seed, 0, 0, g.tokens());
-    Tensor fk = make_tokens(l, s.dtype, args.seed, 1, 0, g.tokens());
-    Tensor fv = make_tokens(l, s.dtype, args.seed, 2, 0, g.tokens());
+    Tensor fq = make_tokens(l, l.heads, s.dtype, args.seed, 0, 0, g.tokens());
+    Tensor fk = make_tokens(l, s.kv_heads, s.dtype, args.seed, 1, 0, g.tokens());
+    Tensor fv = make_tokens(l, s.kv_heads, s.dtype, args.seed, 2, 0, g.tokens());
     Tensor fo(out_dtype, l.batch, g.tokens(), l.heads, l.head_dim);
     LseBuffer flse(l.batch, l.heads, g.tokens());
     const RoutedCall single{l, fq.view(), fk.view(), fv.view(), fo.view(), flse.view()};
@@ -392,14 +395,15 @@ Json run(dist::Communicator& comm, const BenchArgs& args) {
       exact_by_rank.push_back(std::int64_t(f.expected_exact));
       shard_tokens.push_back(std::int64_t(f.shard_tokens));
     }
-    const double formula = dist::ulysses_formula_bytes(l, s.dtype, out_dtype, with_lse, ranks);
+    const double formula = dist::ulysses_formula_bytes(l, s.dtype, out_dtype, with_lse, ranks, s.kv_heads);
     const double dist_median = dist_t[0].median_ms(), single_median = single_t[0].median_ms();
     out["command"] = "bench --dist";
     out["ranks"] = ranks;
     out["heads_per_rank"] = l.heads / ranks;
     out["layout"] = {{"frames", g.frames}, {"height", g.height}, {"width", g.width}, {"text", g.text_tokens},
                      {"text_placement", std::string(to_string(g.text_placement))}, {"batch", l.batch},
-                     {"heads", l.heads}, {"head_dim", l.head_dim}, {"tokens", g.tokens()}};
+                     {"heads", l.heads}, {"kv_heads", s.kv_heads}, {"head_dim", l.head_dim},
+                     {"tokens", g.tokens()}};
     out["dtype"] = std::string(to_string(s.dtype));
     out["out_dtype"] = std::string(to_string(out_dtype));
     out["mask"] = args.mask;

@@ -15,11 +15,12 @@ constexpr std::size_t kMessageBytes = 240;
 
 // What every rank must agree on, as integers, with names for the messages.
 enum Field : std::size_t {
-  kBatch, kFrames, kHeight, kWidth, kText, kTextPlacement, kHeads, kHeadDim, kInDtype, kOutDtype, kWithLse,
+  kBatch, kFrames, kHeight, kWidth, kText, kTextPlacement, kHeads, kKvHeads, kHeadDim, kInDtype, kOutDtype, kWithLse,
   kMaskHash, kRouterHash, kScaleBits, kDescaleHash, kTileRows, kTileCols, kAlignment, kBackendHash, kFieldCount
 };
 constexpr std::array<std::string_view, kFieldCount> kFieldNames{
-    "batch", "frames", "height", "width", "text tokens", "text placement", "heads", "head dim", "input dtype",
+    "batch", "frames", "height", "width", "text tokens", "text placement", "heads", "K/V heads", "head dim",
+    "input dtype",
     "output dtype", "whether LSE is wanted", "head masks", "router options", "softmax scale", "descales", "tile rows",
     "tile columns", "alignment", "backend"};
 
@@ -124,12 +125,12 @@ void check_local(const Communicator& comm, const UlyssesCall& call) {
              comm.rank(), " of ", comm.size(), " should hold ", shard.count, " (frame-major video tokens [",
              shard.begin, ", ", shard.end(), ") of ", layout.grid.video_tokens(), ")");
   check_view("q", call.q, b, shard.count, h, d);
+  // Grouped-query attention: k and v may hold fewer heads, a count dividing q's.
   const std::int64_t kv_heads = call.k.heads();
-  STSA_CHECK(kv_heads == h || kv_heads < 1 || h % kv_heads != 0, Unsupported,
-             "ulysses attention takes no grouped-query attention yet (k with ", kv_heads, " heads for q's ", h,
-             "): repeat each K/V head for its query heads");
-  check_view("k", call.k, b, shard.count, h, d);
-  check_view("v", call.v, b, shard.count, h, d);
+  STSA_CHECK(kv_heads >= 1 && kv_heads <= h && h % kv_heads == 0, InvalidArgument, "k and v hold ", kv_heads,
+             " heads: grouped-query attention needs a count that divides q's ", h);
+  check_view("k", call.k, b, shard.count, kv_heads, d);
+  check_view("v", call.v, b, shard.count, kv_heads, d);
   check_view("o", call.o, b, shard.count, h, d);
   STSA_CHECK(call.q.dtype == call.k.dtype && call.k.dtype == call.v.dtype, InvalidArgument,
              "q, k and v must share a dtype, got ", to_string(call.q.dtype), ", ", to_string(call.k.dtype), ", ",
@@ -148,8 +149,8 @@ void check_local(const Communicator& comm, const UlyssesCall& call) {
                InvalidArgument, "text tensors given, but the layout has no text tokens");
   } else {
     check_view("text_q", call.text_q, b, text, h, d);
-    check_view("text_k", call.text_k, b, text, h, d);
-    check_view("text_v", call.text_v, b, text, h, d);
+    check_view("text_k", call.text_k, b, text, kv_heads, d);
+    check_view("text_v", call.text_v, b, text, kv_heads, d);
     check_view("text_o", call.text_o, b, text, h, d);
     STSA_CHECK(call.text_q.dtype == call.q.dtype && call.text_k.dtype == call.q.dtype &&
                    call.text_v.dtype == call.q.dtype && call.text_o.dtype == call.o.dtype,
@@ -192,7 +193,7 @@ Descriptor describe(const Communicator& comm, const UlyssesCall& call, const Bac
                              l.grid.text_tokens > 0;
   const std::int64_t with_lse = !holds_outputs ? kAnyLse : call.lse.data != nullptr ? 1 : 0;
   d.fields = {l.batch, l.grid.frames, l.grid.height, l.grid.width, l.grid.text_tokens,
-              std::int64_t(l.grid.text_placement), l.heads, l.head_dim, std::int64_t(call.q.dtype),
+              std::int64_t(l.grid.text_placement), l.heads, call.k.heads(), l.head_dim, std::int64_t(call.q.dtype),
               std::int64_t(call.o.dtype), with_lse, hash_masks(masks), hash_router(call.router),
               scale_bits, hash_descales(call.descales),
               call.tile.q, call.tile.k, std::int64_t(call.alignment), hash_name(backend.name())};
@@ -226,6 +227,10 @@ Agreement agree(Communicator& comm, const UlyssesCall& call, const Backend& back
 
   Agreement a;
   a.local_heads = heads_per_rank(call.layout.heads, ranks);  // InvalidArgument on every rank alike
+  const std::int64_t kv_heads = all[0].fields[kKvHeads];
+  STSA_CHECK(kv_heads % ranks == 0, InvalidArgument, "Ulysses splits K/V heads over ranks too: ", kv_heads,
+             " K/V heads (grouped-query attention) cannot be split over ", ranks, " ranks");
+  a.local_kv_heads = kv_heads / ranks;
   for (int r = 0; r < ranks; ++r) a.shards.push_back(sequence_shard(call.layout.grid.video_tokens(), ranks, r));
   a.with_lse = all[0].fields[kWithLse] == 1;  // rank 0 holds the first video token
   a.masks = call.masks;

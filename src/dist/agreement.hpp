@@ -15,6 +15,7 @@ namespace stsa::dist::detail {
 struct Agreement {
   std::vector<Shard> shards;     // every rank's video tokens
   std::int64_t local_heads = 0;  // H / P
+  std::int64_t local_kv_heads = 0;  // Hkv / P
   bool with_lse = false;
   std::vector<MaskSpec> masks;   // one per global head; empty when every rank routes its own heads
 };

@@ -50,10 +50,12 @@ std::int64_t heads_per_rank(std::int64_t heads, int ranks) {
 }
 
 UlyssesVolume ulysses_volume(const VideoLayout& layout, DType in_dtype, DType out_dtype, bool with_lse, int ranks,
-                             int rank) {
+                             int rank, std::int64_t kv_heads) {
   layout.validate();
   check_ranks(ranks, rank);
   const std::int64_t local = heads_per_rank(layout.heads, ranks), other = layout.heads - local;
+  const std::int64_t kv = kv_heads == 0 ? layout.heads : kv_heads;
+  const std::int64_t kv_local = heads_per_rank(kv, ranks), kv_other = kv - kv_local;
   const std::int64_t video = layout.grid.video_tokens(), text = layout.grid.text_tokens;
   const std::int64_t mine = sequence_shard(video, ranks, rank).count, elsewhere = video - mine;
   const std::int64_t in_row = layout.head_dim * std::int64_t(element_size(in_dtype));
@@ -61,8 +63,8 @@ UlyssesVolume ulysses_volume(const VideoLayout& layout, DType in_dtype, DType ou
   const std::int64_t b = layout.batch;
   UlyssesVolume v;
   // Q, K, V: my tokens of the other ranks' heads go out; their tokens of my heads come in.
-  v.scatter_sent = 3 * b * mine * other * in_row;
-  v.scatter_received = 3 * b * elsewhere * local * in_row;
+  v.scatter_sent = b * mine * (other + 2 * kv_other) * in_row;
+  v.scatter_received = b * elsewhere * (local + 2 * kv_local) * in_row;
   // O (+LSE): the other ranks' tokens of my heads go back; my tokens of their heads come in.
   // Text outputs of my heads go to every other rank; theirs come to me.
   v.gather_sent = b * elsewhere * local * out_row + std::int64_t(ranks - 1) * b * text * local * out_row;
@@ -70,13 +72,15 @@ UlyssesVolume ulysses_volume(const VideoLayout& layout, DType in_dtype, DType ou
   return v;
 }
 
-double ulysses_formula_bytes(const VideoLayout& layout, DType in_dtype, DType out_dtype, bool with_lse, int ranks) {
+double ulysses_formula_bytes(const VideoLayout& layout, DType in_dtype, DType out_dtype, bool with_lse, int ranks,
+                             std::int64_t kv_heads) {
   layout.validate();
   check_ranks(ranks, 0);
   const double p = ranks, b = double(layout.batch), h = double(layout.heads), d = double(layout.head_dim);
+  const double kv = double(kv_heads == 0 ? layout.heads : kv_heads);
   const double shard = double(layout.grid.video_tokens()) / p, away = (p - 1.0) / p;
   const double in_bytes = double(element_size(in_dtype)), out_bytes = double(element_size(out_dtype));
-  double bytes = 3.0 * b * shard * h * d * away * in_bytes + b * shard * h * d * away * out_bytes;
+  double bytes = (h + 2.0 * kv) * b * shard * d * away * in_bytes + b * shard * h * d * away * out_bytes;
   if (with_lse) bytes += b * shard * h * away * double(sizeof(float));
   const double text_row = d * out_bytes + (with_lse ? double(sizeof(float)) : 0.0);
   bytes += (p - 1.0) * b * double(layout.grid.text_tokens) * (h / p) * text_row;

@@ -2,7 +2,8 @@
 // path (routed.hpp) on this rank's heads, all-to-all back to sequence shards.
 //
 // Packed exchange blocks (one per peer, contiguous, in this order):
-//   scatter, rank r -> s:  Q, K, V of r's video tokens, s's heads: [3][B][n_r][H/P][D]  (input dtype)
+//   scatter, rank r -> s:  Q, K, V of r's video tokens, s's heads: [B][n_r][H/P][D] for Q, then
+//                          [B][n_r][Hkv/P][D] for K and for V (Hkv = H but for grouped-query attention)
 //   gather,  rank r -> s:  O of s's video tokens, r's heads:       [B][n_s][H/P][D]     (output dtype)
 //                          LSE of the same rows (when wanted):     [B][H/P][n_s]        (fp32)
 //                          text O of r's heads:                    [B][T][H/P][D]
@@ -114,11 +115,15 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
   report.rank = comm.rank();
   report.shard = agreed.shards[std::size_t(report.rank)];
   report.local_heads = agreed.local_heads;
+  report.local_kv_heads = agreed.local_kv_heads;
   report.head_begin = report.rank * agreed.local_heads;
   const int ranks = report.ranks;
   const VideoGrid& grid = call.layout.grid;
   const std::int64_t batch = call.layout.batch, tokens = grid.tokens(), text = grid.text_tokens;
   const std::int64_t local_heads = agreed.local_heads, head_begin = report.head_begin;
+  const std::int64_t kv_local = agreed.local_kv_heads, kv_begin = report.rank * kv_local;
+  // Q's heads, then K's and V's (their own count and first head on this rank).
+  const std::int64_t heads_of[3] = {local_heads, kv_local, kv_local}, begin_of[3] = {head_begin, kv_begin, kv_begin};
   const std::int64_t n_mine = report.shard.count;
   const std::size_t in_row = detail::row_bytes(call.q), out_row = detail::row_bytes(call.o);
 
@@ -134,8 +139,9 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
   const auto scatter_counts = [&] {
     Counts c{std::vector<std::int64_t>(std::size_t(ranks)), std::vector<std::int64_t>(std::size_t(ranks))};
     for (int s = 0; s < ranks; ++s) {
-      c.send[std::size_t(s)] = 3 * batch * n_mine * local_heads * std::int64_t(in_row);
-      c.recv[std::size_t(s)] = 3 * batch * agreed.shards[std::size_t(s)].count * local_heads * std::int64_t(in_row);
+      const std::int64_t row_heads = local_heads + 2 * kv_local;
+      c.send[std::size_t(s)] = batch * n_mine * row_heads * std::int64_t(in_row);
+      c.recv[std::size_t(s)] = batch * agreed.shards[std::size_t(s)].count * row_heads * std::int64_t(in_row);
     }
     return c;
   };
@@ -150,9 +156,9 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
   // This rank's head shard of the whole sequence, in the workspace (every row is
   // written below: by the exchange, the text slice, or the local attention).
   const std::int64_t head_dim = call.layout.head_dim;
-  const auto local_tensor = [&](Buffers::Region region, DType dtype, const char* what) {
-    const std::int64_t bytes = batch * tokens * local_heads * head_dim * std::int64_t(element_size(dtype));
-    return TensorView::contiguous(memory.get(region, bytes, what), dtype, batch, tokens, local_heads, head_dim,
+  const auto local_tensor = [&](Buffers::Region region, DType dtype, std::int64_t heads, const char* what) {
+    const std::int64_t bytes = batch * tokens * heads * head_dim * std::int64_t(element_size(dtype));
+    return TensorView::contiguous(memory.get(region, bytes, what), dtype, batch, tokens, heads, head_dim,
                                   MemoryLayout::BNHD);
   };
   // All of the workspace before the first exchange, and its outcome shared: a rank that
@@ -164,10 +170,10 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
     const Counts scatter = scatter_counts(), gather = gather_counts();
     memory.get(Buffers::kSend, std::max(total_of(scatter.send), total_of(gather.send)), "Ulysses send buffer");
     memory.get(Buffers::kReceive, std::max(total_of(scatter.recv), total_of(gather.recv)), "Ulysses receive buffer");
-    local = {local_tensor(Buffers::kQ, call.q.dtype, "Ulysses local q"),
-             local_tensor(Buffers::kK, call.q.dtype, "Ulysses local k"),
-             local_tensor(Buffers::kV, call.q.dtype, "Ulysses local v"),
-             local_tensor(Buffers::kO, call.o.dtype, "Ulysses local o"),
+    local = {local_tensor(Buffers::kQ, call.q.dtype, local_heads, "Ulysses local q"),
+             local_tensor(Buffers::kK, call.q.dtype, kv_local, "Ulysses local k"),
+             local_tensor(Buffers::kV, call.q.dtype, kv_local, "Ulysses local v"),
+             local_tensor(Buffers::kO, call.o.dtype, local_heads, "Ulysses local o"),
              {}};
     if (agreed.with_lse) {
       const std::int64_t bytes = batch * local_heads * tokens * std::int64_t(sizeof(float));
@@ -194,25 +200,28 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
     std::byte* const recv = memory.get(Buffers::kReceive, total_of(recv_counts), "Ulysses receive buffer");
     for (int s = 0; s < ranks; ++s) {
       std::byte* out = send + send_offsets[std::size_t(s)];
-      for (const TensorView& t : inputs)
+      for (int t = 0; t < 3; ++t)
         for (std::int64_t b = 0; b < batch; ++b)
           for (std::int64_t i = 0; i < n_mine; ++i)
-            for (std::int64_t h = 0; h < local_heads; ++h, out += in_row)
-              detail::read_row(t, b, i, s * local_heads + h, out);
+            for (std::int64_t h = 0; h < heads_of[t]; ++h, out += in_row)
+              detail::read_row(inputs[t], b, i, s * heads_of[t] + h, out);
     }
     comm.alltoallv(send, send_counts, send_offsets, recv, recv_counts, recv_offsets);
     // A received token row holds this rank's heads contiguously, exactly a row of the local tensors.
-    const std::size_t token_bytes = std::size_t(local_heads) * in_row;
     for (int s = 0; s < ranks; ++s) {
       const Shard& from = agreed.shards[std::size_t(s)];
       const std::byte* in = recv + recv_offsets[std::size_t(s)];
-      for (const TensorView& t : local_inputs)
+      for (int t = 0; t < 3; ++t) {
+        const TensorView& to = local_inputs[t];
+        const std::size_t token_bytes = std::size_t(heads_of[t]) * in_row;
         for (std::int64_t b = 0; b < batch; ++b)
           for (std::int64_t i = 0; i < from.count; ++i, in += token_bytes) {
             const std::int64_t position = grid.video_begin() + from.begin + i;
-            std::memcpy(static_cast<std::byte*>(t.data) + t.offset(b, position, 0, 0) * std::int64_t(element_size(t.dtype)),
-                        in, token_bytes);
+            std::memcpy(
+                static_cast<std::byte*>(to.data) + to.offset(b, position, 0, 0) * std::int64_t(element_size(to.dtype)),
+                in, token_bytes);
           }
+      }
     }
   }
   // Text tokens are already here for every head: take this rank's slice.
@@ -220,8 +229,8 @@ UlyssesReport ulysses_attention(Communicator& comm, const UlyssesCall& call, con
   for (int t = 0; t < 3 && text > 0; ++t)
     for (std::int64_t b = 0; b < batch; ++b)
       for (std::int64_t j = 0; j < text; ++j)
-        for (std::int64_t h = 0; h < local_heads; ++h) {
-          detail::read_row(text_inputs[t], b, j, head_begin + h, row.data());
+        for (std::int64_t h = 0; h < heads_of[t]; ++h) {
+          detail::read_row(text_inputs[t], b, j, begin_of[t] + h, row.data());
           detail::write_row(local_inputs[t], b, text_position(grid, j), h, row.data());
         }
   report.scatter = comm.traffic() - before;

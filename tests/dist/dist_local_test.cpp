@@ -450,10 +450,16 @@ TEST(UlyssesLocal, RejectsBadViewsAndDtypesAtTheAgreement) {
   }
   {
     auto r = shard_problem(p, masks, 1, 0, true);
-    Tensor k1(DType::F32, 1, g.video_tokens(), 1, 64), v1(DType::F32, 1, g.video_tokens(), 1, 64);
-    r.call.k = k1.view();  // grouped-query attention: one K/V head for the two query heads
-    r.call.v = v1.view();
-    expect_rejected(r, "ulysses attention takes no grouped-query attention yet (k with 1 heads for q's 2)");
+    Tensor k3(DType::F32, 1, g.video_tokens(), 3, 64), v3(DType::F32, 1, g.video_tokens(), 3, 64);
+    r.call.k = k3.view();  // 3 K/V heads do not group 2 query heads
+    r.call.v = v3.view();
+    expect_rejected(r, "k and v hold 3 heads: grouped-query attention needs a count that divides q's 2");
+  }
+  {
+    auto r = shard_problem(p, masks, 1, 0, true);
+    Tensor v1(DType::F32, 1, g.video_tokens(), 1, 64);
+    r.call.v = v1.view();  // k has both heads
+    expect_rejected(r, "v has shape [1, 32, 1, 64], expected [B, tokens, H, D] = [1, 32, 2, 64]");
   }
   {
     auto r = shard_problem(p, masks, 1, 0, true);

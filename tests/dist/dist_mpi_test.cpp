@@ -29,13 +29,21 @@ std::uint64_t shared_seed() {
 }
 
 // null_when_empty: a rank holding no token passes null views, its LSE's too (docs/distributed.md).
+// kv_heads: K and V's heads (0: l.heads; fewer for grouped-query attention).
 void expect_matches_single(const VideoLayout& l, DType dtype, const std::vector<MaskSpec>& masks, bool with_lse,
                            std::string_view backend_name = "cpu", bool descales = false,
-                           bool null_when_empty = false) {
+                           bool null_when_empty = false, std::int64_t kv_heads = 0) {
   const int ranks = world->size(), rank = world->rank();
   const std::uint64_t seed = shared_seed();
   auto single = make_problem(l, dtype, reference_heads(l, masks), seed);
   if (descales) give_descales(single, seed);  // the shared seed: every rank holds the same factors
+  const std::int64_t kv = kv_heads == 0 ? l.heads : kv_heads;
+  if (kv != l.heads) {  // fresh K and V of kv heads, the same on every rank
+    single.k = Tensor(dtype, l.batch, l.tokens(), kv, l.head_dim);
+    single.v = Tensor(dtype, l.batch, l.tokens(), kv, l.head_dim);
+    stsa::testing::fill_normal(single.k.view(), seed * 5 + 1);
+    stsa::testing::fill_normal(single.v.view(), seed * 5 + 2);
+  }
   SCOPED_TRACE(::testing::Message() << "rank " << rank << " of " << ranks << ", " << single.label);
   const Backend& engine = backend(backend_name);
   PlanCache plans;
@@ -62,7 +70,7 @@ void expect_matches_single(const VideoLayout& l, DType dtype, const std::vector<
   }
 
   // Bytes: exactly the Ulysses volume; nothing between the exchanges.
-  const UlyssesVolume expected = ulysses_volume(l, dtype, single.o.view().dtype, with_lse, ranks, rank);
+  const UlyssesVolume expected = ulysses_volume(l, dtype, single.o.view().dtype, with_lse, ranks, rank, kv);
   EXPECT_EQ(report.scatter.bytes_sent, expected.scatter_sent);
   EXPECT_EQ(report.scatter.bytes_received, expected.scatter_received);
   EXPECT_EQ(report.gather.bytes_sent, expected.gather_sent);
@@ -70,9 +78,10 @@ void expect_matches_single(const VideoLayout& l, DType dtype, const std::vector<
   EXPECT_EQ(report.local.bytes_sent + report.local.control_bytes_sent + report.local.collectives, 0);
   if (g.video_tokens() % ranks == 0) {
     EXPECT_EQ(double(report.scatter.bytes_sent + report.gather.bytes_sent),
-              ulysses_formula_bytes(l, dtype, single.o.view().dtype, with_lse, ranks));
+              ulysses_formula_bytes(l, dtype, single.o.view().dtype, with_lse, ranks, kv));
   }
   EXPECT_EQ(report.local_heads, l.heads / ranks);
+  EXPECT_EQ(report.local_kv_heads, kv / ranks);
   EXPECT_EQ(report.head_begin, rank * (l.heads / ranks));
 }
 
@@ -147,6 +156,36 @@ TEST(Ulysses, DescalesFollowTheirHeadsToEveryRank) {
   const VideoLayout l = make_layout(VideoGrid{3, 5, 6, 4, TextPlacement::After}, 8, 64, 2);
   expect_matches_single(l, DType::F8E4M3, mixed_masks(l.grid, 8, 0.3), true, "cpu", /*descales=*/true);
   expect_matches_single(l, DType::F32, mixed_masks(l.grid, 8, 0.3), true, "reference", /*descales=*/true);
+}
+
+// Grouped-query attention: 8 query heads reading 4 K/V heads, each rank holding its query
+// heads' K/V heads (P = 1, 2, 4); temporal heads among them share a K/V head with a spatial one.
+TEST(Ulysses, GroupedKvHeadsTravelWithTheirQueryHeads) {
+  const VideoLayout l = make_layout(VideoGrid{3, 5, 6, 4, TextPlacement::Before}, 8, 64, 2);
+  expect_matches_single(l, DType::BF16, mixed_masks(l.grid, 8, 0.3), true, "cpu", /*descales=*/false,
+                        /*null_when_empty=*/false, /*kv_heads=*/4);
+  expect_matches_single(l, DType::F32, mixed_masks(l.grid, 8, 0.3), true, "reference", false, false, 4);
+}
+
+// K/V heads that do not split over the ranks are refused on every rank alike (P = 2 and 4 for 1 K/V head).
+TEST(UlyssesErrors, KvHeadsThatDoNotSplitOverTheRanksAreRefusedEverywhere) {
+  const int ranks = world->size();
+  if (ranks == 1) return;
+  const VideoLayout l = make_layout(VideoGrid{3, 4, 4}, 4, 64);
+  const std::vector<MaskSpec> masks{MaskSpec::dense()};
+  auto single = make_problem(l, DType::F32, reference_heads(l, masks), 1);
+  single.k = Tensor(DType::F32, 1, l.tokens(), 1, 64);
+  single.v = Tensor(DType::F32, 1, l.tokens(), 1, 64);
+  auto mine = shard_problem(single, masks, ranks, world->rank(), true);
+  PlanCache plans;
+  try {
+    ulysses_attention(*world, mine.call, backend("cpu"), plans);
+    ADD_FAILURE() << "1 K/V head over " << ranks << " ranks ran";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("1 K/V heads (grouped-query attention) cannot be split over"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Ulysses, ReferenceBackendAlsoBitIdentical) {

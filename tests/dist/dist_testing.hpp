@@ -122,15 +122,16 @@ inline RankProblem shard_problem(const stsa::testing::Problem& p, const std::vec
   const dist::Shard s = dist::sequence_shard(g.video_tokens(), ranks, rank);
   const std::int64_t t = g.text_tokens, text_begin = g.text_placement == TextPlacement::Before ? 0 : g.video_end();
   const DType in = p.q.dtype(), out = p.o.view().dtype;
+  const std::int64_t kv = p.k.view().heads();  // fewer than l.heads for grouped-query attention
   RankProblem r{s,
                 ShardTensor(in, l.batch, s.count, l.heads, l.head_dim),
-                ShardTensor(in, l.batch, s.count, l.heads, l.head_dim),
-                ShardTensor(in, l.batch, s.count, l.heads, l.head_dim),
+                ShardTensor(in, l.batch, s.count, kv, l.head_dim),
+                ShardTensor(in, l.batch, s.count, kv, l.head_dim),
                 ShardTensor(out, l.batch, s.count, l.heads, l.head_dim),
                 ShardLse(l.batch, l.heads, s.count),
                 ShardTensor(in, l.batch, t, l.heads, l.head_dim),
-                ShardTensor(in, l.batch, t, l.heads, l.head_dim),
-                ShardTensor(in, l.batch, t, l.heads, l.head_dim),
+                ShardTensor(in, l.batch, t, kv, l.head_dim),
+                ShardTensor(in, l.batch, t, kv, l.head_dim),
                 ShardTensor(out, l.batch, t, l.heads, l.head_dim),
                 ShardLse(l.batch, l.heads, t),
                 {}};
