@@ -68,6 +68,21 @@ def _rank(rank: int, ranks: int, rendezvous: str, seed: int) -> None:
                              layout="bhnd")
         assert got.placements == (Shard(1),)
         assert torch.equal(got.full_tensor(), stsa.attention(*heads_first, GRID, "temporal", 0.4, layout="bhnd"))
+        # Grouped-query attention, 2 K/V heads for the 4 query heads: sharded over the heads, each rank
+        # holds its query heads' K/V head, and its grouped call is one process's slice.
+        k2, v2 = (x[:, :, ::2].contiguous() for x in (k, v))
+        for placement in (Shard(2), Shard(0), Replicate()):
+            inputs = [distribute_tensor(x, mesh, [placement]) for x in (q, k2, v2)]
+            got = stsa.attention(*inputs, GRID, ["temporal", "spatial"] * 2, 0.4)
+            # (a mask per head is gathered from a head shard, as above)
+            assert (got.placements == (placement,)) == (placement != Shard(2)), (placement, got.placements)
+            assert torch.equal(got.full_tensor(), stsa.attention(q, k2, v2, GRID, ["temporal", "spatial"] * 2, 0.4))
+            got, info = stsa.routed_attention(*inputs, GRID, 0.4, samples=16)
+            assert (got.placements == (placement,)) == (placement != Shard(0)), (placement, got.placements)
+            want, want_info = stsa.routed_attention(q, k2, v2, GRID, 0.4, samples=16)
+            assert torch.equal(got.full_tensor(), want), placement
+            if placement == Shard(2):
+                assert info["routes"] == want_info["routes"][rank * 2:rank * 2 + 2]
     finally:
         torch.distributed.destroy_process_group()
 
