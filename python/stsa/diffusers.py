@@ -736,6 +736,28 @@ class _HunyuanVideoSelfAttention(_SelfAttention):
         return _joint_outputs(attn, _history_before_video(out, history, video), text)
 
 
+class _MotifVideoSelfAttention(_HunyuanVideoSelfAttention):
+    """diffusers' Motif-Video joint attention: HunyuanVideo's (dual-stream blocks, then
+    single-stream ones; the video's tokens, the rotary embedding on them, then the image's
+    embeddings and the prompt's, whose padding the forward's mask hides as keys). Its decoder
+    blocks (the last num_decoder_layers) attend to the encoder's video tokens, not to a
+    prompt: they keep the model's own processor."""
+
+    def __init__(self, owner: SparseTransformer, layer: int):
+        super().__init__(owner, layer)
+        model = owner.transformer
+        attentions = len(model.transformer_blocks) + len(model.single_transformer_blocks)
+        # Decided once: a compiled block guards on what its processor reads, and the same
+        # answer for every encoder layer compiles one graph for them all.
+        self._decoder = layer >= attentions - model.config.num_decoder_layers
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        if self._decoder:
+            return self.owner._originals[self.layer](attn, hidden_states, encoder_hidden_states, attention_mask,
+                                                     image_rotary_emb)
+        return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+
+
 class _HunyuanVideo15SelfAttention(_SelfAttention):
     """diffusers' HunyuanVideo 1.5 joint attention: the video's tokens (QK RMS norm per
     head, the rotary embedding) then the prompt's (projections and norms of their own;
@@ -1215,6 +1237,23 @@ def _framepack_text_counts(inputs) -> list[int]:
     return [inputs["image_embeds"].shape[1] + n for n in _hunyuan_text_counts(inputs)]
 
 
+def _motif_text_counts(inputs) -> list[int]:
+    """Motif-Video: the image's embeddings (all kept) before the prompt's tokens, of which the
+    forward's mask keeps the first ones. Its layers get that mask as it is, so one that keeps a
+    token after padding is refused; without a mask every token is kept."""
+    image = inputs.get("image_embeds")
+    images = 0 if image is None else image.shape[1]
+    mask = inputs.get("encoder_attention_mask")
+    if mask is None:
+        return [images + inputs["encoder_hidden_states"].shape[1]] * inputs["hidden_states"].shape[0]
+    rows = mask.detach().to("cpu", torch.bool)
+    counts = rows.sum(dim=1).tolist()
+    if not all(bool(row[:count].all()) for row, count in zip(rows, counts)):
+        raise Unsupported("the prompt's attention mask keeps tokens after padding: stsa takes the kept tokens "
+                          "first, then the padding")
+    return [images + count for count in counts]
+
+
 def _forward_signature(transformer) -> inspect.Signature:
     """The arguments the transformer class's forward takes, without self."""
     signature = inspect.signature(type(transformer).forward)
@@ -1294,6 +1333,10 @@ _FAMILIES = {
     "HunyuanVideoFramepackTransformer3DModel": _Family(("transformer_blocks", "single_transformer_blocks"), "attn",
                                                        ("HunyuanVideoAttnProcessor2_0",), _HunyuanVideoSelfAttention,
                                                        _hunyuan_grid, _framepack_text_counts),
+    # Motif-Video: HunyuanVideo's blocks (its text cross-attention, another module, left as it was).
+    "MotifVideoTransformer3DModel": _Family(("transformer_blocks", "single_transformer_blocks"), "attn",
+                                            ("MotifVideoAttnProcessor2_0",), _MotifVideoSelfAttention, _hunyuan_grid,
+                                            _motif_text_counts, since="0.42"),
     "HunyuanVideo15Transformer3DModel": _Family(("transformer_blocks",), "attn", ("HunyuanVideo15AttnProcessor2_0",),
                                                 _HunyuanVideo15SelfAttention, _hunyuan_grid, since="0.36"),
     "MochiTransformer3DModel": _Family(("transformer_blocks",), "attn1", ("MochiAttnProcessor2_0",),

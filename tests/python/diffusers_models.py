@@ -44,6 +44,7 @@ transformer_kandinsky = _transformers_module("transformer_kandinsky")
 transformer_kandinsky6 = _transformers_module("transformer_kandinsky6")
 transformer_ltx = _transformers_module("transformer_ltx")
 transformer_ltx2 = _transformers_module("transformer_ltx2")
+transformer_motif_video = _transformers_module("transformer_motif_video")
 transformer_skyreels_v2 = _transformers_module("transformer_skyreels_v2")
 transformer_wan = _transformers_module("transformer_wan")
 transformer_wan_animate = _transformers_module("transformer_wan_animate")
@@ -465,6 +466,31 @@ HELIOS = Model("helios", tiny_helios, (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, 
                _helios_inputs, as_stock=_history_first) if _HAS_HELIOS else None
 
 
+def tiny_motif(layers, decoder_layers=0, cross_attention=False):  # dual-stream blocks, then single-stream ones
+    return transformer_motif_video.MotifVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=64, num_layers=(layers + 1) // 2,
+        num_single_layers=layers // 2 + decoder_layers, num_decoder_layers=decoder_layers, mlp_ratio=2.0,
+        patch_size=2, patch_size_t=1, text_embed_dim=TEXT_DIM, image_embed_dim=24, rope_axes_dim=(16, 24, 24),
+        enable_text_cross_attention_dual=cross_attention, enable_text_cross_attention_single=cross_attention)
+
+
+def motif_inputs(device, dtype, kept=(5,), images=0):
+    """The prompt's mask (its first `kept` tokens per sample) and `images` image embeddings."""
+    mask = torch.tensor([[1] * n + [0] * (TEXT_TOKENS - n) for n in kept], device=device)
+    x = {"encoder_attention_mask": mask}
+    if images:
+        generator = torch.Generator().manual_seed(21)
+        x["image_embeds"] = torch.randn(len(kept), images, 24, generator=generator).to(device, dtype)
+    return x
+
+
+_HAS_MOTIF = _has(transformer_motif_video, "MotifVideoAttnProcessor2_0")
+MOTIF = Model("motif", lambda layers: tiny_motif(layers), (1, 4, 5, 8, 12), stsa.VideoGrid(5, 4, 6, text=5),
+              ("transformer_blocks", "single_transformer_blocks"), "bnhd",
+              transformer_motif_video.MotifVideoAttnProcessor2_0, (transformer_motif_video, "dispatch_attention_fn"),
+              motif_inputs, fuses=False, attention="attn") if _HAS_MOTIF else None
+
+
 def _tiny_kandinsky6(layers):  # fused video and audio blocks, an audio stream of 8 tokens
     model = diffusers.Kandinsky6Transformer3DModel(in_visual_dim=4, out_visual_dim=4, in_text_dim=TEXT_DIM,
                                                    in_text_dim2=16, time_dim=32, model_dim=128, ff_dim=64,
@@ -548,7 +574,8 @@ MODELS = [param(WAN, "wan"), param(COGVIDEOX, "cogvideox"), param(HUNYUAN, "huny
           param(CHRONOEDIT, "chronoedit"), param(LTX2, "ltx2"), param(KANDINSKY, "kandinsky"),
           param(COSMOS, "cosmos"), param(WAN_ANIMATE, "wan-animate"), param(ANYFLOW, "anyflow"),
           param(FRAMEPACK, "framepack"), param(HELIOS, "helios"), param(KANDINSKY6, "kandinsky6"),
-          param(EASYANIMATE, "easyanimate"), param(ALLEGRO, "allegro"), param(CONSISID, "consisid")]
+          param(EASYANIMATE, "easyanimate"), param(ALLEGRO, "allegro"), param(CONSISID, "consisid"),
+          param(MOTIF, "motif")]
 
 
 def tiny(spec=WAN, device="cpu", dtype=torch.float32, layers=2):

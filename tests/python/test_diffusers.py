@@ -31,8 +31,9 @@ import stsa.diffusers  # noqa: E402  (needs torch)
 from diffusers_helpers import TEXT_DIM, TEXT_TOKENS, regional_compile_runs, wan_pipeline  # noqa: E402
 from diffusers_models import (  # noqa: E402
     ANYFLOW, CHRONOEDIT, FRAMEPACK, HELIOS, HISTORY_TOKENS, HUNYUAN, HUNYUAN15, KANDINSKY, KANDINSKY6, LTX, LTX2,
-    MOCHI, MODELS, SKYREELS_V2, WAN, WAN_ANIMATE, attentions, denoising, framepack_inputs, hunyuan15_inputs,
-    hunyuan_inputs, inputs, mochi_inputs, needs, param, tiny, tiny_helios, tiny_ltx2, tiny_wan)
+    MOCHI, MODELS, MOTIF, SKYREELS_V2, WAN, WAN_ANIMATE, attentions, denoising, framepack_inputs, hunyuan15_inputs,
+    hunyuan_inputs, inputs, mochi_inputs, motif_inputs, needs, param, tiny, tiny_helios, tiny_ltx2, tiny_motif,
+    tiny_wan)
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from torch_helpers import check, require_gpu  # noqa: E402
 
@@ -157,7 +158,9 @@ def _batch_of_two(rng, spec):
     pytest.param(MOCHI, lambda: mochi_inputs("cpu", torch.float32, kept=(5, 2)), (5, 2), id="mochi",
                  marks=needs(MOCHI)),
     pytest.param(FRAMEPACK, lambda: framepack_inputs("cpu", torch.float32, kept=(3, 7)),
-                 (HISTORY_TOKENS + 3 + 3, HISTORY_TOKENS + 3 + 7), id="framepack", marks=needs(FRAMEPACK))])
+                 (HISTORY_TOKENS + 3 + 3, HISTORY_TOKENS + 3 + 7), id="framepack", marks=needs(FRAMEPACK)),
+    pytest.param(MOTIF, lambda: motif_inputs("cpu", torch.float32, kept=(3, 7)), (3, 7), id="motif",
+                 marks=needs(MOTIF))])
 def test_prompts_of_different_lengths_in_one_batch(spec, masks, texts, rng):
     """Each sample runs with its own grid (the prompt tokens its mask keeps; Framepack's
     history and image tokens too), the padding's rows seeing the kept keys (HunyuanVideo,
@@ -232,6 +235,28 @@ def test_the_guidance_pass_with_a_shorter_prompt_reuses_the_decisions(rng):
     assert (first.grid.text, second.grid.text) == (7, 3)
     assert first.routing_ms > 0 and second.routing_ms == 0 and second.routes == first.routes
     assert "dense" not in second.routes
+
+
+@needs(MOTIF)
+def test_motif_image_embeddings_cross_attention_and_decoder_blocks(rng):
+    """Motif-Video with the image's 2 embeddings before the prompt's tokens (its mask keeps 5
+    of 7), its text cross-attention after every block, and one decoder block (attending to the
+    encoder's video tokens, left to the model's own processor): a dense policy gives the
+    model's own output, each encoder layer's call sees the video and 2 + 5 global tokens, and
+    the decoder block makes none."""
+    torch.manual_seed(0)
+    model = tiny_motif(2, decoder_layers=1, cross_attention=True).eval()
+    x = {**inputs(rng, 999, spec=MOTIF), **motif_inputs("cpu", torch.float32, kept=(5,), images=2)}
+    own = forward(model, x)
+    with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1)) as sparse:
+        ours = forward(model, x)
+    assert relative_l2(ours, own) < 1e-6
+    assert [(r.layer, r.grid) for r in sparse.records] == [(layer, stsa.VideoGrid(5, 4, 6, text=7))
+                                                          for layer in range(2)]
+    assert len(model.single_transformer_blocks) == 2  # the last one the decoder's, without a record
+    bad = {**x, "encoder_attention_mask": torch.tensor([[1, 0, 1, 1, 1, 0, 0]])}
+    with stsa.diffusers.enable(model, stsa.Policy()), pytest.raises(stsa.Unsupported, match="kept tokens first"):
+        forward(model, bad)
 
 
 @needs(HUNYUAN15)
@@ -868,7 +893,7 @@ def test_helios_keeps_a_bf16_models_keys_bf16(rng):
                                   param(LTX, "ltx"), param(HUNYUAN15, "hunyuan15"), param(CHRONOEDIT, "chronoedit"),
                                   param(LTX2, "ltx2"), param(KANDINSKY, "kandinsky"),
                                   param(WAN_ANIMATE, "wan-animate"), param(ANYFLOW, "anyflow"),
-                                  param(HELIOS, "helios"), param(KANDINSKY6, "kandinsky6")])
+                                  param(HELIOS, "helios"), param(KANDINSKY6, "kandinsky6"), param(MOTIF, "motif")])
 def test_regional_compilation_holds_stsa_as_one_operator(spec, rng):
     """diffusers' compile_repeated_blocks(fullgraph=True; a graph break would raise): each
     kind of block compiles once for every layer and step (the layer reaches the operator as a
