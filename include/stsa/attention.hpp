@@ -182,9 +182,6 @@ struct GatheredInput {
   TokenOrder to = TokenOrder::SpatialMajor;
   std::span<const std::int64_t> heads;  // one per head of the call: distinct, in [0, q.heads())
   TensorView q, k, v;                   // k and v: q's heads or fewer (grouped, as in AttentionCall)
-
-  // The K/V head the call's head j reads.
-  std::int64_t kv_head(std::size_t j) const { return grouped_kv_head(heads[j], q, k); }
 };
 
 // The checks of a gathered call (on top of scattered_call_for_checks(), which
@@ -192,7 +189,7 @@ struct GatheredInput {
 // the orders (the call's heads in `in.to` order), the head map (each input
 // head once), the full inputs (shapes, dtypes, strides; k and v may hold fewer
 // heads than q, grouped as in AttentionCall, and head j then reads K/V head
-// kv_head(j)). Returns the call with in.q narrowed to its head count
+// grouped_kv_head(heads[j], q, k)). Returns the call with in.q narrowed to its head count
 // in the role of q, in.k and in.v to one head in those of k and v (grouped: the
 // map, not the narrowed view, says which K/V head each head reads), and out.o
 // and out.lse in those of o and lse, for validate() and supports().
