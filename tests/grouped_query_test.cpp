@@ -17,6 +17,7 @@
 #include "stsa/error.hpp"
 #include "stsa/mask.hpp"
 #include "stsa/plan.hpp"
+#include "stsa/route_eval.hpp"
 #include "stsa/routed.hpp"
 #include "stsa/router.hpp"
 #include "stsa/synth.hpp"
@@ -242,6 +243,31 @@ TEST(GroupedQueryAttention, RoutedAttentionPermutesEachTemporalHeadsKvHead) {
         EXPECT_TRUE(cmp.ok()) << cmp.failure;
         expect_same_outputs(grouped.call(), repeated.call(), name);
       }
+}
+
+// The routed output's evaluation against dense attention (stsa route --eval-rows) reads each
+// head's K/V head: the errors of the repeated call, bit for bit (they were ~1: other heads' keys).
+TEST(GroupedQueryAttention, TheRouteEvaluationReadsEachQueryHeadsKvHead) {
+  const VideoLayout layout{{4, 5, 6, 3, TextPlacement::Before}, 1, 4, 64};
+  const testing::CyclingDecisions cycle = testing::cycling_decisions(layout);
+  PlanCache plans;
+  const std::uint64_t seed = testing::fresh_seed();
+  testing::Problem grouped = testing::make_problem(layout, DType::F32, cycle.reference_masks, seed);
+  group_kv(grouped, 2, seed);
+  testing::Problem repeated = repeated_kv(grouped);
+  SCOPED_TRACE(grouped.label);
+  std::vector<RouteEvaluation> evaluations;
+  for (testing::Problem* p : {&grouped, &repeated}) {
+    const AttentionCall call = p->call();
+    run_routed(backend("reference"), plans, RoutedCall{layout, call.q, call.k, call.v, call.o, call.lse},
+               cycle.decisions);
+    evaluations.push_back(evaluate_routes(layout, call.q, call.k, call.v, call.o, cycle.decisions, 0, 1));
+  }
+  EXPECT_EQ(evaluations[0].routed_squared_error, evaluations[1].routed_squared_error);
+  EXPECT_EQ(evaluations[0].first_block_squared_error, evaluations[1].first_block_squared_error);
+  EXPECT_EQ(evaluations[0].reference_squared, evaluations[1].reference_squared);
+  // The dense head's routed output is the dense reference's, up to its fp32 rounding.
+  EXPECT_LT(evaluations[0].rel_l2(evaluations[0].routed_squared_error, cycle.decisions, {Route::Dense}), 1e-6);
 }
 
 // Head counts that do not group are named; backends that do not take grouping say so.

@@ -67,20 +67,27 @@ Inputs read_inputs(const RouteArgs& args, const VideoGrid& grid, MemoryLayout me
   Inputs in;
   std::vector<std::int64_t> shape;
   DType dtype = DType::F32;
+  const std::size_t head_axis = bhnd ? 1 : 2;
+  std::int64_t kv_heads = 0;  // k's, which v must have too (fewer than q's: grouped-query attention)
   auto read = [&](const char* what, const std::string& path, const std::string& own_tensor) {
     io::HostArray a = load(what, path, name(own_tensor), grid, memory);
     if (shape.empty()) {
       shape = a.shape;
       dtype = a.dtype;
-      in.layout = VideoLayout{grid, shape[0], shape[bhnd ? 1 : 2], shape[3]};
+      in.layout = VideoLayout{grid, shape[0], shape[head_axis], shape[3]};
       in.layout.validate();
+    } else if (kv_heads == 0) {
+      kv_heads = a.shape[head_axis];
     }
-    STSA_CHECK(a.shape == shape, InvalidArgument, "q, k and v shapes differ (", args.q_path, ", ", args.k_path, ", ",
-               args.v_path, ")");
+    // q's shape but for K and V's heads, which the router checks divide q's.
+    std::vector<std::int64_t> expected = shape;
+    if (kv_heads != 0) expected[head_axis] = kv_heads;
+    STSA_CHECK(a.shape == expected, InvalidArgument, "q, k and v shapes differ (", args.q_path, ", ", args.k_path,
+               ", ", args.v_path, "; k and v may hold fewer heads than q, the same count)");
     STSA_CHECK(a.dtype == dtype, InvalidArgument, "q, k and v dtypes differ (", path, " holds ", to_string(a.dtype),
                ", ", args.q_path, " ", to_string(dtype), ")");
     const VideoLayout& l = in.layout;
-    return Tensor(std::move(a.data), a.dtype, l.batch, l.tokens(), l.heads, l.head_dim, memory);
+    return Tensor(std::move(a.data), a.dtype, l.batch, l.tokens(), a.shape[head_axis], l.head_dim, memory);
   };
   in.q = read("q", args.q_path, args.q_tensor);
   in.k = read("k", args.k_path, args.k_tensor);

@@ -58,17 +58,17 @@ RouteEvaluation evaluate_routes(const VideoLayout& layout, const TensorView& q, 
   if (threads <= 0) threads = resolve_threads(0);
   router_detail::parallel_for(layout.heads, threads, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t h = begin; h < end; ++h) {
-      const auto head_of = [h](TensorView t) {
-        t.data = static_cast<std::byte*>(t.data) + h * t.stride[2] * std::int64_t(element_size(t.dtype));
+      const auto head_of = [](TensorView t, std::int64_t head) {
+        t.data = static_cast<std::byte*>(t.data) + head * t.stride[2] * std::int64_t(element_size(t.dtype));
         t.shape[2] = 1;
         return t;
       };
       AttentionCall call = whole;
       call.layout.heads = 1;
-      call.q = head_of(q);
-      call.k = head_of(k);
-      call.v = head_of(v);
-      call.o = head_of(routed_o);  // validated for shape only; reference_rows writes its own buffers
+      call.q = head_of(q, h);
+      call.k = head_of(k, grouped_kv_head(h, q, k));  // grouped-query attention: the K/V head h reads
+      call.v = head_of(v, grouped_kv_head(h, q, k));
+      call.o = head_of(routed_o, h);  // validated for shape only; reference_rows writes its own buffers
       call.heads.assign(1, HeadMask{MaskSpec::dense(), TokenOrder::FrameMajor, nullptr, true});
       const PairPredicate head_first_block = [&first_block, h](std::int64_t, std::int64_t i, std::int64_t j) {
         return first_block(h, i, j);

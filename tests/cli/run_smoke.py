@@ -43,6 +43,25 @@ def read_npy_f32(path, descr="<f4"):
     return shape, values
 
 
+def with_heads(path, out_path, heads):
+    """Writes out_path: the [B, N, H, D] .npy file at `path` (version 1 header, any element type)
+    with heads `heads` of each token, in that order (a head may come twice)."""
+    data = open(path, "rb").read()
+    header_len = int.from_bytes(data[8:10], "little")
+    header = data[10:10 + header_len].decode("latin1")
+    b_count, n_count, h_count, d_count = (int(x) for x in re.search(r"'shape': \(([^)]*)\)", header).group(1)
+                                          .split(",") if x.strip())
+    body = data[10 + header_len:]
+    row = len(body) // (b_count * n_count * h_count)
+    picked = b"".join(body[(token * h_count + h) * row:(token * h_count + h + 1) * row]
+                      for token in range(b_count * n_count) for h in heads)
+    new_header = header.replace(f"({b_count}, {n_count}, {h_count}, {d_count})",
+                                f"({b_count}, {n_count}, {len(heads)}, {d_count})").rstrip()
+    new_header += " " * ((64 - (10 + len(new_header) + 1) % 64) % 64) + "\n"
+    with open(out_path, "wb") as f:
+        f.write(data[:8] + len(new_header).to_bytes(2, "little") + new_header.encode("latin1") + picked)
+
+
 def as_bnhd(shape, values):
     """[B, H, N, D] values reordered to [B, N, H, D]."""
     b_count, h_count, n_count, d_count = shape
@@ -121,6 +140,19 @@ def check_inputs_from_files(binary):
     if not {"spatial", "temporal"} <= set(first["decisions"]) or any(outcome(r) != outcome(first) for r in runs):
         print("FAIL route from saved files differs from the synthetic run: "
               f"{[(r['source'], r['memory'], r['decisions'], r['rel_l2_err']) for r in runs]}")
+        failures += 1
+    # Grouped-query attention from files: K and V with 3 heads for the 6 query heads give the
+    # decisions and errors of the files with each K/V head repeated for its query heads.
+    for name in "kv":
+        source = os.path.join(folder, "bnhd", f"{name}.npy")
+        with_heads(source, os.path.join(folder, f"{name}3.npy"), [0, 2, 4])
+        with_heads(source, os.path.join(folder, f"{name}6.npy"), [0, 0, 2, 2, 4, 4])
+    q_file = ["--q", os.path.join(folder, "bnhd", "q.npy")]
+    grouped, repeated = (json.loads(run(binary, ["route"] + q_file + [
+        "--k", os.path.join(folder, f"k{heads}.npy"), "--v", os.path.join(folder, f"v{heads}.npy")] + grid))
+        for heads in (3, 6))
+    if outcome(grouped) != outcome(repeated) or not grouped["rel_l2_err"] < 1:
+        print(f"FAIL route with 3 K/V heads for 6 query heads: {outcome(grouped)} vs repeated {outcome(repeated)}")
         failures += 1
     wrong = subprocess.run([binary, "route"] + files("bhnd") + grid, capture_output=True, text=True, timeout=60)
     if wrong.returncode != 2 or "--memory bhnd" not in wrong.stderr or len(wrong.stderr.splitlines()) != 1:
