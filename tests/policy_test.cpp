@@ -103,6 +103,7 @@ TEST(ModelPresets, HaveTheDocumentedShapes) {
   EXPECT_EQ(model_preset("wan2.1-480p").grid.video_tokens(), 32760);
   EXPECT_EQ(model_preset("wan2.1-720p").grid.video_tokens(), 75600);
   EXPECT_EQ(model_preset("wan2.1-720p").heads, 40);
+  EXPECT_EQ(model_preset("wan2.1-720p").kv_heads, 0);  // K and V with every head
   EXPECT_EQ(model_preset("wan2.1-1.3b-480p").heads, 12);
   const ModelPreset& a14b = model_preset("wan2.2-a14b-720p");
   EXPECT_EQ(a14b.grid.video_tokens(), 75600);
@@ -143,6 +144,8 @@ TEST(ModelPresets, HaveTheDocumentedShapes) {
   const ModelPreset& cosmos3 = model_preset("cosmos3-720p");
   EXPECT_EQ(cosmos3.grid.video_tokens(), 44160);  // (189 - 1) / 4 + 1 frames of ceil(720/32) x 1280/32 patches
   EXPECT_EQ(cosmos3.heads * cosmos3.head_dim, 4096);
+  EXPECT_EQ(cosmos3.heads, 32);
+  EXPECT_EQ(cosmos3.kv_heads, 8);  // grouped-query attention
   const ModelPreset& mochi = model_preset("mochi-1-480p");
   EXPECT_EQ(mochi.grid.video_tokens(), 44520);  // (163 - 1) / 6 + 1 frames of 480/16 x 848/16
   EXPECT_EQ(mochi.grid.text_tokens, 256);

@@ -89,6 +89,7 @@ struct ModelPreset {
   std::int64_t layers = 0;  // transformer blocks with self-attention
   std::int64_t steps = 0;   // default denoising steps
   PolicyOptions policy;
+  std::int64_t kv_heads = 0;  // K and V's heads: 0 for `heads`, fewer for grouped-query attention
 
   VideoLayout layout(std::int64_t batch = 1) const { return {grid, batch, heads, head_dim}; }
 };

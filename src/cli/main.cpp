@@ -34,10 +34,11 @@ void add_grid_options(CLI::App* command, GridArgs& args) {
                       "a model's shape (grid, heads, head dim): " + names + "; the shape options given override it");
 }
 
-// After parsing: --preset's grid (and heads and head dim, where the command has them) in
-// every shape option the command line did not give. An unknown name: InvalidArgument
+// After parsing: --preset's grid (and heads, head dim and K/V heads, where the command has
+// them) in every shape option the command line did not give. An unknown name: InvalidArgument
 // listing the presets.
-void apply_preset(const CLI::App& command, GridArgs& grid, std::int64_t* heads, std::int64_t* head_dim) {
+void apply_preset(const CLI::App& command, GridArgs& grid, std::int64_t* heads, std::int64_t* head_dim,
+                  std::int64_t* kv_heads = nullptr) {
   if (command.count("--preset") == 0) return;
   const ModelPreset& preset = model_preset(grid.preset);  // "" too: not a preset
   const auto unless_given = [&](const char* flag, auto& field, auto value) {
@@ -51,6 +52,8 @@ void apply_preset(const CLI::App& command, GridArgs& grid, std::int64_t* heads, 
                std::string(preset.grid.text_placement == TextPlacement::Before ? "before" : "after"));
   if (heads != nullptr) unless_given("--heads", *heads, preset.heads);
   if (head_dim != nullptr) unless_given("--head-dim", *head_dim, preset.head_dim);
+  // The preset's K/V heads go with its heads (where --heads is given, K and V have as many unless --kv-heads says).
+  if (kv_heads != nullptr && command.count("--heads") == 0) unless_given("--kv-heads", *kv_heads, preset.kv_heads);
 }
 
 void add_plan_command(CLI::App& app) {
@@ -151,7 +154,8 @@ void add_bench_command(CLI::App& app) {
     // The CUDA benchmark's work is bounded by the GPU's memory, and a GPU does it in seconds.
     STSA_CHECK(args->backend != "cuda" || cmd->count("--max-tflop") == 0, InvalidArgument,
                "--max-tflop bounds the CPU benchmark's work; it does not go with --backend cuda");
-    apply_preset(*cmd, args->grid, &args->heads, &args->head_dim);
+    // A preset's K/V heads where the backend takes them (the CPU's; the CUDA kernel runs them repeated).
+    apply_preset(*cmd, args->grid, &args->heads, &args->head_dim, args->backend == "cpu" ? &args->kv_heads : nullptr);
     if (args->backend == "cuda" && dtype->count() == 0) args->dtype = "bf16";  // what the CUDA kernels read
     run_bench_command(*args);
   });

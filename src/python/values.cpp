@@ -133,6 +133,7 @@ nb::dict preset_dict(const ModelPreset& p) {
   d["description"] = p.description;
   d["grid"] = p.grid;
   d["heads"] = p.heads;
+  d["kv_heads"] = p.kv_heads == 0 ? p.heads : p.kv_heads;
   d["head_dim"] = p.head_dim;
   d["layers"] = p.layers;
   d["steps"] = p.steps;

@@ -32,6 +32,12 @@ ModelPreset make(std::string name, std::string description, VideoGrid grid, std:
   return p;
 }
 
+// `p` with K and V of `kv_heads` heads (grouped-query attention).
+ModelPreset with_kv_heads(ModelPreset p, std::int64_t kv_heads) {
+  p.kv_heads = kv_heads;
+  return p;
+}
+
 // Wan2.2 A14B at one resolution: two experts (high-noise, low-noise) of Wan2.1-14B's shape, 40 steps.
 ModelPreset wan22_a14b(const std::string& resolution, const std::string& pixels, VideoGrid grid) {
   return make("wan2.2-a14b-" + resolution,
@@ -105,11 +111,14 @@ const std::vector<ModelPreset>& model_presets() {
       make("cosmos-predict2.5-14b",
            "Cosmos-Predict2.5-14B, 704x1280, 93 frames: 24 x 44 x 80 tokens, 40 heads, 36 layers, 36 steps",
            VideoGrid{24, 44, 80, 0, TextPlacement::After}, 40, 128, 36, 36, 9),
-      make("cosmos3-720p",
-           "Cosmos 3 Omni (Cosmos3OmniPipeline's defaults), 720x1280, 189 frames: 48 x 23 x 40 tokens (VAE 16x "
-           "spatial, the 45 latent rows padded to 46, 2x2 patches), then the prompt's tokens, after the video for "
-           "stsa (their count varies with the prompt; left out here); 32 heads (8 key heads), 36 layers, 35 steps",
-           VideoGrid{48, 23, 40, 0, TextPlacement::After}, 32, 128, 36, 35, 9),
+      with_kv_heads(
+          make("cosmos3-720p",
+               "Cosmos 3 Omni (Cosmos3OmniPipeline's defaults), 720x1280, 189 frames: 48 x 23 x 40 tokens (VAE 16x "
+               "spatial, the 45 latent rows padded to 46, 2x2 patches), then the prompt's tokens, after the video "
+               "for stsa (their count varies with the prompt; left out here); 32 heads (8 key heads), 36 layers, "
+               "35 steps",
+               VideoGrid{48, 23, 40, 0, TextPlacement::After}, 32, 128, 36, 35, 9),
+          8),
       make("kandinsky5-lite",
            "Kandinsky 5.0 T2V Lite (5 s, dense attention), 512x768, 121 frames: 31 x 32 x 48 tokens, text via "
            "cross-attention only, 28 heads of 64, 32 visual blocks",

@@ -426,6 +426,13 @@ def main():
     if (given["grid"], given["heads"], given["head_dim"]) != ("3x45x80 (+4 text after)", 40, 64):
         print(f"FAIL plan --preset with shape options: {given['grid']}, {given['heads']} x {given['head_dim']}")
         failures += 1
+    # Cosmos 3's 8 K/V heads come with its 32 heads on the CPU backend; --heads given, K and V have as many.
+    grouped = [json.loads(run(binary, ["bench", "--preset", "cosmos3-720p", "--frames", "2", "--height", "4",
+                                       "--width", "8", "--repeats", "1", "--check-rows", "4", "--json"] + extra))
+               for extra in ([], ["--heads", "4"])]
+    if [(r["heads"], r["kv_heads"]) for r in grouped] != [(32, 8), (4, 4)]:
+        print(f"FAIL bench --preset cosmos3-720p: heads / K/V heads {[(r['heads'], r['kv_heads']) for r in grouped]}")
+        failures += 1
     route = json.loads(run(binary, ["route", "--synthetic", "--preset", "ltx-video", "--frames", "3", "--heads", "2",
                                     "--json"]))
     if route["heads"] != 2 or route["head_dim"] != 64 or route["tokens"] != 3 * 16 * 22:

@@ -175,6 +175,7 @@ def test_presets():
     preset = stsa.model_preset("wan2.1-720p")
     assert (preset["grid"].frames, preset["grid"].height, preset["grid"].width) == (21, 45, 80)
     assert preset["grid"].tokens == 75_600 and preset["heads"] == 40 and preset["head_dim"] == 128
+    assert preset["kv_heads"] == 40 and stsa.model_preset("cosmos3-720p")["kv_heads"] == 8  # grouped-query
     policy = stsa.Policy.from_preset("wan2.1-720p")
     steps = preset["policy"]["dense_steps"]
     assert policy.dense(steps - 1, 5) and not policy.dense(steps, 5)
