@@ -23,23 +23,13 @@
 namespace stsa {
 namespace {
 
-std::vector<HeadMask> mixed_heads(const VideoLayout& layout, double density, PlanCache& plans) {
-  const SparseKind kinds[] = {SparseKind::Spatial, SparseKind::Temporal, SparseKind::FrameWindow};
-  std::vector<HeadMask> heads;
-  for (std::int64_t h = 0; h < layout.heads; ++h) {
-    const MaskSpec spec = mask_for_density(layout.grid, kinds[h % 3], density);
-    heads.push_back(HeadMask{spec, spec.natural_order(), plans.get(layout.grid, spec, {64, 64}), true});
-  }
-  return heads;
-}
-
 // The definition, checked on the reference itself: descales give what the
 // reference computes on inputs multiplied by them (in fp32, no descales).
 TEST(Descales, TheReferenceComputesWithTheDequantizedValues) {
   const VideoLayout layout{{3, 4, 5, 6, TextPlacement::Before}, 2, 3, 64};
   PlanCache plans;
   const std::uint64_t seed = testing::fresh_seed();
-  testing::Problem scaled = testing::make_problem(layout, DType::F32, mixed_heads(layout, 0.4, plans), seed);
+  testing::Problem scaled = testing::make_problem(layout, DType::F32, testing::mixed_heads(layout, 0.4, plans), seed);
   testing::give_descales(scaled, seed);
   testing::Problem multiplied = scaled;
   multiplied.q_descale = multiplied.k_descale = multiplied.v_descale = {};
@@ -90,7 +80,7 @@ TEST(Descales, TheCpuBackendMatchesTheReference) {
       const VideoLayout layout{s.grid, s.batch, s.heads, s.head_dim};
       PlanCache plans;
       testing::Problem p =
-          testing::make_problem(layout, s.in, mixed_heads(layout, 0.3, plans), ++seed, MemoryLayout::BNHD, s.out);
+          testing::make_problem(layout, s.in, testing::mixed_heads(layout, 0.3, plans), ++seed, MemoryLayout::BNHD, s.out);
       testing::give_descales(p, seed);
       SCOPED_TRACE(p.label + " isa " + std::string(to_string(isa)));
       make_cpu_backend({isa, 2})->run(p.call());
@@ -105,7 +95,7 @@ TEST(Descales, OnesGiveTheSameBitsAsNone) {
   PlanCache plans;
   for (DType in : {DType::F8E4M3, DType::BF16, DType::F32})
     for (Isa isa : testing::isas_of_this_machine()) {
-      testing::Problem none = testing::make_problem(layout, in, mixed_heads(layout, 0.3, plans),
+      testing::Problem none = testing::make_problem(layout, in, testing::mixed_heads(layout, 0.3, plans),
                                                     testing::fresh_seed(), MemoryLayout::BNHD, DType::BF16);
       testing::Problem ones = none;
       ones.q_descale = ones.k_descale = ones.v_descale = std::vector<float>(std::size_t(2 * 3), 1.f);
@@ -139,7 +129,7 @@ TEST(Descales, TinyBf16ProductsUnderHugeDescalesKeepTheirScores) {
   const VideoLayout layout{{3, 5, 7, 4, TextPlacement::After}, 1, 3, 64};
   PlanCache plans;
   for (Isa isa : testing::isas_of_this_machine()) {
-    testing::Problem p = testing::make_problem(layout, DType::BF16, mixed_heads(layout, 0.4, plans),
+    testing::Problem p = testing::make_problem(layout, DType::BF16, testing::mixed_heads(layout, 0.4, plans),
                                                testing::fresh_seed(), MemoryLayout::BNHD, DType::F32);
     for (std::int64_t h = 0; h < layout.heads; ++h) scale_qk(p.call(), h, 0x1p-62f);
     p.q_descale = p.k_descale = std::vector<float>(std::size_t(layout.heads), 0x1p62f);
@@ -157,7 +147,7 @@ TEST(Descales, OneHeadPastTheBf16LimitLeavesTheOthersTheirBits) {
   const VideoLayout layout{{3, 5, 7, 4, TextPlacement::After}, 2, 3, 64};
   PlanCache plans;
   for (Isa isa : testing::isas_of_this_machine()) {
-    testing::Problem p = testing::make_problem(layout, DType::BF16, mixed_heads(layout, 0.4, plans),
+    testing::Problem p = testing::make_problem(layout, DType::BF16, testing::mixed_heads(layout, 0.4, plans),
                                                testing::fresh_seed(), MemoryLayout::BNHD, DType::F32);
     scale_qk(p.call(), 1, 0x1p-62f);
     testing::Problem plain = p;  // head 1 without its descales: every head below the limit
@@ -231,7 +221,7 @@ TEST(Descales, BadDescalesAreRefusedBeforeAnythingIsWritten) {
   const VideoLayout layout{{2, 3, 4, 0, TextPlacement::After}, 2, 2, 64};
   PlanCache plans;
   testing::Problem p =
-      testing::make_problem(layout, DType::F32, mixed_heads(layout, 0.5, plans), testing::fresh_seed());
+      testing::make_problem(layout, DType::F32, testing::mixed_heads(layout, 0.5, plans), testing::fresh_seed());
   const std::vector<float> good(4, 0.5f);
   struct Bad {
     std::vector<float> values;

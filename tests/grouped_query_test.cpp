@@ -28,16 +28,6 @@
 namespace stsa {
 namespace {
 
-std::vector<HeadMask> mixed_heads(const VideoLayout& layout, double density, PlanCache& plans) {
-  const SparseKind kinds[] = {SparseKind::Spatial, SparseKind::Temporal, SparseKind::FrameWindow};
-  std::vector<HeadMask> heads;
-  for (std::int64_t h = 0; h < layout.heads; ++h) {
-    const MaskSpec spec = mask_for_density(layout.grid, kinds[h % 3], density);
-    heads.push_back(HeadMask{spec, spec.natural_order(), plans.get(layout.grid, spec, {64, 64}), true});
-  }
-  return heads;
-}
-
 // What `f` throws as InvalidArgument ("(none)" when it throws nothing).
 template <class F>
 std::string invalid_message(F f) {
@@ -113,7 +103,7 @@ const Case kCases[] = {
 
 testing::Problem grouped_problem(const Case& c, PlanCache& plans, std::uint64_t seed) {
   const VideoLayout layout{c.grid, c.batch, c.heads, c.head_dim};
-  testing::Problem p = testing::make_problem(layout, c.in, mixed_heads(layout, 0.3, plans), seed, c.memory, c.out);
+  testing::Problem p = testing::make_problem(layout, c.in, testing::mixed_heads(layout, 0.3, plans), seed, c.memory, c.out);
   group_kv(p, c.kv_heads, seed);
   if (c.descales) testing::give_descales(p, seed);
   return p;
@@ -275,7 +265,7 @@ TEST(GroupedQueryAttention, HeadCountsThatDoNotGroupAreRefused) {
   const VideoLayout layout{{2, 3, 4, 0, TextPlacement::After}, 1, 4, 64};
   PlanCache plans;
   const auto expect_refused = [&](std::int64_t k_heads, std::int64_t v_heads, const std::string& pattern) {
-    testing::Problem p = testing::make_problem(layout, DType::F32, mixed_heads(layout, 0.5, plans), 1);
+    testing::Problem p = testing::make_problem(layout, DType::F32, testing::mixed_heads(layout, 0.5, plans), 1);
     p.k = Tensor(DType::F32, 1, layout.tokens(), k_heads, 64);
     p.v = Tensor(DType::F32, 1, layout.tokens(), v_heads, 64);
     const std::string what = invalid_message([&] { validate(p.call(), true); });
@@ -288,7 +278,7 @@ TEST(GroupedQueryAttention, HeadCountsThatDoNotGroupAreRefused) {
   expect_refused(8, 8, "k and v hold 8 heads");
   expect_refused(2, 1, "k and v must hold as many heads, got 2 and 1");
 
-  testing::Problem grouped = testing::make_problem(layout, DType::BF16, mixed_heads(layout, 0.5, plans), 2);
+  testing::Problem grouped = testing::make_problem(layout, DType::BF16, testing::mixed_heads(layout, 0.5, plans), 2);
   group_kv(grouped, 2, 2);
   bool saw_cuda = false;
   for (const Backend* b : backends()) {

@@ -307,17 +307,11 @@ class SparseTransformer:
         return self._run_padded_text(layer, q, k, v, [n + history for n in self.text_counts], padding_sees_keys=True)
 
     def _prompt_counts(self, mask) -> list[int]:
-        """Per sample, the prompt tokens a layer's mask keeps: read on the host once per
-        forward (every layer of one forward gets the same mask), and refused unless the
-        kept tokens come first, which is what lets stsa drop the rest."""
+        """Per sample, the prompt tokens a layer's mask keeps (_kept_first), read once per
+        forward: every layer of one forward gets the same mask."""
         if self._mask_counts is not None and self._mask_counts[0] == self._forwards:
             return self._mask_counts[1]
-        rows = mask.detach().to("cpu", torch.bool)
-        counts = rows.sum(dim=1).tolist()
-        for row, count in zip(rows, counts):
-            if not bool(row[:count].all()):
-                raise Unsupported("the prompt's attention mask keeps tokens after padding: stsa takes the kept "
-                                  "tokens first, then the padding")
+        counts = _kept_first(mask)
         self._mask_counts = (self._forwards, counts)
         return counts
 
@@ -357,6 +351,17 @@ class SparseTransformer:
                     *(x[one].transpose(1, 2) for x in (q[:, grid.tokens:], k[:, kept], v[:, kept])))
                 out[one, grid.tokens:] = padding.transpose(1, 2)
         return out
+
+
+def _kept_first(mask) -> list[int]:
+    """Per row of a prompt's [B, T] mask, how many tokens it keeps, read on the host; refused
+    unless they come first, which is what lets stsa drop the rest."""
+    rows = mask.detach().to("cpu", torch.bool)
+    counts = rows.sum(dim=1).tolist()
+    if not all(bool(row[:count].all()) for row, count in zip(rows, counts)):
+        raise Unsupported("the prompt's attention mask keeps tokens after padding: stsa takes the kept tokens "
+                          "first, then the padding")
+    return counts
 
 
 def _grid_mismatch(layer: int, tokens: int, grid: VideoGrid | None) -> Unsupported:
@@ -1246,12 +1251,7 @@ def _motif_text_counts(inputs) -> list[int]:
     mask = inputs.get("encoder_attention_mask")
     if mask is None:
         return [images + inputs["encoder_hidden_states"].shape[1]] * inputs["hidden_states"].shape[0]
-    rows = mask.detach().to("cpu", torch.bool)
-    counts = rows.sum(dim=1).tolist()
-    if not all(bool(row[:count].all()) for row, count in zip(rows, counts)):
-        raise Unsupported("the prompt's attention mask keeps tokens after padding: stsa takes the kept tokens "
-                          "first, then the padding")
-    return [images + count for count in counts]
+    return [images + count for count in _kept_first(mask)]
 
 
 def _forward_signature(transformer) -> inspect.Signature:

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "stsa/error.hpp"
+#include "stsa/mask.hpp"
 #include "support/float_limit.hpp"
 
 namespace stsa::testing {
@@ -243,6 +244,16 @@ FloatLimitErrors float_limit_errors(const Problem& p) {
         worse(e.lse_max_rel, got == want ? 0.0 : std::abs(got - want) / std::abs(want));
       }
   return e;
+}
+
+std::vector<HeadMask> mixed_heads(const VideoLayout& layout, double density, PlanCache& plans) {
+  const SparseKind kinds[] = {SparseKind::Spatial, SparseKind::Temporal, SparseKind::FrameWindow};
+  std::vector<HeadMask> heads;
+  for (std::int64_t h = 0; h < layout.heads; ++h) {
+    const MaskSpec spec = mask_for_density(layout.grid, kinds[h % 3], density);
+    heads.push_back(HeadMask{spec, spec.natural_order(), plans.get(layout.grid, spec, {64, 64}), true});
+  }
+  return heads;
 }
 
 Problem make_problem(const VideoLayout& layout, DType dtype, std::vector<HeadMask> heads, std::uint64_t seed,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "stsa/attention.hpp"
+#include "stsa/plan.hpp"
 #include "stsa/reference.hpp"
 #include "stsa/tensor.hpp"
 #include "support/error_pattern.hpp"
@@ -132,6 +133,10 @@ struct FloatLimitErrors {
   std::int64_t rows = 0;
 };
 FloatLimitErrors float_limit_errors(const Problem& p);
+
+// One mask per head, cycling spatial, temporal (spatial-major tokens) and frame-window masks
+// sized to `density`, with their 64 x 64 tile plans from `plans`.
+std::vector<HeadMask> mixed_heads(const VideoLayout& layout, double density, PlanCache& plans);
 
 // Random Q/K/V for `layout` in `dtype`, with `heads` masks (one per head).
 Problem make_problem(const VideoLayout& layout, DType dtype, std::vector<HeadMask> heads, std::uint64_t seed,
