@@ -26,6 +26,14 @@ std::int64_t temporal_head_count(const VideoLayout& layout, std::span<const Mask
   return masks.size() == 1 ? temporal * layout.heads : temporal;
 }
 
+// K and V's heads: the layout's for 0, else `kv_heads`, which must divide them (grouped-query attention).
+std::int64_t resolved_kv_heads(const VideoLayout& layout, std::int64_t kv_heads) {
+  if (kv_heads == 0) return layout.heads;
+  STSA_CHECK(kv_heads >= 1 && kv_heads <= layout.heads && layout.heads % kv_heads == 0, InvalidArgument,
+             "K/V heads must divide the ", layout.heads, " heads (grouped-query attention), got ", kv_heads);
+  return kv_heads;
+}
+
 }  // namespace
 
 Shard sequence_shard(std::int64_t video_tokens, int ranks, int rank) {
@@ -54,7 +62,7 @@ UlyssesVolume ulysses_volume(const VideoLayout& layout, DType in_dtype, DType ou
   layout.validate();
   check_ranks(ranks, rank);
   const std::int64_t local = heads_per_rank(layout.heads, ranks), other = layout.heads - local;
-  const std::int64_t kv = kv_heads == 0 ? layout.heads : kv_heads;
+  const std::int64_t kv = resolved_kv_heads(layout, kv_heads);
   const std::int64_t kv_local = heads_per_rank(kv, ranks), kv_other = kv - kv_local;
   const std::int64_t video = layout.grid.video_tokens(), text = layout.grid.text_tokens;
   const std::int64_t mine = sequence_shard(video, ranks, rank).count, elsewhere = video - mine;
@@ -77,7 +85,7 @@ double ulysses_formula_bytes(const VideoLayout& layout, DType in_dtype, DType ou
   layout.validate();
   check_ranks(ranks, 0);
   const double p = ranks, b = double(layout.batch), h = double(layout.heads), d = double(layout.head_dim);
-  const double kv = double(kv_heads == 0 ? layout.heads : kv_heads);
+  const double kv = double(resolved_kv_heads(layout, kv_heads));
   const double shard = double(layout.grid.video_tokens()) / p, away = (p - 1.0) / p;
   const double in_bytes = double(element_size(in_dtype)), out_bytes = double(element_size(out_dtype));
   double bytes = (h + 2.0 * kv) * b * shard * d * away * in_bytes + b * shard * h * d * away * out_bytes;

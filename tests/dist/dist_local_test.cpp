@@ -112,6 +112,24 @@ TEST(UlyssesVolume, EvenShardsMatchTheTextbookFormula) {
   EXPECT_EQ(ulysses_volume(l, DType::F32, DType::F32, false, 1, 0).sent(), 0);
 }
 
+// Grouped-query attention: K and V carry Hkv heads, Q and O H; by hand and against the formula.
+TEST(UlyssesVolume, GroupedKvHeadsCarryTheirOwnCount) {
+  const VideoLayout l = make_layout(VideoGrid{9, 8, 8}, 8, 64);  // 576 tokens
+  for (int ranks : {1, 2})
+    for (int r = 0; r < ranks; ++r)
+      EXPECT_EQ(double(ulysses_volume(l, DType::F32, DType::F32, true, ranks, r, 2).sent()),
+                ulysses_formula_bytes(l, DType::F32, DType::F32, true, ranks, 2));
+  // P = 2, fp32: (8 + 2 x 2 + 8) heads x 288 tokens x 64 x 1/2 elements x 4 bytes, plus 288 x 8 x 1/2 LSE floats.
+  EXPECT_EQ(ulysses_formula_bytes(l, DType::F32, DType::F32, true, 2, 2),
+            (8.0 + 4 + 8) * 288 * 64 / 2 * 4 + 288.0 * 8 / 2 * 4);
+  EXPECT_EQ(ulysses_volume(l, DType::F32, DType::F32, true, 2, 0, 8).sent(),
+            ulysses_volume(l, DType::F32, DType::F32, true, 2, 0).sent());  // Hkv = H: no grouping
+  for (const std::int64_t bad : {3, -2, 16}) {
+    EXPECT_THROW(ulysses_volume(l, DType::F32, DType::F32, true, 2, 0, bad), InvalidArgument) << bad;
+    EXPECT_THROW(ulysses_formula_bytes(l, DType::F32, DType::F32, true, 2, bad), InvalidArgument) << bad;
+  }
+}
+
 TEST(UlyssesVolume, UnevenShardsAndTextBalanceAcrossRanks) {
   VideoGrid g{3, 5, 7, 11, TextPlacement::Before};  // 105 video tokens
   const VideoLayout l = make_layout(g, 4, 80, 2);
