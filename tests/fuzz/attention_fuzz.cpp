@@ -4,7 +4,8 @@
 // decisions), and sequence-parallel attention (ulysses_attention() on the
 // one-rank local communicator, with masks or a router, the text tokens as views
 // of their own into the same tensors). Small random layouts, dtypes, memory layouts, padded and
-// strided tensors, masks, tile plans (exact and rounded), skipped heads, scales,
+// strided tensors, K and V with fewer heads than Q (grouped-query attention), masks, tile plans
+// (exact and rounded), skipped heads, scales,
 // router options, instruction sets and thread counts, with at most one planted
 // defect per input (a wrong shape, a negative or overlapping stride, a stride
 // whose offsets overflow, a misaligned or null pointer, an output over an input,
@@ -360,8 +361,8 @@ constexpr long kInputsForEveryMode = 500;
 // What the inputs came to, printed at exit (libFuzzer ends with exit(), which
 // runs this destructor); a long run that compared nothing, or never ran a mode, fails here.
 struct Tally {
-  long inputs = 0, ran[4] = {}, ran_gathered = 0, ran_non_finite = 0, ran_descales = 0, refused_invalid = 0,
-       refused_unsupported = 0;
+  long inputs = 0, ran[4] = {}, ran_gathered = 0, ran_non_finite = 0, ran_descales = 0, ran_grouped = 0,
+       refused_invalid = 0, refused_unsupported = 0;
   long defects_refused = 0, compared_elements = 0;
   // Refused as they must be: dtypes, token orders and text placements outside their enums in a call;
   // mask kinds and band orders outside theirs; gather/scatter pairs of another batch size or LSE views
@@ -378,11 +379,11 @@ struct Tally {
                  refused_lse_overlap, ran_tiny_qk, ran_past_2_91, ran_float_limit);
     std::fprintf(stderr,
                  "attention_fuzz: ran %ld direct, %ld scattered (%ld of them from a gathered input), %ld routed "
-                 "and %ld sequence-parallel calls (%ld with a NaN or infinity in Q, K or V, %ld with descales; %ld O "
-                 "elements checked against the reference); refused %ld as invalid (%ld with a planted defect), "
-                 "%ld as unsupported; %ld inputs\n",
-                 ran[0], ran[1], ran_gathered, ran[2], ran[3], ran_non_finite, ran_descales, compared_elements,
-                 refused_invalid, defects_refused, refused_unsupported, inputs);
+                 "and %ld sequence-parallel calls (%ld with a NaN or infinity in Q, K or V, %ld with descales, %ld "
+                 "with fewer K/V heads than Q heads; %ld O elements checked against the reference); refused %ld as "
+                 "invalid (%ld with a planted defect), %ld as unsupported; %ld inputs\n",
+                 ran[0], ran[1], ran_gathered, ran[2], ran[3], ran_non_finite, ran_descales, ran_grouped,
+                 compared_elements, refused_invalid, defects_refused, refused_unsupported, inputs);
     if (inputs < kInputsForEveryMode) return;
     if (compared_elements == 0 || std::find(std::begin(ran), std::end(ran), 0) != std::end(ran)) {
       std::fprintf(stderr, "attention_fuzz: %ld inputs, but a mode never ran or nothing was compared: the library "
@@ -539,6 +540,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // (Unsupported); 0 an invalid one.
   constexpr std::int64_t head_dims[] = {64, 80, 96, 128, 64, 128, 72, 59, 1, 129, 0};
   layout.head_dim = head_dims[in.one_in(8) ? in.next(6, 10) : in.next(0, 5)];
+  // Now and then grouped-query attention: K and V with one head for all, or 2 for 4.
+  std::int64_t kv_heads = 0;  // 0: the layout's
+  if (layout.heads >= 1 && in.one_in(4)) {
+    if (in.next(0, 1)) layout.heads = 4;
+    kv_heads = layout.heads == 4 && in.next(0, 1) ? 2 : 1;
+  }
   const Mode mode = Mode(in.next(0, 3));
 
   // At most one planted defect per input, so that every refusal of one is its own.
@@ -577,9 +584,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // A sequence-parallel call splits the tokens into video and text views with their stride.
   const std::int64_t kept_dim = mode == Mode::Ulysses ? 1 : -1;
+  stsa::VideoLayout kv_layout = layout;
+  if (kv_heads > 0) kv_layout.heads = kv_heads;
   Tensor q = make_tensor(in, rng, layout, input_dtype, plant == Plant::Q, true, -1, kept_dim, tiny);
-  Tensor k = make_tensor(in, rng, layout, k_dtype, plant == Plant::K, true, -1, kept_dim, tiny);
-  Tensor v = make_tensor(in, rng, layout, input_dtype, plant == Plant::V, true, -1, kept_dim);
+  Tensor k = make_tensor(in, rng, kv_layout, k_dtype, plant == Plant::K, true, -1, kept_dim, tiny);
+  Tensor v = make_tensor(in, rng, kv_layout, input_dtype, plant == Plant::V, true, -1, kept_dim);
   const auto defective = [&](const Tensor& t, bool output) {
     if (mode != Mode::Ulysses) return t.defect != Defect::None;
     return defect_survives_split(t.defect, t.view.stride[1], t.view.shape[1], layout.grid, output);
@@ -979,6 +988,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   tally.ran_gathered += gathered;
   tally.ran_non_finite += non_finite;
   tally.ran_descales += !call_descales.empty();
+  tally.ran_grouped += kv_heads > 0 && kv_heads < layout.heads;
   tally.ran_float_limit += at_float_limit;
   if (tiny_exp != 0) {
     ++tally.ran_tiny_qk;
@@ -1029,9 +1039,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (std::size_t i = 0; i < 3; ++i)
       packed[i] = stsa::Tensor(i == 1 ? k.view.dtype : q.view.dtype, layout.batch, layout.tokens(), layout.heads,
                                layout.head_dim);
-    const stsa::TensorView sources[] = {q.view, k.view, v.view};
-    const stsa::TensorView packed_views[] = {packed[0].view(), packed[1].view(), packed[2].view()};
-    stsa::gather_heads(layout.grid, gather.from, gather.to, in_heads, sources, packed_views);
+    const stsa::TensorView q_source[] = {q.view}, q_packed[] = {packed[0].view()};
+    const stsa::TensorView kv_sources[] = {k.view, v.view}, kv_packed[] = {packed[1].view(), packed[2].view()};
+    // Each head's K/V head, by the definition: query head h reads K/V head h / (H / Hkv).
+    std::vector<std::int64_t> kv_heads;
+    for (const std::int64_t h : in_heads) kv_heads.push_back(h / (layout.heads / kv_layout.heads));
+    stsa::gather_heads(layout.grid, gather.from, gather.to, in_heads, q_source, q_packed);
+    stsa::gather_heads(layout.grid, gather.from, gather.to, kv_heads, kv_sources, kv_packed);
+    const stsa::TensorView packed_views[] = {q_packed[0], kv_packed[0], kv_packed[1]};
     call.q = packed_views[0];
     call.k = packed_views[1];
     call.v = packed_views[2];

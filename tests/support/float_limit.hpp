@@ -19,11 +19,11 @@ inline void store_float_limit_channels(const TensorView& q, const TensorView& k,
   std::uniform_int_distribution<int> step(0, 38);
   if (q.head_dim() == 0) return;
   for (std::int64_t b = 0; b < q.shape[0]; ++b)
-    for (std::int64_t n = 0; n < q.shape[1]; ++n)
-      for (std::int64_t h = 0; h < q.shape[2]; ++h) {
-        q.store(b, n, h, 0, kQuery[n % 3]);
+    for (std::int64_t n = 0; n < q.shape[1]; ++n) {
+      for (std::int64_t h = 0; h < q.shape[2]; ++h) q.store(b, n, h, 0, kQuery[n % 3]);
+      for (std::int64_t h = 0; h < k.shape[2]; ++h)  // k's own heads (fewer where grouped)
         k.store(b, n, h, 0, 0x1p63f * (1.5f + 0x1p-7f * float(step(rng))));
-      }
+    }
 }
 
 }  // namespace stsa::testing
