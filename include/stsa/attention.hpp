@@ -107,9 +107,11 @@ void validate(const AttentionCall& call, bool require_plans);
 // element alignment); InvalidArgument naming `name` otherwise.
 void validate_tensor(const char* name, const TensorView& t, const VideoLayout& layout);
 void validate_lse(const char* name, const LseView& lse, const VideoLayout& layout);
-// K and V against the layout: one head count Hkv for both, dividing the layout's
-// (grouped-query attention), then validate_tensor() of each with Hkv heads;
-// messages name the tensors `prefix`k and `prefix`v.
+// Grouped-query attention's rule: k and v hold one head count that divides q's
+// `heads`; InvalidArgument (its message starting with `prefix`) otherwise.
+void check_kv_head_counts(std::string_view prefix, std::int64_t k_heads, std::int64_t v_heads, std::int64_t heads);
+// K and V against the layout: check_kv_head_counts(), then validate_tensor() of each
+// with their heads; messages name the tensors `prefix`k and `prefix`v.
 void validate_kv_tensors(const char* prefix, const TensorView& k, const TensorView& v, const VideoLayout& layout);
 // Their memory parts alone, for a view of any shape (a sequence shard's, a text
 // slice's): strides within the address space, non-negative, under which no two

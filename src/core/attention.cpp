@@ -202,18 +202,20 @@ void validate_tensor(const char* name, const TensorView& t, const VideoLayout& l
   validate_view_memory(name, t);
 }
 
+void check_kv_head_counts(std::string_view prefix, std::int64_t k_heads, std::int64_t v_heads, std::int64_t heads) {
+  STSA_CHECK(v_heads == k_heads, InvalidArgument, prefix, "k and v must hold as many heads, got ", k_heads, " and ",
+             v_heads);
+  STSA_CHECK(k_heads >= 1 && k_heads <= heads && heads % k_heads == 0, InvalidArgument, prefix, "k and v hold ",
+             k_heads, " heads: grouped-query attention needs a count that divides q's ", heads);
+}
+
 void validate_kv_tensors(const char* prefix, const TensorView& k, const TensorView& v, const VideoLayout& layout) {
   layout.validate();
   STSA_CHECK(k.data != nullptr, InvalidArgument, prefix, "k is null");
   STSA_CHECK(v.data != nullptr, InvalidArgument, prefix, "v is null");
-  const std::int64_t kv_heads = k.heads();
-  STSA_CHECK(v.heads() == kv_heads, InvalidArgument, prefix, "k and v must hold as many heads, got ", kv_heads,
-             " and ", v.heads());
-  STSA_CHECK(kv_heads >= 1 && kv_heads <= layout.heads && layout.heads % kv_heads == 0, InvalidArgument, prefix,
-             "k and v hold ", kv_heads, " heads: grouped-query attention needs a count that divides q's ",
-             layout.heads);
+  check_kv_head_counts(prefix, k.heads(), v.heads(), layout.heads);
   VideoLayout kv_layout = layout;
-  kv_layout.heads = kv_heads;
+  kv_layout.heads = k.heads();
   validate_tensor(detail::concat(prefix, "k").c_str(), k, kv_layout);
   validate_tensor(detail::concat(prefix, "v").c_str(), v, kv_layout);
 }

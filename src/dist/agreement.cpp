@@ -125,10 +125,8 @@ void check_local(const Communicator& comm, const UlyssesCall& call) {
              comm.rank(), " of ", comm.size(), " should hold ", shard.count, " (frame-major video tokens [",
              shard.begin, ", ", shard.end(), ") of ", layout.grid.video_tokens(), ")");
   check_view("q", call.q, b, shard.count, h, d);
-  // Grouped-query attention: k and v may hold fewer heads, a count dividing q's.
+  check_kv_head_counts("", call.k.heads(), call.v.heads(), h);  // grouped-query attention
   const std::int64_t kv_heads = call.k.heads();
-  STSA_CHECK(kv_heads >= 1 && kv_heads <= h && h % kv_heads == 0, InvalidArgument, "k and v hold ", kv_heads,
-             " heads: grouped-query attention needs a count that divides q's ", h);
   check_view("k", call.k, b, shard.count, kv_heads, d);
   check_view("v", call.v, b, shard.count, kv_heads, d);
   check_view("o", call.o, b, shard.count, h, d);

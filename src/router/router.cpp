@@ -83,10 +83,7 @@ RoutingReport Router::route(const VideoLayout& layout, const TensorView& q, cons
   const auto start = std::chrono::steady_clock::now();
   layout.validate();
   check_input("q", q, layout);
-  // Grouped-query attention: k and v may hold fewer heads, a count dividing q's.
-  STSA_CHECK(k.heads() == v.heads() && k.heads() >= 1 && layout.heads % k.heads() == 0, InvalidArgument,
-             "router: k and v hold ", k.heads(), " and ", v.heads(), " heads: they need one count that divides q's ",
-             layout.heads);
+  check_kv_head_counts("router: ", k.heads(), v.heads(), layout.heads);  // grouped-query attention
   VideoLayout kv_layout = layout;
   kv_layout.heads = k.heads();
   check_input("k", k, kv_layout);

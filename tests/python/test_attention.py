@@ -240,7 +240,7 @@ def test_kv_head_counts_that_do_not_group_are_refused(rng):
     with pytest.raises(stsa.InvalidArgument, match="k and v hold 4 heads: grouped-query attention needs a count "
                                                    "that divides q's 6"):
         stsa.attention(q, k, k, grid)
-    with pytest.raises(stsa.InvalidArgument, match="router: k and v hold 4 and 4 heads"):
+    with pytest.raises(stsa.InvalidArgument, match="router: k and v hold 4 heads: grouped-query"):
         stsa.route(q, k, k, grid)
     with pytest.raises(stsa.InvalidArgument, match="k and v must hold as many heads, got 4 and 2"):
         stsa.attention(q, k, k[:, :, :2], grid)
