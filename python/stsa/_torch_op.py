@@ -331,6 +331,17 @@ def _register_shardings(tensor_module) -> None:
                                tensor_module.Shard(1)))
         return options
 
+    def groups_kept(q, k, layout: str) -> bool:
+        """Whether q and k sharded over the heads keep each query head with its K/V head. With
+        fewer K/V heads than query heads (grouped-query attention) only shards that split both
+        counts evenly do: DTensor shards as torch.chunk does, so 12 query heads and 3 K/V heads
+        over 2 ranks are 6 + 6 and 2 + 1, and a rank would group its query heads by 3, not 4,
+        reading the wrong K/V heads. Where that could happen no head sharding is offered, and
+        DTensor redistributes to one the call can take. Any mesh dimensions may shard the heads
+        together, so the count that must divide is the whole mesh's."""
+        axis = 2 if layout == "bnhd" else 1
+        return k.shape[axis] == q.shape[axis] or k.shape[axis] % q.mesh.size() == 0
+
     # DTensor caches a strategy by the tensors' specs and the arguments from the first int one on,
     # which this operator has none of: its masks and layout, which the strategy reads, must be in
     # the key too (else a call with one mask per head reused one mask's sharding over the heads).
@@ -338,7 +349,7 @@ def _register_shardings(tensor_module) -> None:
     if hasattr(propagator, "op_to_schema_info"):
         @register_sharding(torch.ops.stsa.attention.default)
         def _(q, k, v, grid, text_before, masks, density, anchor, scale, layout, tile, align, backend, *descales):
-            return strategies(layout, descales, 10, batch=True, heads="," not in masks)
+            return strategies(layout, descales, 10, batch=True, heads="," not in masks and groups_kept(q, k, layout))
 
         from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 
@@ -347,10 +358,10 @@ def _register_shardings(tensor_module) -> None:
     @register_sharding(torch.ops.stsa.routed_attention.default)
     def _(q, k, v, grid, text_before, samples, densities, try_frames, max_rel_l2, anchor, seed, scale, layout, tile,
           align, backend, timed, *descales):
-        return strategies(layout, descales, 14, batch=False, heads=True)
+        return strategies(layout, descales, 14, batch=False, heads=groups_kept(q, k, layout))
 
     @register_sharding(torch.ops.stsa.policy_attention.default)
     def _(q, k, v, policy, grid, text_before, step, layer, scale, layout, tile, align, backend, timed, *descales):
-        return strategies(layout, descales, 11, batch=False, heads=True)
+        return strategies(layout, descales, 11, batch=False, heads=groups_kept(q, k, layout))
 
     _sharded = True

@@ -94,6 +94,7 @@ RoutedCall routed_call(const Tensors& t, const VideoGrid& grid, const std::strin
   call.q = tensor_view(t.q, "q", axes, t.bits_of("q"));
   call.k = tensor_view(t.k, "k", axes, t.bits_of("k"));
   call.v = tensor_view(t.v, "v", axes, t.bits_of("v"));
+  narrow_heads_broadcast(call.k, call.v);
   if (t.o) call.o = tensor_view(*t.o, "out", axes, t.bits_of("out"));
   if (t.lse) call.lse = lse_view(*t.lse, "lse");
   call.layout = VideoLayout{grid, call.q.batch(), call.q.heads(), call.q.head_dim()};

@@ -63,6 +63,15 @@ TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, std
 template TensorView tensor_view(const InputArray&, const char*, AxisOrder, std::optional<DType>);
 template TensorView tensor_view(const OutputArray&, const char*, AxisOrder, std::optional<DType>);
 
+void narrow_heads_broadcast(TensorView& k, TensorView& v) {
+  const auto broadcast = [](const TensorView& t) { return t.shape[2] > 1 && t.stride[2] == 0; };
+  if (!broadcast(k) && !broadcast(v)) return;
+  STSA_CHECK(broadcast(k) && broadcast(v), InvalidArgument, broadcast(k) ? "k" : "v",
+             " is broadcast over the heads (stride 0) and ", broadcast(k) ? "v" : "k",
+             " is not: broadcast both (multi-query attention) or neither");
+  k.shape[2] = v.shape[2] = 1;
+}
+
 LseView lse_view(const OutputArray& array, const char* name) {
   STSA_CHECK(array.ndim() == 3, InvalidArgument, name, " must have 3 dimensions [B, H, N], got ", array.ndim());
   STSA_CHECK(element_type(array.dtype(), name) == DType::F32, InvalidArgument, name, " must be float32");

@@ -233,6 +233,38 @@ def test_grouped_kv_heads_are_the_repeated_call(kv_heads, dtype, rng):
     assert [h["candidates"] for h in info["heads"]] == [h["candidates"] for h in info_rep["heads"]]
 
 
+@pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
+def test_kv_broadcast_over_the_heads_is_multi_query_attention(layout, rng):
+    """K and V broadcast over the heads (NumPy's broadcast_to: head stride 0, read-only) are
+    one K/V head's values: the grouped call with one K/V head, bit for bit, uncopied; and
+    within the fp64 reference's bound. One of them broadcast alone is refused by name."""
+    grid = stsa.VideoGrid(9, 5, 4, text=5)
+    heads_axis = 2 if layout == "bnhd" else 1
+    shape = [2, grid.tokens, 4, 64] if layout == "bnhd" else [2, 4, grid.tokens, 64]
+    q = rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+    one = list(shape)
+    one[heads_axis] = 1
+    k1, v1 = (rng.standard_normal(one).astype(ml_dtypes.bfloat16) for _ in range(2))
+    kb, vb = (np.broadcast_to(x, shape) for x in (k1, v1))
+    assert kb.strides[heads_axis] == 0 and not kb.flags.writeable
+    routes = ["temporal", "spatial", "dense", "frames"]
+    out, lse = stsa.attention(q, kb, vb, grid, routes, DENSITY, layout=layout, return_lse=True)
+    out_one, lse_one = stsa.attention(q, k1, v1, grid, routes, DENSITY, layout=layout, return_lse=True)
+    assert np.array_equal(out, out_one) and np.array_equal(lse, lse_one)
+    as_bnhd = (lambda x: x) if layout == "bnhd" else (lambda x: np.swapaxes(x, 1, 2))
+    reference.check(as_bnhd(out), as_bnhd(q), as_bnhd(kb), as_bnhd(vb), masks_for(grid, routes, DENSITY), lse=lse)
+    routed, info = stsa.routed_attention(q, kb, vb, grid, DENSITY, samples=16, layout=layout)
+    routed_one, info_one = stsa.routed_attention(q, k1, v1, grid, DENSITY, samples=16, layout=layout)
+    assert np.array_equal(routed, routed_one)
+    assert [h["candidates"] for h in info["heads"]] == [h["candidates"] for h in info_one["heads"]]
+    with pytest.raises(stsa.InvalidArgument, match=r"^v is broadcast over the heads \(stride 0\) and k is not: "
+                                                   r"broadcast both \(multi-query attention\) or neither$"):
+        stsa.attention(q, np.ascontiguousarray(kb), vb, grid, layout=layout)
+    batch_broadcast = np.broadcast_to(q[:1], shape)  # any other broadcast is still two elements at one address
+    with pytest.raises(stsa.InvalidArgument, match="k has overlapping strides"):
+        stsa.attention(q, batch_broadcast, batch_broadcast, grid, layout=layout)
+
+
 def test_kv_head_counts_that_do_not_group_are_refused(rng):
     grid = stsa.VideoGrid(3, 4, 4)
     q = rng.standard_normal((1, grid.tokens, 6, 64)).astype(np.float32)

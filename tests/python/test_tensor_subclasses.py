@@ -83,6 +83,18 @@ def _rank(rank: int, ranks: int, rendezvous: str, seed: int) -> None:
             assert torch.equal(got.full_tensor(), want), placement
             if placement == Shard(2):
                 assert info["routes"] == want_info["routes"][rank * 2:rank * 2 + 2]
+        # 12 query heads and 3 K/V heads shard over 2 ranks as 6 + 6 and 2 + 1 (torch.chunk): a rank's
+        # groups would not be the call's 4, so the heads are gathered first (the batch's shards kept).
+        q12 = random_qkv(seed + 1, heads=12)[0]
+        k3, v3 = (x[:, :, :3].contiguous() for x in random_qkv(seed + 2, heads=4)[1:])
+        for placement in (Shard(2), Shard(0)):
+            inputs = [distribute_tensor(x, mesh, [placement]) for x in (q12, k3, v3)]
+            got = stsa.attention(*inputs, GRID, "temporal", 0.4)
+            assert torch.equal(got.full_tensor(), stsa.attention(q12, k3, v3, GRID, "temporal", 0.4)), placement
+            assert got.placements == (Shard(0),), (placement, got.placements)
+            got, _ = stsa.routed_attention(*inputs, GRID, 0.4, samples=16)
+            assert got.placements == (Replicate(),), (placement, got.placements)
+            assert torch.equal(got.full_tensor(), stsa.routed_attention(q12, k3, v3, GRID, 0.4, samples=16)[0])
     finally:
         torch.distributed.destroy_process_group()
 

@@ -433,6 +433,32 @@ def test_compiled_grouped_query_attention_is_one_operator_per_call(rng):
 
 
 @needs_operators
+def test_kv_expanded_over_the_heads_is_multi_query_attention(rng):
+    """K and V expanded over the heads (stride 0), eager and through the operators, are the
+    grouped call with one K/V head, bit for bit: no copy is made of them."""
+    grid = stsa.VideoGrid(5, 4, 6, text=3)
+    q, k, v = random_qkv(rng, grid, 4, 64, torch.bfloat16)
+    k1, v1 = k[:, :, :1], v[:, :, :1]
+    routes = ["temporal", "spatial", "dense", "temporal"]
+
+    def layer(q, k1, v1):
+        kb, vb = (x.expand(-1, -1, 4, -1) for x in (k1, v1))
+        a = stsa.attention(q, kb, vb, grid, routes, 0.5)
+        b, _ = stsa.routed_attention(q, kb, vb, grid, 0.5, samples=16)
+        return a, b
+
+    grouped = (stsa.attention(q, k1, v1, grid, routes, 0.5), stsa.routed_attention(q, k1, v1, grid, 0.5, samples=16)[0])
+    compiled, ops = compiled_graph_ops(layer, q, k1, v1)
+    assert ops.count("stsa.attention") == 1 and ops.count("stsa.routed_attention") == 1, ops
+    for got in (*layer(q, k1, v1), *compiled):
+        assert got.shape == q.shape
+    for got, expected in zip((*layer(q, k1, v1), *compiled), grouped * 2):
+        assert torch.equal(got, expected)
+    with pytest.raises(stsa.InvalidArgument, match=r"k is broadcast over the heads \(stride 0\) and v is not"):
+        stsa.attention(q, k1.expand(-1, -1, 4, -1), v, grid)
+
+
+@needs_operators
 def test_compiled_float8_attention_gives_the_eager_bfloat16_out(rng):
     """The operator's fake implementation allocates what the call does: bfloat16 for float8 inputs."""
     grid = stsa.VideoGrid(5, 4, 6)
