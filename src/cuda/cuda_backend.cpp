@@ -44,9 +44,7 @@ void check_on_host(const AttentionCall& call) {
              "fp16 q/k/v, got ", to_string(call.q.dtype));
   STSA_CHECK(call.descales.empty(), Unsupported,
              "the cuda backend takes no per-(batch, head) descales yet (the cpu and reference backends do)");
-  STSA_CHECK(call.k.heads() == call.layout.heads, Unsupported, "the cuda backend takes no grouped-query attention ",
-             "yet (k and v with ", call.k.heads(), " heads for q's ", call.layout.heads,
-             "; the cpu and reference backends do): repeat each K/V head for its query heads");
+  cuda_detail::refuse_grouped_kv("the cuda backend: ", call.k, call.layout.heads);
   STSA_CHECK(cuda_detail::attention_head_dim_supported(int(call.layout.head_dim)), Unsupported,
              "the cuda backend supports head dims 64 and 128, got ", call.layout.head_dim);
   // The kernel reads and writes whole 16-byte vectors (inputs) and element pairs

@@ -13,6 +13,7 @@
 
 #include "cuda/capture.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/device_checks.hpp"
 #include "cuda/stream_scratch.hpp"
 #include "stsa/cuda_routing.hpp"
 #include "stsa/error.hpp"
@@ -173,6 +174,9 @@ CudaRoutedWorkspace::CudaRoutedWorkspace(const RoutedCall& call, std::int64_t te
 RoutedResult cuda_run_routed(const CudaBackend& backend, PlanCache& plans, const RoutedCall& call,
                              std::vector<HeadRoute> decisions, const RoutedOptions& options, void* stream,
                              CudaRoutedWorkspace* workspace) {
+  // Before the gather: it would hand the kernel one K/V copy per temporal head, an ungrouped
+  // call, so a call with every head temporal would pass no refusal of the backend's own.
+  cuda_detail::refuse_grouped_kv("cuda routed attention: ", call.k, call.layout.heads);
   cuda_detail::current_device();  // Unsupported without a GPU, before asking about captures
   CudaRoutedExecutor executor(backend, stream, workspace);
   return run_routed(executor, backend, plans, call, std::move(decisions), options);

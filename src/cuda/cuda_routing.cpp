@@ -89,9 +89,7 @@ RoutingReport cuda_route(const Router& router, const VideoLayout& layout, const 
   STSA_CHECK(layout.tokens() <= kMaxTokens, Unsupported, "cuda router: token positions are 32-bit: at most ",
              kMaxTokens, " tokens per sequence, got ", layout.tokens());
   check_shape("q", q, layout);
-  const bool grouped = k.heads() >= 1 && k.heads() < layout.heads && layout.heads % k.heads() == 0;
-  STSA_CHECK(!grouped, Unsupported, "cuda router: no grouped-query attention yet (k with ", k.heads(),
-             " heads for q's ", layout.heads, "; the cpu router takes it): repeat each K/V head for its query heads");
+  cuda_detail::refuse_grouped_kv("cuda router: ", k, layout.heads);
   check_shape("k", k, layout);
   check_shape("v", v, layout);
   STSA_CHECK(std::isfinite(softmax_scale), InvalidArgument, "cuda router: softmax scale must be finite");

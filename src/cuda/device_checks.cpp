@@ -44,4 +44,11 @@ void require_row_vectors(std::string_view who, std::string_view name, const Tens
                " stride of ", t.stride[i] * element, " bytes; rows must start at multiples of 16 bytes");
 }
 
+void refuse_grouped_kv(std::string_view who, const TensorView& k, std::int64_t heads) {
+  const bool grouped = k.heads() >= 1 && k.heads() < heads && heads % k.heads() == 0;
+  STSA_CHECK(!grouped, Unsupported, who, "no grouped-query attention on the GPU yet (k and v with ", k.heads(),
+             " heads for q's ", heads, "; the cpu and reference backends take it): repeat each K/V head for its ",
+             "query heads");
+}
+
 }  // namespace stsa::cuda_detail

@@ -27,4 +27,9 @@ void require_device_memory(std::string_view who, std::string_view name,
 // strides in bytes multiples of 16 (a dimension of extent 1 is never stepped over).
 void require_row_vectors(std::string_view who, std::string_view name, const TensorView& t);
 
+// Throws Unsupported when k holds fewer heads than q's `heads` and grouping them is
+// well formed (a count dividing `heads`): the kernels and the GPU router read K/V
+// head h for query head h. Other counts are left to the shape checks that follow.
+void refuse_grouped_kv(std::string_view who, const TensorView& k, std::int64_t heads);
+
 }  // namespace stsa::cuda_detail

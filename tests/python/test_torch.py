@@ -355,8 +355,9 @@ def test_cuda_refusals(rng):
     assert torch.all(out == 7.0)
     # Nor grouped-query attention yet (the host backends take it).
     q4 = torch.cat([q, q], dim=2)
-    with pytest.raises(stsa.Unsupported, match="no grouped-query attention"):
-        stsa.attention(q4, k, v, grid)
+    for mask in ("spatial", "temporal"):  # every head temporal: its K/V copies made no ungrouped call pass
+        with pytest.raises(stsa.Unsupported, match="no grouped-query attention"):
+            stsa.attention(q4, k, v, grid, mask=mask)
     with pytest.raises(stsa.Unsupported, match="no grouped-query attention"):
         stsa.route(q4, k, v, grid)
     with pytest.raises(stsa.InvalidArgument):
