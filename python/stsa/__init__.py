@@ -647,15 +647,23 @@ def _torch_array(name: str, tensor, stream: int | None):
 def _written(*outputs):
     """Bumps the autograd version counter of the torch tensors among ``outputs`` once the call has
     run (or failed part-way), as torch's in-place operators do: a tensor saved for a backward pass
-    and then overwritten by stsa is then refused by that backward pass, not used with the new values."""
-    try:
-        yield
-    finally:
+    and then overwritten by stsa is then refused by that backward pass, not used with the new values.
+    A refused call (its arguments checked before anything is written) leaves them as they were."""
+    def bump():
         tensors = [x for x in outputs if _framework(x) == "torch"]
         if tensors:
             import torch
 
             torch.autograd.graph.increment_version(tensors)
+
+    try:
+        yield
+    except (InvalidArgument, Unsupported, TypeError):
+        raise
+    except BaseException:
+        bump()
+        raise
+    bump()
 
 
 def _descales(q, layout: str, q_descale, k_descale, v_descale) -> dict[str, Any]:
@@ -676,6 +684,9 @@ def _descales(q, layout: str, q_descale, k_descale, v_descale) -> dict[str, Any]
             if value.device.type != "cpu":
                 raise Unsupported(f"{name} is on {value.device}: descales are taken on the host only, by the host "
                                   "backends (the cuda backend takes none yet)")
+            if value.requires_grad and sys.modules["torch"].is_grad_enabled():  # as q, k and v (_refuse_autograd)
+                raise Unsupported(f"stsa computes no gradients, and {name} requires grad: call it under "
+                                  f"torch.no_grad() or torch.inference_mode(), or give {name}.detach()")
             value = _torch_array(name, value.detach(), None).float().numpy()  # a copy where a bit was set
         try:
             array = np.asarray(value, dtype=np.float32)
@@ -758,16 +769,17 @@ def _through_operator(q, k, v, out, lse, stream) -> bool:
 def _into_given(out, lse, results) -> tuple:
     """The operator's (out, lse), copied into the ``out`` and ``lse`` the caller gave, which must
     be torch tensors of exactly the operator's shapes, dtypes and device."""
+    pairs = (("out", out, results[0]), ("lse", lse, results[1]))
+    for name, mine, theirs in pairs:  # both checked before either is written: a refused call writes nothing
+        expected = (theirs.shape, theirs.dtype, theirs.device)
+        if mine is not None and (_framework(mine) != "torch" or (mine.shape, mine.dtype, mine.device) != expected):
+            raise InvalidArgument(f"{name} must be a torch tensor of shape {list(theirs.shape)}, {theirs.dtype}, "
+                                  f"on {theirs.device} (got {_described(mine)})")
     given = []
-    for name, mine, theirs in (("out", out, results[0]), ("lse", lse, results[1])):
+    for _, mine, theirs in pairs:
         if mine is not None:
-            expected = (theirs.shape, theirs.dtype, theirs.device)
-            if _framework(mine) != "torch" or (mine.shape, mine.dtype, mine.device) != expected:
-                raise InvalidArgument(f"{name} must be a torch tensor of shape {list(theirs.shape)}, {theirs.dtype}, "
-                                      f"on {theirs.device} (got {_described(mine)})")
             mine.copy_(theirs)
-            theirs = mine
-        given.append(theirs)
+        given.append(theirs if mine is None else mine)
     return tuple(given)
 
 
@@ -889,6 +901,8 @@ def _batch_tokens_heads(shape, layout: str) -> tuple:
 
 
 def _writable(array) -> bool:
+    if isinstance(array, memoryview):  # the buffer protocol's own view
+        return not array.readonly
     flags = getattr(array, "flags", None)  # NumPy's; a torch tensor is always writable
     return flags is None or bool(getattr(flags, "writeable", True))
 
@@ -912,7 +926,9 @@ def _empty_like(array, shape, dtype: str | None):
         import ml_dtypes
 
         return numpy.empty(shape, dtype=ml_dtypes.bfloat16)
-    return numpy.empty(shape, dtype=array.dtype if dtype is None else dtype)
+    if dtype is None:  # a buffer-protocol array without a dtype (a memoryview): its format's, read in place
+        dtype = array.dtype if hasattr(array, "dtype") else numpy.asarray(array).dtype
+    return numpy.empty(shape, dtype=dtype)
 
 
 # With torch here already, its operators are registered now (13 ms): a program exported with

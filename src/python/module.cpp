@@ -94,7 +94,7 @@ RoutedCall routed_call(const Tensors& t, const VideoGrid& grid, const std::strin
   call.q = tensor_view(t.q, "q", axes, t.bits_of("q"));
   call.k = tensor_view(t.k, "k", axes, t.bits_of("k"));
   call.v = tensor_view(t.v, "v", axes, t.bits_of("v"));
-  narrow_heads_broadcast(call.k, call.v);
+  narrow_heads_broadcast(call.k, call.v, call.q.heads());
   if (t.o) call.o = tensor_view(*t.o, "out", axes, t.bits_of("out"));
   if (t.lse) call.lse = lse_view(*t.lse, "lse");
   call.layout = VideoLayout{grid, call.q.batch(), call.q.heads(), call.q.head_dim()};
@@ -397,12 +397,14 @@ NB_MODULE(_stsa, m) {
         layout.validate();
         check_mask_count(masks, heads);
         const VideoLayout one_head{grid, batch, 1, head_dim};
+        // Per mask given, not per head: one mask for all heads counts once, times the heads (a
+        // loop over 2^40 heads took hours, with the GIL held).
+        const double heads_per_mask = masks.size() == 1 ? double(heads) : 1.0;
         double kept = 0, kept_tiles = 0;
-        for (std::int64_t h = 0; h < heads; ++h) {
-          const auto plan = plan_of(grid, masks[masks.size() == 1 ? 0 : std::size_t(h)], density, anchor, tile_q,
-                                    tile_k, align);
-          kept += kept_pair_flops(one_head, *plan);
-          kept_tiles += kept_tile_flops(one_head, *plan);
+        for (const std::string& mask : masks) {
+          const auto plan = plan_of(grid, mask, density, anchor, tile_q, tile_k, align);
+          kept += heads_per_mask * kept_pair_flops(one_head, *plan);
+          kept_tiles += heads_per_mask * kept_tile_flops(one_head, *plan);
         }
         nb::dict d;
         d["kept"] = kept;

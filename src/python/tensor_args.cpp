@@ -1,5 +1,6 @@
 #include "tensor_args.hpp"
 
+#include "stsa/attention.hpp"
 #include "stsa/error.hpp"
 
 namespace nb = nanobind;
@@ -63,18 +64,22 @@ TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, std
 template TensorView tensor_view(const InputArray&, const char*, AxisOrder, std::optional<DType>);
 template TensorView tensor_view(const OutputArray&, const char*, AxisOrder, std::optional<DType>);
 
-void narrow_heads_broadcast(TensorView& k, TensorView& v) {
+void narrow_heads_broadcast(TensorView& k, TensorView& v, std::int64_t heads) {
   const auto broadcast = [](const TensorView& t) { return t.shape[2] > 1 && t.stride[2] == 0; };
   if (!broadcast(k) && !broadcast(v)) return;
   STSA_CHECK(broadcast(k) && broadcast(v), InvalidArgument, broadcast(k) ? "k" : "v",
              " is broadcast over the heads (stride 0) and ", broadcast(k) ? "v" : "k",
              " is not: broadcast both (multi-query attention) or neither");
+  check_kv_head_counts("", k.heads(), v.heads(), heads);
   k.shape[2] = v.shape[2] = 1;
 }
 
 LseView lse_view(const OutputArray& array, const char* name) {
   STSA_CHECK(array.ndim() == 3, InvalidArgument, name, " must have 3 dimensions [B, H, N], got ", array.ndim());
-  STSA_CHECK(element_type(array.dtype(), name) == DType::F32, InvalidArgument, name, " must be float32");
+  const nb::dlpack::dtype t = array.dtype();
+  STSA_CHECK(t.lanes == 1 && t.code == std::uint8_t(nb::dlpack::dtype_code::Float) && t.bits == 32, InvalidArgument,
+             name, " must be float32 (DLPack type code ", int(t.code), ", ", int(t.bits), " bits, ", int(t.lanes),
+             " lanes given)");
   LseView view;
   view.data = static_cast<float*>(array.data());
   for (int axis = 0; axis < 3; ++axis) {

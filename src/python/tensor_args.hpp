@@ -43,9 +43,10 @@ TensorView tensor_view(const Array& array, const char* name, AxisOrder axes, std
 // K and V broadcast over the heads (head stride 0, as torch's expand and NumPy's broadcast_to
 // make them) hold one head's values: that call is multi-query attention, which the library
 // reads, uncopied, as grouped-query attention with one K/V head. Narrows both views to that
-// head. One of the two broadcast alone is refused, by name; any other broadcast is left to
-// the library's check of overlapping strides.
-void narrow_heads_broadcast(TensorView& k, TensorView& v);
+// head, after checking their head counts against q's `heads` as any K and V are (a count
+// that q's does not divide is refused, broadcast or not). One of the two broadcast alone is
+// refused, by name; any other broadcast is left to the library's check of overlapping strides.
+void narrow_heads_broadcast(TensorView& k, TensorView& v, std::int64_t heads);
 
 // A [B, H, N] fp32 array as an LSE view.
 LseView lse_view(const OutputArray& array, const char* name);

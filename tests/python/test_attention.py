@@ -260,6 +260,10 @@ def test_kv_broadcast_over_the_heads_is_multi_query_attention(layout, rng):
     with pytest.raises(stsa.InvalidArgument, match=r"^v is broadcast over the heads \(stride 0\) and k is not: "
                                                    r"broadcast both \(multi-query attention\) or neither$"):
         stsa.attention(q, np.ascontiguousarray(kb), vb, grid, layout=layout)
+    wider = list(shape)
+    wider[heads_axis] = 8  # broadcast or not, K and V's head count must divide q's 4
+    with pytest.raises(stsa.InvalidArgument, match="k and v hold 8 heads: grouped-query attention needs a count"):
+        stsa.attention(q, np.broadcast_to(k1, wider), np.broadcast_to(v1, wider), grid, layout=layout)
     batch_broadcast = np.broadcast_to(q[:1], shape)  # any other broadcast is still two elements at one address
     with pytest.raises(stsa.InvalidArgument, match="k has overlapping strides"):
         stsa.attention(q, batch_broadcast, batch_broadcast, grid, layout=layout)

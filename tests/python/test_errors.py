@@ -184,12 +184,24 @@ def test_outputs_must_be_writable_and_apart_from_the_inputs(qkv):
         stsa.attention(q, k, v, GRID, out=read_only)
     with pytest.raises(stsa.InvalidArgument, match="overlaps"):
         stsa.attention(q, k, v, GRID, out=q)
-    with pytest.raises(stsa.InvalidArgument, match="lse must be float32"):
-        stsa.attention(q, k, v, GRID, lse=np.empty((1, 2, GRID.tokens), dtype=np.float64))
+    for dtype in (np.float64, np.float16):  # named as what lse must be, not as what q may be
+        with pytest.raises(stsa.InvalidArgument, match=r"^lse must be float32 \(DLPack type code 2, "):
+            stsa.attention(q, k, v, GRID, lse=np.empty((1, 2, GRID.tokens), dtype=dtype))
+    with pytest.raises(stsa.InvalidArgument, match="out is read-only"):  # the buffer protocol's own view
+        stsa.attention(q, k, v, GRID, out=memoryview(np.empty_like(q)).toreadonly())
     with pytest.raises(stsa.InvalidArgument, match="lse must have 3 dimensions"):
         stsa.attention(q, k, v, GRID, lse=np.empty((2, GRID.tokens), dtype=np.float32))
     with pytest.raises(stsa.InvalidArgument, match="out must be float32"):
         stsa.attention(q, k, v, GRID, out=np.empty(q.shape, dtype=np.int32))
+
+
+def test_buffer_protocol_arrays_are_read_in_place(qkv):
+    """A memoryview (the buffer protocol, without NumPy's dtype) is an array like any other: its
+    output is allocated from its format, as NumPy's would be from its dtype."""
+    q, k, v = qkv
+    out = stsa.attention(memoryview(q), memoryview(k), memoryview(v), GRID, "spatial", 0.5)
+    assert isinstance(out, np.ndarray) and out.dtype == q.dtype
+    assert np.array_equal(out, stsa.attention(q, k, v, GRID, "spatial", 0.5))
 
 
 def test_unsupported_head_dim(rng):

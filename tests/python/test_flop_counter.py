@@ -63,6 +63,9 @@ def test_attention_flops_reports_tiles_and_dense():
     assert flops["dense"] == dense
     assert flops["kept"] < flops["kept_tiles"] <= dense  # partial tiles computed whole
     assert stsa.attention_flops(GRID, "dense", heads=2, head_dim=64, batch=3)["kept"] == dense
+    # One mask for every head is counted once, times the heads (a loop over 2^40 heads took hours).
+    huge = stsa.attention_flops(GRID, "spatial", 0.3, heads=2**40, head_dim=64, batch=3)
+    assert (huge["kept"], huge["kept_tiles"]) == (flops["kept"] * 2**39, flops["kept_tiles"] * 2**39)
     with pytest.raises(stsa.InvalidArgument, match="one per head"):
         stsa.attention_flops(GRID, ["spatial", "temporal"], heads=3, head_dim=64)
     with pytest.raises(stsa.InvalidArgument, match="heads"):

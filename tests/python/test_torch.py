@@ -3,6 +3,7 @@ machine's image has it and bench/gpu/check.sh runs this file there): CPU tensors
 the CPU backend, CUDA tensors on the CUDA backend, read in place through DLPack,
 the output a tensor on the inputs' device, checked against the fp64 reference."""
 
+import contextlib
 import subprocess
 import sys
 import types
@@ -16,6 +17,7 @@ from helpers import masks_for, structured_heads
 
 torch = pytest.importorskip("torch")
 
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from torch_helpers import check, require_gpu  # noqa: E402  (needs torch)
 
 # stsa's operators (the torch.compile path) need torch >= 2.8; eager calls do not.
@@ -239,10 +241,22 @@ def test_outputs_autograd_tracks_are_refused_or_marked_written(rng):
         assert out._version > versions[0] and lse._version > versions[1]
     w = torch.randn(q.shape, requires_grad=True)
     saved = torch.exp(w)  # exp keeps its output for the backward pass
+    # A refused call writes nothing, so it leaves the version alone (and that backward pass intact),
+    # also while a dispatch mode watches, where the output was copied into out before lse was checked.
+    bad_lse = torch.empty((1, 2, grid.tokens), dtype=torch.float16)
+    for watched in (False, True):
+        kept = saved.detach().clone()
+        with torch.no_grad(), (FlopCounterMode(display=False) if watched else contextlib.nullcontext()):
+            with pytest.raises(stsa.InvalidArgument, match="lse must be"):
+                stsa.attention(q, k, v, grid, out=saved, lse=bad_lse)
+        assert torch.equal(saved, kept) and saved._version == 0, watched
     with torch.no_grad():
         stsa.attention(q, k, v, grid, out=saved)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         saved.sum().backward()
+    # Nor does stsa take a descale that requires grad: its gradient would be dropped without a word.
+    with pytest.raises(stsa.Unsupported, match="v_descale requires grad"):
+        stsa.attention(q, k, v, grid, v_descale=torch.full((1, 2), 0.5, requires_grad=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
