@@ -127,16 +127,24 @@ class _StepClock:
     transformers: lower than the last is the next step, equal the same step, higher
     (or the first after reset()) a new generation; the other way round for a model
     whose timesteps rise (``rising``: Mochi's). ``on_generation_end`` gets each
-    generation's step count once, when the next one begins or at ``finish()``."""
+    generation's step count once, when the next one begins or at ``finish()``.
+
+    ``loop_timestep``: the pipeline's own timestep for this forward, where it keeps one
+    (diffusers' ``_current_timestep``, the scheduler's value before the pipeline casts it
+    for the model). It tells apart steps whose timesteps the cast made equal: HunyuanVideo
+    1.5's and Cosmos Predict2's pipelines hand the model bfloat16 timesteps, and at shift 9
+    three of 50 steps rounded to their neighbours' values and were counted as their
+    guidance passes."""
 
     def __init__(self, on_generation_end: Callable[[int], None]):
         self.step = 0
         self.generation = 0
         self._last_timestep: float | None = None
+        self._last_loop_timestep: float | None = None
         self._on_generation_end = on_generation_end
         self._open = False  # a generation has begun and not been reported
 
-    def observe(self, timestep: float, rising: bool = False) -> None:
+    def observe(self, timestep: float, rising: bool = False, loop_timestep: float | None = None) -> None:
         # Compared as falling timesteps: a rising one, negated, falls as the steps go on.
         timestep = -timestep if rising else timestep
         if self._last_timestep is None or timestep > self._last_timestep:
@@ -144,18 +152,30 @@ class _StepClock:
             self.step = 0
             self.generation += 1
             self._open = True
-        elif timestep < self._last_timestep:
+        elif timestep < self._last_timestep or (
+                loop_timestep is not None and self._last_loop_timestep is not None
+                and loop_timestep != self._last_loop_timestep):
             self.step += 1
         self._last_timestep = timestep
+        self._last_loop_timestep = loop_timestep
 
     def reset(self) -> None:
         self._last_timestep = None
+        self._last_loop_timestep = None
 
     def finish(self) -> None:
         """Ends the generation under way, if any (the model is being disabled)."""
         if self._open:
             self._open = False
             self._on_generation_end(self.step + 1)
+
+
+def _reference(obj) -> Callable[[], Any]:
+    """A weak reference to ``obj``, or a strong one where it takes none (a SimpleNamespace)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def _warn_if_dense_throughout(policy: Policy, steps: int) -> None:
@@ -194,7 +214,7 @@ class SparseTransformer:
 
     def __init__(self, transformer, policy: str | Policy, *, backend: str | None, tile, align: str, timed: bool,
                  max_records: int, name: str = "transformer", clock: _StepClock | None = None,
-                 records: collections.deque | None = None):
+                 records: collections.deque | None = None, pipeline=None):
         self.policy = _policy(policy)
         transformer = _uncompiled(transformer)
         self._family = _family_of(transformer)
@@ -210,6 +230,9 @@ class SparseTransformer:
         self._owns_clock = clock is None
         self._clock = _StepClock(functools.partial(_warn_if_dense_throughout, self.policy)) if clock is None else clock
         self._generation = self._clock.generation  # the generation the policy's decisions belong to
+        # The pipeline enabled with this transformer, if any: its loop's timestep breaks the ties of
+        # the model's (weak where it can be: the pipeline holds the transformer, which holds this).
+        self._pipeline = None if pipeline is None else _reference(pipeline)
         self._forwards = 0  # forwards begun; the prompt counts read from a layer's mask hold for one
         self._mask_counts: tuple[int, list[int]] | None = None  # (forward, per sample, the prompt tokens kept)
         # The class's forward, not the instance's: hooks may have replaced that one by a wrapper
@@ -280,12 +303,21 @@ class SparseTransformer:
         # Per sample, the prompt tokens its mask keeps (HunyuanVideo pads every prompt to one length).
         self.text_counts = self._family.text_counts(bound)
         # One host read per forward: the step is what the policy is keyed by.
-        self._clock.observe(float(timestep.max()), self._family.rising_timesteps)
+        self._clock.observe(float(timestep.max()), self._family.rising_timesteps, self._loop_timestep())
         if self._generation != self._clock.generation:
             # A new video (another prompt, another seed): its heads are routed afresh, not
             # given a decision made for the last one that a long reuse would still hold.
             self._generation = self._clock.generation
             self.policy.clear()
+
+    def _loop_timestep(self) -> float | None:
+        """The enabled pipeline's timestep for the forward under way (diffusers' pipelines set
+        ``_current_timestep`` before each step's forwards, and None after the loop), else None."""
+        pipeline = None if self._pipeline is None else self._pipeline()
+        value = getattr(pipeline, "_current_timestep", None)
+        if value is None or _without_data(torch.as_tensor(value)):
+            return None
+        return float(torch.as_tensor(value).max())
 
     # Eager whole, never traced in pieces: where a graph break left a caller eager inside a compiled
     # region, dynamo compiled Policy.attention's frame by itself, which took the operator's path and
@@ -393,7 +425,7 @@ class SparsePipeline:
                 own = first if not self.parts else Policy(**first.settings)
                 self.parts[name] = SparseTransformer(getattr(pipeline, name), own, backend=backend, tile=tile,
                                                      align=align, timed=timed, max_records=max_records, name=name,
-                                                     clock=self._clock, records=self.records)
+                                                     clock=self._clock, records=self.records, pipeline=pipeline)
         except BaseException:
             self.disable()  # the transformers enabled before the one refused get their own processors back
             raise

@@ -364,6 +364,35 @@ def test_mochis_rising_timesteps_count_its_steps(rng):
     sparse.disable()
 
 
+def test_a_pipelines_own_timestep_tells_apart_steps_its_cast_made_equal(rng):
+    """HunyuanVideo 1.5's pipeline hands the model its timestep cast to bfloat16, where steps
+    close together round to one value (at shift 9: 3 of 50 steps), which counted as guidance
+    passes of the step before. The pipeline's own ``_current_timestep`` (fp32, set before each
+    step's forwards) tells them apart; a bare transformer, which has none, still cannot."""
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=9.0)
+    scheduler.set_timesteps(50)
+    steps = scheduler.timesteps[:8]
+    cast = [float(t.to(torch.bfloat16)) for t in steps]
+    assert len(set(cast)) < len(cast), cast  # the case itself: some consecutive steps collide
+    model = tiny_wan(layers=1)
+    pipe = types.SimpleNamespace(transformer=model, _current_timestep=None)
+    sparse = stsa.diffusers.enable(pipe, stsa.Policy(dense_steps=1000))
+    seen = []
+    for t in steps:
+        pipe._current_timestep = t
+        for _ in range(2):  # the conditional and the unconditional pass
+            forward(model, inputs(rng, float(t.to(torch.bfloat16))))
+            seen.append(sparse.step)
+    pipe._current_timestep = None
+    assert seen == [step for step in range(8) for _ in range(2)]
+    sparse.disable()
+    bare = stsa.diffusers.enable(model, stsa.Policy(dense_steps=1000))
+    for t in steps:
+        forward(model, inputs(rng, float(t.to(torch.bfloat16))))
+    assert bare.step == len(set(cast)) - 1  # what the model's timesteps alone tell
+    bare.disable()
+
+
 def test_a_refused_enable_leaves_the_model_as_it_was(rng):
     """enable's DenseWarning comes before anything is installed: raised (warnings as
     errors), it leaves the model's own processors and no hook behind."""
