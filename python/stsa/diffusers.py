@@ -521,6 +521,15 @@ class _SelfAttention:
             raise Unsupported(f"layer {self.layer}: {tokens} tokens, fewer than the video's {video}")
         return tokens - video
 
+    def _appended(self, hidden_states) -> int:
+        """How many tokens follow the video's in a sequence of the video alone: LTX-2's keyframe
+        and reference-video conditions (LTX2ConditionPipeline, LTX2ICLoraPipeline) append theirs
+        while the forward's frames, height and width stay the video's. Clean frames the video is
+        made to agree with: global tokens, as history is. None with fewer tokens than the video's
+        (a rank's share under context parallelism: the call's own checks see the whole)."""
+        grid, tokens = self.owner.grid, hidden_states.shape[1]
+        return 0 if grid is None or tokens <= grid.video_tokens else tokens - grid.video_tokens
+
     def _ulysses(self, prompt_mask, history: int):
         """(group, ranks) under diffusers' Ulysses context parallelism, else None. Each rank
         holds a contiguous share of the video's frame-major tokens; an all-to-all gives it
@@ -671,7 +680,7 @@ class _LTXSelfAttention(_SelfAttention):
         if image_rotary_emb is not None:
             query, key = apply_rotary_emb(query, image_rotary_emb), apply_rotary_emb(key, image_rotary_emb)
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
-        out = self._attention(query, key, value).flatten(2, 3).to(query.dtype)
+        out = self._attention(query, key, value, history=self._appended(hidden_states)).flatten(2, 3).to(query.dtype)
         return attn.to_out[1](attn.to_out[0](out))
 
 
@@ -976,7 +985,8 @@ class _LTX2SelfAttention(_SelfAttention):
                     raise Unsupported(f"LTX-2's rotary embedding of type {attn.rope_type!r} is not one stsa knows")
                 query, key = rotate(query, query_rotary_emb), rotate(key, query_rotary_emb)
             query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
-            out = self._attention(query, key, value).flatten(2, 3).to(query.dtype)
+            out = self._attention(query, key, value, history=self._appended(hidden_states)).flatten(2, 3).to(
+                query.dtype)
             if perturbation_mask is not None:
                 out = torch.lerp(value.flatten(2, 3), out, perturbation_mask)
         if gate_logits is not None:

@@ -202,6 +202,28 @@ def test_ltx2_guidance_perturbation_gates_and_rotary_types(rope_type, perturbed_
         assert [r.layer for r in sparse.records] == ([0] if all_perturbed else [0, 1])
 
 
+@needs(LTX2)
+def test_ltx2_keyframe_tokens_after_the_video_are_global(rng):
+    """LTX2ConditionPipeline appends a keyframe's tokens (and their coordinates) after the
+    video's while the forward's frames, height and width stay the video's; LTX2ICLoraPipeline
+    does so with a reference video. They were refused as tokens split across devices; they
+    are global tokens, as history is: a dense policy gives the model's own output."""
+    torch.manual_seed(0)
+    model = tiny_ltx2(2).eval()
+    x = inputs(rng, 999, spec=LTX2)
+    grid = LTX2.grid
+    keyframe = model.rope.prepare_video_coords(1, 1, grid.height, grid.width, "cpu")  # one latent frame
+    x["hidden_states"] = torch.cat([x["hidden_states"], torch.randn(1, keyframe.shape[2], 4)], dim=1)
+    x["video_coords"] = torch.cat(
+        [model.rope.prepare_video_coords(1, grid.frames, grid.height, grid.width, "cpu"), keyframe], dim=2)
+    own = forward(model, x)
+    with stsa.diffusers.enable(model, stsa.Policy(dense_steps=1)) as sparse:
+        ours = forward(model, x)
+    assert relative_l2(ours, own) < 1e-6
+    assert [(r.layer, r.grid.video_tokens, r.grid.text) for r in sparse.records] == [
+        (layer, grid.video_tokens, grid.height * grid.width) for layer in range(2)]
+
+
 @needs(HUNYUAN15)
 def test_hunyuan15_prompts_of_different_lengths_and_an_image(rng):
     """HunyuanVideo 1.5 (image-to-video: its 3 image tokens kept) with a batch of two whose
