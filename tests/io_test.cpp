@@ -115,7 +115,10 @@ TEST_F(IoTest, NpyWriterLeavesNoFragmentWhenTheWriteFails) {
   small.rlim_cur = 1000;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
   const std::string created = path("created.npy"), replaced = path("replaced.npy");
+  const std::string target = path("target.npy"), link = path("link.npy");
   std::ofstream(replaced) << "old";
+  std::ofstream(target) << "old";
+  fs::create_symlink(target, link);
   const auto failure = [](const std::string& p, bool overwrite) -> std::string {
     try {
       write_npy(p, counting(DType::F32, {1000}), overwrite);  // 4 KB of data
@@ -124,7 +127,9 @@ TEST_F(IoTest, NpyWriterLeavesNoFragmentWhenTheWriteFails) {
     }
     return "no error";
   };
-  const std::string messages[] = {failure(created, false), failure(replaced, true)};
+  // Through a link, the file it names is what gets replaced: the link stays (it was removed,
+  // and the file it named truncated to the fragment).
+  const std::string messages[] = {failure(created, false), failure(replaced, true), failure(link, true)};
   ::setrlimit(RLIMIT_FSIZE, &saved);
   std::signal(SIGXFSZ, old_handler);
   for (const std::string& m : messages) {
@@ -132,11 +137,14 @@ TEST_F(IoTest, NpyWriterLeavesNoFragmentWhenTheWriteFails) {
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   }
   EXPECT_FALSE(fs::exists(created));
-  std::string kept;
-  std::getline(std::ifstream(replaced), kept);
-  EXPECT_EQ(kept, "old");
+  for (const std::string& p : {replaced, target}) {
+    std::string kept;
+    std::getline(std::ifstream(p), kept);
+    EXPECT_EQ(kept, "old") << p;
+  }
+  EXPECT_TRUE(fs::is_symlink(link));
   const auto entries = std::distance(fs::directory_iterator(fs::path(replaced).parent_path()), fs::directory_iterator());
-  EXPECT_EQ(entries, 1) << "a temporary file was left beside the old one";
+  EXPECT_EQ(entries, 3) << "a temporary file was left beside an old one";
 }
 
 // Overwriting replaces a regular file whole and keeps its permissions; a link is written

@@ -98,15 +98,13 @@ Inputs read_inputs(const RouteArgs& args, const VideoGrid& grid, MemoryLayout me
 constexpr const char* kSavedNames[] = {"q.npy", "k.npy", "v.npy"};
 
 // --save-inputs' folder: refused when any of the three files exists (nothing is
-// replaced), created when missing; checked before the data is made.
-void prepare_save_folder(const std::string& folder) {
+// replaced); checked before the data is made.
+void check_save_folder(const std::string& folder) {
   const std::filesystem::path dir(folder);
   std::error_code error;
   for (const char* name : kSavedNames)
     STSA_CHECK(!std::filesystem::exists(dir / name, error), InvalidArgument, "--save-inputs: ", (dir / name).string(),
                " exists; it is left as it is");
-  std::filesystem::create_directories(dir, error);
-  STSA_CHECK(!error, InvalidArgument, "--save-inputs: cannot create ", folder, ": ", error.message());
 }
 
 // The same path, however written (relative, with dots), whether or not it exists yet.
@@ -148,10 +146,14 @@ io::HostArray as_array(const Tensor& t, MemoryLayout memory) {
   return a;
 }
 
-// The synthetic q, k, v as .npy files, each in the tensors' memory order. All three or
-// none: a failed write (disk full) removes the files this call wrote before it.
+// The synthetic q, k, v as .npy files, each in the tensors' memory order, into `folder`
+// (created when missing). All three or none: a failed write (disk full) removes the files
+// this call wrote before it.
 void save_inputs(const Inputs& in, const std::string& folder, MemoryLayout memory) {
   const std::filesystem::path dir(folder);
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  STSA_CHECK(!error, InvalidArgument, "--save-inputs: cannot create ", folder, ": ", error.message());
   const Tensor* tensors[] = {&in.q, &in.k, &in.v};
   for (int i = 0; i < 3; ++i) {
     try {
@@ -176,11 +178,9 @@ Inputs make_inputs(const RouteArgs& args, const VideoGrid& grid, MemoryLayout me
   o.dtype = parse_dtype(args.dtype);
   o.memory = memory;
   o.seed = std::uint64_t(args.seed);
-  if (!args.save_inputs.empty()) prepare_save_folder(args.save_inputs);
+  if (!args.save_inputs.empty()) check_save_folder(args.save_inputs);
   synth::Data d = synth::make_video_tokens(o);
-  Inputs in{d.layout, std::move(d.q), std::move(d.k), std::move(d.v), std::move(d.truth)};
-  if (!args.save_inputs.empty()) save_inputs(in, args.save_inputs, memory);
-  return in;
+  return Inputs{d.layout, std::move(d.q), std::move(d.k), std::move(d.v), std::move(d.truth)};
 }
 
 }  // namespace
@@ -238,6 +238,8 @@ nlohmann::json run_route(const RouteArgs& args) {
     const Support s = host_backend->supports(call.unrouted_call());
     STSA_CHECK(s.ok, Unsupported, "backend ", args.backend, ": ", s.why);
   }
+  // Saved once the call is known to run here: a refused one left the three files (and their folder).
+  if (args.synthetic && !args.save_inputs.empty()) save_inputs(in, args.save_inputs, memory);
   PlanCache plans;  // kept across repeats, as a model's layers keep theirs
   const auto route_and_run = [&] {
     if (on_gpu) return route_on_cuda(router, call, options);

@@ -5,8 +5,10 @@
 // commands run from their parsed options (commands.hpp). Every error ends as one
 // line on stderr and exit code 2.
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
@@ -239,15 +241,23 @@ void add_route_command(CLI::App& app) {
 }
 
 // CLI11 reads integers with strtoll / strtoull, which saturate out-of-range text (and
-// take "010" as octal): every integer option's text passes check_integer_text first.
-void check_integer_options(CLI::App& app) {
+// take "010" as octal): every integer option's text passes check_integer_text first. It
+// reads an empty text as 0 for a number (--density '' ran at density 0), and an empty
+// path was taken as no path (--save-output '' wrote nothing, with no error): every
+// other option refuses an empty value.
+void check_option_texts(CLI::App& app) {
   for (CLI::App* command : app.get_subcommands([](CLI::App*) { return true; }))
     for (CLI::Option* option : command->get_options()) {
+      if (option->get_type_size() == 0) continue;  // a flag
       const std::string type = option->get_type_name();
       const bool is_unsigned = type.rfind("UINT", 0) == 0;
-      if (!is_unsigned && type.rfind("INT", 0) != 0) continue;
-      option->transform(CLI::Validator(
-          [is_unsigned](std::string& text) { return check_integer_text(text, is_unsigned); }, ""));
+      if (is_unsigned || type.rfind("INT", 0) == 0) {
+        option->transform(CLI::Validator(
+            [is_unsigned](std::string& text) { return check_integer_text(text, is_unsigned); }, ""));
+      } else {
+        option->transform(CLI::Validator(
+            [](std::string& text) { return std::string(text.empty() ? "needs a value, got an empty one" : ""); }, ""));
+      }
     }
 }
 
@@ -274,11 +284,15 @@ int main(int argc, char** argv) {
   stsa::cli::add_plan_command(app);
   stsa::cli::add_bench_command(app);
   stsa::cli::add_route_command(app);
-  stsa::cli::check_integer_options(app);
+  stsa::cli::check_option_texts(app);
   // Past a file size limit (ulimit -f), a write then fails with EFBIG, which the writers
   // report as one line, instead of the signal killing the process mid-file.
   std::signal(SIGXFSZ, SIG_IGN);
   try {
+    // No command takes arguments after "--": CLI11 dropped a command named there (stsa -- plan ...)
+    // and ran the demo instead.
+    for (int i = 1; i < argc; ++i)
+      if (std::string(argv[i]) == "--") return fail("no command takes arguments after \"--\" (see --help)");
     app.parse(argc, argv);
     if (app.get_subcommands().empty()) stsa::cli::run_demo();
   } catch (const CLI::Success& e) {
@@ -294,5 +308,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return fail(e.what());
   }
+  // What was printed must have reached its file: a full disk, a file size limit or a closed
+  // stdout was exit code 0 with the output cut short.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    return fail(std::string("writing to the standard output failed (") + std::strerror(errno) + ")");
   return 0;
 }

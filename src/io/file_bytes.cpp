@@ -103,8 +103,17 @@ bool replace_regular_file(const std::string& path, mode_t mode,
 
 }  // namespace
 
-void write_file(const std::string& path, std::initializer_list<std::span<const std::byte>> parts, bool overwrite,
+void write_file(const std::string& given, std::initializer_list<std::span<const std::byte>> parts, bool overwrite,
                 std::string_view refusal) {
+  // Overwriting through a symbolic link replaces the file it names, whole or not at all, and
+  // keeps the link: resolved first, or the open below truncated that file through the link and
+  // a failed write then removed the link and left the fragment in the file.
+  std::string path = given;
+  struct stat link {};
+  if (overwrite && ::lstat(given.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    const std::unique_ptr<char, decltype(&std::free)> resolved(::realpath(given.c_str(), nullptr), &std::free);
+    if (resolved) path = resolved.get();  // (a dangling link: created through, as before)
+  }
   // (A file the caller may not write is left to the open below to refuse, as before.)
   struct stat existing {};
   if (overwrite && ::lstat(path.c_str(), &existing) == 0 && S_ISREG(existing.st_mode) &&
@@ -126,7 +135,7 @@ void write_file(const std::string& path, std::initializer_list<std::span<const s
   // next run as "exists"). Only a regular file, still the one we opened, is removed: never a
   // device such as /dev/full.
   struct stat now {};
-  if (regular && ::stat(path.c_str(), &now) == 0 && now.st_dev == opened.st_dev && now.st_ino == opened.st_ino)
+  if (regular && ::lstat(path.c_str(), &now) == 0 && now.st_dev == opened.st_dev && now.st_ino == opened.st_ino)
     ::unlink(path.c_str());
   throw IoError(write_failure(path, error));
 }

@@ -80,6 +80,14 @@ def main():
     with open(existing, "rb") as f:
         if f.read() != b"keep me":
             failures.append("an existing file was overwritten")
+    # Output that cannot be written (a full disk) is an error too, not exit code 0 with the output cut short.
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([binary, "plan", "--frames", "3", "--height", "4", "--width", "4", "--json"],
+                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S)
+        cases += 1
+        if r.returncode != 2 or "standard output" not in r.stderr or len(r.stderr.splitlines()) != 1:
+            failures.append(f"stdout on /dev/full: exit code {r.returncode}, stderr {r.stderr.strip()[:200]!r}")
     for command in sorted({c for c, _ in covered}):
         missing = flags_of(binary, command) - {f for c, f in covered if c == command}
         if missing:
