@@ -926,9 +926,10 @@ def _empty_like(array, shape, dtype: str | None):
         import ml_dtypes
 
         return numpy.empty(shape, dtype=ml_dtypes.bfloat16)
-    if dtype is None:  # a buffer-protocol array without a dtype (a memoryview): its format's, read in place
-        dtype = array.dtype if hasattr(array, "dtype") else numpy.asarray(array).dtype
-    return numpy.empty(shape, dtype=dtype)
+    if dtype is not None:
+        return numpy.empty(shape, dtype=dtype)
+    # A buffer-protocol array without a dtype (a memoryview): its format's, read in place.
+    return numpy.empty(shape, dtype=array.dtype if hasattr(array, "dtype") else numpy.asarray(array).dtype)
 
 
 # With torch here already, its operators are registered now (13 ms): a program exported with
