@@ -1,6 +1,7 @@
 // `stsa route`: route every head of one attention call (synthetic heads with a
 // known kind, or Q/K/V dumped from a model), run the routed sparse attention on
 // a backend and report decisions, errors and costs.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -291,6 +292,13 @@ nlohmann::json run_route(const RouteArgs& args) {
     decisions.push_back(std::string(to_string(r.route)));
   }
   const std::vector<Route> temporal{Route::Temporal}, spatial{Route::Spatial};
+  // A group with no head has no error (null; "none" in the text), not an error of 0.
+  const auto group_error = [&](const std::vector<double>& errors, const std::vector<Route>& routes) {
+    const bool any = std::any_of(report.heads.begin(), report.heads.end(), [&](const HeadRoute& h) {
+      return std::find(routes.begin(), routes.end(), h.route) != routes.end();
+    });
+    return any ? nlohmann::json(eval.rel_l2(errors, report.heads, routes)) : nlohmann::json(nullptr);
+  };
   const double overhead_ms = report.routing_ms + run.permutation_ms;
   return {
       {"grid", grid.describe()},
@@ -316,10 +324,10 @@ nlohmann::json run_route(const RouteArgs& args) {
       {"eval_rows", eval.rows.size()},
       {"rel_l2_err", eval.rel_l2(eval.routed_squared_error, report.heads)},
       {"rel_l2_err_first_block_anchor", eval.rel_l2(eval.first_block_squared_error, report.heads)},
-      {"rel_l2_err_temporal", eval.rel_l2(eval.routed_squared_error, report.heads, temporal)},
-      {"rel_l2_err_first_block_anchor_temporal", eval.rel_l2(eval.first_block_squared_error, report.heads, temporal)},
-      {"rel_l2_err_spatial", eval.rel_l2(eval.routed_squared_error, report.heads, spatial)},
-      {"rel_l2_err_first_block_anchor_spatial", eval.rel_l2(eval.first_block_squared_error, report.heads, spatial)},
+      {"rel_l2_err_temporal", group_error(eval.routed_squared_error, temporal)},
+      {"rel_l2_err_first_block_anchor_temporal", group_error(eval.first_block_squared_error, temporal)},
+      {"rel_l2_err_spatial", group_error(eval.routed_squared_error, spatial)},
+      {"rel_l2_err_first_block_anchor_spatial", group_error(eval.first_block_squared_error, spatial)},
       {"routing_ms", report.routing_ms},
       {"routing_device_ms", on_gpu ? nlohmann::json(report.routing_device_ms) : nlohmann::json(nullptr)},
       {"routing_gflop", report.flops / 1e9},
@@ -357,12 +365,17 @@ void print_text(const nlohmann::json& r) {
     std::printf("\n");
   }
   if (!r["accuracy"].is_null()) std::printf("accuracy against ground truth: %.4f\n", r["accuracy"].get<double>());
+  const auto error_text = [](const nlohmann::json& e) {
+    char text[32] = "none";
+    if (!e.is_null()) std::snprintf(text, sizeof text, "%.5f", e.get<double>());
+    return std::string(text);
+  };
   std::printf("rel_l2_err vs dense (%lld rows): %.5f routed; %.5f with the first-block anchor "
-              "(temporal heads %.5f vs %.5f, spatial heads %.5f vs %.5f)\n",
+              "(temporal heads %s vs %s, spatial heads %s vs %s)\n",
               (long long)r["eval_rows"].get<std::int64_t>(), r["rel_l2_err"].get<double>(),
-              r["rel_l2_err_first_block_anchor"].get<double>(), r["rel_l2_err_temporal"].get<double>(),
-              r["rel_l2_err_first_block_anchor_temporal"].get<double>(), r["rel_l2_err_spatial"].get<double>(),
-              r["rel_l2_err_first_block_anchor_spatial"].get<double>());
+              r["rel_l2_err_first_block_anchor"].get<double>(), error_text(r["rel_l2_err_temporal"]).c_str(),
+              error_text(r["rel_l2_err_first_block_anchor_temporal"]).c_str(),
+              error_text(r["rel_l2_err_spatial"]).c_str(), error_text(r["rel_l2_err_first_block_anchor_spatial"]).c_str());
   std::printf("routing %.2f ms (%lld sampled rows per head, %.3f GFLOP", r["routing_ms"].get<double>(),
               (long long)r["sampled_rows"].get<std::int64_t>(), r["routing_gflop"].get<double>());
   if (!r["routing_device_ms"].is_null()) std::printf("; its kernels %.2f ms", r["routing_device_ms"].get<double>());

@@ -362,6 +362,20 @@ def main():
     if warm["repeats"] != 3 or warm["decisions"] != cold["decisions"] or cold["repeats"] != 1:
         print(f"FAIL route --repeats 3: repeats {warm['repeats']}, decisions {warm['decisions']} vs {cold['decisions']}")
         failures += 1
+    # Each group's error is there exactly when the group has heads (a group with none was reported as 0).
+    for kind in ("temporal", "spatial"):
+        for record in (cold, warm):
+            has_heads = kind in record["decisions"]
+            for key in (f"rel_l2_err_{kind}", f"rel_l2_err_first_block_anchor_{kind}"):
+                if (record[key] is not None) != has_heads:
+                    print(f"FAIL route: {key} is {record[key]} with decisions {record['decisions']}")
+                    failures += 1
+    one_kind = json.loads(run(binary, ["route", "--synthetic", "--frames", "2", "--height", "3", "--width", "4",
+                                       "--heads", "2", "--json"]))
+    if "temporal" in one_kind["decisions"] or one_kind["rel_l2_err_temporal"] is not None:
+        print(f"FAIL route without temporal heads: decisions {one_kind['decisions']}, temporal error "
+              f"{one_kind['rel_l2_err_temporal']}")
+        failures += 1
     grouped = records[-2]
     if (grouped["heads"], grouped["kv_heads"]) != (4, 1) or not (
             grouped["rel_l2_err"] <= 4e-3 and grouped["dense_rel_l2_err"] <= 4e-3):
