@@ -43,12 +43,7 @@ TEST(CudaApiChecks, GroupedQueryAttentionIsRefusedWhateverTheHeadsRoutes) {
   const VideoLayout layout{{3, 4, 4, 0, TextPlacement::After}, 1, 4, 64};
   Tensor q(DType::BF16, 1, layout.tokens(), 4, 64), o(DType::BF16, 1, layout.tokens(), 4, 64);
   Tensor k(DType::BF16, 1, layout.tokens(), 2, 64), v(DType::BF16, 1, layout.tokens(), 2, 64);
-  RoutedCall call;
-  call.layout = layout;
-  call.q = q.view();
-  call.k = k.view();
-  call.v = v.view();
-  call.o = o.view();
+  const RoutedCall call{layout, q.view(), k.view(), v.view(), o.view(), LseView{}};
   RouterOptions router;
   router.temporal_density = 0.5;
   HeadRoute head;

@@ -525,7 +525,7 @@ class _SelfAttention:
         """How many tokens follow the video's in a sequence of the video alone: LTX-2's keyframe
         and reference-video conditions (LTX2ConditionPipeline, LTX2ICLoraPipeline) append theirs
         while the forward's frames, height and width stay the video's. Clean frames the video is
-        made to agree with: global tokens, as history is. None with fewer tokens than the video's
+        made to agree with: global tokens, as history is. 0 with fewer tokens than the video's
         (a rank's share under context parallelism: the call's own checks see the whole)."""
         grid, tokens = self.owner.grid, hidden_states.shape[1]
         return 0 if grid is None or tokens <= grid.video_tokens else tokens - grid.video_tokens
