@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -164,11 +165,27 @@ def _arguments(argv) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be at least 1, got {value}")
+    if not math.isfinite(args.guidance):  # NaN: diffusers' `guidance_scale > 1` is False, guidance silently off
+        parser.error(f"--guidance must be a finite number, got {args.guidance}")
     if args.save_videos and args.out is None:
         parser.error("--save-videos needs --out")
     if args.image is not None and not args.image.startswith(("http://", "https://")) and not os.path.isfile(args.image):
         parser.error(f"--image {args.image}: no such file")
     return args
+
+
+def _check_device(device: str) -> None:
+    """A device torch knows, and one this machine has, checked before the model loads (its
+    `.to(device)` raised a RuntimeError traceback after loading it)."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError) as error:
+        raise _Refused(f"--device {device}: {str(error).splitlines()[0]}") from error
+    backend = getattr(torch, kind, None)
+    if kind != "cpu" and hasattr(backend, "is_available") and not backend.is_available():
+        raise _Refused(f"--device {device}: this machine has no {kind} device")
 
 
 def _changes(args, preset: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +214,7 @@ def _policies(args) -> tuple[str | None, list[Any], list[Policy]]:
         return None, [None], [Policy(**{**preset, **changes})]
     name, texts = _change(args.sweep, "--sweep", preset)
     values = [_setting_value(args.sweep, text) for text in texts.split(",")]
-    if len(set(map(repr, values))) != len(values):
+    if any(a == b for i, a in enumerate(values) for b in values[:i]):  # 1 and 1.0 too: one mean each
         raise _Refused(f"--sweep {args.sweep}: a value is repeated")
     return name, values, [Policy(**{**preset, **changes, name: value}) for value in values]
 
@@ -228,6 +245,7 @@ def _load(args):
     import diffusers
     import torch
 
+    _check_device(args.device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     return diffusers.DiffusionPipeline.from_pretrained(args.model, torch_dtype=dtype).to(args.device)
 

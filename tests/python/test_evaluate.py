@@ -34,6 +34,10 @@ def never_loaded(args):
     (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "density="], "expected NAME=VALUE"),
     (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "density=0.1,,0.3"], "'' is not a number"),
     (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "density=0.1,0.1"], "a value is repeated"),
+    # Equal values written differently (each mean took in both runs).
+    (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "density=1,1.0"], "a value is repeated"),
+    # NaN guidance: diffusers' `guidance_scale > 1` is False, so guidance went silently off.
+    (["--model", "m", "--policy", "wan2.1-480p", "--guidance", "nan"], "--guidance must be a finite number"),
     (["--model", "m", "--policy", "wan2.1-480p", "--sweep", "dense_steps=4,-1"],
      "dense_steps must be an integer in [0"),
     # A warm-up as long as the run times dense against dense.
@@ -61,6 +65,18 @@ def test_a_changed_density_is_every_kinds_but_one_set_itself(changes, densities)
     assert [settings["density"]] + [settings["density"] if settings[kind] is None else settings[kind]
                                     for kind in ("spatial_density", "temporal_density", "frames_density")
                                     ] == pytest.approx(densities)
+
+
+def test_a_device_this_machine_lacks_is_refused_before_the_model_loads(capsys):
+    """The real loader checks --device first: `.to(device)` raised a RuntimeError traceback
+    after the whole model had loaded."""
+    torch = pytest.importorskip("torch")
+    argv = ["--model", "/nonexistent/model", "--policy", "wan2.1-480p", "--device", "gpu0"]
+    assert stsa.evaluate.main(argv) == 2
+    assert capsys.readouterr().err.startswith("stsa.evaluate: --device gpu0: ")
+    if not torch.cuda.is_available():
+        assert stsa.evaluate.main(argv[:-1] + ["cuda"]) == 2
+        assert "--device cuda: this machine has no cuda device" in capsys.readouterr().err
 
 
 def test_an_existing_output_is_never_overwritten(tmp_path, capsys):
