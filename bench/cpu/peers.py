@@ -51,6 +51,9 @@ def parse_args(argv):
         p.error(f"--densities: not a comma-separated list of numbers: {args.densities!r}")
     if any(not 0 < d <= 1 for d in args.densities):
         p.error("--densities: each in (0, 1]")
+    names = [f"{d:g}" for d in args.densities]  # each density's rows are named so: two alike were one row
+    if len(set(names)) != len(names):
+        p.error(f"--densities: {args.densities} has two densities printed alike ({', '.join(names)})")
     for name in ("frames", "height", "width", "heads", "head_dim", "rounds", "check_rows"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: at least 1")
@@ -58,6 +61,8 @@ def parse_args(argv):
         p.error("--threads: 0 (all cores) or more")
     if args.out and os.path.exists(args.out):
         p.error(f"--out: {args.out} exists; it is never replaced")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):  # else lost after the whole run
+        p.error(f"--out: {args.out}: no such folder")
     return args
 
 

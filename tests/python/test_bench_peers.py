@@ -63,7 +63,8 @@ def test_flex_attention_runs_on_the_same_plan(tmp_path):
 def test_bad_arguments_are_refused_and_no_file_is_replaced(tmp_path):
     existing = tmp_path / "kept.json"
     existing.write_text("mine")
-    for bad in (["--densities", "0.2,x"], ["--densities", "0"], ["--rounds", "0"], ["--out", str(existing)]):
+    for bad in (["--densities", "0.2,x"], ["--densities", "0"], ["--rounds", "0"], ["--out", str(existing)],
+                ["--densities", "0.25,0.2500001"], ["--out", str(tmp_path / "missing" / "peers.json")]):
         with pytest.raises(SystemExit) as refused:
             peers.main(bad)
         assert refused.value.code == 2, bad
