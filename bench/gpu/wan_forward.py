@@ -142,6 +142,20 @@ def main() -> int:
     if args.repeats < 1:
         print("wan_forward.py: --repeats must be at least 1", file=sys.stderr)
         return 2
+    # Checked before the first model is built (each was a traceback after the presets before it ran).
+    if not os.path.isdir(args.out):
+        print(f"wan_forward.py: --out {args.out}: no such folder", file=sys.stderr)
+        return 2
+    for name in args.presets.split(","):
+        try:
+            heads = stsa.model_preset(name)["heads"]
+        except stsa.Error as error:
+            print(f"wan_forward.py: {error}", file=sys.stderr)
+            return 2
+        if not args.tiny and heads not in WIDTHS:
+            print(f"wan_forward.py: {name}: no released Wan widths for {heads} heads (known: "
+                  f"{', '.join(map(str, WIDTHS))}); --tiny runs any preset's heads", file=sys.stderr)
+            return 2
     import diffusers
 
     diffusers.utils.logging.set_verbosity_error()  # the bf16 cast warning: build() keeps those modules fp32
