@@ -271,6 +271,29 @@ TEST(Descales, BadDescalesAreRefusedBeforeAnythingIsWritten) {
 
 // The router scores the dequantized values: its errors with descales are those
 // of the inputs multiplied by them (up to the products' fp32 rounding).
+// A subset of heads' factors (routed attention's temporal heads): a head outside the call, or
+// factors short of B x H, are refused (both were read past the span); narrowing twice with one
+// storage vector, which the first result's spans view, reads the values before replacing them
+// (the second came out 0).
+TEST(Descales, ForHeadsChecksItsHeadsAndMayReuseItsStorage) {
+  const std::vector<float> q{1, 2, 3, 4, 5, 6, 7, 8}, v{10, 20, 30, 40, 50, 60, 70, 80};  // B = 2, H = 4
+  const Descales all{q, {}, v};
+  std::vector<float> storage;
+  const std::int64_t odd[] = {3, 1};
+  const Descales picked = all.for_heads(odd, 2, 4, storage);
+  EXPECT_EQ(std::vector<float>(picked.q.begin(), picked.q.end()), (std::vector<float>{4, 2, 8, 6}));
+  EXPECT_TRUE(picked.k.empty());
+  EXPECT_EQ(std::vector<float>(picked.v.begin(), picked.v.end()), (std::vector<float>{40, 20, 80, 60}));
+  const std::int64_t second[] = {1};
+  const Descales again = picked.for_heads(second, 2, 2, storage);  // picked's spans view `storage`
+  EXPECT_EQ(std::vector<float>(again.q.begin(), again.q.end()), (std::vector<float>{2, 6}));
+  EXPECT_EQ(std::vector<float>(again.v.begin(), again.v.end()), (std::vector<float>{20, 60}));
+  const std::int64_t outside[] = {0, 4}, negative[] = {-1};
+  EXPECT_THROW(all.for_heads(outside, 2, 4, storage), InvalidArgument);
+  EXPECT_THROW(all.for_heads(negative, 2, 4, storage), InvalidArgument);
+  EXPECT_THROW(all.for_heads(odd, 3, 4, storage), InvalidArgument);  // 8 factors for 3 x 4
+}
+
 TEST(Descales, TheRouterRoutesTheDequantizedValues) {
   const synth::Options o{.grid = {6, 8, 10, 5, TextPlacement::After}, .batch = 2, .heads = 4, .head_dim = 64,
                          .seed = testing::fresh_seed()};

@@ -101,6 +101,12 @@ TEST_F(IoTest, NpyWriterRefusesToOverwrite) {
   inconsistent.data.pop_back();
   EXPECT_THROW(write_npy(path("bad.npy"), inconsistent), InvalidArgument);
   EXPECT_THROW(write_npy(path("no/such/dir.npy"), counting(DType::F32, {1})), IoError);
+  // What read_npy refuses is not written: a cast DType (written as descr ''), 33 dimensions.
+  HostArray cast = counting(DType::F32, {2});
+  cast.dtype = DType(9);
+  EXPECT_THROW(write_npy(path("cast.npy"), cast), InvalidArgument);
+  EXPECT_THROW(write_npy(path("deep.npy"), counting(DType::F32, std::vector<std::int64_t>(33, 1))), InvalidArgument);
+  EXPECT_FALSE(fs::exists(path("cast.npy")) || fs::exists(path("deep.npy")));
 }
 
 // Past a file size limit (as under `ulimit -f`, SIGXFSZ ignored as the CLI does) the write

@@ -18,6 +18,7 @@
 #include "router/candidate_mask.hpp"
 #include "stsa/error.hpp"
 #include "stsa/first_block_anchor.hpp"
+#include "stsa/permute.hpp"
 #include "stsa/route_eval.hpp"
 #include "stsa/router.hpp"
 #include "stsa/synth.hpp"
@@ -448,6 +449,10 @@ TEST(Router, RejectsBadArguments) {
   EXPECT_THROW(Router{bad}, InvalidArgument);
   EXPECT_THROW(parse_route("diagonal"), InvalidArgument);
   EXPECT_EQ(parse_route("temporal"), Route::Temporal);
+  // Cast integers are no Route or TokenOrder (a route was made dense, an order read as spatial-major).
+  EXPECT_THROW(route_spec({2, 2, 2, 0, TextPlacement::After}, Route(9), RouterOptions{}), InvalidArgument);
+  EXPECT_THROW(permutation_map({2, 2, 2, 0, TextPlacement::After}, TokenOrder(2), TokenOrder::FrameMajor),
+               InvalidArgument);
 
   const VideoLayout layout{{2, 2, 2, 0, TextPlacement::After}, 1, 2, 64};
   testing::Problem p = testing::make_problem(layout, DType::F32, std::vector<HeadMask>(2), 1);
@@ -462,6 +467,7 @@ TEST(Router, RejectsBadArguments) {
   EXPECT_THROW(router.route(layout, call.q, call.k, call.v, TokenOrder::FrameMajor, 0.f, heads), InvalidArgument);
   const std::vector<std::int64_t> one = {1};
   EXPECT_EQ(router.route(layout, call.q, call.k, call.v, TokenOrder::FrameMajor, 0.f, one).heads.size(), 1u);
+  EXPECT_THROW(router.route(layout, call.q, call.k, call.v, TokenOrder(2)), InvalidArgument);
 
   // The views' memory, by validate()'s rules, before any element is read: strides
   // past the address space (their offsets would overflow), two elements at one
@@ -595,6 +601,11 @@ TEST(RouteEvaluation, RelL2SumsTheHeadsOfTheGivenRoutes) {
   EXPECT_DOUBLE_EQ(eval.rel_l2(error, heads, {Route::Spatial}), std::sqrt(10.0 / 20.0));
   EXPECT_DOUBLE_EQ(eval.rel_l2(error, heads, {Route::Temporal}), std::sqrt(4.0 / 9.0));
   EXPECT_EQ(eval.rel_l2(error, heads, {Route::Dense}), 0.0);  // no such head
+  // Errors or routes for more heads than the evaluation holds: refused (read past its sums before).
+  const std::vector<double> four{1.0, 4.0, 9.0, 1.0};
+  std::vector<HeadRoute> four_heads(4);
+  EXPECT_THROW(eval.rel_l2(four, four_heads), InvalidArgument);
+  EXPECT_THROW(eval.rel_l2(error, four_heads), InvalidArgument);
 }
 
 // evaluate_routes against an fp64 computation here: a random routed output's error

@@ -23,6 +23,9 @@ enum class TextPlacement : std::uint8_t { Before, After };
 
 std::string_view to_string(TokenOrder order);
 std::string_view to_string(TextPlacement placement);
+// InvalidArgument, prefixed by `what`, unless `order` is one of TokenOrder's values (a cast
+// integer is none: coordinates read it as spatial-major).
+void check_token_order(std::string_view what, TokenOrder order);
 
 // Where a token is: a text token (index among text tokens) or a video token (frame, patch).
 struct TokenCoord {

@@ -183,8 +183,8 @@ def _check_device(device: str) -> None:
         kind = torch.device(device).type
     except (RuntimeError, ValueError) as error:
         raise _Refused(f"--device {device}: {str(error).splitlines()[0]}") from error
-    backend = getattr(torch, kind, None)
-    if kind != "cpu" and hasattr(backend, "is_available") and not backend.is_available():
+    available = getattr(getattr(torch, kind, None), "is_available", None)  # torch.cuda.is_available, ...
+    if kind != "cpu" and available is not None and not available():
         raise _Refused(f"--device {device}: this machine has no {kind} device")
 
 

@@ -286,19 +286,27 @@ double Descales::out(std::int64_t b, std::int64_t h, std::int64_t heads) const {
 
 Descales Descales::for_heads(std::span<const std::int64_t> map, std::int64_t batch, std::int64_t heads,
                              std::vector<float>& storage) const {
+  validate_descales(*this, batch, heads);  // sizes (B x H each), which the reads below rely on
+  for (const std::int64_t h : map)
+    STSA_CHECK(h >= 0 && h < heads, InvalidArgument, "descales: head ", h, " of a call of ", heads, " heads");
   const std::size_t count = std::size_t(batch) * map.size();
-  storage.assign(3 * count, 0.f);
-  Descales picked;
+  // Filled apart, then moved into `storage`: this call's own spans may be views of it (narrowed twice).
+  std::vector<float> filled(3 * count, 0.f);
   const std::span<const float> from[] = {q, k, v};
-  std::span<const float>* to[] = {&picked.q, &picked.k, &picked.v};
+  bool given[3] = {};
   for (std::size_t which = 0; which < 3; ++which) {
     if (from[which].empty()) continue;
-    float* out = storage.data() + which * count;
+    given[which] = true;
+    float* out = filled.data() + which * count;
     for (std::int64_t b = 0; b < batch; ++b)
       for (std::size_t j = 0; j < map.size(); ++j)
         out[std::size_t(b) * map.size() + j] = from[which][std::size_t(b * heads + map[j])];
-    *to[which] = std::span<const float>(out, count);
   }
+  storage = std::move(filled);
+  Descales picked;
+  std::span<const float>* to[] = {&picked.q, &picked.k, &picked.v};
+  for (std::size_t which = 0; which < 3; ++which)
+    if (given[which]) *to[which] = std::span<const float>(storage.data() + which * count, count);
   return picked;
 }
 

@@ -8,6 +8,11 @@ std::string_view to_string(TokenOrder order) {
   return order == TokenOrder::FrameMajor ? "frame-major" : "spatial-major";
 }
 
+void check_token_order(std::string_view what, TokenOrder order) {
+  STSA_CHECK(order == TokenOrder::FrameMajor || order == TokenOrder::SpatialMajor, InvalidArgument, what,
+             "token order ", int(order), " is not a TokenOrder value");
+}
+
 std::string_view to_string(TextPlacement placement) {
   return placement == TextPlacement::Before ? "before" : "after";
 }

@@ -198,6 +198,11 @@ HostArray read_npy(const std::string& path) {
 }
 
 void write_npy(const std::string& path, const HostArray& array, bool overwrite) {
+  // What read_npy refuses is not written either (a cast DType became "'descr': ''").
+  STSA_CHECK(!descr_of(array.dtype).empty(), InvalidArgument, path, ": dtype ", int(array.dtype),
+             " is not a DType value");
+  STSA_CHECK(array.shape.size() <= 32, InvalidArgument, path, ": ", array.shape.size(),
+             " dimensions; .npy files hold at most 32");
   std::int64_t bytes_needed = std::int64_t(element_size(array.dtype));
   for (std::int64_t d : array.shape) {
     STSA_CHECK(d >= 0, InvalidArgument, path, ": negative dimension ", d);

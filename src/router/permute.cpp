@@ -141,6 +141,8 @@ int pick_threads(int threads, double bytes) {
 
 std::vector<std::int64_t> permutation_map(const VideoGrid& grid, TokenOrder from, TokenOrder to) {
   grid.validate();
+  check_token_order("permutation map: ", from);
+  check_token_order("permutation map: ", to);
   std::vector<std::int64_t> map(std::size_t(grid.tokens()));
   for (std::int64_t n = 0; n < grid.tokens(); ++n) map[std::size_t(n)] = grid.position(grid.coord(n, to), from);
   return map;

@@ -16,8 +16,11 @@ namespace stsa {
 
 double RouteEvaluation::rel_l2(const std::vector<double>& squared_error, const std::vector<HeadRoute>& heads,
                                const std::vector<Route>& routes) const {
+  STSA_CHECK(squared_error.size() == reference_squared.size() && heads.size() == reference_squared.size(),
+             InvalidArgument, "route evaluation: ", squared_error.size(), " errors and ", heads.size(),
+             " routes for its ", reference_squared.size(), " heads");
   double error = 0, reference = 0;
-  for (std::size_t h = 0; h < squared_error.size() && h < heads.size(); ++h) {
+  for (std::size_t h = 0; h < squared_error.size(); ++h) {
     if (!routes.empty() && std::find(routes.begin(), routes.end(), heads[h].route) == routes.end()) continue;
     error += squared_error[h];
     reference += reference_squared[h];

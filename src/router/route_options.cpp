@@ -46,7 +46,7 @@ MaskSpec route_spec(const VideoGrid& grid, Route route, const RouterOptions& opt
     case Route::FrameWindow:
       return mask_for_density(grid, SparseKind::FrameWindow, options.frame_window_density, options.anchor);
   }
-  return MaskSpec::dense();
+  throw InvalidArgument(detail::concat("route ", int(route), " is not a Route value"));  // a cast integer
 }
 
 }  // namespace stsa

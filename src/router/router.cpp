@@ -42,6 +42,7 @@ Router::Router(RouterOptions options) : options_(options) { options_.validate();
 void Router::sample_rows(const VideoLayout& layout, TokenOrder order, std::vector<std::int64_t>& rows,
                          std::vector<std::int64_t>& batch) const {
   layout.validate();
+  check_token_order("router: ", order);
   const VideoGrid& grid = layout.grid;
   // A call with fewer tokens than samples (a small debug video) samples every
   // position once: its routing is exact rather than refused.
