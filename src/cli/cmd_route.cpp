@@ -375,7 +375,8 @@ void print_text(const nlohmann::json& r) {
               (long long)r["eval_rows"].get<std::int64_t>(), r["rel_l2_err"].get<double>(),
               r["rel_l2_err_first_block_anchor"].get<double>(), error_text(r["rel_l2_err_temporal"]).c_str(),
               error_text(r["rel_l2_err_first_block_anchor_temporal"]).c_str(),
-              error_text(r["rel_l2_err_spatial"]).c_str(), error_text(r["rel_l2_err_first_block_anchor_spatial"]).c_str());
+              error_text(r["rel_l2_err_spatial"]).c_str(),
+              error_text(r["rel_l2_err_first_block_anchor_spatial"]).c_str());
   std::printf("routing %.2f ms (%lld sampled rows per head, %.3f GFLOP", r["routing_ms"].get<double>(),
               (long long)r["sampled_rows"].get<std::int64_t>(), r["routing_gflop"].get<double>());
   if (!r["routing_device_ms"].is_null()) std::printf("; its kernels %.2f ms", r["routing_device_ms"].get<double>());

@@ -22,7 +22,8 @@ std::vector<std::byte> read_whole(const std::string& path);
 // Writes `parts`, in order, into a new file at `path`, or (overwrite) in place of what is there:
 // a regular file, or the one a link names (the link stays), is replaced whole by a new one written
 // beside it, with its permissions, so that a failed write leaves it as it was; anything else (a
-// device, a dangling link) is written into. An existing file without overwrite: IoError "<path>: already exists (<refusal>)".
+// device, a dangling link) is written into. An existing file without overwrite: IoError
+// "<path>: already exists (<refusal>)".
 // A failed write (disk full, file size limit) removes the regular file it made (see write_file)
 // and throws one line naming the path and the system's reason.
 void write_file(const std::string& path, std::initializer_list<std::span<const std::byte>> parts, bool overwrite,
