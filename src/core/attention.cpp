@@ -286,7 +286,10 @@ double Descales::out(std::int64_t b, std::int64_t h, std::int64_t heads) const {
 
 Descales Descales::for_heads(std::span<const std::int64_t> map, std::int64_t batch, std::int64_t heads,
                              std::vector<float>& storage) const {
-  validate_descales(*this, batch, heads);  // sizes (B x H each), which the reads below rely on
+  // Sizes only (B x H each), which the reads below rely on; the values are validate()'s, once per call.
+  for (const std::span<const float> values : {q, k, v})
+    STSA_CHECK(values.empty() || std::int64_t(values.size()) == batch * heads, InvalidArgument, "descales: ",
+               values.size(), " factors for a call of ", batch, " x ", heads, " (batch x heads)");
   for (const std::int64_t h : map)
     STSA_CHECK(h >= 0 && h < heads, InvalidArgument, "descales: head ", h, " of a call of ", heads, " heads");
   const std::size_t count = std::size_t(batch) * map.size();
